@@ -1,0 +1,36 @@
+# Two entry points: `make demo` (set up, then GRPO on the bundled model) and `make test`.
+# Both create .venv, install a CPU build of torch when no CUDA GPU is present (a GPU user
+# keeps the torch they bring: set TORCH_SPEC, or preinstall it in the venv), then rlvr.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.rlvr-installed
+
+.PHONY: demo test setup clean pretrain-tiny
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "torch already installed: keeping it"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/pip install -q torch; \
+	else \
+		$(BIN)/pip install -q $(TORCH_SPEC); \
+	fi
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rlvr train
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+pretrain-tiny: $(STAMP)
+	$(BIN)/python scripts/pretrain_tiny.py --out src/rlvr/models/tiny
+
+clean:
+	rm -rf $(VENV) runs

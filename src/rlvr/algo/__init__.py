@@ -1,0 +1,34 @@
+"""Pure tensor math of GRPO: advantages, policy losses and their aggregations, KL, log-probs.
+
+No I/O, no config objects, no torch.distributed: hyperparameters arrive as keyword arguments,
+and every variant is its own function in a registry, tested alone.
+"""
+
+from rlvr.algo.advantages import ADVANTAGE_SCALES, REWARD_AGGREGATIONS, combine_rewards, group_advantages
+from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
+from rlvr.algo.logprobs import selective_log_softmax, token_entropy
+from rlvr.algo.losses import (
+    IMPORTANCE_LEVELS,
+    LOSS_AGGREGATIONS,
+    BatchNorms,
+    PolicyLossOutput,
+    masked_mean,
+    policy_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "REWARD_AGGREGATIONS",
+    "IMPORTANCE_LEVELS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "BatchNorms",
+    "PolicyLossOutput",
+    "combine_rewards",
+    "group_advantages",
+    "kl_estimate",
+    "masked_mean",
+    "policy_loss",
+    "selective_log_softmax",
+    "token_entropy",
+]

@@ -1,0 +1,80 @@
+"""Checkpoints: written whole or not at all, and enough state to resume exactly.
+
+A checkpoint folder holds the model (save_pretrained) and tokenizer, `trainer_state.pt`
+(optimizer, scheduler, step, data position, RNG states) and the resolved `config.yaml`.
+It is written under a temporary name, fsynced, then renamed: a crash mid-write leaves the
+previous checkpoint as the newest complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+COMPLETE_MARKER = "COMPLETE"
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with p.open("rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:07d}"
+    tmp = root / f".tmp-step-{step:07d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (tmp / COMPLETE_MARKER).write_text(str(step))
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_tree(root)
+    for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if (p / COMPLETE_MARKER).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def load_trainer_state(path: Path) -> dict:
+    return torch.load(path / "trainer_state.pt", weights_only=False)

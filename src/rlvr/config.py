@@ -1,0 +1,465 @@
+"""Typed configuration: nested dataclasses, YAML files and dotted `key=value` overrides.
+
+Every field has a docstring (shown by `rlvr train --help-config`). Nothing here rewrites
+itself: what you set is what runs; derived values are properties. `validate` collects every
+problem at once and names each field.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import re
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the field."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """`tiny` (the model bundled with rlvr), a local folder, or a Hugging Face hub id."""
+    dtype: str = "float32"
+    """Dtype of the trained weights: float32, bfloat16 or float16."""
+    trust_remote_code: bool = False
+    """Passed to transformers when loading the model and tokenizer."""
+
+
+@dataclass
+class DataConfig:
+    task: str | None = "arithmetic"
+    """Built-in task generating its own prompts (`arithmetic`); set to null to use `path`."""
+    path: str | None = None
+    """Prompt dataset: a .jsonl/.json/.parquet/.csv file, a local `datasets` folder, or a hub id."""
+    split: str = "train"
+    """Split to read when `path` is a `datasets` dataset."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: plain text, or a list of chat messages."""
+    system_prompt: str | None = None
+    """Optional system message placed before every prompt."""
+    digits: int = 2
+    """arithmetic: digits per operand."""
+    operators: str = "+-"
+    """arithmetic: operators to draw from (any of + - *)."""
+    eval_size: int = 500
+    """arithmetic: size of the held-out evaluation set."""
+    shuffle: bool = True
+    """Shuffle file datasets, with a fresh order each epoch drawn from the run seed."""
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    """Generation engine: `hf` (transformers models on CPU or GPU)."""
+    group_size: int = 8
+    """G: completions sampled per prompt. 2 turns any difference into +1/-1; 1 gives no signal."""
+    prompts_per_step: int = 16
+    """Prompts per training step; the step trains on prompts_per_step x group_size completions."""
+    max_new_tokens: int = 8
+    """Length limit of each completion, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature; training log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclass
+class AlgoConfig:
+    loss_type: str = "dapo"
+    """Loss aggregation: dapo (token mean over the batch), grpo, bnpo, dr_grpo. See docs/algorithms.md."""
+    epsilon: float = 0.2
+    """Clip range, low side (and high side unless epsilon_high is set)."""
+    epsilon_high: float | None = None
+    """Clip range, high side (DAPO clip-higher, e.g. 0.28)."""
+    delta: float | None = None
+    """Optional upper bound on the ratio before the min (two-sided clipping, e.g. 4.0)."""
+    importance_sampling_level: str = "token"
+    """`token` ratios, or `sequence` (GSPO: one ratio per completion)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each batch of completions."""
+    beta: float = 0.0
+    """KL penalty coefficient; 0 loads no reference model at all."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group (divide by the group's std), batch, or none."""
+    std_ddof: int = 0
+    """Degrees of freedom of that std: 0 (population, the seeds' table) or 1 (TRL's torch.std)."""
+    reward_aggregation: str = "sum_then_normalize"
+    """Several rewards: sum_then_normalize (weighted sum, then normalise) or normalize_then_sum."""
+    mask_truncated_completions: bool = False
+    """Leave completions that hit max_new_tokens without EOS out of the loss."""
+    top_entropy_quantile: float = 1.0
+    """Train only on this top share of tokens by entropy (1.0 = all tokens)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample fresh prompts."""
+    max_resample_rounds: int = 4
+    """Dynamic sampling: most extra generation rounds per step before training on what there is."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    """AdamW learning rate (the default suits the bundled tiny model; real models want ~1e-6)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.99
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    lr_schedule: str = "constant"
+    """constant, linear (decay to 0) or cosine, after warmup."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer updates."""
+    micro_batch_size: int = 0
+    """Completions per forward/backward (gradient accumulation); 0 = the whole step at once."""
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "arithmetic"
+    """A built-in name, `module:function`, or `path/to/file.py:function` (TRL's signature)."""
+    weight: float = 1.0
+    """Weight of this reward in the combination."""
+    name: str | None = None
+    """Name in metrics (rewards/<name>/mean); defaults to the function's name."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """GRPO and its variants."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and schedule."""
+    rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig()])
+    """Reward functions, combined with their weights."""
+    steps: int = 150
+    """Training steps (each: generate, score, update mu times)."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    output_dir: str | None = None
+    """Where metrics, samples and checkpoints go; default runs/<date-time>."""
+    device: str = "auto"
+    """auto (CUDA when available), cpu, or cuda."""
+    threads: int = 0
+    """torch CPU threads (0 leaves torch's default)."""
+    log_completions_every: int = 10
+    """Write sample completions with their rewards every N steps (0 disables)."""
+    num_completions_logged: int = 8
+    """How many completions each such write keeps."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only the final model)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk; older ones are deleted."""
+    resume: str | None = None
+    """A checkpoint folder to resume from, or `auto` for the newest in output_dir."""
+    eval_before_after: bool = True
+    """Evaluate held-out accuracy (greedy) before and after training, when the task has a split."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Field documentation, read from the attribute docstrings above.
+
+
+def field_docs(cls) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every leaf field, for --help-config."""
+    rows = []
+    docs = field_docs(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += describe(type(value), f"{prefix}{f.name}.")
+        else:
+            rows.append((prefix + f.name, repr(value), docs.get(f.name, "")))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a Config from plain data (YAML) with types checked and unknown keys named.
+
+
+def _valid_keys(cls=Config, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            keys += _valid_keys(t, f"{prefix}{f.name}.")
+        elif typing.get_origin(t) is list and dataclasses.is_dataclass(typing.get_args(t)[0]):
+            keys += _valid_keys(typing.get_args(t)[0], f"{prefix}{f.name}.N.")
+    return keys
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    generic = re.sub(r"\.\d+\.", ".N.", key)
+    close = difflib.get_close_matches(generic, _valid_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean `{close[0].replace('.N.', '.0.')}`?" if close else ""
+    return ConfigError(f"unknown config key `{key}`{where}{hint}")
+
+
+def _coerce(value: Any, t: Any, key: str) -> Any:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none") and type(None) in args):
+            if type(None) in args:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"`{key}`: bad value {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(t)
+        if not isinstance(value, list):
+            raise ConfigError(f"`{key}` must be a list, got {value!r}")
+        return [_coerce(v, inner, f"{key}.{i}") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(t):
+        if isinstance(value, str) and t is RewardConfig:
+            value = {"fn": value}  # `rewards: [arithmetic, my.py:fn]` shorthand
+        if not isinstance(value, dict):
+            raise ConfigError(f"`{key}` must be a mapping, got {value!r}")
+        return _from_dict(t, value, key + ".")
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    if t is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"`{key}` must be a number, got {value!r}")
+    if t is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"`{key}` must be a string, got {value!r}")
+    return value
+
+
+def _from_dict(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        if k not in names:
+            raise _unknown_key(prefix + str(k), "")
+        kwargs[k] = _coerce(v, hints[k], prefix + k)
+    return cls(**kwargs)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(node, list):
+            idx = int(part)
+            while len(node) <= idx:
+                node.append({})
+            node = node[idx]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = int(last)
+        while len(node) <= idx:
+            node.append({})
+        node[idx] = value
+    else:
+        node[last] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """A Config from an optional YAML file plus `dotted.key=value` overrides (values parsed as YAML)."""
+    tree = to_dict(Config())
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of config keys")
+        _merge(tree, loaded, "", p)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override `{item}` must look like key=value (e.g. optim.lr=1e-5)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        _check_key(key)
+        _set_dotted(tree, key, value)
+    return _from_dict(Config, tree)
+
+
+def _check_key(key: str) -> None:
+    generic = re.sub(r"\.\d+(\.|$)", r".N\1", key)
+    valid = set(_valid_keys())
+    if generic not in valid and not (generic.endswith(".N") and generic[:-2] in valid):
+        raise _unknown_key(key, " in the command line")
+
+
+def _merge(tree: dict, loaded: dict, prefix: str, source) -> None:
+    for k, v in loaded.items():
+        key = prefix + str(k)
+        if k not in tree:
+            raise _unknown_key(key, f" in {source}")
+        if isinstance(tree[k], dict) and isinstance(v, dict):
+            _merge(tree[k], v, key + ".", source)
+        else:
+            tree[k] = v
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: every problem at once, each naming its field and what to change.
+
+
+def validate(cfg: Config, *, force: bool = False) -> list[str]:
+    """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes)."""
+    from rlvr.algo import ADVANTAGE_SCALES, IMPORTANCE_LEVELS, KL_ESTIMATORS, LOSS_AGGREGATIONS, REWARD_AGGREGATIONS
+
+    errors, warnings = [], []
+
+    def choice(key, value, options):
+        if value not in options:
+            close = difflib.get_close_matches(str(value), list(options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append(f"`{key}` must be one of {sorted(options)}, got {value!r}{hint}")
+
+    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    if r.group_size < 2:
+        errors.append(f"`rollout.group_size` must be at least 2 (got {r.group_size}): one completion per prompt has no group to compare with")
+    elif r.group_size == 2:
+        warnings.append("rollout.group_size=2: every difference, even grader noise, becomes a full +1/-1 advantage; 4-16 is usual")
+    if r.prompts_per_step < 1:
+        errors.append(f"`rollout.prompts_per_step` must be at least 1, got {r.prompts_per_step}")
+    if r.max_new_tokens <= 0:
+        errors.append(f"`rollout.max_new_tokens` must be positive, got {r.max_new_tokens}")
+    if r.temperature < 0:
+        errors.append(f"`rollout.temperature` must be >= 0, got {r.temperature}")
+    elif r.temperature == 0 and not force:
+        errors.append("`rollout.temperature` is 0: all G completions of a prompt would be identical (no signal); use e.g. 1.0")
+    if not 0 < r.top_p <= 1:
+        errors.append(f"`rollout.top_p` must be in (0, 1], got {r.top_p}")
+    if r.top_k < 0:
+        errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
+    choice("rollout.engine", r.engine, ["hf", "torch"])
+    choice("algo.loss_type", a.loss_type, LOSS_AGGREGATIONS)
+    choice("algo.importance_sampling_level", a.importance_sampling_level, IMPORTANCE_LEVELS)
+    choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+    choice("algo.scale_rewards", a.scale_rewards, ADVANTAGE_SCALES)
+    choice("algo.reward_aggregation", a.reward_aggregation, REWARD_AGGREGATIONS)
+    choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
+    choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    choice("device", cfg.device, ["auto", "cpu", "cuda"])
+    if not 0 < a.epsilon < 1:
+        errors.append(f"`algo.epsilon` must be in (0, 1), got {a.epsilon}")
+    if a.epsilon_high is not None and a.epsilon_high <= 0:
+        errors.append(f"`algo.epsilon_high` must be positive, got {a.epsilon_high}")
+    if a.delta is not None and a.delta <= 1:
+        errors.append(f"`algo.delta` must be > 1 (it caps the ratio), got {a.delta}")
+    if a.num_iterations < 1:
+        errors.append(f"`algo.num_iterations` must be >= 1, got {a.num_iterations}")
+    if a.beta < 0:
+        errors.append(f"`algo.beta` must be >= 0, got {a.beta}")
+    if a.std_ddof not in (0, 1):
+        errors.append(f"`algo.std_ddof` must be 0 or 1, got {a.std_ddof}")
+    if not 0 < a.top_entropy_quantile <= 1:
+        errors.append(f"`algo.top_entropy_quantile` must be in (0, 1], got {a.top_entropy_quantile}")
+    if a.max_resample_rounds < 0:
+        errors.append(f"`algo.max_resample_rounds` must be >= 0, got {a.max_resample_rounds}")
+    if o.lr <= 0:
+        errors.append(f"`optim.lr` must be positive, got {o.lr}")
+    if o.max_grad_norm < 0:
+        errors.append(f"`optim.max_grad_norm` must be >= 0, got {o.max_grad_norm}")
+    if o.micro_batch_size < 0:
+        errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
+    elif o.micro_batch_size > r.completions_per_step:
+        errors.append(
+            f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {r.completions_per_step} completions per step "
+            f"(rollout.prompts_per_step x rollout.group_size); set it to at most {r.completions_per_step}, or 0"
+        )
+    if cfg.steps < 1:
+        errors.append(f"`steps` must be >= 1, got {cfg.steps}")
+    if not cfg.rewards:
+        errors.append("`rewards` is empty: at least one reward function is needed")
+    if cfg.data.task is None and cfg.data.path is None:
+        errors.append("`data.task` and `data.path` are both empty: name a built-in task or a dataset")
+    if cfg.data.task is not None:
+        choice("data.task", cfg.data.task, ["arithmetic"])
+    if a.beta == 0:
+        warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    return warnings

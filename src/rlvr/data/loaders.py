@@ -1,0 +1,102 @@
+"""Load prompt rows from JSONL / JSON / Parquet / CSV files or from `datasets` (hub id or folder).
+
+Errors name the file and line, or the missing column with the columns that exist.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file, line or column."""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if isinstance(data, dict) and "data" in data:
+        data = data["data"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DataError(f"{path}: expected a list of objects (or {{'data': [...]}})")
+    return data
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'rlvr[data]'") from None
+    return pq.read_table(path).to_pylist()
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
+
+
+def _read_datasets(source: str, split: str) -> list[dict]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"data.path={source!r} is not a file; loading `datasets` needs: pip install 'rlvr[data]'") from None
+    p = Path(source)
+    if p.is_dir() and any((p / f).exists() for f in ("dataset_dict.json", "state.json")):
+        ds = datasets.load_from_disk(str(p))  # written by save_to_disk
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"{p}: no split {split!r}; splits: {sorted(ds)}")
+            ds = ds[split]
+    else:
+        ds = datasets.load_dataset(source, split=split)
+    return ds.to_list()
+
+
+def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train") -> list[dict]:
+    """Rows with the prompt under `prompt`; every other column kept as is."""
+    p = Path(source)
+    if p.is_file():
+        reader = READERS.get(p.suffix.lower())
+        if reader is None:
+            raise DataError(f"{p}: unsupported file type {p.suffix!r}; use one of {sorted(READERS)}")
+        rows = reader(p)
+    elif p.suffix.lower() in READERS:
+        raise DataError(f"data.path: file not found: {p}")
+    else:
+        rows = _read_datasets(source, split)
+    if not rows:
+        raise DataError(f"{source}: the dataset is empty")
+    if prompt_column not in rows[0]:
+        raise DataError(f"{source}: no prompt column {prompt_column!r} (set data.prompt_column); columns found: {sorted(rows[0])}")
+    out = []
+    for i, row in enumerate(rows):
+        if row.get(prompt_column) in (None, ""):
+            raise DataError(f"{source}: row {i + 1} has an empty {prompt_column!r}")
+        row = dict(row)
+        if prompt_column != "prompt":
+            row["prompt"] = row.pop(prompt_column)
+        out.append(row)
+    return out

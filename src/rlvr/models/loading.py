@@ -1,0 +1,48 @@
+"""Load a policy (and, when needed, a frozen reference) with its tokenizer."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from rlvr.models import resolve_model_path
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(ValueError):
+    """The model or tokenizer cannot be used; the message says why and what to do."""
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    notes = []
+    if tok.eos_token_id is None:
+        raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # padding is masked everywhere, so any id works
+        notes.append(f"tokenizer of {path!r} has no pad_token: using eos_token {tok.eos_token!r} for padding")
+    return tok, notes
+
+
+def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model_path(path)
+    local = Path(resolved)
+    if (resolved.startswith((".", "/", "~")) or local.suffix) and not local.exists():
+        raise ModelError(f"model.path: folder not found: {resolved}")
+    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    return model.to(device)
+
+
+def frozen_copy(model):
+    """A reference policy: same weights, no gradients, eval mode."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref

@@ -1,0 +1,21 @@
+"""Built-in rewards of the built-in tasks."""
+
+from __future__ import annotations
+
+from rlvr.data.arithmetic import is_correct
+
+
+def completion_text(completion) -> str:
+    """The text of a completion, whether plain text or TRL's chat form [{"role", "content"}]."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion)
+    return completion
+
+
+def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion is exactly the integer in the `answer` column, else 0.0.
+
+    >>> arithmetic_correct(["12+30="], ["42"], answer=["42"])
+    [1.0]
+    """
+    return [float(is_correct(completion_text(c), a)) for c, a in zip(completions, answer)]

@@ -1,0 +1,150 @@
+"""Generation with any Hugging Face causal LM, on CPU or GPU, without `generate()`.
+
+A lean decode loop: each prompt is prefilled once and its KV cache shared by its G samples
+(the prompt is never run G times), rows that have finished leave the decode batch, and the
+sampling noise of prompt i comes from a generator seeded by seeds[i] alone, so a completion
+does not depend on which other prompts share the batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.rollout import Rollout, SamplingParams
+
+
+def _cache_kwarg(model) -> str:
+    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside top-k and outside the top-p nucleus with -inf."""  # logits: [N, V]
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class HFEngine:
+    """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
+
+    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.drop_finished_fraction = drop_finished_fraction
+
+    def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
+        pass
+
+    @torch.no_grad()  # not inference_mode: the trainer's forward reuses these ids under autograd
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+        tok, model = self.tokenizer, self.model
+        if len(seeds) != len(prompts):
+            raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
+        device = next(model.parameters()).device
+        G, T = params.n, params.max_new_tokens
+        was_training = model.training
+        model.eval()
+
+        enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
+        prompt_ids = enc["input_ids"].to(device)  # [B, P]
+        prompt_mask = enc["attention_mask"].to(device)  # [B, P]
+        B = prompt_ids.shape[0]
+        N = B * G
+        cache, ckw = DynamicCache(config=model.config), _cache_kwarg(model)
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+            **{ckw: cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V]
+        cache.batch_repeat_interleave(G)
+        attn = prompt_mask.repeat_interleave(G, 0)  # [N, P + t]
+        next_pos = prompt_mask.sum(-1).repeat_interleave(G, 0)  # [N]
+        gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+        completion = torch.full((N, T), pad, dtype=torch.long, device=device)
+        logprobs = torch.zeros((N, T), dtype=torch.float32, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        active = torch.arange(N, device=device)  # rows still in the decode batch
+        for t in range(T):
+            token, logp = self._sample(logits, params, gens, active, G)
+            completion[active, t] = token
+            logprobs[active, t] = logp
+            if not params.ignore_eos:
+                finished[active] |= token == eos
+            if t == T - 1 or bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            live = ~finished[active]
+            if live.numel() - int(live.sum()) >= max(1, int(self.drop_finished_fraction * live.numel())):
+                keep = live.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                **{ckw: cache},
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
+            next_pos = next_pos + 1
+
+        if was_training:
+            model.train()
+        mask = self._completion_mask(completion, eos, params.ignore_eos)
+        completion = completion.masked_fill(mask == 0, pad)
+        logprobs = logprobs * mask
+        truncated = mask.sum(-1) == T
+        if not params.ignore_eos:
+            truncated &= completion[:, -1] != eos
+        texts = tok.batch_decode(completion, skip_special_tokens=True)
+        return Rollout(
+            prompt_ids=prompt_ids.repeat_interleave(G, 0),
+            prompt_mask=prompt_mask.repeat_interleave(G, 0),
+            completion_ids=completion,
+            completion_mask=mask,
+            sampling_logprobs=logprobs,
+            truncated=truncated,
+            texts=texts,
+        )
+
+    @staticmethod
+    def _completion_mask(completion: torch.Tensor, eos: int, ignore_eos: bool) -> torch.Tensor:
+        """1 on every token up to and including the first EOS."""  # [N, C]
+        if ignore_eos:
+            return torch.ones_like(completion)
+        is_eos = completion == eos
+        after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
+        return (~after_eos).long()
+
+    @staticmethod
+    def _sample(logits, params: SamplingParams, gens, active, G):
+        """One token per active row; noise for row r comes from its prompt's generator."""
+        if params.temperature == 0:
+            token = logits.argmax(-1)
+            return token, torch.zeros_like(token, dtype=torch.float32)
+        logits = _filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        logp_all = logits.log_softmax(-1)  # [n_active, V]
+        # Exponential race (Gumbel-max in disguise): argmax p / E, E ~ Exp(1), samples from p.
+        # Noise is drawn for all G rows of each prompt every step, so a row's noise does not
+        # depend on which rows have left the batch.
+        noise = torch.cat([torch.empty((G, logits.shape[-1]), device=logits.device).exponential_(generator=g) for g in gens])
+        token = (logp_all.exp() / noise[active]).argmax(-1)
+        return token, logp_all.gather(-1, token[:, None]).squeeze(-1)

@@ -1,0 +1,408 @@
+"""The GRPO loop, top to bottom: sample prompts -> generate G each -> score -> advantages ->
+mu clipped updates -> log -> checkpoint.
+
+Departures from the seeds' GRPO, all settable: the loss is aggregated with DAPO's token mean
+over the whole batch (`algo.loss_type=dapo`; the seeds' per-sequence mean is `grpo`), and the
+KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvr import algo
+from rlvr.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
+from rlvr.config import Config, to_dict, validate
+from rlvr.data import PromptStream, get_task, load_rows, render_prompt
+from rlvr.evaluate import as_completions, evaluate
+from rlvr.logging import RunLogger
+from rlvr.models.loading import frozen_copy, load_model, load_tokenizer
+from rlvr.policy import completion_logprobs, trim_padding
+from rlvr.rewards import RewardRunner
+from rlvr.rollout import Rollout, SamplingParams, make_engine
+
+
+@dataclass
+class Batch:
+    """One step's completions with everything the update needs. N = groups x G rows."""
+
+    rows: list[dict]  # [groups] dataset rows, one per prompt
+    rollout: Rollout  # N completions, prompt-major
+    rewards: torch.Tensor  # [N, K] one column per reward function, NaN = not applicable
+    rounds: int  # generation rounds it took (dynamic sampling)
+    prompts_consumed: int  # prompts drawn from the stream for it
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int):
+    def f(update: int) -> float:
+        if warmup and update < warmup:
+            return (update + 1) / warmup
+        progress = min(1.0, (update - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return f
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None):
+        self.cfg = cfg
+        self.warnings = validate(cfg, force=force)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device))
+        _seed_everything(cfg.seed)
+
+        self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+        self.warnings += notes
+        self.model = load_model(cfg.model.path, cfg.model.dtype, self.device, cfg.model.trust_remote_code)
+        self.model.train()
+        # beta = 0: no reference model exists at all (memory); the KL term is never computed.
+        self.ref_model = frozen_copy(self.model) if cfg.algo.beta > 0 else None
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer)
+        self.rewards = RewardRunner.from_config(cfg.rewards)
+
+        self.task = None
+        if cfg.data.task:
+            d = cfg.data
+            self.task = get_task(d.task, seed=cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
+            self.stream = PromptStream(self.task.train_row, None, seed=cfg.seed)
+        else:
+            rows = load_rows(cfg.data.path, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
+            self.stream = PromptStream.from_rows(rows, seed=cfg.seed, shuffle=cfg.data.shuffle)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        total_updates = cfg.steps * cfg.algo.num_iterations
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, total_updates))
+        self.sampling = SamplingParams(
+            n=cfg.rollout.group_size,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+        self.step = 0
+        self.num_tokens = 0
+        if cfg.resume:
+            self._resume(cfg.resume)
+        self.logger_live = logger_live
+
+    # ------------------------------------------------------------------ generation and scoring
+
+    def _generate_and_score(self, rows: list[dict], first_position: int) -> tuple[Rollout, torch.Tensor]:
+        G = self.cfg.rollout.group_size
+        prompts = [render_prompt(r["prompt"], self.tokenizer, self.cfg.data.system_prompt) for r in rows]
+        # Prompt i's sampling noise is seeded by its position in the data stream: the same
+        # prompt gets the same completions whatever batch, rank or resume it lands in.
+        seeds = [self.cfg.seed * 2**32 + first_position + i for i in range(len(rows))]
+        rollout = self.engine.generate(prompts, self.sampling, seeds)
+        columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
+        t = time.perf_counter()
+        rewards = self.rewards(
+            [r["prompt"] for r in rows for _ in range(G)],
+            as_completions(rows, rollout.texts),
+            columns,
+            completion_ids=[ids[m.bool()].tolist() for ids, m in zip(rollout.completion_ids, rollout.completion_mask)],
+        )
+        self._reward_time += time.perf_counter() - t
+        return rollout, rewards
+
+    def collect(self) -> Batch:
+        """Generate and score a batch. With dynamic sampling, groups whose rewards are all equal
+        are dropped and fresh prompts generated until the batch is full or the rounds run out."""
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        want = cfg.rollout.prompts_per_step
+        kept_rows, kept_rollouts, kept_rewards = [], [], []
+        rounds, consumed = 0, 0
+        while True:
+            need = want - len(kept_rows)
+            position = self.stream.position
+            rows = self.stream.take(need)
+            consumed += need
+            rounds += 1
+            rollout, rewards = self._generate_and_score(rows, position)
+            if not cfg.algo.dynamic_sampling:
+                return Batch(rows, rollout, rewards, rounds, consumed)
+            total = (rewards * self.rewards.weights).nansum(-1).view(-1, G)  # [groups, G]
+            signal = (total.max(-1).values - total.min(-1).values) > 1e-12
+            keep_groups = signal.nonzero().squeeze(-1).tolist()
+            if keep_groups:
+                idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
+                kept_rows += [rows[g] for g in keep_groups]
+                kept_rollouts.append(rollout.select(idx))
+                kept_rewards.append(rewards[idx])
+            if len(kept_rows) == want or rounds > cfg.algo.max_resample_rounds:
+                break
+        if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
+            return Batch(rows, rollout, rewards, rounds, consumed)
+        merged = Rollout.concat(kept_rollouts, self.tokenizer.pad_token_id)
+        return Batch(kept_rows, merged, torch.cat(kept_rewards), rounds, consumed)
+
+    # ------------------------------------------------------------------ the update
+
+    def _micro_batches(self, n: int) -> list[slice]:
+        size = self.cfg.optim.micro_batch_size or n
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _forward(self, model, r: Rollout, mb: slice, *, with_entropy: bool):
+        p_ids, p_mask, c_ids, c_mask = trim_padding(r.prompt_ids[mb], r.prompt_mask[mb], r.completion_ids[mb], r.completion_mask[mb])
+        out = completion_logprobs(
+            model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
+            temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
+        )
+        return out, c_ids.shape[1]
+
+    @torch.no_grad()
+    def _fixed_logprobs(self, model, r: Rollout, mbs: list[slice]) -> torch.Tensor:
+        """Log-probs of the batch under a model that does not change during the step."""
+        C = r.completion_ids.shape[1]
+        parts = []
+        for mb in mbs:
+            out, width = self._forward(model, r, mb, with_entropy=False)
+            parts.append(torch.nn.functional.pad(out.logp, (0, C - width)))
+        return torch.cat(parts)
+
+    def update(self, batch: Batch, advantages: torch.Tensor) -> dict:
+        cfg, a = self.cfg, self.cfg.algo
+        r = batch.rollout
+        mask = r.completion_mask.float()
+        if a.mask_truncated_completions:
+            mask = algo.losses.mask_truncated(mask, r.truncated)
+        mbs = self._micro_batches(len(r))
+        norms = algo.BatchNorms(
+            num_sequences=len(r),
+            num_tokens=int(mask.sum()),
+            max_completion_length=cfg.rollout.max_new_tokens,
+            num_micro_batches=len(mbs),
+        )
+        # mu = 1: the old policy is the current one, so old log-probs are the new ones detached
+        # (ratio exactly 1, no extra forward). mu > 1: computed once, reused over every pass.
+        old_logp = self._fixed_logprobs(self.model, r, mbs) if a.num_iterations > 1 else None
+        ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
+        adv = advantages.to(self.device, torch.float32)
+        stats = {"loss": [], "low": [], "high": [], "region": [], "kl": [], "entropy": [], "grad_norm": []}
+        for _ in range(a.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for mb in mbs:
+                out, C = self._forward(self.model, r, mb, with_entropy=True)
+                m = mask[mb, :C].to(self.device)
+                old = out.logp.detach() if old_logp is None else old_logp[mb, :C].to(self.device)
+                ref = None if ref_logp is None else ref_logp[mb, :C].to(self.device)
+                weights = algo.losses.high_entropy_mask(out.entropy, m, a.top_entropy_quantile) if a.top_entropy_quantile < 1 else None
+                res = algo.policy_loss(
+                    out.logp, old, adv[mb], m, norms,
+                    loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
+                    importance_level=a.importance_sampling_level, beta=a.beta, ref_logp=ref,
+                    kl_estimator=a.kl_estimator, token_weights=weights,
+                )
+                res.loss.backward()
+                step_loss += res.loss.item()
+                stats["low"].append(res.low_clipped.item())
+                stats["high"].append(res.high_clipped.item())
+                stats["region"].append(res.region_clipped.item())
+                stats["entropy"].append(algo.masked_mean(out.entropy, m).item())
+                if res.kl is not None:
+                    stats["kl"].append(res.kl.item())
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+            stats["loss"].append(step_loss)
+            self.optimizer.step()
+            self.scheduler.step()
+        metrics = {
+            "loss": float(np.mean(stats["loss"])),
+            "grad_norm": float(np.mean(stats["grad_norm"])),
+            "entropy": float(np.mean(stats["entropy"])),
+            "clip_ratio/low_mean": float(np.mean(stats["low"])),
+            "clip_ratio/low_min": float(np.min(stats["low"])),
+            "clip_ratio/high_mean": float(np.mean(stats["high"])),
+            "clip_ratio/high_max": float(np.max(stats["high"])),
+            "clip_ratio/region_mean": float(np.mean(stats["region"])),
+        }
+        if stats["kl"]:
+            metrics["kl"] = float(np.mean(stats["kl"]))
+        return metrics
+
+    # ------------------------------------------------------------------ one step, the loop
+
+    def train_step(self) -> dict:
+        cfg, G = self.cfg, self.cfg.rollout.group_size
+        t0 = time.perf_counter()
+        self._reward_time = 0.0
+        batch = self.collect()
+        t_collect = time.perf_counter() - t0
+        a = cfg.algo
+        advantages = algo.combine_rewards(
+            batch.rewards, self.rewards.weights, G, mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof
+        )
+        t1 = time.perf_counter()
+        metrics = self.update(batch, advantages)
+        t_train = time.perf_counter() - t1
+        self.step += 1
+        r = batch.rollout
+        self.num_tokens += int(r.prompt_mask.sum() + r.completion_mask.sum())
+        metrics.update(self._batch_metrics(batch, advantages))
+        metrics.update({
+            "step": self.step,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "num_tokens": self.num_tokens,
+            "time/generate": t_collect - self._reward_time,
+            "time/reward": self._reward_time,
+            "time/train": t_train,
+            "time/step": time.perf_counter() - t0,
+        })
+        self._last_batch = (batch, advantages)
+        return metrics
+
+    def _batch_metrics(self, batch: Batch, advantages: torch.Tensor) -> dict:
+        G = self.cfg.rollout.group_size
+        r = batch.rollout
+        total = (batch.rewards * self.rewards.weights).nansum(-1)  # [N]
+        grouped = total.view(-1, G)
+        lengths = r.completion_lengths.float()
+        m = {
+            "reward": float(total.mean()),
+            "reward_std": float(grouped.std(-1, correction=0).mean()),
+            "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(r.truncated.float().mean()),
+            "advantages/abs_mean": float(advantages.abs().mean()),
+        }
+        for k, name in enumerate(self.rewards.names):
+            col = batch.rewards[:, k]
+            m[f"rewards/{name}/mean"] = float(col.nanmean()) if (~col.isnan()).any() else float("nan")
+            m[f"rewards/{name}/std"] = float(col[~col.isnan()].std(correction=0)) if (~col.isnan()).sum() > 0 else float("nan")
+        if self.cfg.algo.dynamic_sampling:
+            m["sampling/rounds"] = batch.rounds
+            m["sampling/prompts_consumed"] = batch.prompts_consumed
+            m["sampling/groups_kept"] = len(batch.rows)
+        return m
+
+    def _sample_rows(self) -> list[dict]:
+        batch, adv = self._last_batch
+        G, n = self.cfg.rollout.group_size, self.cfg.num_completions_logged
+        out = []
+        for i in range(min(n, len(batch.rollout))):
+            row = batch.rows[i // G]
+            out.append({
+                "step": self.step,
+                "prompt": row["prompt"],
+                "completion": batch.rollout.texts[i],
+                **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(self.rewards.names)},
+                "advantage": float(adv[i]),
+            })
+        return out
+
+    def evaluate(self) -> float | None:
+        if self.task is None:
+            return None
+        runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
+        return evaluate(self.engine, self.tokenizer, self.task.eval_rows(), runner, max_new_tokens=self.cfg.rollout.max_new_tokens)
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        out = self.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
+        log = RunLogger(out, cfg.steps, self.step, live=self.logger_live)
+        for w in self.warnings:
+            log.info(f"[note] {w}")
+        summary: dict = {"output_dir": str(out)}
+        try:
+            if cfg.eval_before_after and self.task is not None and self.step == 0:
+                summary["eval_before"] = self.evaluate()
+                log.info(f"held-out accuracy before training: {summary['eval_before']:.3f}")
+            t_start = time.time()
+            while self.step < cfg.steps:
+                metrics = self.train_step()
+                log.log(metrics)
+                if cfg.log_completions_every and self.step % cfg.log_completions_every == 0:
+                    log.samples(self._sample_rows())
+                if self.step == 3 and metrics["frac_reward_zero_std"] == 1.0:
+                    log.info("[warning] every group had identical rewards so far: no learning signal (prompts too easy or too hard?)")
+                if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
+                    self.save_checkpoint()
+            summary["train_seconds"] = time.time() - t_start
+            self.model.save_pretrained(out / "final")
+            self.tokenizer.save_pretrained(out / "final")
+            if cfg.eval_before_after and self.task is not None:
+                summary["eval_after"] = self.evaluate()
+                log.info(f"held-out accuracy after training: {summary['eval_after']:.3f}")
+            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        finally:
+            log.close()
+        return summary
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        state = {
+            "step": self.step,
+            "num_tokens": self.num_tokens,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.stream.state_dict(),
+            "rng": rng_state(),
+        }
+        return save_checkpoint(
+            self.output_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
+            trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints,
+        )
+
+    def _resume(self, where: str) -> None:
+        from safetensors.torch import load_file
+
+        path = latest_checkpoint(self.output_dir / "checkpoints") if where == "auto" else Path(where)
+        if path is None:
+            return  # resume=auto with nothing saved yet: a fresh start
+        if not (path / "trainer_state.pt").exists():
+            raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
+        weights = {}
+        for f in sorted(path.glob("*.safetensors")):
+            weights.update(load_file(f))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if unexpected or any("lm_head" not in k for k in missing):
+            raise RuntimeError(f"resume: checkpoint {path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if self.model.config.tie_word_embeddings:
+            self.model.tie_weights()
+        state = load_trainer_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.step, self.num_tokens = state["step"], state["num_tokens"]
+
+
+def _num(x: torch.Tensor):
+    v = float(x)
+    return None if math.isnan(v) else v
+
+
+def _yaml(d: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
