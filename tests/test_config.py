@@ -1,0 +1,57 @@
+"""Config: YAML + dotted overrides, unknown keys with suggestions, validation naming fields."""
+
+import pytest
+
+from rlvr.config import ConfigError, load_config, validate
+
+
+def test_yaml_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 1.0e-3\nrollout:\n  group_size: 4\nrewards:\n  - fn: arithmetic\n")
+    cfg = load_config(f, ["rollout.group_size=6", "optim.lr=1e-5", "rewards.1.fn=my.py:fn", "rewards.1.weight=0.5"])
+    assert cfg.rollout.group_size == 6 and cfg.optim.lr == 1e-5
+    assert [(r.fn, r.weight) for r in cfg.rewards] == [("arithmetic", 1.0), ("my.py:fn", 0.5)]
+    assert cfg.rollout.completions_per_step == 6 * cfg.rollout.prompts_per_step
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lrr=1", "unknown config key `optim.lrr`.*did you mean `optim.lr`"),
+        ("rolout.group_size=4", "did you mean `rollout.group_size`"),
+        ("rollout.group_size=four", "`rollout.group_size` must be an integer"),
+        ("algo.beta=yes please", "`algo.beta` must be a number"),
+    ],
+)
+def test_bad_overrides_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_unknown_yaml_key(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algo:\n  loss_typ: grpo\n")
+    with pytest.raises(ConfigError, match=r"algo.loss_typ.*c.yaml.*did you mean `algo.loss_type`"):
+        load_config(f)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.group_size=1", "rollout.group_size` must be at least 2"),
+        ("rollout.temperature=0", "rollout.temperature` is 0"),
+        ("rollout.max_new_tokens=0", "rollout.max_new_tokens` must be positive"),
+        ("optim.lr=0", "optim.lr` must be positive"),
+        ("algo.loss_type=dapoo", "algo.loss_type.*did you mean 'dapo'"),
+        ("optim.micro_batch_size=1000", "optim.micro_batch_size`=1000 is larger"),
+    ],
+)
+def test_validation_names_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(load_config(None, [override]))
+
+
+def test_group_size_two_warns_and_kl_note():
+    warnings = validate(load_config(None, ["rollout.group_size=2"]))
+    assert any("group_size=2" in w for w in warnings)
+    assert any("no reference model" in w for w in warnings)
