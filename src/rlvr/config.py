@@ -178,6 +178,8 @@ class Config:
     """Checkpoints kept on disk; older ones are deleted."""
     resume: str | None = None
     """A checkpoint folder to resume from, or `auto` for the newest in output_dir."""
+    max_bad_steps: int = 3
+    """Stop after this many steps in a row with a non-finite loss or gradient (each is skipped)."""
     eval_before_after: bool = True
     """Evaluate held-out accuracy (greedy) before and after training, when the task has a split."""
 
@@ -450,6 +452,8 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
             f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {r.completions_per_step} completions per step "
             f"(rollout.prompts_per_step x rollout.group_size); set it to at most {r.completions_per_step}, or 0"
         )
+    if cfg.max_bad_steps < 1:
+        errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
     if cfg.steps < 1:
         errors.append(f"`steps` must be >= 1, got {cfg.steps}")
     if not cfg.rewards:

@@ -12,6 +12,8 @@ import dataclasses
 import json
 import math
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +100,8 @@ class Trainer:
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.step = 0
         self.num_tokens = 0
+        self.skipped_steps = 0  # steps whose update was dropped for a non-finite loss or gradient
+        self.bad_steps_in_a_row = 0
         if cfg.resume:
             self._resume(cfg.resume)
         self.logger_live = logger_live
@@ -196,6 +200,7 @@ class Trainer:
         ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
         adv = advantages.to(self.device, torch.float32)
         stats = {"loss": [], "low": [], "high": [], "region": [], "kl": [], "entropy": [], "grad_norm": []}
+        skipped = False
         for _ in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
@@ -221,8 +226,14 @@ class Trainer:
                     stats["kl"].append(res.kl.item())
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-            stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            stats["grad_norm"].append(grad_norm)
             stats["loss"].append(step_loss)
+            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+                # A non-finite loss or gradient must not touch the weights or the optimizer state.
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped = True
+                break
             self.optimizer.step()
             self.scheduler.step()
         metrics = {
@@ -237,6 +248,9 @@ class Trainer:
         }
         if stats["kl"]:
             metrics["kl"] = float(np.mean(stats["kl"]))
+        self.skipped_steps += skipped
+        self.bad_steps_in_a_row = self.bad_steps_in_a_row + 1 if skipped else 0
+        metrics["skipped_steps"] = self.skipped_steps
         return metrics
 
     # ------------------------------------------------------------------ one step, the loop
@@ -326,6 +340,7 @@ class Trainer:
         for w in self.warnings:
             log.info(f"[note] {w}")
         summary: dict = {"output_dir": str(out)}
+        stop = _StopRequest()
         try:
             if cfg.eval_before_after and self.task is not None and self.step == 0:
                 summary["eval_before"] = self.evaluate()
@@ -338,6 +353,20 @@ class Trainer:
                     log.samples(self._sample_rows())
                 if self.step == 3 and metrics["frac_reward_zero_std"] == 1.0:
                     log.info("[warning] every group had identical rewards so far: no learning signal (prompts too easy or too hard?)")
+                if self.bad_steps_in_a_row:
+                    log.info(f"[warning] step {self.step}: non-finite loss or gradient, update skipped ({self.skipped_steps} so far)")
+                    if self.bad_steps_in_a_row >= cfg.max_bad_steps:
+                        last = latest_checkpoint(out / "checkpoints")
+                        raise TrainingError(
+                            f"{self.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient (max_bad_steps={cfg.max_bad_steps}); "
+                            f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
+                        )
+                    continue  # never checkpoint right after a bad step
+                if stop.requested:
+                    path = self.save_checkpoint()
+                    log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
+                    summary["interrupted_at"] = self.step
+                    return summary
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
             summary["train_seconds"] = time.time() - t_start
@@ -348,6 +377,7 @@ class Trainer:
                 log.info(f"held-out accuracy after training: {summary['eval_after']:.3f}")
             (out / "summary.json").write_text(json.dumps(summary, indent=2))
         finally:
+            stop.restore()
             log.close()
         return summary
 
@@ -360,6 +390,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "data": self.stream.state_dict(),
+            "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
         }
         return save_checkpoint(
@@ -389,6 +420,31 @@ class Trainer:
         self.stream.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.step, self.num_tokens = state["step"], state["num_tokens"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. repeated non-finite losses); the last good checkpoint is kept."""
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM ask the loop to finish the current step, save a checkpoint and exit cleanly."""
+
+    def __init__(self):
+        self.requested: str | None = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _num(x: torch.Tensor):

@@ -1,0 +1,105 @@
+"""Nothing lost: exact resume, a skipped non-finite step, a clean stop on SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr import algo
+from rlvr.checkpoint import latest_checkpoint
+from rlvr.config import load_config
+from rlvr.trainer import Trainer, TrainingError
+
+FAST = ["rollout.prompts_per_step=4", "rollout.group_size=4", "eval_before_after=false", "optim.lr=1e-3", "log_completions_every=0"]
+
+
+def _metrics(run):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    Trainer(load_config(None, FAST + ["steps=6", f"output_dir={straight}"]), logger_live=False).train()
+
+    first = Trainer(load_config(None, FAST + ["steps=6", f"output_dir={resumed}"]), logger_live=False)
+    for _ in range(3):
+        first.train_step()
+    first.save_checkpoint()  # what save_every=3 does at step 3; then the process is gone
+    del first
+    again = Trainer(load_config(None, FAST + ["steps=6", f"output_dir={resumed}", "resume=auto"]), logger_live=False)
+    assert again.step == 3 and again.stream.position == 3 * 4
+    again.train()
+
+    w1, w2 = _weights(straight / "final"), _weights(resumed / "final")
+    assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)  # bitwise
+    assert _metrics(straight)[3:] == _metrics(resumed)  # steps 4-6, every value
+
+
+def test_resume_auto_without_checkpoint_starts_fresh(tmp_path):
+    t = Trainer(load_config(None, FAST + ["steps=2", f"output_dir={tmp_path}", "resume=auto"]), logger_live=False)
+    assert t.step == 0
+
+
+def test_non_finite_loss_skips_the_update(tmp_path, monkeypatch):
+    real = algo.policy_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second step's (only) micro-batch
+            return out._replace(loss=out.loss * float("inf"))
+        return out
+
+    t = Trainer(load_config(None, FAST + ["steps=3", f"output_dir={tmp_path / 'r'}"]), logger_live=False)
+    t.train_step()
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    opt_before = json.dumps({k: str(v["step"]) for k, v in t.optimizer.state_dict()["state"].items()})
+    monkeypatch.setattr(algo, "policy_loss", poisoned)
+    calls["n"] = 1
+    m = t.train_step()
+    assert m["skipped_steps"] == 1
+    assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
+    assert json.dumps({k: str(v["step"]) for k, v in t.optimizer.state_dict()["state"].items()}) == opt_before
+    m = t.train_step()
+    assert m["skipped_steps"] == 1 and t.bad_steps_in_a_row == 0
+    assert any(not torch.equal(before[k], v) for k, v in t.model.state_dict().items())
+
+
+def test_repeated_non_finite_steps_stop_the_run(tmp_path, monkeypatch):
+    real = algo.policy_loss
+    monkeypatch.setattr(algo, "policy_loss", lambda *a, **k: (lambda o: o._replace(loss=o.loss * float("nan")))(real(*a, **k)))
+    t = Trainer(load_config(None, FAST + ["steps=10", "max_bad_steps=2", f"output_dir={tmp_path / 'r'}"]), logger_live=False)
+    with pytest.raises(TrainingError, match="2 steps in a row"):
+        t.train()
+    assert not (tmp_path / "r" / "final").exists()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlvr", "train", "steps=100000", f"output_dir={out}", *FAST]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    while time.time() < deadline and len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "resume=auto" in stdout
+    ckpt = latest_checkpoint(out / "checkpoints")
+    assert ckpt is not None
+    steps = len((out / "metrics.jsonl").read_text().splitlines())
+    assert ckpt.name == f"step-{steps:07d}"
