@@ -432,6 +432,8 @@ def test_seeds_worked_example():
     std = math.sqrt((0.3**2 + 0.2**2 + 0.1**2 + 0.2**2) / 4)  # population std, ~0.2121
     torch.testing.assert_close(adv, torch.tensor([0.3, -0.2, 0.1, -0.2], dtype=D) / (std + 1e-8), **TOL)
     assert group_advantages(torch.full((4,), 0.7, dtype=D), 4).abs().max().item() == 0.0
+    sample = group_advantages(torch.tensor([0.8, 0.3, 0.6, 0.3], dtype=D), 4, ddof=1)  # TRL's torch.std
+    assert [round(a, 2) for a in sample.tolist()] == [1.22, -0.82, 0.41, -0.82]  # as docs/algorithms.md says
 
 
 @pytest.mark.parametrize("seed", SEEDS)
