@@ -102,6 +102,7 @@ class Trainer:
         self.num_tokens = 0
         self.skipped_steps = 0  # steps whose update was dropped for a non-finite loss or gradient
         self.bad_steps_in_a_row = 0
+        self._reward_time = 0.0  # seconds spent in reward functions this step (collect() adds to it)
         if cfg.resume:
             self._resume(cfg.resume)
         self.logger_live = logger_live
@@ -142,8 +143,7 @@ class Trainer:
             rollout, rewards = self._generate_and_score(rows, position)
             if not cfg.algo.dynamic_sampling:
                 return Batch(rows, rollout, rewards, rounds, consumed)
-            total = (rewards * self.rewards.weights).nansum(-1).view(-1, G)  # [groups, G]
-            signal = (total.max(-1).values - total.min(-1).values) > 1e-12
+            signal = algo.groups_with_signal(rewards, self.rewards.weights, G, mode=cfg.algo.reward_aggregation)
             keep_groups = signal.nonzero().squeeze(-1).tolist()
             if keep_groups:
                 idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
@@ -172,13 +172,13 @@ class Trainer:
         return out, c_ids.shape[1]
 
     @torch.no_grad()
-    def _fixed_logprobs(self, model, r: Rollout, mbs: list[slice]) -> torch.Tensor:
-        """Log-probs of the batch under a model that does not change during the step."""
+    def _fixed_logprobs(self, model, r: Rollout, mbs: list[slice], *, entropy: bool = False) -> torch.Tensor:
+        """Log-probs (or entropies) of the batch under a model that does not change during the step."""
         C = r.completion_ids.shape[1]
         parts = []
         for mb in mbs:
-            out, width = self._forward(model, r, mb, with_entropy=False)
-            parts.append(torch.nn.functional.pad(out.logp, (0, C - width)))
+            out, width = self._forward(model, r, mb, with_entropy=entropy)
+            parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
         return torch.cat(parts)
 
     def update(self, batch: Batch, advantages: torch.Tensor) -> dict:
@@ -186,7 +186,7 @@ class Trainer:
         r = batch.rollout
         mask = r.completion_mask.float()
         if a.mask_truncated_completions:
-            mask = algo.losses.mask_truncated(mask, r.truncated)
+            mask = algo.mask_truncated(mask, r.truncated)
         mbs = self._micro_batches(len(r))
         norms = algo.BatchNorms(
             num_sequences=len(r),
@@ -194,36 +194,53 @@ class Trainer:
             max_completion_length=cfg.rollout.max_new_tokens,
             num_micro_batches=len(mbs),
         )
-        # mu = 1: the old policy is the current one, so old log-probs are the new ones detached
-        # (ratio exactly 1, no extra forward). mu > 1: computed once, reused over every pass.
-        old_logp = self._fixed_logprobs(self.model, r, mbs) if a.num_iterations > 1 else None
         ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
+        # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
+        # policy's entropies, so micro-batching does not change which tokens train. With one
+        # micro-batch the first pass's own entropies serve (no extra forward).
+        weights = None
+        if a.top_entropy_quantile < 1 and len(mbs) > 1:
+            entropy = self._fixed_logprobs(self.model, r, mbs, entropy=True).to(self.device)
+            weights = algo.high_entropy_mask(entropy, mask.to(self.device), a.top_entropy_quantile)
+        # Old log-probs: those of the first pass, detached. Every micro-batch of the first pass runs
+        # before the first optimizer step, so they are the generating policy's (ratio exactly 1
+        # there), and they are reused unchanged by passes 2..mu (no extra forward).
+        old_logp: list[torch.Tensor | None] = [None] * len(mbs)
         adv = advantages.to(self.device, torch.float32)
-        stats = {"loss": [], "low": [], "high": [], "region": [], "kl": [], "entropy": [], "grad_norm": []}
+        stats = {"loss": [], "low": [], "high": [], "region": [], "grad_norm": []}
+        tokens = ent_sum = kl_sum = 0.0
+        clip_sums = [0.0, 0.0, 0.0]
         skipped = False
         for _ in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
-            for mb in mbs:
+            for j, mb in enumerate(mbs):
                 out, C = self._forward(self.model, r, mb, with_entropy=True)
                 m = mask[mb, :C].to(self.device)
-                old = out.logp.detach() if old_logp is None else old_logp[mb, :C].to(self.device)
+                if old_logp[j] is None:
+                    old_logp[j] = out.logp.detach()
                 ref = None if ref_logp is None else ref_logp[mb, :C].to(self.device)
-                weights = algo.losses.high_entropy_mask(out.entropy, m, a.top_entropy_quantile) if a.top_entropy_quantile < 1 else None
+                if a.top_entropy_quantile < 1 and weights is None:  # one micro-batch: the whole batch
+                    weights = algo.high_entropy_mask(out.entropy, m, a.top_entropy_quantile)
+                w = None if weights is None else weights[mb, :C]
                 res = algo.policy_loss(
-                    out.logp, old, adv[mb], m, norms,
+                    out.logp, old_logp[j], adv[mb], m, norms,
                     loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
                     importance_level=a.importance_sampling_level, beta=a.beta, ref_logp=ref,
-                    kl_estimator=a.kl_estimator, token_weights=weights,
+                    kl_estimator=a.kl_estimator, token_weights=w,
                 )
                 res.loss.backward()
                 step_loss += res.loss.item()
-                stats["low"].append(res.low_clipped.item())
-                stats["high"].append(res.high_clipped.item())
-                stats["region"].append(res.region_clipped.item())
-                stats["entropy"].append(algo.masked_mean(out.entropy, m).item())
+                # Per micro-batch fractions (for the min/max metrics) and token-weighted sums (means).
+                n = float(m.sum())
+                fracs = (res.low_clipped.item(), res.high_clipped.item(), res.region_clipped.item())
+                for key, v in zip(("low", "high", "region"), fracs):
+                    stats[key].append(v)
+                clip_sums = [cs + v * n for cs, v in zip(clip_sums, fracs)]
+                tokens += n
+                ent_sum += float((out.entropy * m).sum())
                 if res.kl is not None:
-                    stats["kl"].append(res.kl.item())
+                    kl_sum += res.kl.item() * n
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -236,18 +253,19 @@ class Trainer:
                 break
             self.optimizer.step()
             self.scheduler.step()
+        tokens = max(tokens, 1.0)
         metrics = {
             "loss": float(np.mean(stats["loss"])),
             "grad_norm": float(np.mean(stats["grad_norm"])),
-            "entropy": float(np.mean(stats["entropy"])),
-            "clip_ratio/low_mean": float(np.mean(stats["low"])),
+            "entropy": ent_sum / tokens,
+            "clip_ratio/low_mean": clip_sums[0] / tokens,
             "clip_ratio/low_min": float(np.min(stats["low"])),
-            "clip_ratio/high_mean": float(np.mean(stats["high"])),
+            "clip_ratio/high_mean": clip_sums[1] / tokens,
             "clip_ratio/high_max": float(np.max(stats["high"])),
-            "clip_ratio/region_mean": float(np.mean(stats["region"])),
+            "clip_ratio/region_mean": clip_sums[2] / tokens,
         }
-        if stats["kl"]:
-            metrics["kl"] = float(np.mean(stats["kl"]))
+        if ref_logp is not None:
+            metrics["kl"] = kl_sum / tokens
         self.skipped_steps += skipped
         self.bad_steps_in_a_row = self.bad_steps_in_a_row + 1 if skipped else 0
         metrics["skipped_steps"] = self.skipped_steps

@@ -4,7 +4,14 @@ No I/O, no config objects, no torch.distributed: hyperparameters arrive as keywo
 and every variant is its own function in a registry, tested alone.
 """
 
-from rlvr.algo.advantages import ADVANTAGE_SCALES, REWARD_AGGREGATIONS, combine_rewards, group_advantages
+from rlvr.algo.advantages import (
+    ADVANTAGE_SCALES,
+    GROUP_SIGNAL,
+    REWARD_AGGREGATIONS,
+    combine_rewards,
+    group_advantages,
+    groups_with_signal,
+)
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
 from rlvr.algo.logprobs import selective_log_softmax, token_entropy
 from rlvr.algo.losses import (
@@ -12,12 +19,15 @@ from rlvr.algo.losses import (
     LOSS_AGGREGATIONS,
     BatchNorms,
     PolicyLossOutput,
+    high_entropy_mask,
+    mask_truncated,
     masked_mean,
     policy_loss,
 )
 
 __all__ = [
     "ADVANTAGE_SCALES",
+    "GROUP_SIGNAL",
     "REWARD_AGGREGATIONS",
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
@@ -26,7 +36,10 @@ __all__ = [
     "PolicyLossOutput",
     "combine_rewards",
     "group_advantages",
+    "groups_with_signal",
+    "high_entropy_mask",
     "kl_estimate",
+    "mask_truncated",
     "masked_mean",
     "policy_loss",
     "selective_log_softmax",

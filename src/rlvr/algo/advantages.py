@@ -19,6 +19,14 @@ def _nan_std(x: torch.Tensor, ddof: int) -> torch.Tensor:  # [R, C] -> [R, 1]
     return var.sqrt()
 
 
+def _group_spread(grouped: torch.Tensor) -> torch.Tensor:  # [B, G] -> [B]
+    """max - min of each group over its non-NaN entries; 0 when fewer than two are valid."""
+    valid = ~grouped.isnan()
+    hi = grouped.masked_fill(~valid, float("-inf")).max(dim=-1).values
+    lo = grouped.masked_fill(~valid, float("inf")).min(dim=-1).values
+    return torch.where(valid.sum(-1) >= 2, hi - lo, torch.zeros_like(hi))
+
+
 def _scale_group(grouped: torch.Tensor, ddof: int) -> torch.Tensor:  # [B, G] -> [B, 1]
     return _nan_std(grouped, ddof)
 
@@ -60,6 +68,9 @@ def group_advantages(
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
     grouped = rewards.reshape(-1, group_size)  # [B, G]
     centred = grouped - grouped.nanmean(dim=-1, keepdim=True)
+    # Equal rewards centre to exactly 0, not to the mean's rounding error (0.1 * 3 / 3 != 0.1),
+    # which divided by std + eps would give advantages of 1e-9 instead of 0.
+    centred = centred.masked_fill((_group_spread(grouped) == 0).unsqueeze(-1), 0.0)
     divisor = ADVANTAGE_SCALES[scale](grouped, ddof)
     if scale != "none":
         divisor = divisor + eps
@@ -67,21 +78,68 @@ def group_advantages(
 
 
 def _sum_then_normalize(rewards, weights, group_size, **kw):  # rewards [B x G, K], weights [K]
-    total = (rewards * weights).nansum(dim=-1)  # a None from one function does not erase the others
+    total = (rewards * weights).nansum(dim=-1)  # [B x G] a None from one function does not erase the others
     all_nan = rewards.isnan().all(dim=-1)
     total = total.masked_fill(all_nan, float("nan"))
     return group_advantages(total, group_size, **kw)
 
 
-def _normalize_then_sum(rewards, weights, group_size, **kw):  # rewards [B x G, K], weights [K]
-    per_fn = torch.stack([group_advantages(rewards[:, k], group_size, **kw) for k in range(rewards.shape[1])], dim=-1)
-    return (per_fn * weights).sum(dim=-1)
+def _normalize_then_sum(rewards, weights, group_size, *, scale="group", ddof=0, eps=1e-8):  # [B x G, K], [K]
+    """GDPO: each reward normalised in its own group, the weighted sum of those advantages, then
+    batch-wise normalisation of the sum (its std over the whole batch) so that the advantage's
+    range does not grow with the number of reward functions. With scale="none" only centring
+    is done at either stage (Dr. GRPO's choice carried over)."""
+    per_fn = torch.stack(
+        [group_advantages(rewards[:, k], group_size, scale=scale, ddof=ddof, eps=eps) for k in range(rewards.shape[1])],
+        dim=-1,
+    )  # [B x G, K]
+    total = (per_fn * weights).sum(dim=-1)  # [B x G]
+    if scale == "none":
+        return total
+    centred = total - total.mean()  # already ~0: every group-normalised column has group mean 0
+    return centred / (_nan_std(total.reshape(1, -1), ddof).reshape(()) + eps)
 
 
 REWARD_AGGREGATIONS = {
-    "sum_then_normalize": _sum_then_normalize,  # weighted sum of rewards, then group-normalise
-    "normalize_then_sum": _normalize_then_sum,  # group-normalise each reward, then weighted sum (GDPO)
+    "sum_then_normalize": _sum_then_normalize,  # weighted sum of rewards, then group-normalise (default)
+    "normalize_then_sum": _normalize_then_sum,  # group-normalise each reward, weighted sum, batch-normalise (GDPO)
 }
+
+
+def _signal_sum_then_normalize(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+    total = (rewards * weights).nansum(dim=-1).masked_fill(rewards.isnan().all(dim=-1), float("nan"))
+    return _group_spread(total.reshape(-1, group_size)) > tol
+
+
+def _signal_normalize_then_sum(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+    spreads = torch.stack([_group_spread(rewards[:, k].reshape(-1, group_size)) for k in range(rewards.shape[1])], dim=-1)
+    return ((spreads > tol) & (weights != 0)).any(dim=-1)
+
+
+# Whether each group yields a non-zero advantage under each aggregation mode (dynamic sampling).
+GROUP_SIGNAL = {
+    "sum_then_normalize": _signal_sum_then_normalize,
+    "normalize_then_sum": _signal_normalize_then_sum,
+}
+
+
+def groups_with_signal(
+    rewards: torch.Tensor,  # [B x G, K] one column per reward function, NaN = not applicable
+    weights: torch.Tensor,  # [K]
+    group_size: int,
+    *,
+    mode: str = "sum_then_normalize",
+    tol: float = 1e-12,
+) -> torch.Tensor:  # [B] bool
+    """True for the groups whose rewards differ (DAPO's dynamic sampling keeps only those).
+
+    sum_then_normalize: the weighted sums differ, exactly when the group's advantages are not all
+    zero. normalize_then_sum: some reward with a non-zero weight differs on its own (rewards that
+    move in exact opposition with equal weights can still cancel to zero advantages; such a
+    group counts as having signal). A group with fewer than two applicable rewards has none."""
+    if mode not in GROUP_SIGNAL:
+        raise ValueError(f"mode must be one of {sorted(GROUP_SIGNAL)}, got {mode!r}")
+    return GROUP_SIGNAL[mode](rewards, weights.to(rewards), group_size, tol)
 
 
 def combine_rewards(

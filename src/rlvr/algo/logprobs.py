@@ -5,16 +5,21 @@ from __future__ import annotations
 import torch
 
 
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
     """log_softmax(logits)[..., index] computed as logit[index] - logsumexp(logits).
 
     logits: [N, L, V], index: [N, L] -> [N, L]. Rows are processed in chunks so that the
     temporary of the logsumexp is at most [chunk_rows, L, V]; no [N, L, V] log-softmax
-    tensor is ever materialised. fp32 math even for bf16 logits (bf16 log-softmax is lossy).
+    tensor is ever materialised. fp32 math even for bf16 logits (bf16 log-softmax is lossy);
+    fp64 logits stay fp64.
     """
     out = []
     for lg, ix in zip(logits.split(chunk_rows), index.split(chunk_rows)):
-        lg = lg.float()
+        lg = lg.to(_at_least_fp32(lg.dtype))  # [chunk, L, V]
         picked = lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(lg, dim=-1))
     return torch.cat(out)
@@ -25,6 +30,6 @@ def token_entropy(logits: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
     """Entropy of each position's distribution: [N, L, V] -> [N, L] (no gradient)."""
     out = []
     for lg in logits.split(chunk_rows):
-        logp = lg.float().log_softmax(-1)
+        logp = lg.to(_at_least_fp32(lg.dtype)).log_softmax(-1)  # [chunk, L, V]
         out.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(out)

@@ -2,7 +2,9 @@
 
 Per token t of completion i, with log-ratio l = log p_new - log p_old and ratio r = exp(l):
 
-    loss_it = -min(r * A_i, clip(r, 1 - epsilon, 1 + epsilon_high) * A_i)  [+ beta * KL_it]
+    loss_it = -min(r * A_i, clip(r, 1 - epsilon, 1 + epsilon_high) * A_i) * w_it  [+ beta * KL_it]
+
+(w_it: optional token weights, e.g. the top-entropy mask.)
 
 (r capped at `delta` first when given: TRL's two-sided clipping.) The per-token losses are
 then aggregated over the batch by one of LOSS_AGGREGATIONS. Every aggregation is a sum of
@@ -108,6 +110,13 @@ def policy_loss(
     kl_estimator: str = "k3",
     token_weights: torch.Tensor | None = None,  # [N, L] e.g. a high-entropy token mask
 ) -> PolicyLossOutput:
+    """This micro-batch's share of the batch loss, with clip fractions and the mean KL.
+
+    The aggregation's normaliser comes from `norms` (the whole generation batch), so summing the
+    losses (and gradients) of the micro-batches gives the full batch's loss exactly (bnpo aside,
+    which by definition normalises by the local batch). `token_weights` multiplies the
+    policy-gradient term only; the KL term, when beta > 0, counts on every unmasked token.
+    """
     if loss_type not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss_type must be one of {sorted(LOSS_AGGREGATIONS)}, got {loss_type!r}")
     if importance_level not in IMPORTANCE_LEVELS:
@@ -120,17 +129,17 @@ def policy_loss(
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high)
     capped = ratio if delta is None else torch.clamp(ratio, max=delta)
     per_token = -torch.min(capped * adv, clipped * adv)  # [N, L] or [N, 1]
-    per_token = per_token.expand_as(logp)
+    per_token = per_token.expand_as(logp)  # [N, L]
+    if token_weights is not None:  # the policy-gradient term only: the KL still anchors every token (as TRL)
+        per_token = per_token * token_weights
 
     kl = None
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp")
-        per_token_kl = kl_estimate(logp, ref_logp, kl_estimator)
+        per_token_kl = kl_estimate(logp, ref_logp, kl_estimator)  # [N, L]
         per_token = per_token + beta * per_token_kl
         kl = masked_mean(per_token_kl.detach(), mask)
-    if token_weights is not None:
-        per_token = per_token * token_weights
 
     loss = LOSS_AGGREGATIONS[loss_type](per_token, mask, norms)
 
@@ -152,7 +161,8 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: f
     values = entropy[mask.bool()]
     if values.numel() == 0:
         return mask.to(entropy.dtype)
-    threshold = torch.quantile(values.float(), 1.0 - top_quantile)
+    values = values.to(torch.promote_types(values.dtype, torch.float32))  # fp32 at least, fp64 kept
+    threshold = torch.quantile(values, 1.0 - top_quantile)  # [] linear interpolation
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
 
 

@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny random Llama with the project's character tokenizer, built once per session.
+
+Trainer-level tests pass `model.path=<tiny_model_dir>` so they never depend on the bundled model
+(or on anything downloaded).
+"""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
+        )
+    )
+    path = tmp_path_factory.mktemp("tiny_random_model")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
