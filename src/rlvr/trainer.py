@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 import signal
 import threading
@@ -20,10 +21,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from rlvr import algo
-from rlvr.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.config import Config, to_dict, validate
+from rlvr.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+    math_changes,
+    remove_partial_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
 from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import RunLogger
@@ -99,12 +110,14 @@ class Trainer:
         )
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.step = 0
+        self.resumed_from: Path | None = None
         self.num_tokens = 0
         self.skipped_steps = 0  # steps whose update was dropped for a non-finite loss or gradient
         self.bad_steps_in_a_row = 0
         self._reward_time = 0.0  # seconds spent in reward functions this step (collect() adds to it)
+        remove_partial_checkpoints(self.output_dir / "checkpoints")
         if cfg.resume:
-            self._resume(cfg.resume)
+            self._resume(cfg.resume, force)
         self.logger_live = logger_live
 
     # ------------------------------------------------------------------ generation and scoring
@@ -354,6 +367,9 @@ class Trainer:
         out = self.output_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
+        if self.resumed_from is not None:
+            _truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
+            _truncate_jsonl(out / "samples.jsonl", self.step)
         log = RunLogger(out, cfg.steps, self.step, live=self.logger_live)
         for w in self.warnings:
             log.info(f"[note] {w}")
@@ -416,22 +432,20 @@ class Trainer:
             trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints,
         )
 
-    def _resume(self, where: str) -> None:
-        from safetensors.torch import load_file
-
+    def _resume(self, where: str, force: bool) -> None:
         path = latest_checkpoint(self.output_dir / "checkpoints") if where == "auto" else Path(where)
         if path is None:
             return  # resume=auto with nothing saved yet: a fresh start
         if not (path / "trainer_state.pt").exists():
             raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(f))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("lm_head" not in k for k in missing):
-            raise RuntimeError(f"resume: checkpoint {path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        if self.model.config.tie_word_embeddings:
-            self.model.tie_weights()
+        saved_cfg = yaml.safe_load((path / "config.yaml").read_text())
+        changes = math_changes(saved_cfg, to_dict(self.cfg))
+        if changes and not force:
+            raise ConfigError(
+                f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
+                + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
+            )
+        load_weights(path, self.model)
         state = load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -439,6 +453,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step, self.num_tokens = state["step"], state["num_tokens"]
         self.skipped_steps = state.get("skipped_steps", 0)
+        self.resumed_from = path
 
 
 class TrainingError(RuntimeError):
@@ -465,14 +480,22 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep only the lines of steps <= last_step (written atomically)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
 def _num(x: torch.Tensor):
     v = float(x)
     return None if math.isnan(v) else v
 
 
 def _yaml(d: dict) -> str:
-    import yaml
-
     return yaml.safe_dump(d, sort_keys=False)
 
 
