@@ -265,17 +265,17 @@ def main():
                 print_exc(limit=-5)
             except base_exc:
                 pass
+        # Tests get their own globals: a program function rebinding names in its module
+        # (`globals()["__rlvr_check__"] = ...`) cannot reach the tests' comparison helper.
+        scope = {**ns, "__rlvr_check__": check}
         for step in steps:
             if not alive:
                 break
             try:
                 if step[0] == "assert":
-                    ok = check(eval_(step[1], ns), step[2])
+                    ok = check(eval_(step[1], scope), step[2])
                 else:
-                    scope = {**ns, "__rlvr_check__": check}
                     exec_(step[1], scope)
-                    del scope["__rlvr_check__"]
-                    ns.update(scope)
                     ok = True
             except base_exc as e:
                 memory_errors += isinstance_(e, memory_error)

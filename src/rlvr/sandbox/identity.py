@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from contextlib import contextmanager
 
 SLOTS = 512
@@ -44,7 +45,7 @@ def sandbox_uid():
         yield (NOBODY, False) if _mapped(NOBODY) else (None, False)
         return
     with _lock:
-        slot = _free.pop() if _free else None
+        slot = _free.pop(0) if _free else None  # FIFO: a uid is reused as late as possible
     if slot is None:  # more concurrent sandboxes than slots: share `nobody` rather than fail
         yield NOBODY, False
         return
@@ -53,3 +54,30 @@ def sandbox_uid():
     finally:
         with _lock:
             _free.append(slot)
+
+
+def live_processes(uid_lo: int, uid_hi: int) -> list[int]:
+    """Pids of processes (zombies excluded) whose uid lies in [uid_lo, uid_hi)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if uid_lo <= os.stat(f"/proc/{pid}").st_uid < uid_hi:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                if state not in (b"Z", b"X"):
+                    found.append(int(pid))
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return found
+
+
+def wait_until_gone(uid: int, timeout_s: float = 2.0) -> bool:
+    """After a kill, SIGKILL lands asynchronously: wait until no live process has `uid`."""
+    deadline = time.monotonic() + timeout_s
+    while live_processes(uid, uid + 1):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

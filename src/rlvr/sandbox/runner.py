@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.sandbox.identity import sandbox_uid
+from rlvr.sandbox.identity import sandbox_uid, wait_until_gone
 from rlvr.sandbox.result import CRASHED, FAILED, LIMIT, PASSED, TIMEOUT, SandboxResult
 
 log = logging.getLogger("rlvr.sandbox")
@@ -223,17 +223,20 @@ def _verdict(report: str, mode: str, expected: list[str] | None) -> tuple[str, i
 
 
 def execute(program: str, *, mode: str, tests=None, inputs=None, expected=None, limits: Limits = Limits(),
-            python: str | None = None) -> SandboxResult:
-    """Run one program in a fresh sandbox. Never raises: any failure is a `crashed` result."""
+            network_namespace: bool = True) -> SandboxResult:
+    """Run one program in a fresh sandbox. Never raises: any failure is a `crashed` result.
+
+    network_namespace=False skips the network namespace (to exercise the socket-level fallback).
+    """
     start = time.monotonic()
     try:
-        return _execute(program, mode, tests, inputs, expected, limits, python or sys.executable, start)
+        return _execute(program, mode, tests, inputs, expected, limits, network_namespace, start)
     except Exception as e:  # the trainer must never see a sandbox failure as an exception
         log.debug("sandbox failure", exc_info=True)
         return SandboxResult(CRASHED, reason=f"sandbox error: {type(e).__name__}: {e}", duration_s=time.monotonic() - start)
 
 
-def _execute(program, mode, tests, inputs, expected, limits, python, start) -> SandboxResult:
+def _execute(program, mode, tests, inputs, expected, limits, network_namespace, start) -> SandboxResult:
     nonce = secrets.token_hex(16)
     n_cases = len(inputs or [])
     harness_job = {
@@ -247,7 +250,7 @@ def _execute(program, mode, tests, inputs, expected, limits, python, start) -> S
     try:
         with sandbox_uid() as (uid, unique):
             job = {
-                "python": python, "harness_source": HARNESS_SOURCE, "harness_job": harness_job,
+                "python": sys.executable, "network_namespace": network_namespace, "harness_source": HARNESS_SOURCE, "harness_job": harness_job,
                 "limits": limits.to_json(), "workdir": workdir, "hide": _hidden_dirs(),
                 "uid": uid, "gid": uid, "uid_unique": unique, "result_fd": result_w, "interpreter": _interpreter(),
             }
@@ -267,6 +270,8 @@ def _execute(program, mode, tests, inputs, expected, limits, python, start) -> S
             bufs, ending = _collect(proc, result_r, start + limits.timeout_s, limits.output_limit)
             result_r = -1  # closed by _collect
             _reap(proc)
+            if unique:  # the slot's uid is handed out again only once its processes are gone
+                wait_until_gone(uid)
     finally:
         for fd in (result_r, result_w):
             if fd >= 0:
