@@ -235,7 +235,7 @@ def main():
     # Everything used once the program has run is captured now, as this frame's fast locals
     # (which other frames cannot rebind): the program may patch builtins, modules, globals.
     audit, exit_, flush_out, flush_err = sys.audit, os._exit, sys.stdout.flush, sys.stderr.flush
-    repr_, str_, type_, eval_, exec_, isinstance_ = repr, str, type, eval, exec, isinstance
+    eval_, exec_, isinstance_ = eval, exec, isinstance
     base_exc, memory_error, check = BaseException, MemoryError, check_values
     import traceback
 

@@ -216,6 +216,8 @@ def _verdict(report: str, mode: str, expected: list[str] | None) -> tuple[str, i
         passed, total, loaded, memory_errors = (int(x) for x in rest.split())
         if not loaded:
             return (LIMIT if memory_errors else FAILED), 0, total, "the program raised before the tests", None
+        if mode == "assert" and total == 0:
+            return FAILED, 0, 0, "the tests contain no test (no assert, call or block with an assert)", None
         if passed == total:
             return PASSED, passed, total, "", None
         return (LIMIT if memory_errors else FAILED), passed, total, f"{total - passed} of {total} tests failed", None
