@@ -26,6 +26,8 @@ import json
 import logging
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from rlvr import sandbox
 from rlvr.rewards.factory import named, reward_factory
@@ -78,9 +80,15 @@ def code_compiles(prompts, completions, **kwargs) -> list[float]:
 RUFF_RULES = "E9,F"  # syntax errors and pyflakes: undefined names, unused imports/variables, ...
 
 
+def ruff_executable() -> str | None:
+    """ruff from this interpreter's environment (a venv need not be on PATH), else from PATH."""
+    beside = Path(sys.executable).parent / "ruff"
+    return str(beside) if beside.is_file() else shutil.which("ruff")
+
+
 def _ruff_issues(program: str, rules: str) -> int | None:
     """Number of ruff findings, or None when ruff is unavailable. ruff only parses the code."""
-    exe = shutil.which("ruff")
+    exe = ruff_executable()
     if exe is None:
         return None
     proc = subprocess.run(
