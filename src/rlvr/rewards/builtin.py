@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from rlvr.data.arithmetic import is_correct
-
-
-def completion_text(completion) -> str:
-    """The text of a completion, whether plain text or TRL's chat form [{"role", "content"}]."""
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion)
-    return completion
+from rlvr.rewards.text import completion_text  # noqa: F401  (re-exported: users import it from here)
 
 
 def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:

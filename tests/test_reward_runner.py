@@ -1,0 +1,116 @@
+"""RewardRunner: concurrency, and isolation of reward functions that misbehave."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from rlvr.rewards import RewardError, RewardFn, RewardRunner
+
+
+def ones(prompts, completions, **kw):
+    return [1.0] * len(completions)
+
+
+def raises(prompts, completions, **kw):
+    raise ValueError("grader bug")
+
+
+def wrong_count(prompts, completions, **kw):
+    return [1.0]
+
+
+def not_numbers(prompts, completions, **kw):
+    return ["high", None, float("inf"), torch.tensor(0.5)]
+
+
+def hangs(prompts, completions, **kw):
+    time.sleep(3)
+    return [1.0] * len(completions)
+
+
+def runner(*fns, **options):
+    return RewardRunner([RewardFn(f.__name__, f, 1.0) for f in fns], **options)
+
+
+def test_misbehaving_functions_are_isolated_and_counted(caplog):
+    r = runner(ones, raises, wrong_count, not_numbers, hangs, timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="rlvr.rewards"):
+        start = time.monotonic()
+        out = r(["p"] * 4, ["a", "b", "c", "d"], {})
+        assert time.monotonic() - start < 1.5  # the hanging function does not hold up training
+        r(["p"] * 4, ["a", "b", "c", "d"], {})
+    assert out.shape == (4, 5) and out.dtype == torch.float64
+    assert out[:, 0].tolist() == [1.0] * 4
+    assert all(math.isnan(v) for v in out[:, 1:3].flatten().tolist() + out[:, 4].tolist())
+    assert [math.isnan(v) for v in out[:, 3].tolist()] == [True, True, True, False] and out[3, 3] == 0.5
+    assert r.last_errors == {"ones": 0, "raises": 4, "wrong_count": 4, "not_numbers": 2, "hangs": 4}
+    assert r.total_errors["raises"] == 8
+    tracebacks = [rec for rec in caplog.records if "'raises' failed" in rec.getMessage()]
+    assert len(tracebacks) == 1 and "grader bug" in tracebacks[0].getMessage()  # logged once
+
+
+def test_on_error_zero():
+    out = runner(raises, ones, on_error="zero")(["p"] * 2, ["a", "b"], {})
+    assert out.tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    with pytest.raises(RewardError):
+        runner(ones, on_error="ignore")
+
+
+def test_sync_functions_run_concurrently_and_async_ones_are_awaited_together():
+    def slow_a(prompts, completions, **kw):
+        time.sleep(0.4)
+        return [0.1] * len(completions)
+
+    def slow_b(prompts, completions, **kw):
+        time.sleep(0.4)
+        return [0.2] * len(completions)
+
+    async def judge_a(prompts, completions, **kw):
+        await asyncio.sleep(0.4)
+        return [0.3] * len(completions)
+
+    async def judge_b(prompts, completions, **kw):
+        await asyncio.sleep(0.4)
+        return [0.4] * len(completions)
+
+    r = runner(slow_a, slow_b, judge_a, judge_b)
+    start = time.monotonic()
+    out = r(["p"], ["a"], {})
+    assert time.monotonic() - start < 0.75  # 4 x 0.4 s sequentially would be 1.6 s
+    assert out.tolist() == [[0.1, 0.2, 0.3, 0.4]]
+
+
+def test_columns_and_extras_reach_only_functions_that_take_them():
+    def strict(prompts, completions, answer):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    def greedy(prompts, completions, **kw):
+        return [float(len(kw["completion_ids"][i])) for i in range(len(completions))]
+
+    out = runner(strict, greedy)(["p"] * 2, ["4", "5"], {"answer": ["4", "4"], "other": [1, 2]}, completion_ids=[[1], [1, 2]])
+    assert out.tolist() == [[1.0, 1.0], [0.0, 2.0]]
+
+
+@dataclass
+class Spec:
+    fn: str
+    weight: float = 1.0
+    name: str | None = None
+
+
+def test_from_config_builds_parameterised_builtins():
+    r = RewardRunner.from_config([Spec("math"), Spec("format_strict", 0.5), Spec("overlong(max_length=4, buffer=2)", 1.0, "long")])
+    assert r.names == ["math", "format_strict", "long"]
+    assert r.weights.tolist() == [1.0, 0.5, 1.0]
+    out = r(["p"], ["<think>\nx\n</think>\n<answer>\n4\n</answer>"], {"answer": ["4"]}, completion_ids=[[0, 0, 0]])
+    assert out.tolist() == [[1.0, 1.0, -0.5]]
+    for bad in ("overlong(4)", "format_strict(x=1)", "nope", "overlong(max_length=__import__('os'))"):
+        with pytest.raises(RewardError):
+            RewardRunner.from_config([Spec(bad)])
