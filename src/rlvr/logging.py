@@ -16,10 +16,10 @@ import os
 import sys
 from pathlib import Path
 
+from rich.columns import Columns
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from rlvr.doctor import Context, LiveDoctor, load_metrics
@@ -129,13 +129,9 @@ class RunLogger:
     def _render(self):
         parts = [self.progress.get_renderable()]
         if self.last:
-            t = Table.grid(padding=(0, 2))
-            fields = self.summary_fields(self.last)
-            for label, _ in fields:
-                t.add_column(justify="right")
-            t.add_row(*[Text(label, style="dim") for label, _ in fields])
-            t.add_row(*[Text(value, style="bold") for _, value in fields])
-            parts.append(t)
+            # one `label value` item per field; a narrow terminal wraps between items, never inside
+            items = [Text.assemble((label + " ", "dim"), (value, "bold")) for label, value in self.summary_fields(self.last)]
+            parts.append(Columns(items, padding=(0, 3)))
         return Group(*parts)
 
     def info(self, msg: str) -> None:

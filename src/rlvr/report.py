@@ -73,13 +73,16 @@ def load_run(run_dir: str | Path, name: str | None = None) -> Run:
 
 
 def _unique_names(runs: list[Run]) -> None:
+    """Runs named alike (every run folder called `run`, say) get their parent folder's name too."""
+    names = [r.name for r in runs]
+    for r in runs:
+        if names.count(r.name) > 1:
+            r.name = f"{r.dir.resolve().parent.name}/{r.dir.resolve().name}"
     seen: dict[str, int] = {}
     for r in runs:
-        if r.name in seen:
-            seen[r.name] += 1
+        seen[r.name] = seen.get(r.name, 0) + 1
+        if seen[r.name] > 1:
             r.name = f"{r.name} ({seen[r.name]})"
-        else:
-            seen[r.name] = 1
 
 
 # ------------------------------------------------------------------------------------------ plots
@@ -350,6 +353,11 @@ def _runs_table(runs: list[Run]) -> str:
     return "\n".join(out)
 
 
+def _png_width(png: Path) -> int:
+    """Pixel width from the PNG header (IHDR), so captions wrap at the image's width."""
+    return int.from_bytes(png.read_bytes()[16:20], "big")
+
+
 def _pct(v) -> str:
     return "-" if v is None or not math.isfinite(float(v)) else f"{float(v):.1%}"
 
@@ -373,7 +381,8 @@ table{border-collapse:collapse;margin:.5em 0;font-size:.9em} td,th{border:1px so
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:36em;font-size:.95em}
 .dim{color:#777;font-size:.9em} .ok{color:#1a7f37} li.warning{color:#8a5a00} li.error{color:#b42318} li{margin-bottom:.6em}
-figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{color:#555;font-size:.9em}
+.plots{display:flex;flex-wrap:wrap;gap:0 1.5em;align-items:flex-start}
+figure{margin:1em 0;max-width:100%} figure h3{margin:.2em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{color:#555;font-size:.9em}
 """
 
 
@@ -406,13 +415,14 @@ def make_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *
         if len(runs) > 1:
             parts.append(f"<h3>{html.escape(r.name)}</h3>")
         parts.append(_findings_html(findings))
-    parts.append("<h2>Plots</h2>")
+    parts.append('<h2>Plots</h2><div class="plots">')
     for t, caption, png in p.images:
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         parts.append(
             f'<figure id="{png.stem}"><h3>{html.escape(t)}</h3><img alt="{html.escape(t)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+            f'<figcaption style="max-width:{_png_width(png)}px">{html.escape(caption)}</figcaption></figure>'
         )
+    parts.append("</div>")
     parts.append("<h2>Completions of the last logged steps</h2>")
     for r in runs:
         best, worst = _best_worst(r)
