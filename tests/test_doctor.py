@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from _runs import healthy_run, write_metrics
@@ -156,3 +157,18 @@ def test_diagnose_run_reads_config(tmp_path):
     (run / "config.yaml").write_text("algo:\n  beta: 0.001\noptim:\n  lr: 0.003\n")
     (f,) = diagnose_run(run)
     assert "now 0.001" in f.fix and "now 0.003" in f.fix
+
+
+def test_doctor_is_silent_on_the_bundled_demo(tmp_path):
+    """The demo as shipped (bundled tiny model on arithmetic), shortened to 30 steps, is healthy."""
+    from _runs import train_cli
+
+    from rlvr.models import resolve_model_path
+
+    if not (Path(resolve_model_path("tiny")) / "config.json").is_file():
+        pytest.skip("the bundled tiny model is not in this checkout yet")
+    proc = train_cli(tmp_path / "demo", "steps=30", "data.eval_size=100", "report_to=[]")
+    history = load_metrics(tmp_path / "demo")
+    assert len(history) == 30
+    assert diagnose(history, Context(config=load_config(tmp_path / "demo"))) == []
+    assert "[warning]" not in proc.stdout
