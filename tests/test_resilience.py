@@ -103,3 +103,64 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
     assert ckpt is not None
     steps = len((out / "metrics.jsonl").read_text().splitlines())
     assert ckpt.name == f"step-{steps:07d}"
+
+
+def _run_cli(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "rlvr", "train", *FAST, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for(predicate, timeout=90):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_kill_9_then_resume_gives_the_uninterrupted_result(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    common = ["steps=12", "save_every=3", "keep_checkpoints=10", "threads=1"]
+    assert _run_cli([*common, f"output_dir={straight}"]).wait(timeout=180) == 0
+    proc = _run_cli([*common, f"output_dir={killed}"])
+    assert _wait_for(lambda: latest_checkpoint(killed / "checkpoints") is not None)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = _run_cli([*common, f"output_dir={killed}", "resume=auto"])
+    out, err = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, err[-2000:]
+    w1, w2 = _weights(straight / "final"), _weights(killed / "final")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert _metrics(straight) == _metrics(killed)  # every step once, every value identical
+
+
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "paused"
+    env = {**os.environ, "RLVR_TEST_PAUSE_BEFORE_RENAME": f"4:{marker}"}
+    proc = _run_cli(["steps=6", "save_every=2", f"output_dir={out}", "threads=1"], env=env)
+    assert _wait_for(marker.exists)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = out / "checkpoints"
+    assert latest_checkpoint(ckpts).name == "step-0000002"
+    assert (ckpts / ".tmp-step-0000004").exists()  # the half-written one never became a checkpoint
+    resumed = _run_cli(["steps=6", "save_every=2", f"output_dir={out}", "resume=auto", "threads=1"])
+    stdout, stderr = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, stderr[-2000:]
+    assert not (ckpts / ".tmp-step-0000004").exists()
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_refuses_a_config_that_changes_the_math(tmp_path):
+    t = Trainer(load_config(None, FAST + ["steps=2", f"output_dir={tmp_path}"]), logger_live=False)
+    t.train_step()
+    t.save_checkpoint()
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algo.epsilon: 0.2 -> 0.3"):
+        Trainer(load_config(None, FAST + ["steps=2", f"output_dir={tmp_path}", "resume=auto", "algo.epsilon=0.3"]), logger_live=False)
+    forced = Trainer(load_config(None, FAST + ["steps=2", f"output_dir={tmp_path}", "resume=auto", "algo.epsilon=0.3"]), force=True, logger_live=False)
+    assert forced.step == 1
+    more = Trainer(load_config(None, FAST + ["steps=5", f"output_dir={tmp_path}", "resume=auto"]), logger_live=False)
+    assert more.step == 1  # more steps is not a change of the math

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,10 @@ def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: d
     (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     (tmp / COMPLETE_MARKER).write_text(str(step))
     _fsync_tree(tmp)
+    hook = os.environ.get("RLVR_TEST_PAUSE_BEFORE_RENAME", "")  # "STEP:FILE", for a kill -9 mid-write
+    if hook.split(":", 1)[0] == str(step):
+        Path(hook.split(":", 1)[1]).write_text(str(step))
+        time.sleep(60)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -62,6 +67,14 @@ def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: d
     for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_partial_checkpoints(root: Path) -> list[Path]:
+    """Delete temporary folders left by a write that was killed; they were never complete."""
+    stale = sorted(root.glob(".tmp-step-*")) if root.is_dir() else []
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return stale
 
 
 def complete_checkpoints(root: Path) -> list[Path]:
@@ -78,3 +91,39 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def load_trainer_state(path: Path) -> dict:
     return torch.load(path / "trainer_state.pt", weights_only=False)
+
+
+def load_weights(path: Path, model) -> None:
+    """Load a checkpoint's safetensors into `model` in place (tied weights re-tied)."""
+    from safetensors.torch import load_file
+
+    weights = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(f))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any("lm_head" not in k for k in missing):
+        raise RuntimeError(f"resume: checkpoint {path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+
+
+# Settings that may change between a run and its resumption: they do not change the math.
+RESUMABLE_CHANGES = {
+    "steps", "output_dir", "resume", "save_every", "keep_checkpoints", "log_completions_every",
+    "num_completions_logged", "device", "threads", "eval_before_after", "max_bad_steps",
+}
+
+
+def math_changes(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose value differs between two configs, ignoring RESUMABLE_CHANGES."""
+    changed = []
+    for key in sorted(set(saved) | set(current)):
+        dotted = prefix + key
+        if dotted in RESUMABLE_CHANGES:
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += math_changes(a, b, dotted + ".")
+        elif a != b:
+            changed.append(f"{dotted}: {a!r} -> {b!r}")
+    return changed

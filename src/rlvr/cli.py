@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             return _doctor(args)
         return _eval(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, OSError) as e:  # OSError: files, and transformers' hub lookups
         print(f"rlvr: error: {e}", file=sys.stderr)
         return 2
 

@@ -9,8 +9,10 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
+import os
 import random
 import signal
 import threading
@@ -20,10 +22,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from rlvr import algo
-from rlvr.checkpoint import latest_checkpoint, load_trainer_state, rng_state, save_checkpoint, set_rng_state
-from rlvr.config import Config, to_dict, validate
+from rlvr.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+    math_changes,
+    remove_partial_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
 from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import RunLogger
@@ -85,6 +97,10 @@ class Trainer:
             rows = load_rows(cfg.data.path, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
             self.stream = PromptStream.from_rows(rows, seed=cfg.seed, shuffle=cfg.data.shuffle)
 
+        self._check_reward_columns(self.stream.take(1)[0])
+        self.stream.position = 0
+        self.context_length = getattr(self.model.config, "max_position_embeddings", None)
+
         params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
@@ -99,19 +115,43 @@ class Trainer:
         )
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.step = 0
+        self.resumed_from: Path | None = None
         self.num_tokens = 0
         self.skipped_steps = 0  # steps whose update was dropped for a non-finite loss or gradient
         self.bad_steps_in_a_row = 0
         self._reward_time = 0.0  # seconds spent in reward functions this step (collect() adds to it)
+        remove_partial_checkpoints(self.output_dir / "checkpoints")
         if cfg.resume:
-            self._resume(cfg.resume)
+            self._resume(cfg.resume, force)
         self.logger_live = logger_live
 
     # ------------------------------------------------------------------ generation and scoring
 
+    def _check_reward_columns(self, row: dict) -> None:
+        """Every reward function's required keyword arguments must be dataset columns."""
+        given = {"prompts", "completions", "completion_ids", *row}
+        for rf in self.rewards.fns:
+            for p in inspect.signature(rf.fn).parameters.values():
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in given:
+                    cols = sorted(k for k in row if k != "prompt")
+                    raise ValueError(f"reward function {rf.name!r} needs a column {p.name!r}; the data has columns {cols}")
+
+    def _check_prompt_lengths(self, prompts: list[str]) -> None:
+        if not self.context_length:
+            return
+        limit = self.context_length - self.cfg.rollout.max_new_tokens
+        for p in prompts:
+            n = len(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+            if n > limit:
+                raise ValueError(
+                    f"the prompt {p[:40]!r}... is {n} tokens; with rollout.max_new_tokens={self.cfg.rollout.max_new_tokens} "
+                    f"it does not fit the model's context of {self.context_length} tokens: shorten or filter it, or lower max_new_tokens"
+                )
+
     def _generate_and_score(self, rows: list[dict], first_position: int) -> tuple[Rollout, torch.Tensor]:
         G = self.cfg.rollout.group_size
         prompts = [render_prompt(r["prompt"], self.tokenizer, self.cfg.data.system_prompt) for r in rows]
+        self._check_prompt_lengths(prompts)
         # Prompt i's sampling noise is seeded by its position in the data stream: the same
         # prompt gets the same completions whatever batch, rank or resume it lands in.
         seeds = [self.cfg.seed * 2**32 + first_position + i for i in range(len(rows))]
@@ -354,6 +394,9 @@ class Trainer:
         out = self.output_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
+        if self.resumed_from is not None:
+            _truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
+            _truncate_jsonl(out / "samples.jsonl", self.step)
         log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg)
         for w in self.warnings:
             log.info(f"[note] {w}")
@@ -414,22 +457,20 @@ class Trainer:
             trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints,
         )
 
-    def _resume(self, where: str) -> None:
-        from safetensors.torch import load_file
-
+    def _resume(self, where: str, force: bool) -> None:
         path = latest_checkpoint(self.output_dir / "checkpoints") if where == "auto" else Path(where)
         if path is None:
             return  # resume=auto with nothing saved yet: a fresh start
         if not (path / "trainer_state.pt").exists():
             raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(f))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        if unexpected or any("lm_head" not in k for k in missing):
-            raise RuntimeError(f"resume: checkpoint {path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-        if self.model.config.tie_word_embeddings:
-            self.model.tie_weights()
+        saved_cfg = yaml.safe_load((path / "config.yaml").read_text())
+        changes = math_changes(saved_cfg, to_dict(self.cfg))
+        if changes and not force:
+            raise ConfigError(
+                f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
+                + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
+            )
+        load_weights(path, self.model)
         state = load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -437,6 +478,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.step, self.num_tokens = state["step"], state["num_tokens"]
         self.skipped_steps = state.get("skipped_steps", 0)
+        self.resumed_from = path
 
 
 class TrainingError(RuntimeError):
@@ -463,14 +505,22 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep only the lines of steps <= last_step (written atomically)."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
 def _num(x: torch.Tensor):
     v = float(x)
     return None if math.isnan(v) else v
 
 
 def _yaml(d: dict) -> str:
-    import yaml
-
     return yaml.safe_dump(d, sort_keys=False)
 
 

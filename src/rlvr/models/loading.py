@@ -16,10 +16,19 @@ class ModelError(ValueError):
     """The model or tokenizer cannot be used; the message says why and what to do."""
 
 
+def _resolve_existing(path: str) -> str:
+    """The folder or hub id to load; a path that looks local must exist."""
+    resolved = resolve_model_path(path)
+    local = Path(resolved).expanduser()
+    if (resolved.startswith((".", "/", "~")) or local.suffix) and not local.exists():
+        raise ModelError(f"model.path: folder not found: {resolved}")
+    return str(local) if local.exists() else resolved
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(_resolve_existing(path), trust_remote_code=trust_remote_code)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -32,11 +41,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
-    resolved = resolve_model_path(path)
-    local = Path(resolved)
-    if (resolved.startswith((".", "/", "~")) or local.suffix) and not local.exists():
-        raise ModelError(f"model.path: folder not found: {resolved}")
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(_resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 
 
