@@ -113,10 +113,20 @@ class CompletionsTable:
 
 
 class TensorBoard:
+    """Events in RUN_DIR/tb; the writer (and its file) starts at the first step, so a run that
+    fails before training leaves nothing behind."""
+
     def __init__(self, run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+        self._open = lambda: SummaryWriter(log_dir=str(run_dir / "tb"))
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            self._writer = self._open()
+        return self._writer
 
     def log(self, metrics: dict) -> None:
         step = int(metrics.get("step", 0))
@@ -136,7 +146,8 @@ class TensorBoard:
         self.writer.add_text("completions", "\n".join(lines), int(rows[0].get("step", 0)))
 
     def close(self) -> None:
-        self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 class _WandbLike:
