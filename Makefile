@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: demo test setup clean pretrain-tiny
+.PHONY: demo test test-browser setup clean pretrain-tiny
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Renders report.html in headless Chromium (Debian: apt-get install -y chromium), screenshots it,
+# and checks the page logs no console errors. Deselected from `make test` (pytest marker `browser`).
+test-browser: $(STAMP)
+	$(BIN)/python -m pytest -q -m browser
 
 pretrain-tiny: $(STAMP)
 	$(BIN)/python scripts/pretrain_tiny.py --out src/rlvr/models/tiny

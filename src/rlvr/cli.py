@@ -1,4 +1,5 @@
-"""`rlvr train [CONFIG.yaml] [key=value ...]`, `rlvr eval MODEL_DIR --task arithmetic`."""
+"""`rlvr train [CONFIG.yaml] [key=value ...]`, `rlvr eval MODEL_DIR --task arithmetic`,
+`rlvr report RUN_DIR [RUN_DIR2 ...]` (HTML + PNGs), `rlvr doctor RUN_DIR` (what went wrong)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,39 @@ def _eval(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    try:
+        from rlvr.report import make_report
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("rlvr report needs matplotlib: pip install 'rlvr[report]'", file=sys.stderr)
+        return 2
+    path = make_report(args.runs, args.out)
+    print(f"report: {path}")
+    return 0
+
+
+def _doctor(args) -> int:
+    import json
+
+    from rlvr.doctor import diagnose_run
+
+    worst = 0
+    for run in args.runs:
+        findings = diagnose_run(run, correctness=args.correctness)
+        if args.json:
+            print(json.dumps({"run": run, "findings": [f.to_dict() for f in findings]}, default=str))
+        elif not findings:
+            print(f"{run}: no problems found")
+        else:
+            print(f"{run}: {len(findings)} finding(s)")
+            for f in findings:
+                print(str(f))
+        if findings:
+            worst = max(worst, 1)
+    return worst
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rlvr", description="GRPO fine-tuning on tasks whose answers a program can check.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -60,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--operators", default="+-")
     ev.add_argument("--max-new-tokens", type=int, default=8)
 
+    rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
+    rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
+    rp.add_argument("--out", "-o", help="output folder (default: RUN_DIR/report for one run, ./rlvr-report for several)")
+
+    dr = sub.add_parser("doctor", help="check a run's metrics for known GRPO problems; exit status 1 when any is found")
+    dr.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
+    dr.add_argument("--correctness", help="name of the reward function that measures correctness (default: guessed)")
+    dr.add_argument("--json", action="store_true", help="one JSON object per run instead of text")
+
     args = ap.parse_args(argv)
     try:
         if args.command == "train":
@@ -68,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key} = {default}\n    {doc}")
                 return 0
             return _train(args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "doctor":
+            return _doctor(args)
         return _eval(args)
     except (ConfigError, ValueError, OSError) as e:  # OSError: files, and transformers' hub lookups
         print(f"rlvr: error: {e}", file=sys.stderr)

@@ -182,6 +182,10 @@ class Config:
     """Stop after this many steps in a row with a non-finite loss or gradient (each is skipped)."""
     eval_before_after: bool = True
     """Evaluate held-out accuracy (greedy) before and after training, when the task has a split."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Dashboards besides metrics.jsonl: any of tensorboard, wandb, trackio (each when installed), or []."""
+    doctor_every: int = 10
+    """Run `rlvr doctor`'s checks every N steps and print new findings as warnings (0 disables)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,8 +466,16 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
         errors.append("`data.task` and `data.path` are both empty: name a built-in task or a dataset")
     if cfg.data.task is not None:
         choice("data.task", cfg.data.task, ["arithmetic"])
+    for name in cfg.report_to:
+        choice("report_to", name, ["tensorboard", "wandb", "trackio", "none"])
+    if cfg.doctor_every < 0:
+        errors.append(f"`doctor_every` must be >= 0, got {cfg.doctor_every}")
+    if r.temperature == 0 and force and r.group_size > 1:
+        warnings.append("rollout.temperature=0 forced: the G completions of a prompt will be identical, so most groups give no signal")
     if a.beta == 0:
         warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
+    else:
+        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)")
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
     return warnings

@@ -397,7 +397,7 @@ class Trainer:
         if self.resumed_from is not None:
             _truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
             _truncate_jsonl(out / "samples.jsonl", self.step)
-        log = RunLogger(out, cfg.steps, self.step, live=self.logger_live)
+        log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg)
         for w in self.warnings:
             log.info(f"[note] {w}")
         summary: dict = {"output_dir": str(out)}
@@ -412,8 +412,6 @@ class Trainer:
                 log.log(metrics)
                 if cfg.log_completions_every and self.step % cfg.log_completions_every == 0:
                     log.samples(self._sample_rows())
-                if self.step == 3 and metrics["frac_reward_zero_std"] == 1.0:
-                    log.info("[warning] every group had identical rewards so far: no learning signal (prompts too easy or too hard?)")
                 if self.bad_steps_in_a_row:
                     log.info(f"[warning] step {self.step}: non-finite loss or gradient, update skipped ({self.skipped_steps} so far)")
                     if self.bad_steps_in_a_row >= cfg.max_bad_steps:
