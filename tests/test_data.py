@@ -88,3 +88,8 @@ def test_chat_template_is_applied():
     tok = build_char_tokenizer()
     assert render_prompt("1+2=", tok) == "<|user|>1+2=<|assistant|>"
     assert render_prompt("1+2=", tok, system_prompt="be brief") == "<|system|>be brief<|user|>1+2=<|assistant|>"
+
+
+def test_eval_size_larger_than_the_held_out_split_is_refused():
+    with pytest.raises(ValueError, match=r"data.eval_size=50 is more than the \d+ distinct held-out problems"):
+        eval_problems(50, digits=1)

@@ -80,11 +80,18 @@ def problems(split: str, *, seed: int, digits: int = 2, operators: str = "+-") -
 
 def eval_problems(n: int, *, digits: int = 2, operators: str = "+-", seed: int = 1234) -> list[Problem]:
     """The held-out evaluation set: n distinct problems, the same for every run with the same knobs."""
-    out, seen = [], set()
+    out, seen, misses = [], set(), 0
     for p in problems("test", seed=seed, digits=digits, operators=operators):
-        if p not in seen:
-            seen.add(p)
-            out.append(p)
+        if p in seen:
+            misses += 1
+            if misses > 20_000:  # the held-out split of these knobs is smaller than n
+                raise ValueError(
+                    f"data.eval_size={n} is more than the {len(out)} distinct held-out problems with "
+                    f"digits={digits}, operators={operators!r}: lower data.eval_size or raise data.digits"
+                )
+            continue
+        seen.add(p)
+        out.append(p)
         if len(out) == n:
             return out
     raise AssertionError("unreachable")
