@@ -317,6 +317,7 @@ class Trainer:
         cfg, G = self.cfg, self.cfg.rollout.group_size
         t0 = time.perf_counter()
         self._reward_time = 0.0
+        errors_before = dict(self.rewards.total_errors)
         batch = self.collect()
         t_collect = time.perf_counter() - t0
         a = cfg.algo
@@ -330,6 +331,8 @@ class Trainer:
         r = batch.rollout
         self.num_tokens += int(r.prompt_mask.sum() + r.completion_mask.sum())
         metrics.update(self._batch_metrics(batch, advantages))
+        for name, total in self.rewards.total_errors.items():  # failed samples, all rounds of this step
+            metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
         metrics.update({
             "step": self.step,
             "learning_rate": self.scheduler.get_last_lr()[0],
