@@ -12,10 +12,6 @@ import dataclasses
 import inspect
 import json
 import math
-import os
-import random
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +35,18 @@ from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
 from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import RunLogger
+from rlvr.metrics import batch_metrics, completion_rows
 from rlvr.models.loading import frozen_copy, load_model, load_tokenizer
 from rlvr.policy import completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
+from rlvr.run_control import (
+    StopRequest,
+    TrainingError,
+    lr_lambda,
+    seed_everything,
+    truncate_jsonl,
+)
 
 
 @dataclass
@@ -56,20 +60,6 @@ class Batch:
     prompts_consumed: int  # prompts drawn from the stream for it
 
 
-def _lr_lambda(schedule: str, warmup: int, total: int):
-    def f(update: int) -> float:
-        if warmup and update < warmup:
-            return (update + 1) / warmup
-        progress = min(1.0, (update - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return f
-
-
 class Trainer:
     def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None):
         self.cfg = cfg
@@ -77,7 +67,7 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device))
-        _seed_everything(cfg.seed)
+        seed_everything(cfg.seed)
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         self.warnings += notes
@@ -105,7 +95,7 @@ class Trainer:
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
         total_updates = cfg.steps * cfg.algo.num_iterations
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(o.lr_schedule, o.warmup_steps, total_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(o.lr_schedule, o.warmup_steps, total_updates))
         self.sampling = SamplingParams(
             n=cfg.rollout.group_size,
             temperature=cfg.rollout.temperature,
@@ -330,7 +320,10 @@ class Trainer:
         self.step += 1
         r = batch.rollout
         self.num_tokens += int(r.prompt_mask.sum() + r.completion_mask.sum())
-        metrics.update(self._batch_metrics(batch, advantages))
+        metrics.update(batch_metrics(batch, advantages, self.rewards.names, self.rewards.weights, G))
+        if cfg.algo.dynamic_sampling:
+            metrics.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
+                            "sampling/groups_kept": len(batch.rows)})
         for name, total in self.rewards.total_errors.items():  # failed samples, all rounds of this step
             metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
         metrics.update({
@@ -345,47 +338,6 @@ class Trainer:
         self._last_batch = (batch, advantages)
         return metrics
 
-    def _batch_metrics(self, batch: Batch, advantages: torch.Tensor) -> dict:
-        G = self.cfg.rollout.group_size
-        r = batch.rollout
-        total = (batch.rewards * self.rewards.weights).nansum(-1)  # [N]
-        grouped = total.view(-1, G)
-        lengths = r.completion_lengths.float()
-        m = {
-            "reward": float(total.mean()),
-            "reward_std": float(grouped.std(-1, correction=0).mean()),
-            "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(r.truncated.float().mean()),
-            "advantages/abs_mean": float(advantages.abs().mean()),
-        }
-        for k, name in enumerate(self.rewards.names):
-            col = batch.rewards[:, k]
-            m[f"rewards/{name}/mean"] = float(col.nanmean()) if (~col.isnan()).any() else float("nan")
-            m[f"rewards/{name}/std"] = float(col[~col.isnan()].std(correction=0)) if (~col.isnan()).sum() > 0 else float("nan")
-        if self.cfg.algo.dynamic_sampling:
-            m["sampling/rounds"] = batch.rounds
-            m["sampling/prompts_consumed"] = batch.prompts_consumed
-            m["sampling/groups_kept"] = len(batch.rows)
-        return m
-
-    def _sample_rows(self) -> list[dict]:
-        batch, adv = self._last_batch
-        G, n = self.cfg.rollout.group_size, self.cfg.num_completions_logged
-        out = []
-        for i in range(min(n, len(batch.rollout))):
-            row = batch.rows[i // G]
-            out.append({
-                "step": self.step,
-                "prompt": row["prompt"],
-                "completion": batch.rollout.texts[i],
-                **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(self.rewards.names)},
-                "advantage": float(adv[i]),
-            })
-        return out
-
     def evaluate(self) -> float | None:
         if self.task is None:
             return None
@@ -398,13 +350,13 @@ class Trainer:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
         if self.resumed_from is not None:
-            _truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
-            _truncate_jsonl(out / "samples.jsonl", self.step)
+            truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
+            truncate_jsonl(out / "samples.jsonl", self.step)
         log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg)
         for w in self.warnings:
             log.info(f"[note] {w}")
         summary: dict = {"output_dir": str(out)}
-        stop = _StopRequest()
+        stop = StopRequest()
         try:
             if cfg.eval_before_after and self.task is not None and self.step == 0:
                 summary["eval_before"] = self.evaluate()
@@ -414,7 +366,7 @@ class Trainer:
                 metrics = self.train_step()
                 log.log(metrics)
                 if cfg.log_completions_every and self.step % cfg.log_completions_every == 0:
-                    log.samples(self._sample_rows())
+                    log.samples(completion_rows(*self._last_batch, self.rewards.names, cfg.rollout.group_size, self.step, cfg.num_completions_logged))
                 if self.bad_steps_in_a_row:
                     log.info(f"[warning] step {self.step}: non-finite loss or gradient, update skipped ({self.skipped_steps} so far)")
                     if self.bad_steps_in_a_row >= cfg.max_bad_steps:
@@ -484,50 +436,5 @@ class Trainer:
         self.resumed_from = path
 
 
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. repeated non-finite losses); the last good checkpoint is kept."""
-
-
-class _StopRequest:
-    """SIGINT/SIGTERM ask the loop to finish the current step, save a checkpoint and exit cleanly."""
-
-    def __init__(self):
-        self.requested: str | None = None
-        self._previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only the lines of steps <= last_step (written atomically)."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
-
-
-def _num(x: torch.Tensor):
-    v = float(x)
-    return None if math.isnan(v) else v
-
-
 def _yaml(d: dict) -> str:
     return yaml.safe_dump(d, sort_keys=False)
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

@@ -1,0 +1,50 @@
+"""Per-step metrics of a batch (TRL's names) and the completions table rows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: torch.Tensor, group_size: int) -> dict:
+    """Reward, group and length statistics of one step's batch (a trainer.Batch)."""
+    r = batch.rollout
+    total = (batch.rewards * weights).nansum(-1)  # [N]
+    grouped = total.view(-1, group_size)  # [groups, G]
+    lengths = r.completion_lengths.float()
+    m = {
+        "reward": float(total.mean()),
+        "reward_std": float(grouped.std(-1, correction=0).mean()),
+        "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(r.truncated.float().mean()),
+        "advantages/abs_mean": float(advantages.abs().mean()),
+    }
+    for k, name in enumerate(names):
+        col = batch.rewards[:, k]
+        valid = col[~col.isnan()]
+        m[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+        m[f"rewards/{name}/std"] = float(valid.std(correction=0)) if valid.numel() else float("nan")
+    return m
+
+
+def completion_rows(batch, advantages: torch.Tensor, names: list[str], group_size: int, step: int, n: int) -> list[dict]:
+    """The first n completions of the batch with their prompt, each reward and advantage."""
+    out = []
+    for i in range(min(n, len(batch.rollout))):
+        out.append({
+            "step": step,
+            "prompt": batch.rows[i // group_size]["prompt"],
+            "completion": batch.rollout.texts[i],
+            **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(names)},
+            "advantage": float(advantages[i]),
+        })
+    return out
+
+
+def _num(x: torch.Tensor):
+    v = float(x)
+    return None if math.isnan(v) else v
