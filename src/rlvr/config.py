@@ -64,7 +64,7 @@ class RolloutConfig:
     """Generation engine: `hf` (transformers models on CPU or GPU)."""
     group_size: int = 8
     """G: completions sampled per prompt. 2 turns any difference into +1/-1; 1 gives no signal."""
-    prompts_per_step: int = 16
+    prompts_per_step: int = 32
     """Prompts per training step; the step trains on prompts_per_step x group_size completions."""
     max_new_tokens: int = 8
     """Length limit of each completion, in tokens."""
@@ -116,7 +116,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
+    lr: float = 3e-4
     """AdamW learning rate (the default suits the bundled tiny model; real models want ~1e-6)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
