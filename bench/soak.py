@@ -1,7 +1,7 @@
 """Soak test: the bundled demo killed with SIGKILL at random points and resumed ends with the
 same weights (bitwise) and the same metrics as an uninterrupted run.
 
-    python bench/soak.py --steps 300 --save-every 10 --kills 8 --out bench/results/soak.md
+    OMP_NUM_THREADS=1 python bench/soak.py --steps 300 --save-every 10 --kills 8 --out bench/results/soak.md
 """
 
 from __future__ import annotations
