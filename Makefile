@@ -26,8 +26,10 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rlvr train
 
+# One OpenMP thread per test process: tests start CLI subprocesses, and two torch processes
+# spinning two threads each on a 2-core machine run many times slower.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q
 
 # Renders report.html in headless Chromium (Debian: apt-get install -y chromium), screenshots it,
 # and checks the page logs no console errors. Deselected from `make test` (pytest marker `browser`).
