@@ -164,3 +164,25 @@ def test_resume_refuses_a_config_that_changes_the_math(tmp_path):
     assert forced.step == 1
     more = Trainer(load_config(None, FAST + ["steps=5", f"output_dir={tmp_path}", "resume=auto"]), logger_live=False)
     assert more.step == 1  # more steps is not a change of the math
+
+
+def test_resume_is_exact_with_dynamic_sampling(tmp_path):
+    """Dynamic sampling consumes a data-dependent number of prompts; the saved stream position
+    alone must put a resumed run back on the same prompts."""
+    ds = FAST + ["algo.dynamic_sampling=true", "algo.max_resample_rounds=3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    Trainer(load_config(None, ds + ["steps=4", f"output_dir={straight}"]), logger_live=False).train()
+    first = Trainer(load_config(None, ds + ["steps=4", f"output_dir={resumed}"]), logger_live=False)
+    for _ in range(2):
+        first.train_step()
+    first.save_checkpoint()
+    position = first.stream.position
+    del first
+    again = Trainer(load_config(None, ds + ["steps=4", f"output_dir={resumed}", "resume=auto"]), logger_live=False)
+    assert again.stream.position == position
+    again.train()
+    straight_metrics = _metrics(straight)
+    assert any(m["sampling/rounds"] > 1 for m in straight_metrics)  # resampling really happened
+    assert straight_metrics[2:] == _metrics(resumed)
+    w1, w2 = _weights(straight / "final"), _weights(resumed / "final")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
