@@ -59,3 +59,14 @@ def test_second_reward_function_from_config(tmp_path):
     m = metrics[-1]
     expected = m["rewards/arithmetic_correct/mean"] + 0.5 * m["rewards/short/mean"]
     assert abs(m["reward"] - expected) < 1e-9
+
+
+def test_eval_cli_reports_held_out_accuracy_of_the_bundled_model():
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "eval", "tiny", "--task", "arithmetic", "--n", "100"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import re
+
+    m = re.search(r"arithmetic held-out accuracy \(100 problems, greedy\): (0\.\d+)", proc.stdout)
+    assert m, proc.stdout
+    assert 0.2 <= float(m.group(1)) <= 0.6  # the shipped model: modest, with room for RL
