@@ -32,9 +32,12 @@ def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: to
 
 
 def completion_rows(batch, advantages: torch.Tensor, names: list[str], group_size: int, step: int, n: int) -> list[dict]:
-    """The first n completions of the batch with their prompt, each reward and advantage."""
+    """n completions with their prompt, each reward and advantage: the first of every group, then
+    the second of every group, ..., so the table covers many prompts rather than one group."""
+    N = len(batch.rollout)
+    order = sorted(range(N), key=lambda i: (i % group_size, i // group_size))
     out = []
-    for i in range(min(n, len(batch.rollout))):
+    for i in sorted(order[: min(n, N)]):
         out.append({
             "step": step,
             "prompt": batch.rows[i // group_size]["prompt"],
