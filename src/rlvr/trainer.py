@@ -69,9 +69,9 @@ class Trainer:
         self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device))
         seed_everything(cfg.seed)
 
-        self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+        self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
-        self.model = load_model(cfg.model.path, cfg.model.dtype, self.device, cfg.model.trust_remote_code)
+        self.model = load_model(cfg.model.path, cfg.model.dtype, self.device, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.model.train()
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
         self.ref_model = frozen_copy(self.model) if cfg.algo.beta > 0 else None

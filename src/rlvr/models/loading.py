@@ -25,10 +25,11 @@ def _resolve_existing(path: str) -> str:
     return str(local) if local.exists() else resolved
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
+def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(_resolve_existing(path), trust_remote_code=trust_remote_code)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    tok = AutoTokenizer.from_pretrained(_resolve_existing(path), trust_remote_code=trust_remote_code, **extra)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -38,9 +39,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok, notes
 
 
-def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False):
+def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False,
+               gguf_file: str | None = None):
     from transformers import AutoModelForCausalLM
 
+    if gguf_file:
+        from rlvr.models.gguf import load_gguf
+
+        return load_gguf(_resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
     model = AutoModelForCausalLM.from_pretrained(_resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 

