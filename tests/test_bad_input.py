@@ -83,3 +83,14 @@ def test_a_broken_reward_function_is_isolated_named_and_counted(tmp_path, fn, me
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m[f"rewards/{fn}/errors"] for m in metrics] == [8, 8]
     assert all(m["rewards/arithmetic_correct/errors"] == 0 for m in metrics)
+
+
+def test_a_second_run_into_the_same_output_dir_is_refused(tmp_path):
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "eval_before_after=false", "steps=1",
+            "rollout.prompts_per_step=2", "rollout.group_size=4", "threads=1"]
+    assert subprocess.run(base, capture_output=True, timeout=120).returncode == 0
+    before = (out / "metrics.jsonl").read_text()
+    proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr and "resume=auto" in proc.stderr
+    assert (out / "metrics.jsonl").read_text() == before  # nothing appended, nothing lost

@@ -110,6 +110,12 @@ class Trainer:
         self.skipped_steps = 0  # steps whose update was dropped for a non-finite loss or gradient
         self.bad_steps_in_a_row = 0
         self._reward_time = 0.0  # seconds spent in reward functions this step (collect() adds to it)
+        previous = self.output_dir / "metrics.jsonl"
+        if not cfg.resume and previous.exists() and previous.stat().st_size and not force:
+            raise ConfigError(
+                f"output_dir {self.output_dir} already holds a run (metrics.jsonl): pass resume=auto to continue it, "
+                "choose another output_dir, or --force to start over in it"
+            )
         remove_partial_checkpoints(self.output_dir / "checkpoints")
         if cfg.resume:
             self._resume(cfg.resume, force)
@@ -349,8 +355,9 @@ class Trainer:
         out = self.output_dir
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
-        if self.resumed_from is not None:
-            truncate_jsonl(out / "metrics.jsonl", self.step)  # steps after the checkpoint are redone
+        if cfg.resume or self.resumed_from is not None:
+            # steps after the checkpoint (all of them when there is none yet) are done again
+            truncate_jsonl(out / "metrics.jsonl", self.step)
             truncate_jsonl(out / "samples.jsonl", self.step)
         log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg)
         for w in self.warnings:
