@@ -38,9 +38,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok, notes
 
 
-def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False):
+def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False, quantization_config=None):
     from transformers import AutoModelForCausalLM
 
+    if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
+        return AutoModelForCausalLM.from_pretrained(
+            _resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+            quantization_config=quantization_config, device_map={"": device},
+        )
     model = AutoModelForCausalLM.from_pretrained(_resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 
