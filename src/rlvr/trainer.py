@@ -367,6 +367,8 @@ class Trainer:
             "time/train": t_train,
             "time/step": time.perf_counter() - t0,
         })
+        if self.device.type == "cuda":
+            metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._last_batch = (batch, advantages)
         return metrics
 

@@ -68,7 +68,10 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
     model = load_model(mcfg.path, mcfg.dtype, device, mcfg.trust_remote_code, quantization_config=quant)
     if mcfg.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), DDP and FSDP2; only active in train().
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # the name in transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lo.r == 0:
         model.train()
         return Policy(model, None, frozen_copy(model) if beta > 0 else None)
