@@ -111,6 +111,8 @@ def load_weights(path: Path, model) -> None:
 RESUMABLE_CHANGES = {
     "steps", "output_dir", "resume", "save_every", "keep_checkpoints", "log_completions_every",
     "num_completions_logged", "device", "threads", "eval_before_after", "max_bad_steps",
+    # Scale-out: the update equals one process doing the whole batch, whatever the ranks.
+    "nproc", "dist.strategy", "dist.backend", "dist.timeout", "model.gradient_checkpointing", "model.lora.save_merged",
 }
 
 

@@ -18,8 +18,20 @@ def _train(args) -> int:
     elif args.config:
         overrides.insert(0, args.config)
     cfg = load_config(config_path, overrides)
+    from rlvr.dist import launch_command, under_torchrun
+
+    if cfg.nproc > 1 and not under_torchrun():  # relaunch this very command through torchrun
+        import subprocess
+
+        from rlvr.config import validate
+
+        validate(cfg, force=args.force)  # refuse a bad config once, before starting N processes
+        return subprocess.call(launch_command(cfg.nproc, sys.argv[1:] if args.raw_argv is None else args.raw_argv))
     trainer = Trainer(cfg, force=args.force)
     summary = trainer.train()
+    trainer.dist.close()
+    if not trainer.dist.is_main:
+        return 0
     if "eval_before" in summary and "eval_after" in summary:
         b, a = summary["eval_before"], summary["eval_after"]
         print(f"held-out accuracy: {b:.1%} -> {a:.1%} ({(a - b) * 100:+.1f} points) in {summary['train_seconds']:.0f}s of training")
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--json", action="store_true", help="one JSON object per run instead of text")
 
     args = ap.parse_args(argv)
+    args.raw_argv = list(argv) if argv is not None else None
     try:
         if args.command == "train":
             if args.help_config:

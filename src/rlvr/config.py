@@ -27,6 +27,22 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoraConfig:
+    r: int = 0
+    """LoRA rank; 0 trains all weights (full fine-tune). Needs `pip install 'rlvr[lora]'` (peft)."""
+    alpha: float = 16.0
+    """LoRA scaling numerator (the adapter's output is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names that get adapters (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the output head."""
+    quantize: str = "none"
+    """QLoRA: load the frozen base weights in `4bit` or `8bit` (bitsandbytes, CUDA only), or `none`."""
+    save_merged: bool = False
+    """Also write the base weights with the adapter merged in, to <output_dir>/final-merged."""
+
+
+@dataclass
 class ModelConfig:
     path: str = "tiny"
     """`tiny` (the model bundled with rlvr), a local folder, or a Hugging Face hub id."""
@@ -36,6 +52,20 @@ class ModelConfig:
     """Passed to transformers when loading the model and tokenizer."""
     gguf_file: str | None = None
     """A GGUF file inside `path` to load (dequantised) into a normal trainable model."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass: less memory, about a third more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA / QLoRA adapters (through peft); off while lora.r = 0."""
+
+
+@dataclass
+class DistConfig:
+    strategy: str = "ddp"
+    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard, GPU; for models that do not fit one device)."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl on GPU, gloo on CPU), gloo or nccl."""
+    timeout: float = 900.0
+    """Seconds any collective may wait for the other ranks before the job stops with an error naming the missing rank."""
 
 
 @dataclass
@@ -170,6 +200,10 @@ class Config:
     """auto (CUDA when available), cpu, or cuda."""
     threads: int = 0
     """torch CPU threads (0 leaves torch's default)."""
+    nproc: int = 1
+    """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
+    dist: DistConfig = field(default_factory=DistConfig)
+    """Multi-process training (torchrun / torch.distributed)."""
     log_completions_every: int = 10
     """Write sample completions with their rewards every N steps (0 disables)."""
     num_completions_logged: int = 8
@@ -393,6 +427,38 @@ def _merge(tree: dict, loaded: dict, prefix: str, source) -> None:
 # Validation: every problem at once, each naming its field and what to change.
 
 
+def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
+    """nproc, dist.*, model.lora.* and how the batch splits across ranks (see rlvr.plan)."""
+    from rlvr.plan import batch_split_errors
+
+    lo, d = cfg.model.lora, cfg.dist
+    if cfg.nproc < 1:
+        errors.append(f"`nproc` must be >= 1, got {cfg.nproc}")
+    else:
+        errors += batch_split_errors(cfg, cfg.nproc)
+    choice("dist.strategy", d.strategy, ["ddp", "fsdp"])
+    choice("dist.backend", d.backend, ["auto", "gloo", "nccl"])
+    if d.strategy == "fsdp" and cfg.nproc > 1 and (cfg.save_every or cfg.resume):
+        errors.append("`dist.strategy`=fsdp writes the final weights only (sharded checkpoints and resume are not implemented): set save_every=0 and resume=null, or use ddp")
+    if d.timeout <= 0:
+        errors.append(f"`dist.timeout` must be positive (seconds), got {d.timeout}")
+    if lo.r < 0:
+        errors.append(f"`model.lora.r` must be >= 0 (0 = no LoRA), got {lo.r}")
+    if lo.alpha <= 0:
+        errors.append(f"`model.lora.alpha` must be positive, got {lo.alpha}")
+    if not 0 <= lo.dropout < 1:
+        errors.append(f"`model.lora.dropout` must be in [0, 1), got {lo.dropout}")
+    if not lo.target_modules:
+        errors.append("`model.lora.target_modules` is empty: name the modules to adapt, or [all-linear]")
+    choice("model.lora.quantize", lo.quantize, ["none", "4bit", "8bit"])
+    if lo.quantize != "none" and lo.r == 0:
+        errors.append(f"`model.lora.quantize`={lo.quantize} freezes quantised base weights: it needs LoRA adapters, set model.lora.r (e.g. 16)")
+    if lo.quantize != "none" and cfg.device == "cpu":
+        errors.append(f"`model.lora.quantize`={lo.quantize} needs bitsandbytes on a CUDA GPU; set it to none on device=cpu")
+    if lo.save_merged and lo.r == 0:
+        errors.append("`model.lora.save_merged` needs LoRA (model.lora.r > 0)")
+
+
 def validate(cfg: Config, *, force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes)."""
     from rlvr.algo import ADVANTAGE_SCALES, IMPORTANCE_LEVELS, KL_ESTIMATORS, LOSS_AGGREGATIONS, REWARD_AGGREGATIONS
@@ -453,11 +519,7 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
         errors.append(f"`optim.max_grad_norm` must be >= 0, got {o.max_grad_norm}")
     if o.micro_batch_size < 0:
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
-    elif o.micro_batch_size > r.completions_per_step:
-        errors.append(
-            f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {r.completions_per_step} completions per step "
-            f"(rollout.prompts_per_step x rollout.group_size); set it to at most {r.completions_per_step}, or 0"
-        )
+    _validate_scale_out(cfg, errors, choice)
     if cfg.max_bad_steps < 1:
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
     if cfg.steps < 1:
@@ -476,6 +538,8 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
         warnings.append("rollout.temperature=0 forced: the G completions of a prompt will be identical, so most groups give no signal")
     if a.beta == 0:
         warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
+    elif cfg.model.lora.r > 0:
+        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)")
     else:
         warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)")
     if errors:

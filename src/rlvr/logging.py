@@ -48,6 +48,16 @@ def stdout_is_live() -> bool:
     return sys.stdout.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
 
 
+class NullLogger:
+    """What ranks other than 0 log to: nothing (rank 0 writes the run's files and console)."""
+
+    def info(self, msg: str) -> None: ...
+    def warn(self, msg: str) -> None: ...
+    def log(self, metrics: dict) -> None: ...
+    def samples(self, rows: list[dict]) -> None: ...
+    def close(self) -> None: ...
+
+
 class RunLogger:
     def __init__(
         self,

@@ -33,13 +33,17 @@ from rlvr.checkpoint import (
 )
 from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
+from rlvr.dist import Dist
 from rlvr.evaluate import as_completions, evaluate
-from rlvr.logging import RunLogger
+from rlvr.logging import NullLogger, RunLogger
 from rlvr.metrics import batch_metrics, completion_rows
-from rlvr.models.loading import frozen_copy, load_model, load_tokenizer
+from rlvr.models.loading import load_tokenizer
+from rlvr.models.lora import load_policy
+from rlvr.plan import BatchPlan, batch_split_errors
 from rlvr.policy import completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
+from rlvr.sharding import generate_sharded, local_share
 from rlvr.run_control import (
     StopRequest,
     TrainingError,
@@ -58,6 +62,7 @@ class Batch:
     rewards: torch.Tensor  # [N, K] one column per reward function, NaN = not applicable
     rounds: int  # generation rounds it took (dynamic sampling)
     prompts_consumed: int  # prompts drawn from the stream for it
+    loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (rlvr.sharding)
 
 
 class Trainer:
@@ -67,14 +72,23 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else ("cpu" if cfg.device == "auto" else cfg.device))
+        if self.device.type == "cuda" and "LOCAL_RANK" in __import__("os").environ:
+            self.device = torch.device("cuda", int(__import__("os").environ["LOCAL_RANK"]))
+        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device)
+        if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
+            raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
+        if split_errors := batch_split_errors(cfg, self.dist.world_size):
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
         seed_everything(cfg.seed)
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
-        self.model = load_model(cfg.model.path, cfg.model.dtype, self.device, cfg.model.trust_remote_code, cfg.model.gguf_file)
-        self.model.train()
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
-        self.ref_model = frozen_copy(self.model) if cfg.algo.beta > 0 else None
+        # LoRA: the reference is the same weights with the adapter disabled (no copy).
+        self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
+        self.model, self.ref_model = self.policy.model, self.policy.ref_model
+        self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
+        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer)
         self.rewards = RewardRunner.from_config(cfg.rewards)
 
@@ -116,7 +130,8 @@ class Trainer:
                 f"output_dir {self.output_dir} already holds a run (metrics.jsonl): pass resume=auto to continue it, "
                 "choose another output_dir, or --force to start over in it"
             )
-        remove_partial_checkpoints(self.output_dir / "checkpoints")
+        if self.dist.is_main:
+            remove_partial_checkpoints(self.output_dir / "checkpoints")
         if cfg.resume:
             self._resume(cfg.resume, force)
         self.logger_live = logger_live
@@ -176,7 +191,7 @@ class Trainer:
             rows = self.stream.take(need)
             consumed += need
             rounds += 1
-            rollout, rewards = self._generate_and_score(rows, position)
+            rollout, rewards = generate_sharded(self, rows, position)  # every rank: the whole round
             if not cfg.algo.dynamic_sampling:
                 return Batch(rows, rollout, rewards, rounds, consumed)
             signal = algo.groups_with_signal(rewards, self.rewards.weights, G, mode=cfg.algo.reward_aggregation)
@@ -207,6 +222,11 @@ class Trainer:
         )
         return out, c_ids.shape[1]
 
+    def _reference_logprobs(self, r: Rollout, mbs: list[slice]) -> torch.Tensor:
+        """Log-probs under the reference: the frozen copy, or (LoRA) the model with its adapter off."""
+        with self.policy.reference() as ref:
+            return self._fixed_logprobs(ref, r, mbs)
+
     @torch.no_grad()
     def _fixed_logprobs(self, model, r: Rollout, mbs: list[slice], *, entropy: bool = False) -> torch.Tensor:
         """Log-probs (or entropies) of the batch under a model that does not change during the step."""
@@ -224,13 +244,18 @@ class Trainer:
         if a.mask_truncated_completions:
             mask = algo.mask_truncated(mask, r.truncated)
         mbs = self._micro_batches(len(r))
+        wt = batch.loss_weight  # normalisers: the whole batch over all ranks (placeholder shares count 0)
+        n_seq, n_tok, n_mb = self.dist.sum(wt * len(r), wt * float(mask.sum()), wt * len(mbs), what="batch sizes")
         norms = algo.BatchNorms(
-            num_sequences=len(r),
-            num_tokens=int(mask.sum()),
+            num_sequences=int(n_seq),
+            num_tokens=int(n_tok),
             max_completion_length=cfg.rollout.max_new_tokens,
-            num_micro_batches=len(mbs),
+            num_micro_batches=int(n_mb),
         )
-        ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
+        # Every rank runs as many forward/backward passes as the busiest one (the gradient reduction
+        # needs all of them); extra passes repeat the last micro-batch with weight 0.
+        passes = [(mb, wt) for mb in mbs] + [(mbs[-1], 0.0)] * (int(self.dist.max(len(mbs), what="micro-batches")) - len(mbs))
+        ref_logp = self._reference_logprobs(r, mbs) if a.beta > 0 else None
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
         # policy's entropies, so micro-batching does not change which tokens train. With one
         # micro-batch the first pass's own entropies serve (no extra forward).
@@ -250,8 +275,10 @@ class Trainer:
         for _ in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
-            for j, mb in enumerate(mbs):
-                out, C = self._forward(self.model, r, mb, with_entropy=True)
+            for k, (mb, w_pass) in enumerate(passes):
+                j = min(k, len(mbs) - 1)
+                with self.dist.no_grad_sync(self.train_model, skip=k < len(passes) - 1):
+                    out, C = self._forward(self.train_model, r, mb, with_entropy=True)
                 m = mask[mb, :C].to(self.device)
                 if old_logp[j] is None:
                     old_logp[j] = out.logp.detach()
@@ -265,7 +292,10 @@ class Trainer:
                     importance_level=a.importance_sampling_level, beta=a.beta, ref_logp=ref,
                     kl_estimator=a.kl_estimator, token_weights=w,
                 )
-                res.loss.backward()
+                with self.dist.no_grad_sync(self.train_model, skip=k < len(passes) - 1):
+                    (res.loss * (w_pass * self.dist.loss_scale)).backward()
+                if not w_pass:
+                    continue
                 step_loss += res.loss.item()
                 # Per micro-batch fractions (for the min/max metrics) and token-weighted sums (means).
                 n = float(m.sum())
@@ -280,6 +310,7 @@ class Trainer:
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            step_loss = self.dist.sum(step_loss, what="loss")[0]
             stats["grad_norm"].append(grad_norm)
             stats["loss"].append(step_loss)
             if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
@@ -289,15 +320,16 @@ class Trainer:
                 break
             self.optimizer.step()
             self.scheduler.step()
+        tokens, ent_sum, kl_sum, *clip_sums = self.dist.sum(tokens, ent_sum, kl_sum, *clip_sums, what="metrics")
         tokens = max(tokens, 1.0)
         metrics = {
             "loss": float(np.mean(stats["loss"])),
             "grad_norm": float(np.mean(stats["grad_norm"])),
             "entropy": ent_sum / tokens,
             "clip_ratio/low_mean": clip_sums[0] / tokens,
-            "clip_ratio/low_min": float(np.min(stats["low"])),
+            "clip_ratio/low_min": self.dist.min(float(np.min(stats["low"] or [np.inf])), what="metrics"),
             "clip_ratio/high_mean": clip_sums[1] / tokens,
-            "clip_ratio/high_max": float(np.max(stats["high"])),
+            "clip_ratio/high_max": self.dist.max(float(np.max(stats["high"] or [-np.inf])), what="metrics"),
             "clip_ratio/region_mean": clip_sums[2] / tokens,
         }
         if ref_logp is not None:
@@ -321,7 +353,7 @@ class Trainer:
             batch.rewards, self.rewards.weights, G, mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof
         )
         t1 = time.perf_counter()
-        metrics = self.update(batch, advantages)
+        metrics = self.update(*local_share(batch, advantages, self.dist, G))  # this rank's groups
         t_train = time.perf_counter() - t1
         self.step += 1
         r = batch.rollout
@@ -341,6 +373,8 @@ class Trainer:
             "time/train": t_train,
             "time/step": time.perf_counter() - t0,
         })
+        if self.device.type == "cuda":
+            metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._last_batch = (batch, advantages)
         return metrics
 
@@ -352,20 +386,22 @@ class Trainer:
 
     def train(self) -> dict:
         cfg = self.cfg
-        out = self.output_dir
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
-        if cfg.resume or self.resumed_from is not None:
+        out, main = self.output_dir, self.dist.is_main  # only rank 0 writes logs, samples, checkpoints
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
+        if main and (cfg.resume or self.resumed_from is not None):
             # steps after the checkpoint (all of them when there is none yet) are done again
             truncate_jsonl(out / "metrics.jsonl", self.step)
             truncate_jsonl(out / "samples.jsonl", self.step)
-        log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg)
+        log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg) if main else NullLogger()
         for w in self.warnings:
             log.info(f"[note] {w}")
+        log.info(self.plan.describe())
         summary: dict = {"output_dir": str(out)}
         stop = StopRequest()
         try:
-            if cfg.eval_before_after and self.task is not None and self.step == 0:
+            if cfg.eval_before_after and self.task is not None and self.step == 0 and main:
                 summary["eval_before"] = self.evaluate()
                 log.info(f"held-out accuracy before training: {summary['eval_before']:.3f}")
             t_start = time.time()
@@ -383,7 +419,7 @@ class Trainer:
                             f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
                         )
                     continue  # never checkpoint right after a bad step
-                if stop.requested:
+                if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
                     path = self.save_checkpoint()
                     log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
                     summary["interrupted_at"] = self.step
@@ -391,12 +427,19 @@ class Trainer:
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
             summary["train_seconds"] = time.time() - t_start
-            self.model.save_pretrained(out / "final")
-            self.tokenizer.save_pretrained(out / "final")
-            if cfg.eval_before_after and self.task is not None:
+            full = self.dist.full_model_state(self.model)  # FSDP2: gathered on every rank, written by rank 0
+            if main:
+                self.policy.save(out / "final", full)
+                self.tokenizer.save_pretrained(out / "final")
+                if cfg.model.lora.save_merged:
+                    self.policy.save_merged(out / "final-merged")
+                    self.tokenizer.save_pretrained(out / "final-merged")
+            if cfg.eval_before_after and self.task is not None and main:
                 summary["eval_after"] = self.evaluate()
                 log.info(f"held-out accuracy after training: {summary['eval_after']:.3f}")
-            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            if main:
+                (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            self.dist.barrier("end of training")
         finally:
             stop.restore()
             log.close()
@@ -405,6 +448,10 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
+        path = self.output_dir / "checkpoints" / f"step-{self.step:07d}"
+        if not self.dist.is_main:  # rank 0 writes; every rank resumes from what it wrote
+            self.dist.barrier("checkpoint")
+            return path
         state = {
             "step": self.step,
             "num_tokens": self.num_tokens,
@@ -414,10 +461,12 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
         }
-        return save_checkpoint(
-            self.output_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
+        path = save_checkpoint(
+            self.output_dir / "checkpoints", self.step, model=self.policy.peft or self.model, tokenizer=self.tokenizer,
             trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints,
         )
+        self.dist.barrier("checkpoint")
+        return path
 
     def _resume(self, where: str, force: bool) -> None:
         path = latest_checkpoint(self.output_dir / "checkpoints") if where == "auto" else Path(where)
@@ -432,7 +481,7 @@ class Trainer:
                 f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
                 + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
             )
-        load_weights(path, self.model)
+        self.policy.load_adapter_weights(path) if self.policy.peft is not None else load_weights(path, self.model)
         state = load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -40,13 +40,18 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
 
 
 def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False,
-               gguf_file: str | None = None):
+               gguf_file: str | None = None, quantization_config=None):
     from transformers import AutoModelForCausalLM
 
     if gguf_file:
         from rlvr.models.gguf import load_gguf
 
         return load_gguf(_resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
+    if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
+        return AutoModelForCausalLM.from_pretrained(
+            _resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+            quantization_config=quantization_config, device_map={"": device},
+        )
     model = AutoModelForCausalLM.from_pretrained(_resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 

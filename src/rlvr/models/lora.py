@@ -1,0 +1,89 @@
+"""LoRA / QLoRA adapters through peft, gradient checkpointing, and the reference policy.
+
+peft injects the adapter layers into the transformers model in place: the trainer keeps
+training and generating with that model (`Policy.model`), and `Policy.peft` (the PeftModel
+around it) saves the adapter and switches it off. With a KL penalty the reference policy is
+the same weights with the adapter disabled (`reference()`), never a second copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvr.models.loading import ModelError, frozen_copy, load_model
+
+
+@dataclass
+class Policy:
+    model: object  # the transformers model that trains and generates (adapters injected when LoRA)
+    peft: object | None  # the PeftModel wrapping it, or None (full fine-tune)
+    ref_model: object | None  # full fine-tune with beta > 0: a frozen copy; otherwise None
+
+    @contextlib.contextmanager
+    def reference(self):
+        """The model to run for reference log-probs: the frozen copy, or (LoRA) the same model
+        with its adapter disabled for the duration of the block."""
+        if self.peft is not None:
+            with self.peft.disable_adapter():
+                yield self.model
+        else:
+            yield self.ref_model
+
+    def save(self, path: Path, state_dict: dict | None = None) -> None:
+        """The trained weights: the adapter (adapter_model.safetensors + adapter_config.json) with
+        LoRA, the whole model otherwise. `state_dict`: FSDP2's gathered full weights."""
+        m = self.peft or self.model
+        m.save_pretrained(path) if state_dict is None else m.save_pretrained(path, state_dict=state_dict)
+
+    def save_merged(self, path: Path) -> None:
+        """Base weights with the adapter merged in, loadable without peft. Leaves the model as is."""
+        import copy
+
+        merged = copy.deepcopy(self.peft).merge_and_unload()
+        merged.save_pretrained(path)
+
+    def load_adapter_weights(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        result = set_peft_model_state_dict(self.peft, load_file(path / "adapter_model.safetensors"))
+        if getattr(result, "unexpected_keys", None):
+            raise RuntimeError(f"resume: adapter in {path} does not match the model (unexpected {result.unexpected_keys[:3]})")
+
+
+def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
+    """The policy per the `model` config: optional k-bit base (QLoRA), adapters, checkpointing."""
+    lo = mcfg.lora
+    quant = None
+    if lo.quantize != "none":
+        try:
+            from transformers import BitsAndBytesConfig
+        except ImportError as e:  # pragma: no cover
+            raise ModelError("model.lora.quantize needs transformers with bitsandbytes support") from e
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16) if lo.quantize == "4bit" else BitsAndBytesConfig(load_in_8bit=True)
+    model = load_model(mcfg.path, mcfg.dtype, device, mcfg.trust_remote_code, gguf_file=mcfg.gguf_file, quantization_config=quant)
+    if mcfg.gradient_checkpointing:
+        # Non-reentrant: works with frozen inputs (LoRA), DDP and FSDP2; only active in train().
+        if hasattr(model, "activation_checkpointing_enable"):  # the name in transformers >= 5.2x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lo.r == 0:
+        model.train()
+        return Policy(model, None, frozen_copy(model) if beta > 0 else None)
+    try:
+        import peft
+    except ImportError:
+        raise ModelError("model.lora.r > 0 needs peft: pip install 'rlvr[lora]'") from None
+    if quant is not None:
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=mcfg.gradient_checkpointing)
+    targets = lo.target_modules[0] if list(lo.target_modules) == ["all-linear"] else list(lo.target_modules)
+    config = peft.LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets, task_type="CAUSAL_LM")
+    wrapped = peft.get_peft_model(model, config)
+    base = wrapped.get_base_model()  # the same modules, adapters injected, base weights frozen
+    base.train()
+    return Policy(base, wrapped, None)

@@ -1,0 +1,47 @@
+"""One rank of a distributed test run (launched by tests/test_dist.py with RANK/WORLD_SIZE set).
+
+argv: OUT_FILE STEPS key=value ... Runs STEPS train_steps and (rank 0) saves per-step loss,
+gradients and the final weights to OUT_FILE. RLVR_TEST_DIE=RANK:STEP makes that rank kill
+itself (SIGKILL) inside the update of that step, after its first backward.
+"""
+
+import os
+import signal
+import sys
+
+import torch
+
+from rlvr.config import load_config
+from rlvr.trainer import Trainer
+
+
+def main():
+    out, steps, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    torch.set_num_threads(1)
+    t = Trainer(load_config(None, overrides))
+    die = os.environ.get("RLVR_TEST_DIE", "")
+    if die and int(die.split(":")[0]) == t.dist.rank:
+        die_step = int(die.split(":")[1])
+        orig = t.optimizer.step
+
+        def step_then_maybe_die(*a, **k):
+            if t.step + 1 == die_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return orig(*a, **k)
+
+        t.optimizer.step = step_then_maybe_die
+    record = {"loss": [], "grads": [], "metrics": []}
+    for _ in range(steps):
+        m = t.train_step()
+        record["loss"].append(m["loss"])
+        record["metrics"].append(m)
+        record["grads"].append({n: p.grad.detach().clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    record["weights"] = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    if t.dist.is_main:
+        torch.save(record, out)
+    t.dist.barrier("test end")
+    t.dist.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Scale-out: 2 gloo ranks on CPU equal 1 process on the same global batch; a dead rank stops the
+other with an error naming it; batch-plan refusals; `nproc=N` launches through torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError, load_config, validate
+
+from _runs import DENSE_REWARD
+
+WORKER = str(Path(__file__).with_name("_dist_worker.py"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: dict | None = None) -> list[subprocess.Popen]:
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+        if world > 1:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(extra_env or {})
+        procs.append(subprocess.Popen([sys.executable, WORKER, str(out), str(steps), *overrides], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _wait(procs, timeout=120) -> list[tuple[int, str]]:
+    res = []
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, _ = p.communicate()
+        res.append((p.returncode, o))
+    return res
+
+
+@pytest.fixture(scope="module")
+def base_overrides(tiny_model_dir, tmp_path_factory):
+    reward = tmp_path_factory.mktemp("reward") / "dense.py"
+    reward.write_text(DENSE_REWARD)
+    return [f"model.path={tiny_model_dir}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
+            "rollout.max_new_tokens=6", "optim.lr=0.001", f"rewards.0.fn={reward}:digit_share", "doctor_every=0",
+            "report_to=[]"]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("extra", [
+    ["optim.micro_batch_size=4", "algo.scale_rewards=batch"],  # dapo (global token count), batch std
+    ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.beta=0.04"],  # uneven shares, KL
+], ids=["dapo-batchstd-accum", "grpo-dynamic-kl"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, extra):
+    overrides = base_overrides + extra
+    t0 = time.time()
+    one = _launch(1, tmp_path / "one.pt", 2, overrides)
+    two = _launch(2, tmp_path / "two.pt", 2, overrides)
+    for rc, out in _wait(one + two):
+        assert rc == 0, out[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for step in range(2):
+        assert abs(a["loss"][step] - b["loss"][step]) < 1e-5, (a["loss"], b["loss"])
+        assert a["loss"][step] != 0.0
+        assert _max_diff(a["grads"][step], b["grads"][step]) < 1e-5
+        for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean"):
+            assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
+    assert _max_diff(a["weights"], b["weights"]) < 1e-5
+    print(f"2 ranks vs 1: loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
+          f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
+          f"weight diff {_max_diff(a['weights'], b['weights']):.2e}, {time.time() - t0:.0f}s")
+
+
+def test_dead_rank_stops_the_other_with_a_clear_error(tmp_path, base_overrides):
+    t0 = time.time()
+    procs = _launch(2, tmp_path / "x.pt", 3, base_overrides + ["dist.timeout=20"], {"RLVR_TEST_DIE": "1:2"})
+    (rc0, out0), (rc1, _) = _wait(procs, timeout=90)
+    assert rc1 == -9  # SIGKILLed inside step 2's update
+    assert rc0 != 0, out0[-2000:]
+    assert "DistError" in out0 and "rank(s) [1] stopped responding" in out0, out0[-2000:]
+    assert time.time() - t0 < 60
+
+
+def test_batch_split_refusals_name_the_setting():
+    with pytest.raises(ConfigError, match=r"rollout.prompts_per_step`=6 does not split over 4 ranks.*multiple of 4 \(e.g. 8\), or nproc to 3"):
+        validate(load_config(None, ["nproc=4", "rollout.prompts_per_step=6"]))
+    with pytest.raises(ConfigError, match=r"optim.micro_batch_size`=40 is larger than the 32 completions per rank.*at most 32"):
+        validate(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=40"]))
+    validate(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=32"]))
+
+
+def test_batch_plan_printed(tiny_model_dir):
+    from rlvr.trainer import Trainer
+
+    t = Trainer(load_config(None, [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=4", "optim.micro_batch_size=8",
+                                    "model.gradient_checkpointing=true", "threads=1"]))
+    text = t.plan.describe()
+    assert "4 prompts x 8 completions = 32 completions per step" in text
+    assert "micro-batch 8 completions -> 4 accumulation step(s)" in text
+    assert "weights" in text and "optimizer" in text and "activations" in text and "gradient checkpointing on" in text
+    assert getattr(t.model, "is_activation_checkpointing", None) or t.model.is_gradient_checkpointing
+
+
+def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "steps=2", "eval_before_after=false", "save_every=1",
+                           f"output_dir={out}", *base_overrides], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 rank(s) (ddp): 2 prompts, 8 completions per rank" in proc.stdout
+    assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
+    assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,119 @@
+"""LoRA through peft: only adapter weights train, the KL reference is the base with the adapter
+disabled (one copy of the base weights), the adapter is saved (and merged weights on request),
+resume restores it, and gradient checkpointing changes memory, not the math."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr.config import load_config
+from rlvr.trainer import Trainer
+
+pytest.importorskip("peft")
+
+
+def _cfg(tiny_model_dir, tmp_path, *extra):
+    from _runs import DENSE_REWARD
+
+    (tmp_path / "dense.py").write_text(DENSE_REWARD)
+    return load_config(None, [f"model.path={tiny_model_dir}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                              "rollout.max_new_tokens=6", "optim.lr=0.01", "steps=2", "eval_before_after=false", "report_to=[]",
+                              "doctor_every=0", f"output_dir={tmp_path / 'run'}", f"rewards.0.fn={tmp_path / 'dense.py'}:digit_share", *extra])
+
+
+def _storages(module) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+
+def test_lora_trains_only_adapters_and_reference_is_the_same_weights(tiny_model_dir, tmp_path):
+    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "algo.beta=0.1", "model.lora.save_merged=true"))
+    trainable = {n for n, p in t.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert t.ref_model is None  # no frozen copy
+    base_params = {id(p) for n, p in t.model.named_parameters() if "lora_" not in n}
+    assert len(_storages(t.model)) == len({p.untyped_storage().data_ptr() for p in t.model.parameters()})
+    n_storages_before = len(_storages(t.model))
+    frozen = {n: p.detach().clone() for n, p in t.model.named_parameters() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+    summary = t.train()
+    # Every parameter tensor of the process: the model's own, nothing else was allocated.
+    assert len(_storages(t.model)) == n_storages_before
+    assert {id(p) for n, p in t.model.named_parameters() if "lora_" not in n} == base_params
+    for n, p in t.model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, frozen[n]), n
+    assert any(not torch.equal(p, adapters[n]) for n, p in t.model.named_parameters() if n in adapters)
+    # The KL is computed against the base: nonzero once the adapter has moved.
+    m = t.train_step()
+    assert m["kl"] > 0
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").exists() and (final / "adapter_config.json").exists()
+    assert not (final / "model.safetensors").exists()
+    merged = tmp_path / "run" / "final-merged"
+    from transformers import AutoModelForCausalLM
+
+    m2 = AutoModelForCausalLM.from_pretrained(merged)
+    assert not any("lora_" in n for n, _ in m2.named_parameters())
+    assert summary["output_dir"]
+
+
+def test_lora_reference_equals_base_model(tiny_model_dir, tmp_path):
+    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "algo.beta=0.1"))
+    with torch.no_grad():
+        for p in (p for n, p in t.model.named_parameters() if "lora_B" in n):
+            p.add_(0.5)  # move the adapter away from zero
+    batch = t.collect()
+    r = batch.rollout
+    mbs = t._micro_batches(len(r))
+    ref = t._reference_logprobs(r, mbs)
+    pol = t._fixed_logprobs(t.model, r, mbs)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    want = t._fixed_logprobs(base, r, mbs)
+    mask = r.completion_mask.bool()
+    assert torch.allclose(ref[mask], want[mask], atol=1e-5)
+    assert not torch.allclose(pol[mask], want[mask], atol=1e-3)
+
+
+def test_lora_checkpoint_resume(tiny_model_dir, tmp_path):
+    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "save_every=1", "steps=3"))
+    t.train_step()
+    path = t.save_checkpoint()
+    assert (path / "adapter_model.safetensors").exists()
+    want = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+    t2 = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "save_every=1", "steps=3", "resume=auto"))
+    assert t2.step == 1
+    for n, p in t2.model.named_parameters():
+        if n in want:
+            assert torch.equal(p, want[n]), n
+
+
+def test_gradient_checkpointing_same_update(tiny_model_dir, tmp_path):
+    def run(*extra):
+        torch.manual_seed(0)
+        t = Trainer(_cfg(tiny_model_dir, tmp_path, *extra))
+        m = t.train_step()
+        return m["loss"], {n: p.detach().clone() for n, p in t.model.named_parameters()}
+
+    l1, w1 = run()
+    l2, w2 = run("model.gradient_checkpointing=true")
+    assert abs(l1 - l2) < 1e-6
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6
+
+
+def test_lora_peak_rss_below_full_finetune(tmp_path):
+    """Fast version of bench/lora_memory.py on a small model (the 25M numbers are in bench/results)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[1] / "bench" / "lora_memory.py"
+    out = subprocess.run([sys.executable, str(bench), "--small", "--json"], capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["lora"]["peak_rss_mb"] < res["full"]["peak_rss_mb"], res
+    assert res["lora"]["trainable_m"] < 0.1 * res["full"]["trainable_m"]
