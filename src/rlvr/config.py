@@ -362,6 +362,8 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
             idx = int(part)
             while len(node) <= idx:
                 node.append({})
+            if isinstance(node[idx], str):  # `rewards: [math]` shorthand, then `rewards.0.weight=...`
+                node[idx] = {"fn": node[idx]}
             node = node[idx]
             continue
         if part not in node or node[part] is None:
