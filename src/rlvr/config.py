@@ -74,6 +74,8 @@ class RolloutConfig:
     """Nucleus sampling threshold (1.0 disables)."""
     top_k: int = 0
     """Top-k sampling (0 disables)."""
+    ignore_eos: bool = False
+    """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
 
     @property
     def completions_per_step(self) -> int:

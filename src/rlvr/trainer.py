@@ -102,6 +102,7 @@ class Trainer:
             top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k,
             max_new_tokens=cfg.rollout.max_new_tokens,
+            ignore_eos=cfg.rollout.ignore_eos,
         )
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.step = 0
