@@ -37,7 +37,8 @@ from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import RunLogger
 from rlvr.metrics import batch_metrics, completion_rows
 from rlvr.models.loading import frozen_copy, load_model, load_tokenizer
-from rlvr.policy import completion_logprobs, trim_padding
+from rlvr.fastpaths import fill_missing_grads, rows_to_train
+from rlvr.policy import autocast_context, completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
 from rlvr.run_control import (
@@ -146,7 +147,8 @@ class Trainer:
         # Prompt i's sampling noise is seeded by its position in the data stream: the same
         # prompt gets the same completions whatever batch, rank or resume it lands in.
         seeds = [self.cfg.seed * 2**32 + first_position + i for i in range(len(rows))]
-        rollout = self.engine.generate(prompts, self.sampling, seeds)
+        with autocast_context(self.cfg.model.autocast, self.device):
+            rollout = self.engine.generate(prompts, self.sampling, seeds)
         columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
         t = time.perf_counter()
         rewards = self.rewards(
@@ -196,10 +198,11 @@ class Trainer:
 
     def _forward(self, model, r: Rollout, mb: slice, *, with_entropy: bool):
         p_ids, p_mask, c_ids, c_mask = trim_padding(r.prompt_ids[mb], r.prompt_mask[mb], r.completion_ids[mb], r.completion_mask[mb])
-        out = completion_logprobs(
-            model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
-            temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
-        )
+        with autocast_context(self.cfg.model.autocast, self.device):
+            out = completion_logprobs(
+                model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
+                temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, shared_prefix=self.cfg.optim.shared_prefix,
+            )
         return out, c_ids.shape[1]
 
     @torch.no_grad()
@@ -218,13 +221,16 @@ class Trainer:
         mask = r.completion_mask.float()
         if a.mask_truncated_completions:
             mask = algo.mask_truncated(mask, r.truncated)
-        mbs = self._micro_batches(len(r))
-        norms = algo.BatchNorms(
-            num_sequences=len(r),
-            num_tokens=int(mask.sum()),
-            max_completion_length=cfg.rollout.max_new_tokens,
-            num_micro_batches=len(mbs),
-        )
+        # Normalisers and clip fractions count the whole batch; the rows whose gradient is exactly
+        # zero (advantage 0, see fastpaths) are then left out of the forward and backward.
+        norms = algo.BatchNorms(num_sequences=len(r), num_tokens=int(mask.sum()), max_completion_length=cfg.rollout.max_new_tokens)
+        all_tokens = max(float(mask.sum()), 1.0)
+        keep = rows_to_train(advantages, enabled=cfg.optim.skip_zero_advantage, beta=a.beta, loss_type=a.loss_type,
+                             top_entropy_quantile=a.top_entropy_quantile)
+        if keep is not None:
+            r, mask, advantages = r.select(keep), mask[keep], advantages[keep]
+        mbs = self._micro_batches(len(r)) if len(r) else []
+        norms = norms._replace(num_micro_batches=max(len(mbs), 1))
         ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
         # policy's entropies, so micro-batching does not change which tokens train. With one
@@ -273,6 +279,8 @@ class Trainer:
                 if res.kl is not None:
                     kl_sum += res.kl.item() * n
             params = [p for p in self.model.parameters() if p.requires_grad]
+            if not mbs:
+                fill_missing_grads(params)
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             stats["grad_norm"].append(grad_norm)
@@ -284,16 +292,16 @@ class Trainer:
                 break
             self.optimizer.step()
             self.scheduler.step()
-        tokens = max(tokens, 1.0)
+        tokens = max(tokens, 1.0)  # tokens trained (entropy is theirs); clip fractions are over all_tokens
         metrics = {
             "loss": float(np.mean(stats["loss"])),
             "grad_norm": float(np.mean(stats["grad_norm"])),
             "entropy": ent_sum / tokens,
-            "clip_ratio/low_mean": clip_sums[0] / tokens,
-            "clip_ratio/low_min": float(np.min(stats["low"])),
-            "clip_ratio/high_mean": clip_sums[1] / tokens,
-            "clip_ratio/high_max": float(np.max(stats["high"])),
-            "clip_ratio/region_mean": clip_sums[2] / tokens,
+            "clip_ratio/low_mean": clip_sums[0] / all_tokens,
+            "clip_ratio/low_min": float(np.min(stats["low"] or [0.0])),
+            "clip_ratio/high_mean": clip_sums[1] / all_tokens,
+            "clip_ratio/high_max": float(np.max(stats["high"] or [0.0])),
+            "clip_ratio/region_mean": clip_sums[2] / all_tokens,
         }
         if ref_logp is not None:
             metrics["kl"] = kl_sum / tokens
