@@ -44,11 +44,10 @@ WORK = Path(tempfile.gettempdir()) / "rlvr_bench"
 THREADS = 2
 G, PROMPTS = 8, 8
 LR = 1e-6
-LONG_INSTRUCTION = (
-    "You are a careful calculator. Read the question below, work out the value of the expression "
-    "exactly, using integer arithmetic only, and reply with the final number alone, with no words, "
-    "no units and no punctuation. Do not restate the question. If the expression has a minus sign "
-    "the result is never negative here. Answer now, as briefly as you can. "
+LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 tokens
+    "You are a careful calculator. Read the question below and work out the value of the expression "
+    "exactly, using integer arithmetic only. Reply with the final number alone: no words, no units, "
+    "no punctuation. Answer now, as briefly as you can. "
 )
 
 CONFIGS = {

@@ -168,3 +168,27 @@ def test_bf16_autocast_trains_fp32_weights_close_to_fp32(tiny_model_dir, tmp_pat
     t.update(batch, torch.randn(12))
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in t.optimizer.state.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# decode: the preallocated KV cache gives exactly what the concatenating DynamicCache gives
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])  # False: finished rows leave the batch (buffers re-indexed)
+def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
+    from rlvr.data import render_prompt
+    from rlvr.models.loading import load_model, load_tokenizer
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.hf import HFEngine
+
+    torch.set_num_threads(1)
+    tok, _ = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a longer prompt: 99+99="]]
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=24, ignore_eos=ignore_eos)
+    a = HFEngine(model, tok, static_cache=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    b = HFEngine(model, tok, static_cache=True, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    if not ignore_eos:
+        assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(b.sampling_logprobs, a.sampling_logprobs, rtol=0, atol=1e-5)
