@@ -41,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = Path(tempfile.gettempdir()) / "rlvr_bench"
-THREADS = 2
+THREADS = int(os.environ.get("RLVR_BENCH_THREADS", "2"))  # 2 for every reported number
 G, PROMPTS = 8, 8
 LR = 1e-6
 LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 tokens
@@ -55,6 +55,9 @@ CONFIGS = {
     "B": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     "C": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=True, trl_defaults=False),
     "D": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=True),
+    # not in the issue: B with both libraries in bf16 autocast (TRL without checkpointing), to separate
+    # what bf16 gives from what rlvr gives in D
+    "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),
 }
 # rlvr's fast paths that change no math are on by default; "best" adds bf16 autocast (config D only,
 # where TRL runs its own bf16 default too).
@@ -209,8 +212,8 @@ def worker_trl(spec: dict) -> None:
     rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines()]
     total = spec["warmup"] + spec["steps"]
     kwargs = {}
-    if not spec["trl_defaults"]:  # same precision as rlvr (fp32), no checkpointing
-        kwargs.update(bf16=False, gradient_checkpointing=False)
+    if not spec["trl_defaults"]:  # same precision as rlvr, no checkpointing
+        kwargs.update(bf16=spec.get("bf16", False), gradient_checkpointing=False)
     args = GRPOConfig(
         output_dir=spec["out"], per_device_train_batch_size=G * PROMPTS, gradient_accumulation_steps=1,
         num_generations=G, max_completion_length=T, max_steps=total, learning_rate=LR, lr_scheduler_type="constant",
@@ -360,8 +363,8 @@ def main() -> None:
         params = n_params(mp)
         for variant in a.variants.split(","):
             spec = dict(model_path=mp, data=paths[f"data_{c['long_prompt']}"], reward=c["reward"], max_new_tokens=c["max_new_tokens"],
-                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], steps=a.steps, warmup=a.warmup)
-            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else [])
+                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False), steps=a.steps, warmup=a.warmup)
+            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] or c.get("bf16") else [])
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
             for rnd in range(a.rounds):
