@@ -14,6 +14,8 @@ Configs (8 prompts x G=8 per step):
   B  25M Llama (hidden 512, 8 layers, 8 heads, intermediate 1376), char tokenizer, 64 new tokens
   C  as B with ~256-token prompts (a long fixed instruction before each question)
   D  as B, TRL at its own defaults (bf16 autocast on CPU + gradient checkpointing) vs rlvr's best
+     (bf16 autocast, micro-batches of 16)
+  B16 (extra) as B with both in bf16 autocast, no checkpointing: what bf16 alone gives each library
 B-D use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
 applies there). Variant `fixed`: EOS ignored, every completion exactly max_new_tokens long in
 both (rlvr: rollout.ignore_eos; TRL: generation_kwargs min_new_tokens=max_new_tokens); variant
@@ -59,9 +61,12 @@ CONFIGS = {
     # what bf16 gives from what rlvr gives in D
     "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),
 }
-# rlvr's fast paths that change no math are on by default; "best" adds bf16 autocast (config D only,
-# where TRL runs its own bf16 default too).
-RLVR_BEST = ["model.autocast=bf16"]
+# rlvr's fast paths that change no math are on by default (zero-advantage skip, shared-prefix
+# training forward, preallocated KV cache). Config D ("best") adds bf16 autocast and micro-batches
+# of 16 completions (so that its peak RSS stays under TRL's with gradient checkpointing; about as
+# fast as the whole batch at once); B16 runs both libraries in bf16 autocast, nothing else changed.
+RLVR_BEST = ["model.autocast=bf16", "optim.micro_batch_size=16"]
+RLVR_BF16 = ["model.autocast=bf16"]
 
 
 # ----------------------------------------------------------------------------- the machine
@@ -320,8 +325,9 @@ def summarize(rec: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="A,B,C,D")
-    ap.add_argument("--variants", default="fixed,eos", help="fixed (EOS ignored), eos (normal stopping)")
+    ap.add_argument("--configs", default="A,B,C,D,B16")
+    ap.add_argument("--variants", default="fixed", help="variants run for every config: fixed (EOS ignored), eos (normal stopping)")
+    ap.add_argument("--eos-configs", default="A,B", help="configs that also run the eos variant")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs per library per config, alternating which goes first")
@@ -361,10 +367,11 @@ def main() -> None:
         c = CONFIGS[name]
         mp = paths[c["model"]]
         params = n_params(mp)
-        for variant in a.variants.split(","):
+        variants = a.variants.split(",") + (["eos"] if name in a.eos_configs.split(",") and "eos" not in a.variants else [])
+        for variant in variants:
             spec = dict(model_path=mp, data=paths[f"data_{c['long_prompt']}"], reward=c["reward"], max_new_tokens=c["max_new_tokens"],
                         fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False), steps=a.steps, warmup=a.warmup)
-            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] or c.get("bf16") else [])
+            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else RLVR_BF16 if c.get("bf16") else [])
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
             for rnd in range(a.rounds):
