@@ -190,7 +190,7 @@ def worker_rlvr(spec: dict) -> None:
     ]
     trainer = Trainer(load_config(None, overrides), logger_live=False)
     steps = []
-    for i in range(spec["warmup"] + spec["steps"]):
+    for _ in range(spec["warmup"] + spec["steps"]):
         bench_rewards.SEEN_LENGTHS.clear()
         m = trainer.train_step()
         r = trainer._last_batch[0].rollout
@@ -391,22 +391,29 @@ def main() -> None:
             results.append({"config": name, "variant": variant, "params": params, "flops": flops, **merged})
             r = results[-1]
             log(f"  -> TRL {r['trl']['median']:.3f}s  rlvr {rl['median']:.3f}s  ratio {r['trl']['median'] / rl['median']:.2f}")
+            save(results, peak, versions, cpu, isa, (start_load, start_busy, None, []), log_lines, a)  # partial results survive
     end_load, end_busy = load_average(), busy_processes(2.0)
     log(f"load average at end {end_load:.2f}; busy processes: {end_busy or 'none'}")
-    cmd = "python bench/compare_trl.py " + " ".join(sys.argv[1:])
-    write_report(Path(a.out), results, peak, versions, cpu, isa, cmd.strip(), (start_load, start_busy, end_load, end_busy), log_lines, a)
-    (Path(a.out).with_suffix(".json")).write_text(json.dumps({"peak": peak, "results": results}, indent=1))
+    save(results, peak, versions, cpu, isa, (start_load, start_busy, end_load, end_busy), log_lines, a)
+
+
+def save(results, peak, versions, cpu, isa, loads, log_lines, a) -> None:
+    env = f"RLVR_BENCH_THREADS={THREADS} " if THREADS != 2 else ""
+    cmd = env + "python bench/compare_trl.py " + " ".join(sys.argv[1:])
+    write_report(Path(a.out), results, peak, versions, cpu, isa, cmd.strip(), loads, log_lines, a)
+    Path(a.out).with_suffix(".json").write_text(json.dumps({"peak": peak, "results": results}, indent=1))
 
 
 def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_lines, a) -> None:
     start_load, start_busy, end_load, end_busy = loads
+    end_busy = end_busy or []
     busy_any = start_busy or end_busy or any(r[lib]["busy"] for r in results for lib in ("trl", "rlvr"))
     L = ["# rlvr vs TRL GRPOTrainer, same work, CPU", ""]
     L.append(f"Command: `{cmd}` ({time.strftime('%Y-%m-%d %H:%M')})  ")
     L.append(f"Versions: {versions}  ")
     L.append(f"Machine: {cpu}, {os.cpu_count()} cpus ({' '.join(isa)}), {THREADS} threads per run, runs strictly one after another.  ")
     L.append(f"Steps: {a.warmup} warm-up + {a.steps} measured per run, {a.rounds} round(s) per library (alternating order).  ")
-    L.append(f"Load average: {start_load:.2f} at start, {end_load:.2f} at end.  ")
+    L.append(f"Load average: {start_load:.2f} at start, " + (f"{end_load:.2f} at end.  " if end_load is not None else "(run still in progress: partial results).  "))
     L.append(f"Matmul peak (2048^3, {THREADS} threads): fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s.")
     L.append("")
     if busy_any:
