@@ -192,3 +192,30 @@ def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
         assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
     torch.testing.assert_close(b.sampling_logprobs, a.sampling_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"], ["algo.num_iterations=2", "optim.skip_zero_advantage=false"]])
+def test_length_sorted_micro_batches_same_update(tiny_model_dir, tmp_path, extra):
+    from rlvr.fastpaths import length_sorted_order
+
+    t = _trainer(tiny_model_dir, tmp_path, "rollout.max_new_tokens=12")
+    batch = t.collect()
+    r = batch.rollout
+    lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])  # very uneven: sorting pays
+    r.completion_mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    r.completion_ids = r.completion_ids.masked_fill(r.completion_mask == 0, t.tokenizer.pad_token_id)
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is not None
+    adv = torch.tensor([0.5, -1.0, 0.0, 0.3, 1.1, -0.2, 0.7, -0.9, 0.0, 0.0, 0.0, 0.0])
+    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", "optim.pack_by_length=false", *extra)
+    g_fast, m_fast, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", *extra)
+    _close(g_plain, g_fast)
+    assert m_fast["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
+    assert m_fast["clip_ratio/region_mean"] == pytest.approx(m_plain["clip_ratio/region_mean"], abs=1e-6)
+
+
+def test_length_sorting_keeps_long_shared_prompts_together():
+    from rlvr.fastpaths import length_sorted_order
+
+    lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=0, shared_prefix=True) is None
+    assert length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is None

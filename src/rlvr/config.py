@@ -141,6 +141,8 @@ class OptimConfig:
     (beta=0, no top-entropy selection, loss_type not bnpo). Same update; entropy then comes from trained rows."""
     shared_prefix: bool = True
     """Training forward runs each group's prompt once and shares its KV cache (with gradient) across the group."""
+    pack_by_length: bool = True
+    """Sort completions by length into micro-batches (each trimmed to its own longest) when that computes fewer tokens; same update."""
 
 
 @dataclass

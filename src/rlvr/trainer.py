@@ -37,7 +37,7 @@ from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import RunLogger
 from rlvr.metrics import batch_metrics, completion_rows
 from rlvr.models.loading import frozen_copy, load_model, load_tokenizer
-from rlvr.fastpaths import fill_missing_grads, rows_to_train
+from rlvr.fastpaths import fill_missing_grads, update_rows
 from rlvr.policy import autocast_context, completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
@@ -192,8 +192,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the update
 
-    def _micro_batches(self, n: int) -> list[slice]:
-        size = self.cfg.optim.micro_batch_size or n
+    def _micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+        size = (self.cfg.optim.micro_batch_size if size is None else size) or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _forward(self, model, r: Rollout, mb: slice, *, with_entropy: bool):
@@ -225,11 +225,13 @@ class Trainer:
         # zero (advantage 0, see fastpaths) are then left out of the forward and backward.
         norms = algo.BatchNorms(num_sequences=len(r), num_tokens=int(mask.sum()), max_completion_length=cfg.rollout.max_new_tokens)
         all_tokens = max(float(mask.sum()), 1.0)
-        keep = rows_to_train(advantages, enabled=cfg.optim.skip_zero_advantage, beta=a.beta, loss_type=a.loss_type,
-                             top_entropy_quantile=a.top_entropy_quantile)
+        o = cfg.optim  # zero-advantage rows left out; rows sorted by length into micro-batches when that pads less
+        keep, mb_size = update_rows(advantages, mask, r.prompt_mask, group_size=cfg.rollout.group_size, micro_batch_size=o.micro_batch_size,
+                                    skip_zero_advantage=o.skip_zero_advantage, pack_by_length=o.pack_by_length, shared_prefix=o.shared_prefix,
+                                    beta=a.beta, loss_type=a.loss_type, top_entropy_quantile=a.top_entropy_quantile)
         if keep is not None:
             r, mask, advantages = r.select(keep), mask[keep], advantages[keep]
-        mbs = self._micro_batches(len(r)) if len(r) else []
+        mbs = self._micro_batches(len(r), mb_size) if len(r) else []
         norms = norms._replace(num_micro_batches=max(len(mbs), 1))
         ref_logp = self._fixed_logprobs(self.ref_model, r, mbs) if self.ref_model is not None else None
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
