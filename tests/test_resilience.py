@@ -62,7 +62,8 @@ def test_non_finite_loss_skips_the_update(tmp_path, monkeypatch):
             return out._replace(loss=out.loss * float("inf"))
         return out
 
-    t = Trainer(load_config(None, FAST + ["steps=3", f"output_dir={tmp_path / 'r'}"]), logger_live=False)
+    # every step must reach policy_loss, even one whose groups all tie (those rows are skipped by default)
+    t = Trainer(load_config(None, FAST + ["steps=3", f"output_dir={tmp_path / 'r'}", "optim.skip_zero_advantage=false"]), logger_live=False)
     t.train_step()
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     opt_before = json.dumps({k: str(v["step"]) for k, v in t.optimizer.state_dict()["state"].items()})
@@ -80,7 +81,8 @@ def test_non_finite_loss_skips_the_update(tmp_path, monkeypatch):
 def test_repeated_non_finite_steps_stop_the_run(tmp_path, monkeypatch):
     real = algo.policy_loss
     monkeypatch.setattr(algo, "policy_loss", lambda *a, **k: (lambda o: o._replace(loss=o.loss * float("nan")))(real(*a, **k)))
-    t = Trainer(load_config(None, FAST + ["steps=10", "max_bad_steps=2", f"output_dir={tmp_path / 'r'}"]), logger_live=False)
+    t = Trainer(load_config(None, FAST + ["steps=10", "max_bad_steps=2", f"output_dir={tmp_path / 'r'}", "optim.skip_zero_advantage=false"]),
+                logger_live=False)
     with pytest.raises(TrainingError, match="2 steps in a row"):
         t.train()
     assert not (tmp_path / "r" / "final").exists()

@@ -56,6 +56,8 @@ class ModelConfig:
     """Recompute each layer's activations in the backward pass: less memory, about a third more compute."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / QLoRA adapters (through peft); off while lora.r = 0."""
+    autocast: str = "none"
+    """`bf16`: bf16 autocast for generation and training forwards (weights and optimizer stay in `dtype`); `none`."""
 
 
 @dataclass
@@ -106,6 +108,8 @@ class RolloutConfig:
     """Nucleus sampling threshold (1.0 disables)."""
     top_k: int = 0
     """Top-k sampling (0 disables)."""
+    ignore_eos: bool = False
+    """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
 
     @property
     def completions_per_step(self) -> int:
@@ -164,6 +168,13 @@ class OptimConfig:
     """Linear warm-up, in optimizer updates."""
     micro_batch_size: int = 0
     """Completions per forward/backward (gradient accumulation); 0 = the whole step at once."""
+    skip_zero_advantage: bool = True
+    """Skip forward/backward of completions with advantage exactly 0 when their gradient is zero
+    (beta=0, no top-entropy selection, loss_type not bnpo). Same update; entropy then comes from trained rows."""
+    shared_prefix: bool = True
+    """Training forward runs each group's prompt once and shares its KV cache (with gradient) across the group."""
+    pack_by_length: bool = True
+    """Sort completions by length into micro-batches (each trimmed to its own longest) when that computes fewer tokens; same update."""
 
 
 @dataclass
@@ -498,6 +509,12 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
     choice("algo.reward_aggregation", a.reward_aggregation, REWARD_AGGREGATIONS)
     choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
     choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    choice("model.autocast", cfg.model.autocast, ["bf16", "none"])
+    if cfg.model.autocast == "bf16" and cfg.device != "cuda":
+        from rlvr.policy import cpu_has_fast_bf16
+
+        if not cpu_has_fast_bf16():
+            warnings.append("model.autocast=bf16 on a CPU without avx512_bf16/AMX: bf16 matmuls are emulated there and usually slower than fp32")
     choice("device", cfg.device, ["auto", "cpu", "cuda"])
     if not 0 < a.epsilon < 1:
         errors.append(f"`algo.epsilon` must be in (0, 1), got {a.epsilon}")

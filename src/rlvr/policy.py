@@ -1,7 +1,16 @@
-"""Per-token log-probs of completions under a causal LM (the training-side forward)."""
+"""Per-token log-probs of completions under a causal LM (the training-side forward).
+
+Two ways to compute the same numbers:
+- the plain path runs every row's prompt + completion through the model;
+- the shared-prefix path (rows of a group share one prompt) runs each distinct prompt once,
+  keeps its KV cache *with autograd*, repeats it for the group's rows and runs only the
+  completions on top. Gradients reach the prompt positions through the repeated keys and values
+  (repeat_interleave sums them back), so loss and gradients equal the plain path's.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -14,6 +23,22 @@ class TokenLogProbs(NamedTuple):
     entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad)
 
 
+def autocast_context(kind: str, device: torch.device):
+    """`bf16`: bf16 autocast (matmuls in bf16, weights and optimizer state stay fp32); `none`: nothing."""
+    if kind == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """avx512_bf16 or AMX: bf16 matmuls run at about twice the fp32 rate (else they are emulated, slower)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
     """Drop prompt columns that are padding in every row (left) and completion columns past the
     longest completion (right): the forward then costs what the batch really holds."""
@@ -22,6 +47,58 @@ def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
     C = int(completion_mask.sum(-1).max().item()) if completion_mask.numel() else 0
     C = max(C, 1)
     return prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :C], completion_mask[:, :C]
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of consecutive rows with the same prompt: (index of each run's first row [U], run lengths [U])."""
+    key = torch.cat([prompt_ids, prompt_mask], dim=1)  # [N, 2P]
+    same = (key[1:] == key[:-1]).all(-1)  # [N-1] row i+1 repeats row i
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=key.device), ~same]).nonzero().squeeze(-1)
+    ends = torch.cat([starts[1:], torch.tensor([key.shape[0]], device=key.device)])
+    return starts, ends - starts
+
+
+def _cache_kwarg(model) -> str:
+    from rlvr.rollout.hf import _cache_kwarg as kw
+
+    return kw(model)
+
+
+def _logits_plain(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    C = completion_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
+    attn = torch.cat([prompt_mask, completion_mask], dim=1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
+    return logits[:, :-1]  # [N, C, V]: position t predicts completion token t
+
+
+def _repeat_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """repeat_interleave over dim 0; equal counts go through expand (its backward is a plain sum
+    over the copies, several times faster on CPU than repeat_interleave's scatter-add)."""
+    if bool((counts == counts[0]).all()):
+        g = int(counts[0])
+        return x.unsqueeze(1).expand(x.shape[0], g, *x.shape[1:]).reshape(x.shape[0] * g, *x.shape[1:])
+    return x.repeat_interleave(counts, dim=0)
+
+
+def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts):
+    from transformers import DynamicCache
+
+    P = prompt_ids.shape[1]
+    ckw = _cache_kwarg(model)
+    u_ids, u_mask = prompt_ids[starts], prompt_mask[starts]  # [U, P]
+    cache = DynamicCache(config=model.config)
+    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
+                 use_cache=True, logits_to_keep=1, **{ckw: cache}).logits  # [U, 1, V]
+    for layer in cache.layers:  # [U, H, P, D] -> [N, H, P, D], differentiable
+        layer.keys, layer.values = _repeat_rows(layer.keys, counts), _repeat_rows(layer.values, counts)
+    attn = torch.cat([prompt_mask, completion_mask], dim=1)  # [N, P + C]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
+    C = completion_ids.shape[1]
+    tail = model(input_ids=completion_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                 logits_to_keep=C, **{ckw: cache}).logits  # [N, C, V]
+    return torch.cat([_repeat_rows(head, counts), tail[:, :-1]], dim=1)  # [N, C, V]
 
 
 def completion_logprobs(
@@ -33,16 +110,21 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    shared_prefix: bool = False,
 ) -> TokenLogProbs:
     """Log-probs of each completion token, from logits divided by the sampling temperature
     (so that they are the probabilities the sampler used and the ratio starts at exactly 1).
-    Logits are computed only for completion positions (logits_to_keep)."""
-    C = completion_ids.shape[1]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
-    attn = torch.cat([prompt_mask, completion_mask], dim=1)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
-    logits = logits[:, :-1]  # [N, C, V]: position t predicts completion token t
+    Logits are computed only for completion positions (logits_to_keep). `shared_prefix`: run
+    each distinct prompt once (rows of a group are consecutive); a no-op when no prompt repeats."""
+    starts = counts = None
+    if shared_prefix and prompt_ids.shape[0] > 1 and prompt_ids.shape[1] > 0:
+        starts, counts = prompt_groups(prompt_ids, prompt_mask)
+        if len(starts) == prompt_ids.shape[0]:
+            starts = None  # nothing shared
+    if starts is None:
+        logits = _logits_plain(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    else:
+        logits = _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts)
     if temperature != 1.0:
         logits = logits / temperature
     logp = selective_log_softmax(logits, completion_ids)

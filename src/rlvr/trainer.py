@@ -37,10 +37,11 @@ from rlvr.dist import Dist
 from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import NullLogger, RunLogger
 from rlvr.metrics import batch_metrics, completion_rows
+from rlvr.fastpaths import fill_missing_grads, update_rows
 from rlvr.models.loading import load_tokenizer
 from rlvr.models.lora import load_policy
 from rlvr.plan import BatchPlan, batch_split_errors
-from rlvr.policy import completion_logprobs, trim_padding
+from rlvr.policy import autocast_context, completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
 from rlvr.sharding import generate_sharded, local_share
@@ -116,6 +117,7 @@ class Trainer:
             top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k,
             max_new_tokens=cfg.rollout.max_new_tokens,
+            ignore_eos=cfg.rollout.ignore_eos,
         )
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.step = 0
@@ -166,7 +168,8 @@ class Trainer:
         # Prompt i's sampling noise is seeded by its position in the data stream: the same
         # prompt gets the same completions whatever batch, rank or resume it lands in.
         seeds = [self.cfg.seed * 2**32 + first_position + i for i in range(len(rows))]
-        rollout = self.engine.generate(prompts, self.sampling, seeds)
+        with autocast_context(self.cfg.model.autocast, self.device):
+            rollout = self.engine.generate(prompts, self.sampling, seeds)
         columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
         t = time.perf_counter()
         rewards = self.rewards(
@@ -210,16 +213,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ the update
 
-    def _micro_batches(self, n: int) -> list[slice]:
-        size = self.cfg.optim.micro_batch_size or n
+    def _micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+        size = (self.cfg.optim.micro_batch_size if size is None else size) or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _forward(self, model, r: Rollout, mb: slice, *, with_entropy: bool):
         p_ids, p_mask, c_ids, c_mask = trim_padding(r.prompt_ids[mb], r.prompt_mask[mb], r.completion_ids[mb], r.completion_mask[mb])
-        out = completion_logprobs(
-            model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
-            temperature=self.cfg.rollout.temperature, with_entropy=with_entropy,
-        )
+        with autocast_context(self.cfg.model.autocast, self.device):
+            out = completion_logprobs(
+                model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
+                temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, shared_prefix=self.cfg.optim.shared_prefix,
+            )
         return out, c_ids.shape[1]
 
     def _reference_logprobs(self, r: Rollout, mbs: list[slice]) -> torch.Tensor:
@@ -243,18 +247,32 @@ class Trainer:
         mask = r.completion_mask.float()
         if a.mask_truncated_completions:
             mask = algo.mask_truncated(mask, r.truncated)
-        mbs = self._micro_batches(len(r))
+        # Fast paths (single process): rows whose gradient is exactly zero (advantage 0) are left
+        # out of the forward and backward, and rows are sorted by length into micro-batches when
+        # that pads less. The normalisers below still count the whole batch.
+        o = cfg.optim
+        keep, mb_size = None, None
+        if self.dist.world_size == 1:
+            keep, mb_size = update_rows(advantages, mask, r.prompt_mask, group_size=cfg.rollout.group_size, micro_batch_size=o.micro_batch_size,
+                                        skip_zero_advantage=o.skip_zero_advantage, pack_by_length=o.pack_by_length, shared_prefix=o.shared_prefix,
+                                        beta=a.beta, loss_type=a.loss_type, top_entropy_quantile=a.top_entropy_quantile)
         wt = batch.loss_weight  # normalisers: the whole batch over all ranks (placeholder shares count 0)
-        n_seq, n_tok, n_mb = self.dist.sum(wt * len(r), wt * float(mask.sum()), wt * len(mbs), what="batch sizes")
+        n_seq, n_tok = self.dist.sum(wt * len(r), wt * float(mask.sum()), what="batch sizes")
+        if keep is not None:
+            r, mask, advantages = r.select(keep), mask[keep], advantages[keep]
+        mbs = self._micro_batches(len(r), mb_size) if len(r) else []
+        n_mb = self.dist.sum(wt * len(mbs), what="micro-batches")[0]
         norms = algo.BatchNorms(
             num_sequences=int(n_seq),
             num_tokens=int(n_tok),
             max_completion_length=cfg.rollout.max_new_tokens,
-            num_micro_batches=int(n_mb),
+            num_micro_batches=max(int(n_mb), 1),
         )
         # Every rank runs as many forward/backward passes as the busiest one (the gradient reduction
         # needs all of them); extra passes repeat the last micro-batch with weight 0.
-        passes = [(mb, wt) for mb in mbs] + [(mbs[-1], 0.0)] * (int(self.dist.max(len(mbs), what="micro-batches")) - len(mbs))
+        passes = [(mb, wt) for mb in mbs]
+        if mbs:
+            passes += [(mbs[-1], 0.0)] * (int(self.dist.max(len(mbs), what="micro-batches")) - len(mbs))
         ref_logp = self._reference_logprobs(r, mbs) if a.beta > 0 else None
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
         # policy's entropies, so micro-batching does not change which tokens train. With one
@@ -308,6 +326,8 @@ class Trainer:
                 if res.kl is not None:
                     kl_sum += res.kl.item() * n
             params = [p for p in self.model.parameters() if p.requires_grad]
+            if not mbs:
+                fill_missing_grads(params)
             max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             step_loss = self.dist.sum(step_loss, what="loss")[0]
@@ -321,16 +341,17 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
         tokens, ent_sum, kl_sum, *clip_sums = self.dist.sum(tokens, ent_sum, kl_sum, *clip_sums, what="metrics")
-        tokens = max(tokens, 1.0)
+        tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
+        all_tokens = max(float(n_tok), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
         metrics = {
             "loss": float(np.mean(stats["loss"])),
             "grad_norm": float(np.mean(stats["grad_norm"])),
             "entropy": ent_sum / tokens,
-            "clip_ratio/low_mean": clip_sums[0] / tokens,
-            "clip_ratio/low_min": self.dist.min(float(np.min(stats["low"] or [np.inf])), what="metrics"),
-            "clip_ratio/high_mean": clip_sums[1] / tokens,
-            "clip_ratio/high_max": self.dist.max(float(np.max(stats["high"] or [-np.inf])), what="metrics"),
-            "clip_ratio/region_mean": clip_sums[2] / tokens,
+            "clip_ratio/low_mean": clip_sums[0] / all_tokens,
+            "clip_ratio/low_min": self.dist.min(float(np.min(stats["low"] or [0.0])), what="metrics"),
+            "clip_ratio/high_mean": clip_sums[1] / all_tokens,
+            "clip_ratio/high_max": self.dist.max(float(np.max(stats["high"] or [0.0])), what="metrics"),
+            "clip_ratio/region_mean": clip_sums[2] / all_tokens,
         }
         if ref_logp is not None:
             metrics["kl"] = kl_sum / tokens

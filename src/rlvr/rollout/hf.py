@@ -12,7 +12,9 @@ import inspect
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rlvr.rollout import Rollout, SamplingParams
 
@@ -36,13 +38,77 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+def _sdpa_cache_dtype(module, query, key, value, attention_mask, **kwargs):
+    """SDPA for the decode under autocast: autocast would cast the whole KV cache to bf16 at every
+    token and layer (a full copy of the cache), and CPU bf16 attention over one query row gains
+    nothing, so the attention runs with autocast off, in the cache's dtype (fp32: the decode
+    allocates fp32 buffers under bf16 autocast), and its output is cast back. Elsewhere: plain SDPA."""
+    if not torch.is_autocast_enabled(query.device.type):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    dtype = query.dtype
+    with torch.autocast(query.device.type, enabled=False):
+        out, w = sdpa_attention_forward(module, query.to(key.dtype), key, value.to(key.dtype), attention_mask, **kwargs)
+    return out.to(dtype), w
+
+
+AttentionInterface.register("rlvr_sdpa", _sdpa_cache_dtype)
+
+
+class _BufferedLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values live in buffers allocated once for the whole decode:
+    each new token is written in place instead of re-concatenating the cache (which copies the
+    entire cache every token: O(T^2) memory traffic, the main cost of decoding after long prompts)."""
+
+    def __init__(self, layer: DynamicLayer, capacity: int, repeats: int = 1, dtype: torch.dtype | None = None):
+        super().__init__()
+        k, v = layer.keys, layer.values  # [B, H, P, D] -> buffers [B x repeats, H, capacity, D]
+        B, H, self.n, D = k.shape
+        self.kbuf = k.new_empty(B * repeats, H, capacity, D, dtype=dtype or k.dtype)
+        self.vbuf = v.new_empty(B * repeats, H, capacity, D, dtype=dtype or v.dtype)
+        # one broadcast copy per buffer does the repeat_interleave and the fill together
+        self.kbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = k[:, None]
+        self.vbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = v[:, None]
+        self.device, self.is_initialized = k.device, True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self.kbuf[..., : self.n, :], self.vbuf[..., : self.n, :]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        m = key_states.shape[-2]
+        self.kbuf[..., self.n: self.n + m, :] = key_states
+        self.vbuf[..., self.n: self.n + m, :] = value_states
+        self.n += m
+        self._views()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.kbuf, self.vbuf = self.kbuf.repeat_interleave(repeats, 0), self.vbuf.repeat_interleave(repeats, 0)
+        self._views()
+
+
+def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | None, dtype=None) -> None:
+    """Repeat every row `repeats` times; with a capacity, plain full-attention layers become buffered
+    ones, in `dtype` when given (others, e.g. sliding-window layers, are repeated and keep concatenating)."""
+    for i, layer in enumerate(cache.layers):
+        if capacity is not None and type(layer) is DynamicLayer and layer.is_initialized:
+            cache.layers[i] = _BufferedLayer(layer, capacity, repeats, dtype)
+        else:
+            layer.batch_repeat_interleave(repeats)
+
+
 class HFEngine:
     """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
 
-    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25):
+    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished_fraction = drop_finished_fraction
+        self.static_cache = static_cache
 
     def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
         pass
@@ -63,6 +129,12 @@ class HFEngine:
         B = prompt_ids.shape[0]
         N = B * G
         cache, ckw = DynamicCache(config=model.config), _cache_kwarg(model)
+        # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see _sdpa_cache_dtype)
+        fp32_cache = self.static_cache and device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and model.config._attn_implementation == "sdpa"
+        cache_dtype = torch.float32 if fp32_cache else None
+        if fp32_cache:
+            model.config._attn_implementation = "rlvr_sdpa"
         out = model(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
@@ -72,7 +144,7 @@ class HFEngine:
             logits_to_keep=1,
         )
         logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V]
-        cache.batch_repeat_interleave(G)
+        _repeat_and_preallocate(cache, G, prompt_ids.shape[1] + T if self.static_cache else None, cache_dtype)
         attn = prompt_mask.repeat_interleave(G, 0)  # [N, P + t]
         next_pos = prompt_mask.sum(-1).repeat_interleave(G, 0)  # [N]
         gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
@@ -106,6 +178,8 @@ class HFEngine:
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
 
+        if fp32_cache:
+            model.config._attn_implementation = "sdpa"
         if was_training:
             model.train()
         mask = self._completion_mask(completion, eos, params.ignore_eos)

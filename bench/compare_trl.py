@@ -1,0 +1,455 @@
+"""rlvr vs TRL's GRPOTrainer on identical work, on CPU.
+
+    python bench/compare_trl.py                      # all configs, writes bench/results/vs_trl.md
+    python bench/compare_trl.py --configs A,B --steps 8 --warmup 2
+
+Both libraries get the same model files, prompts (chat messages rendered by the same template),
+group size (G=8), prompts per step (8), max new tokens, AdamW (lr 1e-6, betas 0.9/0.999, constant
+schedule, grad-norm clip 1.0), precision, beta=0, mu=1, temperature 1, dapo loss, group-std
+scaling (ddof=1, as TRL). Every library runs in its own subprocess (peak RSS is separable), with
+exactly 2 threads, strictly one after the other, alternating which goes first from round to round.
+
+Configs (8 prompts x G=8 per step):
+  A  bundled `tiny` model on arithmetic, 16 new tokens, arithmetic reward (0/1)
+  B  25M Llama (hidden 512, 8 layers, 8 heads, intermediate 1376), char tokenizer, 64 new tokens
+  C  as B with ~256-token prompts (a long fixed instruction before each question)
+  D  as B, TRL at its own defaults (bf16 autocast on CPU + gradient checkpointing) vs rlvr's best
+     (bf16 autocast, micro-batches of 16)
+  B16 (extra) as B with both in bf16 autocast, no checkpointing: what bf16 alone gives each library
+B-D use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
+applies there). Variant `fixed`: EOS ignored, every completion exactly max_new_tokens long in
+both (rlvr: rollout.ignore_eos; TRL: generation_kwargs min_new_tokens=max_new_tokens); variant
+`eos`: normal stopping (different samples, so similar but not identical work).
+
+The compute floor: FLOPs = 6 x params x trained tokens + 2 x params x generated tokens, where
+trained tokens = completion tokens + each prompt's tokens once (the least a training forward must
+see), over the matmul peak (2048^3, 2 threads) measured in this run, fp32 and bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORK = Path(tempfile.gettempdir()) / "rlvr_bench"
+THREADS = int(os.environ.get("RLVR_BENCH_THREADS", "2"))  # 2 for every reported number
+G, PROMPTS = 8, 8
+LR = 1e-6
+LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 tokens
+    "You are a careful calculator. Read the question below and work out the value of the expression "
+    "exactly, using integer arithmetic only. Reply with the final number alone: no words, no units, "
+    "no punctuation. Answer now, as briefly as you can. "
+)
+
+CONFIGS = {
+    "A": dict(model="tiny", reward="arithmetic", max_new_tokens=16, long_prompt=False, trl_defaults=False),
+    "B": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
+    "C": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=True, trl_defaults=False),
+    "D": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=True),
+    # not in the issue: B with both libraries in bf16 autocast (TRL without checkpointing), to separate
+    # what bf16 gives from what rlvr gives in D
+    "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),
+}
+# rlvr's fast paths that change no math are on by default (zero-advantage skip, shared-prefix
+# training forward, preallocated KV cache). Config D ("best") adds bf16 autocast and micro-batches
+# of 16 completions (so that its peak RSS stays under TRL's with gradient checkpointing; about as
+# fast as the whole batch at once); B16 runs both libraries in bf16 autocast, nothing else changed.
+RLVR_BEST = ["model.autocast=bf16", "optim.micro_batch_size=16"]
+RLVR_BF16 = ["model.autocast=bf16"]
+
+
+# ----------------------------------------------------------------------------- the machine
+
+
+def _proc_times() -> dict[int, tuple[str, int]]:
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            name = stat[stat.index("(") + 1: stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[int(d)] = (name, int(fields[11]) + int(fields[12]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def busy_processes(window: float = 1.0, threshold: float = 0.1) -> list[str]:
+    """Other processes using more than `threshold` of a core over `window` seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    a = _proc_times()
+    time.sleep(window)
+    b = _proc_times()
+    me = os.getpid()
+    busy = []
+    for pid, (name, t) in b.items():
+        if pid == me or pid not in a:
+            continue
+        share = (t - a[pid][1]) / tick / window
+        if share > threshold:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:90] if Path(f"/proc/{pid}/cmdline").exists() else name
+            busy.append(f"pid {pid} {share:.0%} cpu: {cmd.strip() or name}")
+    return busy
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+# ----------------------------------------------------------------------------- shared inputs
+
+
+def build_inputs(cfg_names: list[str]) -> dict:
+    """Model folders and prompt datasets, written once under /tmp/rlvr_bench."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.data import arithmetic as ar
+    from rlvr.models import resolve_model_path
+    from rlvr.models.tokenizer import build_char_tokenizer
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    paths = {"tiny": resolve_model_path("tiny")}
+    big = WORK / "llama25m"
+    if any(CONFIGS[c]["model"] == "llama25m" for c in cfg_names) and not (big / "model.safetensors").exists():
+        tok = build_char_tokenizer()
+        tok.model_max_length = 1024
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+            num_key_value_heads=8, max_position_embeddings=1024, tie_word_embeddings=False,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        )
+        LlamaForCausalLM(cfg).save_pretrained(big)
+        tok.save_pretrained(big)
+    paths["llama25m"] = str(big)
+    n = 200  # more than (warmup + steps) x prompts per step
+    for long in (False, True):
+        rows = []
+        for i in range(n):
+            p = ar.problem_at(i, "train", seed=0)
+            q = (LONG_INSTRUCTION + "Question: " if long else "") + p.question
+            rows.append({"prompt": [{"role": "user", "content": q}], "answer": str(p.answer)})
+        f = WORK / f"prompts_{'long' if long else 'short'}.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths[f"data_{long}"] = str(f)
+    return paths
+
+
+def n_params(model_path: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    # the input embedding is a lookup (no FLOPs); the output projection is a matmul
+    emb = m.get_input_embeddings().weight
+    return sum(p.numel() for p in m.parameters() if p is not emb)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def _finish(rec: dict) -> None:
+    rec["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(rec), flush=True)
+
+
+def worker_rlvr(spec: dict) -> None:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    sys.path.insert(0, str(HERE))
+    import bench_rewards
+
+    from rlvr.config import load_config
+    from rlvr.trainer import Trainer
+
+    T = spec["max_new_tokens"]
+    overrides = [
+        f"model.path={spec['model_path']}", "data.task=null", f"data.path={spec['data']}", "data.shuffle=false",
+        f"rewards=[{HERE / 'bench_rewards.py'}:{spec['reward']}]",
+        f"rollout.group_size={G}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.max_new_tokens={T}",
+        "rollout.temperature=1.0", f"rollout.ignore_eos={spec['fixed']}",
+        f"optim.lr={LR}", "optim.beta2=0.999", "optim.max_grad_norm=1.0", "optim.lr_schedule=constant",
+        "algo.beta=0", "algo.num_iterations=1", "algo.loss_type=dapo", "algo.std_ddof=1",
+        f"threads={THREADS}", "device=cpu", "eval_before_after=false", "log_completions_every=0", "report_to=[]",
+        "doctor_every=0", f"steps={spec['warmup'] + spec['steps']}", f"output_dir={spec['out']}", "seed=0",
+        *spec["extra"],
+    ]
+    trainer = Trainer(load_config(None, overrides), logger_live=False)
+    steps = []
+    for _ in range(spec["warmup"] + spec["steps"]):
+        bench_rewards.SEEN_LENGTHS.clear()
+        m = trainer.train_step()
+        r = trainer._last_batch[0].rollout
+        steps.append({
+            "step": m["time/step"], "generate": m["time/generate"], "reward": m["time/reward"], "train": m["time/train"],
+            "completion_tokens": int(r.completion_mask.sum()), "prompt_tokens": int(r.prompt_mask[::G].sum()),
+            "min_len": int(r.completion_mask.sum(-1).min()), "max_len": int(r.completion_mask.sum(-1).max()),
+            "frac_zero_std": m.get("frac_reward_zero_std"),
+        })
+    _finish({"lib": "rlvr", "steps": steps[spec["warmup"]:], "settings": overrides[-len(spec["extra"]):] if spec["extra"] else []})
+
+
+def worker_trl(spec: dict) -> None:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    sys.path.insert(0, str(HERE))
+    import bench_rewards
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    T = spec["max_new_tokens"]
+    rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines()]
+    total = spec["warmup"] + spec["steps"]
+    kwargs = {}
+    if not spec["trl_defaults"]:  # same precision as rlvr, no checkpointing
+        kwargs.update(bf16=spec.get("bf16", False), gradient_checkpointing=False)
+    args = GRPOConfig(
+        output_dir=spec["out"], per_device_train_batch_size=G * PROMPTS, gradient_accumulation_steps=1,
+        num_generations=G, max_completion_length=T, max_steps=total, learning_rate=LR, lr_scheduler_type="constant",
+        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, weight_decay=0.0, beta=0.0, num_iterations=1,
+        loss_type="dapo", scale_rewards="group", temperature=1.0, use_cpu=True, logging_steps=1, report_to=[],
+        save_strategy="no", seed=0, shuffle_dataset=False, dataloader_num_workers=0, log_completions=False,
+        generation_kwargs={"min_new_tokens": T} if spec["fixed"] else None, **kwargs,
+    )
+    tok = AutoTokenizer.from_pretrained(spec["model_path"])
+    trainer = GRPOTrainer(
+        model=spec["model_path"], reward_funcs=[getattr(bench_rewards, spec["reward"])], args=args,
+        train_dataset=Dataset.from_list(rows[: total * PROMPTS]), processing_class=tok,
+    )
+    cur = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                cur[name] = cur.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+    steps = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            cur.clear()
+            bench_rewards.SEEN_LENGTHS.clear()
+            cur["t0"] = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            step = time.perf_counter() - cur["t0"]
+            gen = cur.get("generate", 0.0)  # rewards are scored outside _generate
+            lens = list(bench_rewards.SEEN_LENGTHS)
+            steps.append({
+                "step": step, "generate": gen, "reward": cur.get("reward", 0.0), "train": step - gen - cur.get("reward", 0.0),
+                "completion_tokens": sum(lens), "min_len": min(lens) if lens else None, "max_len": max(lens) if lens else None,
+            })
+
+    trainer.add_callback(Clock())
+    trainer.train()
+    _finish({"lib": "trl", "steps": steps[spec["warmup"]:],
+             "settings": [f"bf16={trainer.args.bf16}", f"gradient_checkpointing={trainer.args.gradient_checkpointing}"]})
+
+
+def worker_peak(spec: dict) -> None:
+    import torch
+
+    torch.set_num_threads(THREADS)
+    out = {}
+    n = 2048
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        for _ in range(3):
+            a @ b
+        best = 0.0
+        for _ in range(8):
+            t = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t))
+        out[name] = best
+    _finish({"lib": "peak", "flops": out})
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def run_worker(kind: str, spec: dict, log) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false",
+               PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
+    before, busy = load_average(), busy_processes()
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode or not lines:
+        raise RuntimeError(f"{kind} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    rec = json.loads(lines[-1][7:])
+    rec.update(load_before=before, load_after=load_average(), busy_before=busy, wall=wall)
+    log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}" + (f"  BUSY: {busy}" if busy else ""))
+    return rec
+
+
+def summarize(rec: dict) -> dict:
+    s = rec["steps"]
+    times = [x["step"] for x in s]
+    med = statistics.median(times)
+    tokens = statistics.median(x["completion_tokens"] for x in s)
+    return {
+        "median": med, "min": min(times), "max": max(times), "n": len(times),
+        "generate": statistics.median(x["generate"] for x in s), "reward": statistics.median(x["reward"] for x in s),
+        "train": statistics.median(x["train"] for x in s), "tokens": tokens, "tok_per_s": tokens / med,
+        "rss": rec["peak_rss_mb"], "min_len": min(x["min_len"] for x in s if x["min_len"] is not None),
+        "max_len": max(x["max_len"] for x in s if x["max_len"] is not None),
+        "prompt_tokens": statistics.median(x.get("prompt_tokens", 0) for x in s),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="A,B,C,D,B16")
+    ap.add_argument("--variants", default="fixed", help="variants run for every config: fixed (EOS ignored), eos (normal stopping)")
+    ap.add_argument("--eos-configs", default="A,B", help="configs that also run the eos variant")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="runs per library per config, alternating which goes first")
+    ap.add_argument("--rlvr-extra", default="", help="extra rlvr overrides for every config, comma-separated")
+    ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        {"rlvr": worker_rlvr, "trl": worker_trl, "peak": worker_peak}[a.worker](json.loads(a.spec))
+        return
+
+    log_lines: list[str] = []
+
+    def log(msg):
+        print(msg, flush=True)
+        log_lines.append(msg)
+
+    names = a.configs.split(",")
+    paths = build_inputs(names)
+    import torch
+    import transformers
+    import trl
+
+    versions = f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
+    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name")), "?")
+    flags = Path("/proc/cpuinfo").read_text()
+    isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    log(f"{versions}; {cpu} ({os.cpu_count()} cpus, {' '.join(isa)}); {THREADS} threads")
+    start_load, start_busy = load_average(), busy_processes(2.0)
+    log(f"load average at start {start_load:.2f}; busy processes: {start_busy or 'none'}")
+    peak = run_worker("peak", {}, log)["flops"]
+    log(f"matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+
+    results = []
+    for name in names:
+        c = CONFIGS[name]
+        mp = paths[c["model"]]
+        params = n_params(mp)
+        variants = a.variants.split(",") + (["eos"] if name in a.eos_configs.split(",") and "eos" not in a.variants else [])
+        for variant in variants:
+            spec = dict(model_path=mp, data=paths[f"data_{c['long_prompt']}"], reward=c["reward"], max_new_tokens=c["max_new_tokens"],
+                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False), steps=a.steps, warmup=a.warmup)
+            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else RLVR_BF16 if c.get("bf16") else [])
+            log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
+            runs = {"trl": [], "rlvr": []}
+            for rnd in range(a.rounds):
+                order = ("trl", "rlvr") if rnd % 2 == 0 else ("rlvr", "trl")
+                for lib in order:
+                    with tempfile.TemporaryDirectory() as out:
+                        runs[lib].append(run_worker(lib, {**spec, "out": out, "extra": extra}, log))
+            merged = {}
+            for lib, recs in runs.items():
+                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs)}
+                merged[lib] = summarize(rec) | {"settings": recs[0]["settings"], "load": [(r["load_before"], r["load_after"]) for r in recs],
+                                                "busy": [b for r in recs for b in r["busy_before"]]}
+            rl = merged["rlvr"]
+            trained = rl["tokens"] + rl["prompt_tokens"]
+            flops = {"gen": 2 * params * rl["tokens"], "train": 6 * params * trained}
+            flops["step"] = flops["gen"] + flops["train"]
+            results.append({"config": name, "variant": variant, "params": params, "flops": flops, **merged})
+            r = results[-1]
+            log(f"  -> TRL {r['trl']['median']:.3f}s  rlvr {rl['median']:.3f}s  ratio {r['trl']['median'] / rl['median']:.2f}")
+            save(results, peak, versions, cpu, isa, (start_load, start_busy, None, []), log_lines, a)  # partial results survive
+    end_load, end_busy = load_average(), busy_processes(2.0)
+    log(f"load average at end {end_load:.2f}; busy processes: {end_busy or 'none'}")
+    save(results, peak, versions, cpu, isa, (start_load, start_busy, end_load, end_busy), log_lines, a)
+
+
+def save(results, peak, versions, cpu, isa, loads, log_lines, a) -> None:
+    env = f"RLVR_BENCH_THREADS={THREADS} " if THREADS != 2 else ""
+    cmd = env + "python bench/compare_trl.py " + " ".join(sys.argv[1:])
+    write_report(Path(a.out), results, peak, versions, cpu, isa, cmd.strip(), loads, log_lines, a)
+    Path(a.out).with_suffix(".json").write_text(json.dumps({"peak": peak, "results": results}, indent=1))
+
+
+def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_lines, a) -> None:
+    start_load, start_busy, end_load, end_busy = loads
+    end_busy = end_busy or []
+    busy_any = start_busy or end_busy or any(r[lib]["busy"] for r in results for lib in ("trl", "rlvr"))
+    L = ["# rlvr vs TRL GRPOTrainer, same work, CPU", ""]
+    L.append(f"Command: `{cmd}` ({time.strftime('%Y-%m-%d %H:%M')})  ")
+    L.append(f"Versions: {versions}  ")
+    L.append(f"Machine: {cpu}, {os.cpu_count()} cpus ({' '.join(isa)}), {THREADS} threads per run, runs strictly one after another.  ")
+    L.append(f"Steps: {a.warmup} warm-up + {a.steps} measured per run, {a.rounds} round(s) per library (alternating order).  ")
+    L.append(f"Load average: {start_load:.2f} at start, " + (f"{end_load:.2f} at end.  " if end_load is not None else "(run still in progress: partial results).  "))
+    L.append(f"Matmul peak (2048^3, {THREADS} threads): fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s.")
+    L.append("")
+    if busy_any:
+        L.append("> **WARNING: the machine was not idle during (part of) this run.** Other busy processes:")
+        for b in sorted(set(start_busy + end_busy + [b for r in results for lib in ("trl", "rlvr") for b in r[lib]["busy"]])):
+            L.append(f"> - {b}")
+        L.append("")
+    L.append("| config | variant | lib | step median (min-max) s | generate s | reward s | train s | completion tok/s | len min-max | peak RSS MB | TRL/rlvr |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for lib in ("trl", "rlvr"):
+            x = r[lib]
+            ratio = f"**{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
+            L.append(f"| {r['config']} | {r['variant']} | {lib} | {x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f}) | {x['generate']:.3f} | "
+                     f"{x['reward']:.3f} | {x['train']:.3f} | {x['tok_per_s']:.0f} | {x['min_len']}-{x['max_len']} | {x['rss']:.0f} | {ratio} |")
+    L += ["", "## Compute floor", "",
+          "FLOPs = 6 x params x trained tokens + 2 x params x generated tokens (params without the input embedding; trained tokens = "
+          "completion tokens + each prompt once; attention FLOPs not counted). Floor time = FLOPs / matmul peak. "
+          "Share = floor time / measured time (1.0 = at the peak).", "",
+          "| config | variant | params M | gen GFLOP | train GFLOP | floor fp32 s (gen / step) | floor bf16 s (gen / step) | "
+          "TRL share fp32 | rlvr share fp32 | rlvr share bf16 | rlvr gen / gen floor (fp32) | rlvr step / step floor (fp32) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        f = r["flops"]
+        fl32 = {k: v / peak["fp32"] for k, v in f.items()}
+        fl16 = {k: v / peak["bf16"] for k, v in f.items()}
+        L.append(f"| {r['config']} | {r['variant']} | {r['params'] / 1e6:.2f} | {f['gen'] / 1e9:.0f} | {f['train'] / 1e9:.0f} | "
+                 f"{fl32['gen']:.2f} / {fl32['step']:.2f} | {fl16['gen']:.2f} / {fl16['step']:.2f} | {fl32['step'] / r['trl']['median']:.2f} | "
+                 f"{fl32['step'] / r['rlvr']['median']:.2f} | {fl16['step'] / r['rlvr']['median']:.2f} | "
+                 f"{r['rlvr']['generate'] / fl32['gen']:.2f}x | {r['rlvr']['median'] / fl32['step']:.2f}x |")
+    L += ["", "Settings per run: " + "; ".join(sorted({f"{r['config']} {lib}: {', '.join(r[lib]['settings']) or 'defaults'}"
+                                                      for r in results for lib in ('trl', 'rlvr')})), "", "## Log", "", "```", *log_lines, "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(L))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Every fast path of the update against the plain path: same log-probs (1e-5, fp32), same loss
+and gradients (shared-prefix forward, zero-advantage skip), bf16 autocast close to fp32."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlvr.policy import completion_logprobs, prompt_groups
+
+pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    return LlamaForCausalLM(cfg).train()
+
+
+def _batch(G=3, B=3, P=7, C=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lens = [P, P - 3, P - 1][:B]
+    p_ids = torch.zeros(B, P, dtype=torch.long)
+    p_mask = torch.zeros(B, P, dtype=torch.long)
+    for i, n in enumerate(lens):  # left padding of different widths
+        p_ids[i, P - n:] = torch.randint(1, 50, (n,), generator=g)
+        p_mask[i, P - n:] = 1
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
+    c_ids = torch.randint(1, 50, (B * G, C), generator=g)
+    c_len = torch.randint(1, C + 1, (B * G,), generator=g)
+    c_mask = (torch.arange(C)[None] < c_len[:, None]).long()
+    c_ids = c_ids.masked_fill(c_mask == 0, 0)
+    return p_ids, p_mask, c_ids, c_mask
+
+
+def _grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_prompt_groups_finds_runs():
+    p_ids, p_mask, _, _ = _batch(G=4, B=3)
+    starts, counts = prompt_groups(p_ids, p_mask)
+    assert starts.tolist() == [0, 4, 8] and counts.tolist() == [4, 4, 4]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_same_logprobs_and_gradients(model, temperature):
+    p_ids, p_mask, c_ids, c_mask = _batch()
+    adv = torch.randn(len(c_ids))
+    outs, grads = [], []
+    for shared in (False, True):
+        out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=temperature, with_entropy=True, shared_prefix=shared)
+        loss = -((out.logp * c_mask).sum(-1) * adv).sum() / c_mask.sum()
+        outs.append(out)
+        grads.append(_grads(model, loss))
+    m = c_mask.bool()
+    torch.testing.assert_close(outs[1].logp[m], outs[0].logp[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(outs[1].entropy[m], outs[0].entropy[m], rtol=0, atol=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:  # the prompt's weights get gradient through the repeated KV cache
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-4, atol=1e-6)
+
+
+def test_shared_prefix_without_repeats_is_the_plain_path(model):
+    p_ids, p_mask, c_ids, c_mask = _batch(G=1)
+    a = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    b = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, shared_prefix=True)
+    assert torch.equal(a.logp, b.logp)
+
+
+# ---------------------------------------------------------------------------------------------
+# through Trainer.update: zero-advantage skip and shared prefix against the plain path
+
+from rlvr.config import load_config  # noqa: E402
+from rlvr.trainer import Trainer  # noqa: E402
+
+
+def _trainer(tiny_model_dir, tmp_path, *overrides):
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", "eval_before_after=false", "steps=2", "rollout.group_size=4",
+        "rollout.prompts_per_step=3", "rollout.max_new_tokens=5", f"output_dir={tmp_path / 'run'}",
+        "log_completions_every=0", "threads=1", "report_to=[]", "doctor_every=0", *overrides,
+    ])
+    return Trainer(cfg, logger_live=False)
+
+
+def _update_grads(tiny_model_dir, tmp_path, batch, adv, *overrides):
+    """Gradients handed to the optimizer (each pass), the metrics, and the rows policy_loss saw."""
+    t = _trainer(tiny_model_dir, tmp_path, *overrides)
+    grads, real_step = [], t.optimizer.step
+
+    def step(*a, **k):
+        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters()})
+        return real_step(*a, **k)
+
+    t.optimizer.step = step
+    metrics = t.update(batch, adv)
+    return grads, metrics, t
+
+
+def _close(ga, gb):
+    assert len(ga) == len(gb)
+    for a, b in zip(ga, gb):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("extra", [[], ["algo.num_iterations=2"], ["optim.micro_batch_size=5"], ["algo.loss_type=grpo"],
+                                   ["algo.importance_sampling_level=sequence"]])
+def test_zero_advantage_skip_same_loss_and_gradients(tiny_model_dir, tmp_path, extra):
+    t = _trainer(tiny_model_dir, tmp_path)
+    batch = t.collect()
+    adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.2, -0.4, 0.0, -0.8, 0.5, 0.5, -1.0, 0.0])  # a whole group and single rows at 0
+    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.skip_zero_advantage=false", *extra)
+    g_skip, m_skip, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, *extra)
+    _close(g_plain, g_skip)
+    assert m_skip["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
+    for k in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "grad_norm"):
+        assert m_skip[k] == pytest.approx(m_plain[k], abs=1e-6), k
+
+
+def test_all_zero_advantages_still_step_the_optimizer(tiny_model_dir, tmp_path):
+    t = _trainer(tiny_model_dir, tmp_path)
+    batch = t.collect()
+    adv = torch.zeros(12)
+    g_plain, _, a = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.skip_zero_advantage=false")
+    g_skip, m, b = _update_grads(tiny_model_dir, tmp_path, batch, adv)
+    _close(g_plain, g_skip)
+    assert m["loss"] == 0.0
+
+
+def test_skip_is_off_when_rows_are_needed(tiny_model_dir, tmp_path):
+    from rlvr.fastpaths import rows_to_train
+
+    adv = torch.tensor([0.0, 1.0, -1.0])
+    assert rows_to_train(adv, enabled=True, beta=0.0, loss_type="dapo", top_entropy_quantile=1.0).tolist() == [1, 2]
+    for kw in (dict(beta=0.04), dict(loss_type="bnpo"), dict(top_entropy_quantile=0.2), dict(enabled=False)):
+        args = dict(enabled=True, beta=0.0, loss_type="dapo", top_entropy_quantile=1.0) | kw
+        assert rows_to_train(adv, **args) is None
+
+
+@pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"]])  # 5: groups split across micro-batches
+def test_shared_prefix_update_same_as_plain(tiny_model_dir, tmp_path, extra):
+    t = _trainer(tiny_model_dir, tmp_path)
+    batch = t.collect()
+    adv = torch.randn(12, generator=torch.Generator().manual_seed(3))
+    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.shared_prefix=false", *extra)
+    g_fast, m_fast, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, *extra)
+    _close(g_plain, g_fast)
+    assert m_fast["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
+    assert m_fast["entropy"] == pytest.approx(m_plain["entropy"], abs=1e-5)
+
+
+def test_bf16_autocast_trains_fp32_weights_close_to_fp32(tiny_model_dir, tmp_path):
+    t = _trainer(tiny_model_dir, tmp_path, "model.autocast=bf16")
+    batch = t.collect()  # generation under autocast too
+    r = batch.rollout
+    with torch.no_grad():
+        ref = completion_logprobs(t.model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask).logp
+    out, C = t._forward(t.model, r, slice(0, len(r)), with_entropy=False)
+    m = r.completion_mask[:, :C].bool()
+    assert out.logp.dtype == torch.float32
+    torch.testing.assert_close(out.logp[m], ref[:, :C][m], rtol=0, atol=0.1)
+    t.update(batch, torch.randn(12))
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in t.optimizer.state.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# decode: the preallocated KV cache gives exactly what the concatenating DynamicCache gives
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])  # False: finished rows leave the batch (buffers re-indexed)
+def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
+    from rlvr.data import render_prompt
+    from rlvr.models.loading import load_model, load_tokenizer
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.hf import HFEngine
+
+    torch.set_num_threads(1)
+    tok, _ = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a longer prompt: 99+99="]]
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=24, ignore_eos=ignore_eos)
+    a = HFEngine(model, tok, static_cache=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    b = HFEngine(model, tok, static_cache=True, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    if not ignore_eos:
+        assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(b.sampling_logprobs, a.sampling_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"], ["algo.num_iterations=2", "optim.skip_zero_advantage=false"]])
+def test_length_sorted_micro_batches_same_update(tiny_model_dir, tmp_path, extra):
+    from rlvr.fastpaths import length_sorted_order
+
+    t = _trainer(tiny_model_dir, tmp_path, "rollout.max_new_tokens=12")
+    batch = t.collect()
+    r = batch.rollout
+    lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])  # very uneven: sorting pays
+    r.completion_mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    r.completion_ids = r.completion_ids.masked_fill(r.completion_mask == 0, t.tokenizer.pad_token_id)
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is not None
+    adv = torch.tensor([0.5, -1.0, 0.0, 0.3, 1.1, -0.2, 0.7, -0.9, 0.0, 0.0, 0.0, 0.0])
+    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", "optim.pack_by_length=false", *extra)
+    g_fast, m_fast, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", *extra)
+    _close(g_plain, g_fast)
+    assert m_fast["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
+    assert m_fast["clip_ratio/region_mean"] == pytest.approx(m_plain["clip_ratio/region_mean"], abs=1e-6)
+
+
+def test_length_sorting_keeps_long_shared_prompts_together():
+    from rlvr.fastpaths import length_sorted_order
+
+    lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=0, shared_prefix=True) is None
+    assert length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is None
