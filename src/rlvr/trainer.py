@@ -89,6 +89,9 @@ class Trainer:
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
         self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
+        # The prompt-once training forward needs a KV cache in training mode: not under DDP/FSDP
+        # wrappers, and not with gradient checkpointing (which turns the cache off).
+        self._shared_prefix = cfg.optim.shared_prefix and self.dist.world_size == 1 and not cfg.model.gradient_checkpointing
         self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer)
         self.rewards = RewardRunner.from_config(cfg.rewards)
@@ -222,7 +225,7 @@ class Trainer:
         with autocast_context(self.cfg.model.autocast, self.device):
             out = completion_logprobs(
                 model, p_ids.to(self.device), p_mask.to(self.device), c_ids.to(self.device), c_mask.to(self.device),
-                temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, shared_prefix=self.cfg.optim.shared_prefix,
+                temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, shared_prefix=self._shared_prefix,
             )
         return out, c_ids.shape[1]
 
