@@ -9,7 +9,6 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import time
@@ -33,6 +32,7 @@ from rlvr.checkpoint import (
 )
 from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
+from rlvr.data.checks import check_prompt_lengths, check_reward_columns
 from rlvr.dist import Dist
 from rlvr.evaluate import as_completions, evaluate
 from rlvr.logging import NullLogger, RunLogger
@@ -105,7 +105,7 @@ class Trainer:
             rows = load_rows(cfg.data.path, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
             self.stream = PromptStream.from_rows(rows, seed=cfg.seed, shuffle=cfg.data.shuffle)
 
-        self._check_reward_columns(self.stream.take(1)[0])
+        check_reward_columns(self.rewards.fns, self.stream.take(1)[0])
         self.stream.position = 0
         self.context_length = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -143,31 +143,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ generation and scoring
 
-    def _check_reward_columns(self, row: dict) -> None:
-        """Every reward function's required keyword arguments must be dataset columns."""
-        given = {"prompts", "completions", "completion_ids", *row}
-        for rf in self.rewards.fns:
-            for p in inspect.signature(rf.fn).parameters.values():
-                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in given:
-                    cols = sorted(k for k in row if k != "prompt")
-                    raise ValueError(f"reward function {rf.name!r} needs a column {p.name!r}; the data has columns {cols}")
-
-    def _check_prompt_lengths(self, prompts: list[str]) -> None:
-        if not self.context_length:
-            return
-        limit = self.context_length - self.cfg.rollout.max_new_tokens
-        for p in prompts:
-            n = len(self.tokenizer(p, add_special_tokens=False)["input_ids"])
-            if n > limit:
-                raise ValueError(
-                    f"the prompt {p[:40]!r}... is {n} tokens; with rollout.max_new_tokens={self.cfg.rollout.max_new_tokens} "
-                    f"it does not fit the model's context of {self.context_length} tokens: shorten or filter it, or lower max_new_tokens"
-                )
-
     def _generate_and_score(self, rows: list[dict], first_position: int) -> tuple[Rollout, torch.Tensor]:
         G = self.cfg.rollout.group_size
         prompts = [render_prompt(r["prompt"], self.tokenizer, self.cfg.data.system_prompt) for r in rows]
-        self._check_prompt_lengths(prompts)
+        check_prompt_lengths(prompts, self.tokenizer, self.context_length, self.cfg.rollout.max_new_tokens)
         # Prompt i's sampling noise is seeded by its position in the data stream: the same
         # prompt gets the same completions whatever batch, rank or resume it lands in.
         seeds = [self.cfg.seed * 2**32 + first_position + i for i in range(len(rows))]

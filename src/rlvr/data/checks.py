@@ -1,0 +1,28 @@
+"""Checks of data against what consumes it, made before any compute is spent."""
+
+from __future__ import annotations
+
+import inspect
+
+
+def check_reward_columns(reward_fns, row: dict) -> None:
+    """Every reward function's required keyword arguments must be dataset columns."""
+    given = {"prompts", "completions", "completion_ids", *row}
+    for rf in reward_fns:
+        for p in inspect.signature(rf.fn).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in given:
+                cols = sorted(k for k in row if k != "prompt")
+                raise ValueError(f"reward function {rf.name!r} needs a column {p.name!r}; the data has columns {cols}")
+
+
+def check_prompt_lengths(prompts: list[str], tokenizer, context_length: int | None, max_new_tokens: int) -> None:
+    """Each prompt plus max_new_tokens must fit the model's context."""
+    if not context_length:
+        return
+    for p in prompts:
+        n = len(tokenizer(p, add_special_tokens=False)["input_ids"])
+        if n > context_length - max_new_tokens:
+            raise ValueError(
+                f"the prompt {p[:40]!r}... is {n} tokens; with rollout.max_new_tokens={max_new_tokens} "
+                f"it does not fit the model's context of {context_length} tokens: shorten or filter it, or lower max_new_tokens"
+            )
