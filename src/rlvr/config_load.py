@@ -1,0 +1,220 @@
+"""Building a Config from YAML files and dotted `key=value` overrides, with types checked and
+unknown keys named (closest valid key suggested); field documentation for --help-config."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import re
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.config import Config, ConfigError, RewardConfig
+
+
+# ---------------------------------------------------------------------------------------------
+# Field documentation, read from the attribute docstrings above.
+
+
+def field_docs(cls) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every leaf field, for --help-config."""
+    rows = []
+    docs = field_docs(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += describe(type(value), f"{prefix}{f.name}.")
+        else:
+            rows.append((prefix + f.name, repr(value), docs.get(f.name, "")))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a Config from plain data (YAML) with types checked and unknown keys named.
+
+
+def _valid_keys(cls=Config, prefix: str = "") -> list[str]:
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        keys.append(prefix + f.name)
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            keys += _valid_keys(t, f"{prefix}{f.name}.")
+        elif typing.get_origin(t) is list and dataclasses.is_dataclass(typing.get_args(t)[0]):
+            keys += _valid_keys(typing.get_args(t)[0], f"{prefix}{f.name}.N.")
+    return keys
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    generic = re.sub(r"\.\d+\.", ".N.", key)
+    close = difflib.get_close_matches(generic, _valid_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean `{close[0].replace('.N.', '.0.')}`?" if close else ""
+    return ConfigError(f"unknown config key `{key}`{where}{hint}")
+
+
+def _coerce(value: Any, t: Any, key: str) -> Any:
+    origin = typing.get_origin(t)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(t)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none") and type(None) in args):
+            if type(None) in args:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"`{key}`: bad value {value!r}")
+    if origin is list:
+        (inner,) = typing.get_args(t)
+        if not isinstance(value, list):
+            raise ConfigError(f"`{key}` must be a list, got {value!r}")
+        return [_coerce(v, inner, f"{key}.{i}") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(t):
+        if isinstance(value, str) and t is RewardConfig:
+            value = {"fn": value}  # `rewards: [arithmetic, my.py:fn]` shorthand
+        if not isinstance(value, dict):
+            raise ConfigError(f"`{key}` must be a mapping, got {value!r}")
+        return _from_dict(t, value, key + ".")
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    if t is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"`{key}` must be an integer, got {value!r}")
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"`{key}` must be a number, got {value!r}")
+    if t is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"`{key}` must be a string, got {value!r}")
+    return value
+
+
+def _from_dict(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        if k not in names:
+            raise _unknown_key(prefix + str(k), "")
+        kwargs[k] = _coerce(v, hints[k], prefix + k)
+    return cls(**kwargs)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(node, list):
+            idx = int(part)
+            while len(node) <= idx:
+                node.append({})
+            if isinstance(node[idx], str):  # `rewards: [math]` shorthand, then `rewards.0.weight=...`
+                node[idx] = {"fn": node[idx]}
+            node = node[idx]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = [] if nxt.isdigit() else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        idx = int(last)
+        while len(node) <= idx:
+            node.append({})
+        node[idx] = value
+    else:
+        node[last] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """A Config from an optional YAML file plus `dotted.key=value` overrides (values parsed as YAML)."""
+    tree = to_dict(Config())
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of config keys")
+        _merge(tree, loaded, "", p)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override `{item}` must look like key=value (e.g. optim.lr=1e-5)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        _check_key(key)
+        _set_dotted(tree, key, value)
+    return _from_dict(Config, tree)
+
+
+def _check_key(key: str) -> None:
+    generic = re.sub(r"\.\d+(\.|$)", r".N\1", key)
+    valid = set(_valid_keys())
+    if generic not in valid and not (generic.endswith(".N") and generic[:-2] in valid):
+        raise _unknown_key(key, " in the command line")
+
+
+def _merge(tree: dict, loaded: dict, prefix: str, source) -> None:
+    for k, v in loaded.items():
+        key = prefix + str(k)
+        if k not in tree:
+            raise _unknown_key(key, f" in {source}")
+        if isinstance(tree[k], dict) and isinstance(v, dict):
+            _merge(tree[k], v, key + ".", source)
+        else:
+            tree[k] = v
