@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from rlvr.data.arithmetic import eval_problems, is_correct, problems  # noqa: E402
+from rlvr.models.build import char_llama_config  # noqa: E402
 from rlvr.models.tokenizer import build_char_tokenizer  # noqa: E402
 
 
@@ -39,23 +40,6 @@ def digitwise_mistake(a: int, op: str, b: int) -> int:
         out += d * place
         a, b, place = a // 10, b // 10, place * 10
     return out
-
-
-def tiny_config(tok) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=128,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
 
 
 def encode_batch(tok, rows: list[tuple[str, str]]):
@@ -110,7 +94,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     tok = build_char_tokenizer()
-    model = LlamaForCausalLM(tiny_config(tok))
+    model = LlamaForCausalLM(char_llama_config(tok))
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)

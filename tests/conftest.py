@@ -10,26 +10,15 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from rlvr.models.build import char_llama_config
 
     from rlvr.models.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     torch.manual_seed(1234)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            tie_word_embeddings=True,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.bos_token_id,
-        )
-    )
+    model = LlamaForCausalLM(char_llama_config(tok, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2))
     path = tmp_path_factory.mktemp("tiny_random_model")
     model.save_pretrained(path)
     tok.save_pretrained(path)
