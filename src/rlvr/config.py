@@ -83,9 +83,26 @@ class DataConfig:
 
 
 @dataclass
+class VllmConfig:
+    gpu_memory_utilization: float = 0.3
+    """Share of the GPU's memory vLLM may take (weights + KV cache); the rest is the trainer's (colocated)."""
+    sleep: bool = True
+    """GPU: release vLLM's KV cache (and weight copy) while the trainer trains, restore it before generating."""
+    max_model_len: int | None = None
+    """Longest prompt + completion vLLM plans its KV cache for; default: the model's context length."""
+    dtype: str = "auto"
+    """vLLM's weight dtype; `auto` = model.dtype. The sampler/trainer mismatch this creates is corrected by algo.sampler_correction."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph capture / compilation (faster start-up, slower decode)."""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"
-    """Generation engine: `hf` (transformers models on CPU or GPU)."""
+    """Generation engine: `hf` (transformers models on CPU or GPU, no extra install) or `vllm`
+    (colocated vLLM: weights synced after each update, LoRA adapters synced without merging)."""
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    """Settings of the `vllm` engine."""
     group_size: int = 8
     """G: completions sampled per prompt. 2 turns any difference into +1/-1; 1 gives no signal."""
     prompts_per_step: int = 32
@@ -138,6 +155,12 @@ class AlgoConfig:
     """DAPO dynamic sampling: drop groups whose rewards are all equal and sample fresh prompts."""
     max_resample_rounds: int = 4
     """Dynamic sampling: most extra generation rounds per step before training on what there is."""
+    sampler_correction: str = "auto"
+    """Importance weights for the sampler and trainer computing slightly different probabilities:
+    token_truncate (TIS, min(w, cap)), token_mask (MIS, w if w <= cap else 0), none, or auto
+    (token_truncate with the vllm engine; none with hf, whose sampler is the trained model itself)."""
+    sampler_correction_cap: float = 3.0
+    """The cap of those importance weights."""
 
 
 @dataclass
@@ -224,6 +247,13 @@ class Config:
     doctor_every: int = 10
     """Run `rlvr doctor`'s checks every N steps and print new findings as warnings (0 disables)."""
 
+    @property
+    def sampler_correction(self) -> str:
+        """algo.sampler_correction with `auto` resolved for the engine in use."""
+        if self.algo.sampler_correction != "auto":
+            return self.algo.sampler_correction
+        return "token_truncate" if self.rollout.engine == "vllm" else "none"
+
 
 # ---------------------------------------------------------------------------------------------
 # Validation: every problem at once, each naming its field and what to change.
@@ -263,7 +293,7 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
 
 def validate(cfg: Config, *, force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes)."""
-    from rlvr.algo import ADVANTAGE_SCALES, IMPORTANCE_LEVELS, KL_ESTIMATORS, LOSS_AGGREGATIONS, REWARD_AGGREGATIONS
+    from rlvr.algo import ADVANTAGE_SCALES, IMPORTANCE_LEVELS, KL_ESTIMATORS, LOSS_AGGREGATIONS, REWARD_AGGREGATIONS, SAMPLER_CORRECTIONS
 
     errors, warnings = [], []
 
@@ -290,7 +320,21 @@ def validate(cfg: Config, *, force: bool = False) -> list[str]:
         errors.append(f"`rollout.top_p` must be in (0, 1], got {r.top_p}")
     if r.top_k < 0:
         errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
-    choice("rollout.engine", r.engine, ["hf", "torch"])
+    choice("rollout.engine", r.engine, ["hf", "torch", "vllm"])
+    if r.engine == "vllm":
+        v = r.vllm
+        if not 0 < v.gpu_memory_utilization <= 1:
+            errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
+        if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
+            errors.append(f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}")
+        choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
+        if cfg.model.gguf_file:
+            errors.append("`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result")
+        if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
+            errors.append("`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf")
+    choice("algo.sampler_correction", a.sampler_correction, ["auto", "none", *SAMPLER_CORRECTIONS])
+    if a.sampler_correction_cap <= 1:
+        errors.append(f"`algo.sampler_correction_cap` must be > 1, got {a.sampler_correction_cap}")
     choice("algo.loss_type", a.loss_type, LOSS_AGGREGATIONS)
     choice("algo.importance_sampling_level", a.importance_sampling_level, IMPORTANCE_LEVELS)
     choice("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS)

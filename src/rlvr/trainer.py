@@ -93,7 +93,7 @@ class Trainer:
         # wrappers, and not with gradient checkpointing (which turns the cache off).
         self._shared_prefix = cfg.optim.shared_prefix and self.dist.world_size == 1 and not cfg.model.gradient_checkpointing
         self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg)
         self.rewards = RewardRunner.from_config(cfg.rewards)
 
         self.task = None
@@ -269,10 +269,12 @@ class Trainer:
         old_logp: list[torch.Tensor | None] = [None] * len(mbs)
         adv = advantages.to(self.device, torch.float32)
         stats = {"loss": [], "low": [], "high": [], "region": [], "grad_norm": []}
-        tokens = ent_sum = kl_sum = 0.0
+        tokens = tokens_1 = ent_sum = kl_sum = gap_sum = gap_max = isw_sum = 0.0
         clip_sums = [0.0, 0.0, 0.0]
         skipped = False
-        for _ in range(a.num_iterations):
+        correction = cfg.sampler_correction
+        correct_sampler = correction != "none"
+        for it in range(a.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for k, (mb, w_pass) in enumerate(passes):
@@ -286,6 +288,15 @@ class Trainer:
                 if a.top_entropy_quantile < 1 and weights is None:  # one micro-batch: the whole batch
                     weights = algo.high_entropy_mask(out.entropy, m, a.top_entropy_quantile)
                 w = None if weights is None else weights[mb, :C]
+                if correct_sampler:  # the sampler's probabilities differ from the trainer's (vLLM)
+                    is_w = algo.sampler_correction(old_logp[j], r.sampling_logprobs[mb, :C].to(self.device), m, correction, a.sampler_correction_cap)
+                    w = is_w if w is None else w * is_w
+                if it == 0 and w_pass:  # how far the sampler's log-probs are from the trainer's, per token
+                    gap = (old_logp[j] - r.sampling_logprobs[mb, :C].to(self.device)).abs() * m
+                    gap_sum, gap_max = gap_sum + float(gap.sum()), max(gap_max, float(gap.max()) if gap.numel() else 0.0)
+                    tokens_1 += float(m.sum())
+                    if correct_sampler:
+                        isw_sum += float((is_w * m).sum())
                 res = algo.policy_loss(
                     out.logp, old_logp[j], adv[mb], m, norms,
                     loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
@@ -322,7 +333,8 @@ class Trainer:
                 break
             self.optimizer.step()
             self.scheduler.step()
-        tokens, ent_sum, kl_sum, *clip_sums = self.dist.sum(tokens, ent_sum, kl_sum, *clip_sums, what="metrics")
+        tokens, tokens_1, ent_sum, kl_sum, gap_sum, isw_sum, *clip_sums = self.dist.sum(
+            tokens, tokens_1, ent_sum, kl_sum, gap_sum, isw_sum, *clip_sums, what="metrics")
         tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
         all_tokens = max(float(n_tok), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
         metrics = {
@@ -337,6 +349,11 @@ class Trainer:
         }
         if ref_logp is not None:
             metrics["kl"] = kl_sum / tokens
+        tokens_1 = max(tokens_1, 1.0)
+        metrics["sampler/logp_gap_mean"] = gap_sum / tokens_1
+        metrics["sampler/logp_gap_max"] = self.dist.max(gap_max, what="metrics")
+        if correct_sampler:
+            metrics["sampler/is_weight_mean"] = isw_sum / tokens_1
         self.skipped_steps += skipped
         self.bad_steps_in_a_row = self.bad_steps_in_a_row + 1 if skipped else 0
         metrics["skipped_steps"] = self.skipped_steps
@@ -357,6 +374,7 @@ class Trainer:
         )
         t1 = time.perf_counter()
         metrics = self.update(*local_share(batch, advantages, self.dist, G))  # this rank's groups
+        self.engine.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
         t_train = time.perf_counter() - t1
         self.step += 1
         r = batch.rollout
@@ -493,6 +511,7 @@ class Trainer:
         self.step, self.num_tokens = state["step"], state["num_tokens"]
         self.skipped_steps = state.get("skipped_steps", 0)
         self.resumed_from = path
+        self.engine.sync_weights()
 
 
 def _yaml(d: dict) -> str:

@@ -17,12 +17,14 @@ from rlvr.algo.logprobs import selective_log_softmax, token_entropy
 from rlvr.algo.losses import (
     IMPORTANCE_LEVELS,
     LOSS_AGGREGATIONS,
+    SAMPLER_CORRECTIONS,
     BatchNorms,
     PolicyLossOutput,
     high_entropy_mask,
     mask_truncated,
     masked_mean,
     policy_loss,
+    sampler_correction,
 )
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "SAMPLER_CORRECTIONS",
     "BatchNorms",
     "PolicyLossOutput",
     "combine_rewards",
@@ -42,6 +45,7 @@ __all__ = [
     "mask_truncated",
     "masked_mean",
     "policy_loss",
+    "sampler_correction",
     "selective_log_softmax",
     "token_entropy",
 ]

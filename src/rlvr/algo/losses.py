@@ -166,6 +166,41 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: f
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
 
 
+def _token_truncate(log_w: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.exp(log_w).clamp(max=cap)
+
+
+def _token_mask(log_w: torch.Tensor, cap: float) -> torch.Tensor:
+    w = torch.exp(log_w)
+    return torch.where(w <= cap, w, torch.zeros_like(w))
+
+
+# How to correct for the sampler (e.g. vLLM) and the trainer computing slightly different
+# probabilities for the same tokens. w = p_trainer_old / p_sampler per token, detached:
+#   token_truncate  min(w, cap)                  (truncated importance sampling, "TIS")
+#   token_mask      w where w <= cap, else 0      (masked importance sampling, "MIS")
+SAMPLER_CORRECTIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "token_truncate": _token_truncate,
+    "token_mask": _token_mask,
+}
+
+
+def sampler_correction(
+    old_logp: torch.Tensor,  # [N, L] log p of the policy that sampled, as the trainer computes it
+    sampling_logp: torch.Tensor,  # [N, L] log p the sampler reported for the same tokens
+    mask: torch.Tensor,  # [N, L]
+    mode: str,
+    cap: float,
+) -> torch.Tensor:
+    """Per-token importance weights [N, L] (no gradient, 0 off the mask) that multiply the
+    policy-gradient term, so the update is unbiased for the trainer's policy although the tokens
+    came from the sampler's slightly different distribution. Pass them as `token_weights`."""
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler correction must be one of {sorted(SAMPLER_CORRECTIONS)}, got {mode!r}")
+    log_w = (old_logp.detach() - sampling_logp).masked_fill(mask == 0, 0.0)
+    return SAMPLER_CORRECTIONS[mode](log_w, cap) * mask
+
+
 def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Drop completions that hit the length limit without EOS from the loss. mask [N, L], truncated [N]."""
     return mask * (~truncated).unsqueeze(-1).to(mask.dtype)

@@ -85,9 +85,23 @@ class GenerationEngine(Protocol):
         ...
 
 
-def make_engine(name: str, model, tokenizer) -> GenerationEngine:
+def make_engine(name: str, model, tokenizer, cfg=None) -> GenerationEngine:
+    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm."""
     if name in ("hf", "torch"):
         from rlvr.rollout.hf import HFEngine
 
         return HFEngine(model, tokenizer)
-    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: hf")
+    if name == "vllm":
+        from rlvr.models.loading import _resolve_existing
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        if cfg is None:
+            raise ValueError("make_engine('vllm', ...) needs the run's config")
+        v = cfg.rollout.vllm
+        return VLLMEngine(
+            model, tokenizer, model_path=_resolve_existing(cfg.model.path),
+            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
+            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r,
+        )
+    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: hf, vllm")

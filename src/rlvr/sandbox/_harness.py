@@ -107,7 +107,7 @@ def load_job(path):
     return job
 
 
-def is_plain(value, _type=type, _plain=(int, float, complex, str, bytes, bool, type(None), list, tuple, dict,
+def is_plain(value, _type=type, _plain=(int, float, complex, str, bytes, bool, type(None), list, tuple, dict,  # noqa: B008
              set, frozenset), _dict=dict, _seqs=(list, tuple, set, frozenset), _max=1_000_000):
     """True when `value` is built only from built-in value types (exact types, no subclasses).
 

