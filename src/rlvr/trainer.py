@@ -93,7 +93,7 @@ class Trainer:
         # wrappers, and not with gradient checkpointing (which turns the cache off).
         self._shared_prefix = cfg.optim.shared_prefix and self.dist.world_size == 1 and not cfg.model.gradient_checkpointing
         self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
         self.rewards = RewardRunner.from_config(cfg.rewards)
 
         self.task = None

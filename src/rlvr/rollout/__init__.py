@@ -85,8 +85,9 @@ class GenerationEngine(Protocol):
         ...
 
 
-def make_engine(name: str, model, tokenizer, cfg=None) -> GenerationEngine:
-    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm."""
+def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> GenerationEngine:
+    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
+    LoRA `save_adapter(path)` writes the adapter it loads."""
     if name in ("hf", "torch"):
         from rlvr.rollout.hf import HFEngine
 
@@ -102,6 +103,6 @@ def make_engine(name: str, model, tokenizer, cfg=None) -> GenerationEngine:
             model, tokenizer, model_path=_resolve_existing(cfg.model.path),
             dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
             gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
-            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r,
+            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
         )
     raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: hf, vllm")

@@ -38,16 +38,20 @@ def import_vllm():
 
 
 class VLLMEngine:
-    """GenerationEngine on a colocated `vllm.LLM`. `model` is the trainer's (a peft model with LoRA)."""
+    """GenerationEngine on a colocated `vllm.LLM`. `model` is the trainer's; with LoRA (lora_rank > 0)
+    `save_adapter(path)` writes its adapter (peft's save_pretrained) for vLLM to load."""
 
     def __init__(self, model, tokenizer, *, model_path: str | Path, dtype: str = "auto", gpu_memory_utilization: float = 0.3,
                  sleep: bool = True, max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
-                 lora_rank: int = 0):
+                 lora_rank: int = 0, save_adapter=None):
         # The engine core must run in this process: weight syncs reach its model object directly.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = import_vllm()
         self.model, self.tokenizer = model, tokenizer
         self.lora = lora_rank > 0
+        if self.lora and save_adapter is None:
+            raise ValueError("VLLMEngine: lora_rank > 0 needs save_adapter")
+        self.save_adapter = save_adapter
         self.on_gpu = next(model.parameters()).device.type == "cuda"
         self.sleep_between = sleep and self.on_gpu  # vLLM's sleep mode is CUDA-only
         kwargs = dict(
@@ -62,14 +66,21 @@ class VLLMEngine:
         )
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
+            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+                # torchrun: one engine per rank on that rank's GPU (tensor parallel size 1), set up
+                # from the launcher's environment as TRL's colocate mode does. Not yet run here (no GPU).
+                kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if self.lora:
-            kwargs.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=1)
+            # vLLM sizes its LoRA buffers by one of a few ranks: the smallest that holds ours
+            max_rank = next((k for k in (8, 16, 32, 64, 128, 256, 320, 512) if k >= lora_rank), lora_rank)
+            kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
         self.llm = vllm.LLM(**{k: v for k, v in kwargs.items() if v is not None})
         self._vllm = vllm
         self._lora_request = None
         self._lora_version = 0
         self._lora_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-lora-") if self.lora else None
         self._asleep = False
+        self._inplace_reload: bool | None = None
         eos = tokenizer.eos_token_id
         self.stop_ids = sorted({eos} if isinstance(eos, int) else set(eos or []))
         if self.lora:
@@ -84,7 +95,7 @@ class VLLMEngine:
         if self.lora:
             self._lora_version += 1
             path = Path(self._lora_dir.name) / f"v{self._lora_version}"
-            self.model.save_pretrained(path)  # adapter weights + adapter_config.json only
+            self.save_adapter(path)  # adapter weights + adapter_config.json only
             from vllm.lora.request import LoRARequest
 
             old, self._lora_request = self._lora_request, LoRARequest(f"rlvr-{self._lora_version}", self._lora_version, str(path))
@@ -94,7 +105,15 @@ class VLLMEngine:
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        self.llm.llm_engine.model_executor.collective_rpc(_load_weights, args=(list(state.items()),))
+        weights = list(state.items())  # HF names: vLLM maps them and fuses q/k/v and gate/up itself
+        if self._inplace_reload is None:
+            self._inplace_reload = self.llm.collective_rpc(_has_reload)[0]
+        if self._inplace_reload:
+            # vLLM >= 0.2x: a layer-wise reload that redoes the kernel repacking done after loading
+            # (needed on CPU, where plain load_weights meets already-repacked parameters)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+        else:
+            self.llm.apply_model(lambda vllm_model: vllm_model.load_weights(weights=iter(weights)))
         self.llm.reset_prefix_cache()  # cached prompt KV blocks were computed with the old weights
 
     def _sleep(self) -> None:
@@ -121,7 +140,7 @@ class VLLMEngine:
                 n=params.n,
                 temperature=params.temperature,
                 top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else -1,
+                top_k=params.top_k,
                 max_tokens=params.max_new_tokens,
                 ignore_eos=params.ignore_eos,
                 stop_token_ids=[] if params.ignore_eos else self.stop_ids,
@@ -163,7 +182,5 @@ class VLLMEngine:
         return Rollout(prompt, prompt_mask, comp, comp_mask, logp, torch.tensor(truncated), texts)
 
 
-def _load_weights(worker, weights):
-    """Runs inside vLLM's worker (in this process): HF-named tensors into vLLM's model, which
-    maps names and fuses q/k/v and gate/up itself."""
-    worker.model_runner.model.load_weights(weights=iter(weights))
+def _has_reload(worker) -> bool:
+    return hasattr(worker, "reload_weights")
