@@ -93,3 +93,22 @@ def test_chat_template_is_applied():
 def test_eval_size_larger_than_the_held_out_split_is_refused():
     with pytest.raises(ValueError, match=r"data.eval_size=50 is more than the \d+ distinct held-out problems"):
         eval_problems(50, digits=1)
+
+
+def test_datasets_subset_is_passed_through(tmp_path):
+    """data.subset picks a `datasets` configuration, the way openai/gsm8k has `main` and
+    `socratic` (here a local folder laid out like that hub repo)."""
+    import json
+
+    for name, q in (("main", "How many?"), ("socratic", "How many? Ask yourself first.")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.jsonl").write_text(json.dumps({"question": q, "answer": "3 + 4 = 7\n#### 7"}) + "\n")
+    (tmp_path / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: main\n  data_files:\n  - split: train\n    path: main/train.jsonl\n"
+        "- config_name: socratic\n  data_files:\n  - split: train\n    path: socratic/train.jsonl\n---\n"
+    )
+    main = load_rows(str(tmp_path), prompt_column="question", subset="main")
+    socratic = load_rows(str(tmp_path), prompt_column="question", subset="socratic")
+    assert [r["prompt"] for r in main] == ["How many?"]
+    assert [r["prompt"] for r in socratic] == ["How many? Ask yourself first."]

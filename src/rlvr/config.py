@@ -68,6 +68,8 @@ class DataConfig:
     """Prompt dataset: a .jsonl/.json/.parquet/.csv file, a local `datasets` folder, or a hub id."""
     split: str = "train"
     """Split to read when `path` is a `datasets` dataset."""
+    subset: str | None = None
+    """The `datasets` configuration (subset) name, e.g. `main` for openai/gsm8k."""
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text, or a list of chat messages."""
     system_prompt: str | None = None

@@ -48,6 +48,7 @@ class BatchPlan:
     trainable_params: int
     param_bytes: int  # bytes per weight
     seq_len: int  # longest prompt + completion, tokens (estimate)
+    completion_len: int  # max_new_tokens: the positions that get logits
     hidden: int
     layers: int
     vocab: int
@@ -70,6 +71,7 @@ class BatchPlan:
             trainable_params=t,
             param_bytes=params[0].element_size() if params else 4,
             seq_len=prompt_tokens + cfg.rollout.max_new_tokens,
+            completion_len=cfg.rollout.max_new_tokens,
             hidden=getattr(c, "hidden_size", 0) or 0,
             layers=getattr(c, "num_hidden_layers", 0) or 0,
             vocab=getattr(c, "vocab_size", 0) or 0,
@@ -101,7 +103,7 @@ class BatchPlan:
         # plus one layer's worth. Logits: completion positions only, fp32, logits + softmax grad.
         per_layer = (1 if self.gradient_checkpointing else 34) * tokens * self.hidden * self.param_bytes
         act = per_layer * self.layers + (34 * tokens * self.hidden * self.param_bytes if self.gradient_checkpointing else 0)
-        act += 3 * self.micro_batch_size * self.seq_len * self.vocab * 4
+        act += 3 * self.micro_batch_size * self.completion_len * self.vocab * 4
         return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act}
 
     def describe(self) -> str:

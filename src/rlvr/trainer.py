@@ -102,7 +102,7 @@ class Trainer:
             self.task = get_task(d.task, seed=cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
             self.stream = PromptStream(self.task.train_row, None, seed=cfg.seed)
         else:
-            rows = load_rows(cfg.data.path, prompt_column=cfg.data.prompt_column, split=cfg.data.split)
+            rows = load_rows(cfg.data.path, prompt_column=cfg.data.prompt_column, split=cfg.data.split, subset=cfg.data.subset)
             self.stream = PromptStream.from_rows(rows, seed=cfg.seed, shuffle=cfg.data.shuffle)
 
         check_reward_columns(self.rewards.fns, self.stream.take(1)[0])

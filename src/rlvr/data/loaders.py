@@ -58,7 +58,7 @@ def _read_csv(path: Path) -> list[dict]:
 READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
 
 
-def _read_datasets(source: str, split: str) -> list[dict]:
+def _read_datasets(source: str, split: str, subset: str | None = None) -> list[dict]:
     try:
         import datasets
     except ImportError:
@@ -71,11 +71,11 @@ def _read_datasets(source: str, split: str) -> list[dict]:
                 raise DataError(f"{p}: no split {split!r}; splits: {sorted(ds)}")
             ds = ds[split]
     else:
-        ds = datasets.load_dataset(source, split=split)
+        ds = datasets.load_dataset(source, subset, split=split)
     return ds.to_list()
 
 
-def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train") -> list[dict]:
+def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None) -> list[dict]:
     """Rows with the prompt under `prompt`; every other column kept as is."""
     p = Path(source)
     if p.is_file():
@@ -86,7 +86,7 @@ def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train
     elif p.suffix.lower() in READERS:
         raise DataError(f"data.path: file not found: {p}")
     else:
-        rows = _read_datasets(source, split)
+        rows = _read_datasets(source, split, subset)
     if not rows:
         raise DataError(f"{source}: the dataset is empty")
     if prompt_column not in rows[0]:
