@@ -52,6 +52,8 @@ LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 t
     "no punctuation. Answer now, as briefly as you can. "
 )
 
+RLVR_PYTHON = ""  # --rlvr-python: run the rlvr worker in another virtualenv
+
 CONFIGS = {
     "A": dict(model="tiny", reward="arithmetic", max_new_tokens=16, long_prompt=False, trl_defaults=False),
     "B": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
@@ -296,7 +298,9 @@ def run_worker(kind: str, spec: dict, log) -> dict:
                PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
     before, busy = load_average(), busy_processes()
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
+    python = RLVR_PYTHON if kind == "rlvr" and RLVR_PYTHON else sys.executable
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # rollout.engine=vllm on CPU: a small KV cache is plenty here
+    p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
                        capture_output=True, text=True)
     wall = time.perf_counter() - t
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
@@ -332,10 +336,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs per library per config, alternating which goes first")
     ap.add_argument("--rlvr-extra", default="", help="extra rlvr overrides for every config, comma-separated")
+    ap.add_argument("--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)")
     ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    global RLVR_PYTHON
+    RLVR_PYTHON = a.rlvr_python
     if a.worker:
         {"rlvr": worker_rlvr, "trl": worker_trl, "peak": worker_peak}[a.worker](json.loads(a.spec))
         return
@@ -353,6 +360,11 @@ def main() -> None:
     import trl
 
     versions = f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
+    if a.rlvr_python:
+        other = subprocess.run([a.rlvr_python, "-c", "import torch, transformers; v = [torch.__version__, transformers.__version__]\n"
+                                "try:\n import vllm; v.append(vllm.__version__)\nexcept ImportError: v.append('-')\nprint(*v)"],
+                               capture_output=True, text=True).stdout.split()
+        versions += f"; rlvr ran in {a.rlvr_python}: torch {other[0]}, transformers {other[1]}, vllm {other[2]}"
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name")), "?")
     flags = Path("/proc/cpuinfo").read_text()
     isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
