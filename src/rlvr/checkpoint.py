@@ -113,6 +113,8 @@ RESUMABLE_CHANGES = {
     "num_completions_logged", "device", "threads", "eval_before_after", "max_bad_steps",
     # Scale-out: the update equals one process doing the whole batch, whatever the ranks.
     "nproc", "dist.strategy", "dist.backend", "dist.timeout", "model.gradient_checkpointing", "model.lora.save_merged",
+    # vLLM's memory and start-up knobs: same samples, same update.
+    "rollout.vllm.gpu_memory_utilization", "rollout.vllm.sleep", "rollout.vllm.max_model_len", "rollout.vllm.enforce_eager",
 }
 
 
