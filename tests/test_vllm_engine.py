@@ -120,3 +120,24 @@ def test_rlvr_train_with_vllm_end_to_end(tmp_path):
     assert (tmp_path / "e2e" / "final" / "model.safetensors").exists()
     lines = (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"sampler/is_weight_mean"' in lines[-1]
+
+
+def test_sleep_mode_order_of_calls(tmp_path, monkeypatch):
+    """GPU sleep mode's bookkeeping, on the real engine with vLLM's sleep/wake_up recorded (CUDA-only
+    in vLLM): level 2 after generating; before the next generation the weights are woken and
+    refilled from the trainer, then the KV cache woken; each tag is woken exactly once."""
+    t = make(tmp_path, run="sleep")
+    e, calls = t.engine, []
+    real_generate = e.llm.generate
+    monkeypatch.setattr(e.llm, "sleep", lambda level=1, **kw: calls.append(("sleep", level)))
+    monkeypatch.setattr(e.llm, "wake_up", lambda tags=None: calls.append(("wake", tuple(tags or ()))))
+    monkeypatch.setattr(e.llm, "collective_rpc", lambda *a, **kw: (calls.append(("reload",)), [True])[1])
+    monkeypatch.setattr(e.llm, "generate", lambda *a, **kw: (calls.append(("generate",)), real_generate(*a, **kw))[1])
+    e.sleep_between = True
+    e._inplace_reload = True
+    t.train_step()  # generate -> sleep, update, sync
+    t.train_step()
+    assert calls == [
+        ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 1, then the sync after its update
+        ("wake", ("kv_cache",)), ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 2
+    ]

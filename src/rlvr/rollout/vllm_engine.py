@@ -79,14 +79,12 @@ class VLLMEngine:
         self._lora_request = None
         self._lora_version = 0
         self._lora_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-lora-") if self.lora else None
-        self._asleep = False
+        self._sleeping: set[str] = set()  # vLLM memory tags released by sleep(): weights, kv_cache
         self._inplace_reload: bool | None = None
         eos = tokenizer.eos_token_id
         self.stop_ids = sorted({eos} if isinstance(eos, int) else set(eos or []))
         if self.lora:
             self.sync_weights()  # the adapter exists only in the trainer so far
-        elif self.sleep_between:
-            self._sleep()
 
     # ---------------------------------------------------------------- weights
 
@@ -102,8 +100,9 @@ class VLLMEngine:
             if old is not None:
                 self.llm.llm_engine.remove_lora(old.lora_int_id)
             return
-        if self._asleep:
+        if "weights" in self._sleeping:  # level 2 freed them: map memory again, then fill it
             self.llm.wake_up(tags=["weights"])
+            self._sleeping.discard("weights")
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
         weights = list(state.items())  # HF names: vLLM maps them and fuses q/k/v and gate/up itself
         if self._inplace_reload is None:
@@ -119,12 +118,16 @@ class VLLMEngine:
     def _sleep(self) -> None:
         # level 2 drops the weight copy too (the next sync rewrites it); LoRA keeps its fixed base (level 1: offload).
         self.llm.sleep(level=1 if self.lora else 2)
-        self._asleep = True
+        self._sleeping = {"weights", "kv_cache"}
 
     def _wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()  # whatever is still asleep (the KV cache; the weights when not re-synced)
-            self._asleep = False
+        """Wake exactly what is still asleep (each tag once: the weights may already be awake from a sync)."""
+        if "weights" in self._sleeping and not self.lora:
+            self.sync_weights()  # level 2 discarded them: they come back from the trainer, not from a backup
+        if self._sleeping:
+            self.llm.wake_up(tags=sorted(self._sleeping))
+            self._sleeping.clear()
+            self.llm.reset_prefix_cache()  # the KV cache's contents are gone
 
     # ---------------------------------------------------------------- generation
 
