@@ -15,6 +15,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.rollout import Rollout, SamplingParams
 
@@ -52,6 +53,10 @@ def _sdpa_cache_dtype(module, query, key, value, attention_mask, **kwargs):
 
 
 AttentionInterface.register("rlvr_sdpa", _sdpa_cache_dtype)
+# transformers builds no attention mask at all for an attention name it has no mask function for:
+# without this line the left padding of shorter prompts was attended to (found by
+# tests/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
+AttentionMaskInterface.register("rlvr_sdpa", sdpa_mask)
 
 
 class _BufferedLayer(DynamicLayer):
