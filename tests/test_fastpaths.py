@@ -187,11 +187,76 @@ def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
     prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a longer prompt: 99+99="]]
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=24, ignore_eos=ignore_eos)
     a = HFEngine(model, tok, static_cache=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
-    b = HFEngine(model, tok, static_cache=True, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    b = HFEngine(model, tok, static_cache=True, shared_prefix=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
     if not ignore_eos:
         assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
     torch.testing.assert_close(b.sampling_logprobs, a.sampling_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def gqa_model_dir(tmp_path_factory):
+    """A char-tokenizer Llama with grouped-query attention (4 query heads share 2 KV heads)."""
+    from rlvr.models.build import char_llama_config
+    from rlvr.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(7)
+    cfg = char_llama_config(tok, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4)
+    cfg.num_key_value_heads = 2
+    path = tmp_path_factory.mktemp("gqa_model")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("ignore_eos, drop", [(True, 0.0), (False, 0.0), (False, 0.25)], ids=["fixed", "eos", "eos-drop-finished"])
+@pytest.mark.parametrize("which", ["tiny", "gqa"])
+def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_dir, which, ignore_eos, drop):
+    """Each prompt's KV read once per group (shared_prefix) vs repeated G times: the same tokens
+    and log-probs to 1e-5 in fp32, with left padding of three widths, finished rows leaving the
+    batch, and grouped-query attention; and both agree with a full forward over the completions."""
+    from rlvr.data import render_prompt
+    from rlvr.models.loading import load_model, load_tokenizer
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.hf import HFEngine
+
+    torch.set_num_threads(1)
+    path = tiny_model_dir if which == "tiny" else gqa_model_dir
+    tok, _ = load_tokenizer(path)
+    model = load_model(path)
+    prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a much longer prompt than the others: 99+99="]]
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=20, ignore_eos=ignore_eos)
+    a = HFEngine(model, tok, shared_prefix=False, drop_finished_fraction=drop).generate(prompts, params, seeds=[4, 5, 6])
+    b = HFEngine(model, tok, shared_prefix=True, drop_finished_fraction=drop).generate(prompts, params, seeds=[4, 5, 6])
+    assert (a.prompt_mask == 0).any()
+    if not ignore_eos:
+        assert (b.completion_mask.sum(-1) < 20).sum() >= 2  # rows did finish early
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(b.sampling_logprobs, a.sampling_logprobs, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        full = completion_logprobs(model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask).logp
+    m = b.completion_mask.bool()
+    torch.testing.assert_close(b.sampling_logprobs[m], full[m], rtol=0, atol=1e-5)
+
+
+def test_shared_prefix_decode_is_used_only_where_it_is_exact():
+    from rlvr.rollout.shared_prefix import supports_shared_prefix
+
+    def cfg(**kw):
+        c = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **kw)
+        c._attn_implementation = kw.pop("impl", "sdpa")
+        return c
+
+    assert supports_shared_prefix(cfg())
+    eager = cfg()
+    eager._attn_implementation = "eager"
+    assert not supports_shared_prefix(eager)
+    from transformers import Gemma2Config, MistralConfig, Qwen2Config
+
+    assert not supports_shared_prefix(Gemma2Config(attn_implementation="sdpa"))  # soft-capping, sliding layers
+    assert not supports_shared_prefix(MistralConfig(sliding_window=4096, attn_implementation="sdpa"))
+    assert supports_shared_prefix(Qwen2Config(use_sliding_window=False, attn_implementation="sdpa"))
 
 
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"], ["algo.num_iterations=2", "optim.skip_zero_advantage=false"]])

@@ -18,6 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.rollout import Rollout, SamplingParams
+from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
 
 
 def _cache_kwarg(model) -> str:
@@ -57,6 +58,8 @@ AttentionInterface.register("rlvr_sdpa", _sdpa_cache_dtype)
 # without this line the left padding of shorter prompts was attended to (found by
 # tests/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
 AttentionMaskInterface.register("rlvr_sdpa", sdpa_mask)
+AttentionInterface.register("rlvr_prefix", shared_prefix_attention)
+AttentionMaskInterface.register("rlvr_prefix", sdpa_mask)  # the prefill is plain masked SDPA
 
 
 class _BufferedLayer(DynamicLayer):
@@ -109,24 +112,34 @@ def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | N
 class HFEngine:
     """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
 
-    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True):
+    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True, shared_prefix: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished_fraction = drop_finished_fraction
         self.static_cache = static_cache
+        self.shared_prefix = shared_prefix  # decode reads each prompt's KV once per group (rollout/shared_prefix.py)
 
     def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
         pass
 
     @torch.no_grad()  # not inference_mode: the trainer's forward reuses these ids under autograd
     def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
-        tok, model = self.tokenizer, self.model
+        model = self.model
         if len(seeds) != len(prompts):
             raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
+        was_training, attn_impl = model.training, model.config._attn_implementation
+        model.eval()
+        try:
+            return self._generate(prompts, params, seeds)
+        finally:
+            model.config._attn_implementation = attn_impl
+            if was_training:
+                model.train()
+
+    def _generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+        tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
         G, T = params.n, params.max_new_tokens
-        was_training = model.training
-        model.eval()
 
         enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
         prompt_ids = enc["input_ids"].to(device)  # [B, P]
@@ -138,7 +151,10 @@ class HFEngine:
         fp32_cache = self.static_cache and device.type == "cpu" and torch.is_autocast_enabled("cpu") \
             and torch.get_autocast_dtype("cpu") == torch.bfloat16 and model.config._attn_implementation == "sdpa"
         cache_dtype = torch.float32 if fp32_cache else None
-        if fp32_cache:
+        shared = self.static_cache and self.shared_prefix and G > 1 and supports_shared_prefix(model.config)
+        if shared:
+            model.config._attn_implementation = "rlvr_prefix"
+        elif fp32_cache:
             model.config._attn_implementation = "rlvr_sdpa"
         out = model(
             input_ids=prompt_ids,
@@ -149,7 +165,16 @@ class HFEngine:
             logits_to_keep=1,
         )
         logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V]
-        _repeat_and_preallocate(cache, G, prompt_ids.shape[1] + T if self.static_cache else None, cache_dtype)
+        extra = {}
+        if shared:  # prompt K/V stay once per prompt; each sample's tokens get their own buffer
+            for i, layer in enumerate(cache.layers):
+                cache.layers[i] = SharedPrefixLayer(layer, G, T, cache_dtype)
+            kdtype = cache.layers[0].prefix_keys.dtype
+            bias = torch.zeros(B, 1, 1, prompt_ids.shape[1], dtype=kdtype, device=device)
+            bias = bias.masked_fill(prompt_mask[:, None, None, :] == 0, torch.finfo(kdtype).min)
+            extra["rlvr_prefix"] = PrefixState(cache, torch.arange(N, device=device), G, bias)
+        else:
+            _repeat_and_preallocate(cache, G, prompt_ids.shape[1] + T if self.static_cache else None, cache_dtype)
         attn = prompt_mask.repeat_interleave(G, 0)  # [N, P + t]
         next_pos = prompt_mask.sum(-1).repeat_interleave(G, 0)  # [N]
         gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
@@ -173,20 +198,19 @@ class HFEngine:
                 keep = live.nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
+                if shared:
+                    extra["rlvr_prefix"].rows = active
             out = model(
                 input_ids=token[:, None],
                 attention_mask=attn,
                 position_ids=next_pos[:, None],
                 **{ckw: cache},
                 use_cache=True,
+                **extra,
             )
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
 
-        if fp32_cache:
-            model.config._attn_implementation = "sdpa"
-        if was_training:
-            model.train()
         mask = self._completion_mask(completion, eos, params.ignore_eos)
         completion = completion.masked_fill(mask == 0, pad)
         logprobs = logprobs * mask
