@@ -30,7 +30,10 @@ def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: 
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+        # Keep the caller's PYTHONPATH (e.g. a worktree's src/) after tests/ so the workers
+        # import the same rlvr as the test itself, not whichever one is pip-installed.
+        pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
         if world > 1:
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         env.update(extra_env or {})
