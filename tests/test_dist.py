@@ -54,6 +54,21 @@ def _wait(procs, timeout=120) -> list[tuple[int, str]]:
     return res
 
 
+# Only prompts with an odd answer get a spread of rewards: dynamic sampling drops the others and
+# resamples rounds of 1-3 prompts, so a rank can have no prompt in a round, or fewer groups.
+PARITY_REWARD = """
+def parity(prompts, completions, answer, **kwargs):
+    return [0.5 if int(answer[i]) % 2 == 0 else (i % 4) / 4 for i in range(len(completions))]
+"""
+
+
+@pytest.fixture(scope="module")
+def parity_reward(tmp_path_factory) -> str:
+    reward = tmp_path_factory.mktemp("reward") / "parity.py"
+    reward.write_text(PARITY_REWARD)
+    return f"{reward}:parity"
+
+
 @pytest.fixture(scope="module")
 def base_overrides(tiny_model_dir, tmp_path_factory):
     reward = tmp_path_factory.mktemp("reward") / "dense.py"
@@ -68,26 +83,40 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resample_rounds=3", "algo.beta=0.04", "rewards.0.fn={parity}"]
+
+
 @pytest.mark.parametrize("extra", [
     ["optim.micro_batch_size=4", "algo.scale_rewards=batch"],  # dapo (global token count), batch std
-    ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.beta=0.04"],  # uneven shares, KL
-], ids=["dapo-batchstd-accum", "grpo-dynamic-kl"])
-def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, extra):
-    overrides = base_overrides + extra
+    DYNAMIC,  # uneven shares (a rank idle in a resample round, 1 vs 2 groups in the update), KL
+    # FSDP2 on gloo: sharded DTensor weights and gradients, accumulation through
+    # set_requires_gradient_sync, generation with the weights gathered (also on an idle rank)
+    ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch"],
+    ["dist.strategy=fsdp", *DYNAMIC],
+], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum", "fsdp-dynamic-kl"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
+    overrides = base_overrides + [x.format(parity=parity_reward) for x in extra]
     t0 = time.time()
     one = _launch(1, tmp_path / "one.pt", 2, overrides)
     two = _launch(2, tmp_path / "two.pt", 2, overrides)
     for rc, out in _wait(one + two):
         assert rc == 0, out[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    import rlvr
+
+    assert a["rlvr_file"] == b["rlvr_file"] == rlvr.__file__  # the workers ran this checkout's rlvr
+    assert b["sharded"] == ("dist.strategy=fsdp" in extra) and not a["sharded"]
+    if "algo.dynamic_sampling=true" in extra:  # the uneven splits really happened
+        assert any(m["sampling/prompts_consumed"] % 2 for m in b["metrics"]), b["metrics"]
     for step in range(2):
         assert abs(a["loss"][step] - b["loss"][step]) < 1e-5, (a["loss"], b["loss"])
-        assert a["loss"][step] != 0.0
+        assert a["metrics"][step]["grad_norm"] > 0  # a real update to compare
         assert _max_diff(a["grads"][step], b["grads"][step]) < 1e-5
-        for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean"):
+        for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean", "grad_norm"):
             assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
+    assert any(x != 0.0 for x in a["loss"])  # (GRPO's loss can be exactly 0 at ratio 1: zero-mean advantages)
     assert _max_diff(a["weights"], b["weights"]) < 1e-5
-    print(f"2 ranks vs 1: loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
+    print(f"2 ranks vs 1 ({' '.join(extra)}): loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
           f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
           f"weight diff {_max_diff(a['weights'], b['weights']):.2e}, {time.time() - t0:.0f}s")
 
