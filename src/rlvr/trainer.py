@@ -400,10 +400,15 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float | None:
+        """Held-out accuracy, on rank 0 (None on the others). Every rank must call it: under FSDP2
+        they all take part in gathering the full weights, then wait while rank 0 generates."""
         if self.task is None:
             return None
         runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
-        return evaluate(self.engine, self.tokenizer, self.task.eval_rows(), runner, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        with self.dist.full_weights_for_generation(self.model):
+            if not self.dist.is_main:
+                return None
+            return evaluate(self.engine, self.tokenizer, self.task.eval_rows(), runner, max_new_tokens=self.cfg.rollout.max_new_tokens)
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -422,9 +427,10 @@ class Trainer:
         summary: dict = {"output_dir": str(out)}
         stop = StopRequest()
         try:
-            if cfg.eval_before_after and self.task is not None and self.step == 0 and main:
-                summary["eval_before"] = self.evaluate()
-                log.info(f"held-out accuracy before training: {summary['eval_before']:.3f}")
+            if cfg.eval_before_after and self.task is not None and self.step == 0:
+                if (acc := self.evaluate()) is not None:  # every rank calls it (FSDP2); rank 0's number
+                    summary["eval_before"] = acc
+                    log.info(f"held-out accuracy before training: {acc:.3f}")
             t_start = time.time()
             while self.step < cfg.steps:
                 metrics = self.train_step()
@@ -455,9 +461,10 @@ class Trainer:
                 if cfg.model.lora.save_merged:
                     self.policy.save_merged(out / "final-merged")
                     self.tokenizer.save_pretrained(out / "final-merged")
-            if cfg.eval_before_after and self.task is not None and main:
-                summary["eval_after"] = self.evaluate()
-                log.info(f"held-out accuracy after training: {summary['eval_after']:.3f}")
+            if cfg.eval_before_after and self.task is not None:
+                if (acc := self.evaluate()) is not None:
+                    summary["eval_after"] = acc
+                    log.info(f"held-out accuracy after training: {acc:.3f}")
             if main:
                 (out / "summary.json").write_text(json.dumps(summary, indent=2))
             self.dist.barrier("end of training")
