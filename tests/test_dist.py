@@ -161,3 +161,25 @@ def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
     assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
     assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir):
+    """`rlvr train nproc=2 dist.strategy=fsdp` on CPU/gloo: held-out eval before and after (rank 0
+    generates while the other rank helped gather the weights), and final/ loads as a plain model
+    with the same tensors as the starting one (tied embeddings written once)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=0",
+                           "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
+    assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
+    saved, start = load_file(out / "final" / "model.safetensors"), load_file(Path(tiny_model_dir) / "model.safetensors")
+    assert saved.keys() == start.keys()
+    assert max(float((saved[k] - start[k]).abs().max()) for k in start) > 0  # trained
+    model, info = AutoModelForCausalLM.from_pretrained(out / "final", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)

@@ -245,13 +245,21 @@ class Dist:
             yield
 
     def full_model_state(self, model) -> dict | None:
-        """FSDP2: the full (unsharded) weights on CPU, gathered on every rank (a collective: call it
-        on all ranks). None otherwise: the model's own state_dict is already whole."""
+        """FSDP2: the full (unsharded) weights on CPU, on rank 0 (empty on the others; a collective:
+        call it on all ranks). None otherwise: the model's own state_dict is already whole."""
         if self.strategy != "fsdp":
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return self._run("gather weights", lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        state = self._run("gather weights", lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        # Tied weights (lm_head = embed_tokens) come back as separate copies, which save_pretrained
+        # would write twice; one tensor under both names again, as in an unsharded model's state_dict.
+        first: dict[int, str] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in first and name in state and first[id(p)] in state:
+                state[name] = state[first[id(p)]]
+            first.setdefault(id(p), name)
+        return state
 
     @property
     def loss_scale(self) -> float:
