@@ -91,9 +91,10 @@ DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resamp
     DYNAMIC,  # uneven shares (a rank idle in a resample round, 1 vs 2 groups in the update), KL
     # FSDP2 on gloo: sharded DTensor weights and gradients, accumulation through
     # set_requires_gradient_sync, generation with the weights gathered (also on an idle rank)
-    ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch"],
-    ["dist.strategy=fsdp", *DYNAMIC],
-], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum", "fsdp-dynamic-kl"])
+    ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch", "algo.beta=0.04"],  # + frozen reference copy
+    # LoRA: the reference is the sharded policy with its adapter off, micro-batched over uneven shares
+    ["dist.strategy=fsdp", *DYNAMIC, "model.lora.r=4", "optim.micro_batch_size=4"],
+], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl"])
 def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
     overrides = base_overrides + [x.format(parity=parity_reward) for x in extra]
     t0 = time.time()

@@ -8,6 +8,7 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -218,9 +219,13 @@ class Trainer:
         """Log-probs (or entropies) of the batch under a model that does not change during the step."""
         C = r.completion_ids.shape[1]
         parts = []
-        for mb in mbs:
-            out, width = self._forward(model, r, mb, with_entropy=entropy)
-            parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
+        # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
+        # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
+        # have different numbers of micro-batches (uneven shares); no-op otherwise.
+        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext():
+            for mb in mbs:
+                out, width = self._forward(model, r, mb, with_entropy=entropy)
+                parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
         return torch.cat(parts)
 
     def update(self, batch: Batch, advantages: torch.Tensor) -> dict:
