@@ -164,20 +164,31 @@ def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
     """`rlvr train nproc=2 dist.strategy=fsdp` on CPU/gloo: held-out eval before and after (rank 0
-    generates while the other rank helped gather the weights), and final/ loads as a plain model
-    with the same tensors as the starting one (tied embeddings written once)."""
+    generates while the other rank helped gather the weights), and final/ loads: a plain model
+    with the same tensors as the starting one (tied embeddings written once), or the adapter."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=0",
-                           "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides],
+                           "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides,
+                           *(["model.lora.r=4"] if lora else [])],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
+    if lora:
+        from peft import PeftModel
+
+        adapter = load_file(out / "final" / "adapter_model.safetensors")
+        assert adapter and any("lora_B" in k and adapter[k].abs().max() > 0 for k in adapter)  # saved, and trained (B starts at 0)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "final")
+        loaded = {k.replace(".default", ""): v for k, v in model.state_dict().items() if "lora_" in k}
+        assert loaded.keys() == adapter.keys() and all(torch.equal(loaded[k], adapter[k]) for k in adapter)
+        return
     saved, start = load_file(out / "final" / "model.safetensors"), load_file(Path(tiny_model_dir) / "model.safetensors")
     assert saved.keys() == start.keys()
     assert max(float((saved[k] - start[k]).abs().max()) for k in start) > 0  # trained

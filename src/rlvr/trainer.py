@@ -459,7 +459,8 @@ class Trainer:
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
             summary["train_seconds"] = time.time() - t_start
-            full = self.dist.full_model_state(self.model)  # FSDP2: gathered on every rank, written by rank 0
+            # FSDP2: whole weights on rank 0, named as the model `policy.save` writes (the peft wrapper with LoRA)
+            full = self.dist.full_model_state(self.policy.peft or self.model)
             if main:
                 self.policy.save(out / "final", full)
                 self.tokenizer.save_pretrained(out / "final")
