@@ -452,8 +452,12 @@ class Trainer:
                         )
                     continue  # never checkpoint right after a bad step
                 if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
-                    path = self.save_checkpoint()
-                    log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
+                    if self.dist.strategy == "fsdp":  # save_pretrained cannot write DTensor shards
+                        log.info(f"stopped by {stop.requested} at step {self.step}; no checkpoint: dist.strategy=fsdp does not write "
+                                 "checkpoints yet (sharded checkpoints are not implemented), so this run cannot be resumed")
+                    else:
+                        path = self.save_checkpoint()
+                        log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
                     summary["interrupted_at"] = self.step
                     return summary
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
