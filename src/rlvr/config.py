@@ -53,7 +53,7 @@ class ModelConfig:
 @dataclass
 class DistConfig:
     strategy: str = "ddp"
-    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard, GPU; for models that do not fit one device)."""
+    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard: weights, gradients and optimizer state sharded, for models that do not fit one device; tested on CPU/gloo, not yet on GPU/nccl; no periodic checkpoints or resume)."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl on GPU, gloo on CPU), gloo or nccl."""
     timeout: float = 900.0

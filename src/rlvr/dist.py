@@ -4,7 +4,12 @@ Launch with `torchrun --nproc_per_node N -m rlvr train ...` (or `rlvr train npro
 torchrun itself). Each rank generates and scores its own whole groups of the step's prompts,
 with the same weights; reward statistics, loss normalisers and metrics are reduced across ranks
 so the update equals one process doing the whole batch. Gradients are summed across ranks by
-DDP (CPU with gloo, GPU with nccl) or reduce-scattered by FSDP2 (`fully_shard`, GPU).
+DDP or reduce-scattered by FSDP2 (`fully_shard`), with gloo on CPU or nccl on GPU. Both are
+tested on CPU/gloo against one process (tests/test_dist.py); neither has run on nccl yet.
+
+FSDP2's forwards all-gather each layer's shards, so every rank must run the same number of
+them: generation, the held-out eval and the reference log-probs (LoRA) gather the full weights
+once on every rank (`full_weights_for_generation`), also on a rank with nothing to do.
 
 Every collective runs under the process group's timeout (`dist.timeout`); a collective that
 fails or times out raises `DistError` naming the ranks that stopped sending heartbeats (a
