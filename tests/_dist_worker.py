@@ -11,8 +11,18 @@ import sys
 
 import torch
 
+import rlvr
 from rlvr.config import load_config
 from rlvr.trainer import Trainer
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain, whole copy: FSDP2 parameters and gradients are DTensor shards, gathered here (a
+    collective: every rank calls it in the same order)."""
+    from torch.distributed.tensor import DTensor
+
+    t = t.detach()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).clone()
 
 
 def main():
@@ -30,13 +40,16 @@ def main():
             return orig(*a, **k)
 
         t.optimizer.step = step_then_maybe_die
-    record = {"loss": [], "grads": [], "metrics": []}
+    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__}
     for _ in range(steps):
         m = t.train_step()
         record["loss"].append(m["loss"])
         record["metrics"].append(m)
-        record["grads"].append({n: p.grad.detach().clone() for n, p in t.model.named_parameters() if p.grad is not None})
-    record["weights"] = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+        record["grads"].append({n: _full(p.grad) for n, p in t.model.named_parameters() if p.grad is not None})
+    record["weights"] = {n: _full(p) for n, p in t.model.named_parameters()}
+    from torch.distributed.tensor import DTensor
+
+    record["sharded"] = any(isinstance(p, DTensor) for p in t.model.parameters())  # FSDP2 really on
     if t.dist.is_main:
         torch.save(record, out)
     t.dist.barrier("test end")

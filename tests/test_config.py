@@ -51,6 +51,20 @@ def test_validation_names_the_field(override, message):
         validate(load_config(None, [override]))
 
 
+FSDP = ["nproc=2", "dist.strategy=fsdp", "save_every=0"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["nproc=2", "dist.strategy=fsdp", "save_every=5"], "dist.strategy`=fsdp writes the final weights only"),
+    ([*FSDP, "model.lora.r=4", "model.lora.save_merged=true"], "save_merged` is not implemented with dist.strategy=fsdp"),
+    ([*FSDP, "rollout.engine=vllm"], "engine`=vllm with dist.strategy=fsdp is not supported"),
+])
+def test_fsdp_refusals(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(load_config(None, overrides))
+    validate(load_config(None, FSDP + ["model.lora.r=4"]))  # LoRA itself is fine (tests/test_dist.py)
+
+
 def test_group_size_two_warns_and_kl_note():
     warnings = validate(load_config(None, ["rollout.group_size=2"]))
     assert any("group_size=2" in w for w in warnings)

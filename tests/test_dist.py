@@ -30,7 +30,10 @@ def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: 
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+        # Keep the caller's PYTHONPATH (e.g. a worktree's src/) after tests/ so the workers
+        # import the same rlvr as the test itself, not whichever one is pip-installed.
+        pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
         if world > 1:
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         env.update(extra_env or {})
@@ -51,6 +54,21 @@ def _wait(procs, timeout=120) -> list[tuple[int, str]]:
     return res
 
 
+# Only prompts with an odd answer get a spread of rewards: dynamic sampling drops the others and
+# resamples rounds of 1-3 prompts, so a rank can have no prompt in a round, or fewer groups.
+PARITY_REWARD = """
+def parity(prompts, completions, answer, **kwargs):
+    return [0.5 if int(answer[i]) % 2 == 0 else (i % 4) / 4 for i in range(len(completions))]
+"""
+
+
+@pytest.fixture(scope="module")
+def parity_reward(tmp_path_factory) -> str:
+    reward = tmp_path_factory.mktemp("reward") / "parity.py"
+    reward.write_text(PARITY_REWARD)
+    return f"{reward}:parity"
+
+
 @pytest.fixture(scope="module")
 def base_overrides(tiny_model_dir, tmp_path_factory):
     reward = tmp_path_factory.mktemp("reward") / "dense.py"
@@ -65,26 +83,41 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resample_rounds=3", "algo.beta=0.04", "rewards.0.fn={parity}"]
+
+
 @pytest.mark.parametrize("extra", [
     ["optim.micro_batch_size=4", "algo.scale_rewards=batch"],  # dapo (global token count), batch std
-    ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.beta=0.04"],  # uneven shares, KL
-], ids=["dapo-batchstd-accum", "grpo-dynamic-kl"])
-def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, extra):
-    overrides = base_overrides + extra
+    DYNAMIC,  # uneven shares (a rank idle in a resample round, 1 vs 2 groups in the update), KL
+    # FSDP2 on gloo: sharded DTensor weights and gradients, accumulation through
+    # set_requires_gradient_sync, generation with the weights gathered (also on an idle rank)
+    ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch", "algo.beta=0.04"],  # + frozen reference copy
+    # LoRA: the reference is the sharded policy with its adapter off, micro-batched over uneven shares
+    ["dist.strategy=fsdp", *DYNAMIC, "model.lora.r=4", "optim.micro_batch_size=4"],
+], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
+    overrides = base_overrides + [x.format(parity=parity_reward) for x in extra]
     t0 = time.time()
     one = _launch(1, tmp_path / "one.pt", 2, overrides)
     two = _launch(2, tmp_path / "two.pt", 2, overrides)
     for rc, out in _wait(one + two):
         assert rc == 0, out[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    import rlvr
+
+    assert a["rlvr_file"] == b["rlvr_file"] == rlvr.__file__  # the workers ran this checkout's rlvr
+    assert b["sharded"] == ("dist.strategy=fsdp" in extra) and not a["sharded"]
+    if "algo.dynamic_sampling=true" in extra:  # the uneven splits really happened
+        assert any(m["sampling/prompts_consumed"] % 2 for m in b["metrics"]), b["metrics"]
     for step in range(2):
         assert abs(a["loss"][step] - b["loss"][step]) < 1e-5, (a["loss"], b["loss"])
-        assert a["loss"][step] != 0.0
+        assert a["metrics"][step]["grad_norm"] > 0  # a real update to compare
         assert _max_diff(a["grads"][step], b["grads"][step]) < 1e-5
-        for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean"):
+        for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean", "grad_norm"):
             assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
+    assert any(x != 0.0 for x in a["loss"])  # (GRPO's loss can be exactly 0 at ratio 1: zero-mean advantages)
     assert _max_diff(a["weights"], b["weights"]) < 1e-5
-    print(f"2 ranks vs 1: loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
+    print(f"2 ranks vs 1 ({' '.join(extra)}): loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
           f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
           f"weight diff {_max_diff(a['weights'], b['weights']):.2e}, {time.time() - t0:.0f}s")
 
@@ -129,3 +162,36 @@ def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
     assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
     assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
+    """`rlvr train nproc=2 dist.strategy=fsdp` on CPU/gloo: held-out eval before and after (rank 0
+    generates while the other rank helped gather the weights), and final/ loads: a plain model
+    with the same tensors as the starting one (tied embeddings written once), or the adapter."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=0",
+                           "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides,
+                           *(["model.lora.r=4"] if lora else [])],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
+    assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
+    if lora:
+        from peft import PeftModel
+
+        adapter = load_file(out / "final" / "adapter_model.safetensors")
+        assert adapter and any("lora_B" in k and adapter[k].abs().max() > 0 for k in adapter)  # saved, and trained (B starts at 0)
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "final")
+        loaded = {k.replace(".default", ""): v for k, v in model.state_dict().items() if "lora_" in k}
+        assert loaded.keys() == adapter.keys() and all(torch.equal(loaded[k], adapter[k]) for k in adapter)
+        return
+    saved, start = load_file(out / "final" / "model.safetensors"), load_file(Path(tiny_model_dir) / "model.safetensors")
+    assert saved.keys() == start.keys()
+    assert max(float((saved[k] - start[k]).abs().max()) for k in start) > 0  # trained
+    model, info = AutoModelForCausalLM.from_pretrained(out / "final", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)

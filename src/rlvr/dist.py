@@ -4,7 +4,12 @@ Launch with `torchrun --nproc_per_node N -m rlvr train ...` (or `rlvr train npro
 torchrun itself). Each rank generates and scores its own whole groups of the step's prompts,
 with the same weights; reward statistics, loss normalisers and metrics are reduced across ranks
 so the update equals one process doing the whole batch. Gradients are summed across ranks by
-DDP (CPU with gloo, GPU with nccl) or reduce-scattered by FSDP2 (`fully_shard`, GPU).
+DDP or reduce-scattered by FSDP2 (`fully_shard`), with gloo on CPU or nccl on GPU. Both are
+tested on CPU/gloo against one process (tests/test_dist.py); neither has run on nccl yet.
+
+FSDP2's forwards all-gather each layer's shards, so every rank must run the same number of
+them: generation, the held-out eval and the reference log-probs (LoRA) gather the full weights
+once on every rank (`full_weights_for_generation`), also on a rank with nothing to do.
 
 Every collective runs under the process group's timeout (`dist.timeout`); a collective that
 fails or times out raises `DistError` naming the ranks that stopped sending heartbeats (a
@@ -245,13 +250,21 @@ class Dist:
             yield
 
     def full_model_state(self, model) -> dict | None:
-        """FSDP2: the full (unsharded) weights on CPU, gathered on every rank (a collective: call it
-        on all ranks). None otherwise: the model's own state_dict is already whole."""
+        """FSDP2: the full (unsharded) weights on CPU, on rank 0 (empty on the others; a collective:
+        call it on all ranks). None otherwise: the model's own state_dict is already whole."""
         if self.strategy != "fsdp":
             return None
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return self._run("gather weights", lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        state = self._run("gather weights", lambda: get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+        # Tied weights (lm_head = embed_tokens) come back as separate copies, which save_pretrained
+        # would write twice; one tensor under both names again, as in an unsharded model's state_dict.
+        first: dict[int, str] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if id(p) in first and name in state and first[id(p)] in state:
+                state[name] = state[first[id(p)]]
+            first.setdefault(id(p), name)
+        return state
 
     @property
     def loss_scale(self) -> float:

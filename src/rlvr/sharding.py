@@ -29,10 +29,12 @@ def generate_sharded(trainer, rows: list[dict], position: int) -> tuple[Rollout,
         return trainer._generate_and_score(rows, position)
     part = d.shard(len(rows))
     mine = None
-    if part.stop > part.start:
-        with d.full_weights_for_generation(trainer.model):
+    # Every rank enters (FSDP2 gathers the weights with collectives), also one with no share of
+    # this round: a dynamic-sampling round of fewer prompts than ranks leaves some without any.
+    with d.full_weights_for_generation(trainer.model):
+        if part.stop > part.start:
             rollout, rewards = trainer._generate_and_score(rows[part], position + part.start)
-        mine = (_cpu(rollout), rewards.cpu())
+            mine = (_cpu(rollout), rewards.cpu())
     parts = [p for p in d.all_gather_object(mine, what="gather completions") if p is not None]
     return Rollout.concat([p[0] for p in parts], trainer.tokenizer.pad_token_id), torch.cat([p[1] for p in parts])
 

@@ -8,6 +8,7 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -218,9 +219,13 @@ class Trainer:
         """Log-probs (or entropies) of the batch under a model that does not change during the step."""
         C = r.completion_ids.shape[1]
         parts = []
-        for mb in mbs:
-            out, width = self._forward(model, r, mb, with_entropy=entropy)
-            parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
+        # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
+        # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
+        # have different numbers of micro-batches (uneven shares); no-op otherwise.
+        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext():
+            for mb in mbs:
+                out, width = self._forward(model, r, mb, with_entropy=entropy)
+                parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
         return torch.cat(parts)
 
     def update(self, batch: Batch, advantages: torch.Tensor) -> dict:
@@ -400,10 +405,15 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float | None:
+        """Held-out accuracy, on rank 0 (None on the others). Every rank must call it: under FSDP2
+        they all take part in gathering the full weights, then wait while rank 0 generates."""
         if self.task is None:
             return None
         runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
-        return evaluate(self.engine, self.tokenizer, self.task.eval_rows(), runner, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        with self.dist.full_weights_for_generation(self.model):
+            if not self.dist.is_main:
+                return None
+            return evaluate(self.engine, self.tokenizer, self.task.eval_rows(), runner, max_new_tokens=self.cfg.rollout.max_new_tokens)
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -422,9 +432,10 @@ class Trainer:
         summary: dict = {"output_dir": str(out)}
         stop = StopRequest()
         try:
-            if cfg.eval_before_after and self.task is not None and self.step == 0 and main:
-                summary["eval_before"] = self.evaluate()
-                log.info(f"held-out accuracy before training: {summary['eval_before']:.3f}")
+            if cfg.eval_before_after and self.task is not None and self.step == 0:
+                if (acc := self.evaluate()) is not None:  # every rank calls it (FSDP2); rank 0's number
+                    summary["eval_before"] = acc
+                    log.info(f"held-out accuracy before training: {acc:.3f}")
             t_start = time.time()
             while self.step < cfg.steps:
                 metrics = self.train_step()
@@ -441,23 +452,29 @@ class Trainer:
                         )
                     continue  # never checkpoint right after a bad step
                 if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
-                    path = self.save_checkpoint()
-                    log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
+                    if self.dist.strategy == "fsdp":  # save_pretrained cannot write DTensor shards
+                        log.info(f"stopped by {stop.requested} at step {self.step}; no checkpoint: dist.strategy=fsdp does not write "
+                                 "checkpoints yet (sharded checkpoints are not implemented), so this run cannot be resumed")
+                    else:
+                        path = self.save_checkpoint()
+                        log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
                     summary["interrupted_at"] = self.step
                     return summary
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
                     self.save_checkpoint()
             summary["train_seconds"] = time.time() - t_start
-            full = self.dist.full_model_state(self.model)  # FSDP2: gathered on every rank, written by rank 0
+            # FSDP2: whole weights on rank 0, named as the model `policy.save` writes (the peft wrapper with LoRA)
+            full = self.dist.full_model_state(self.policy.peft or self.model)
             if main:
                 self.policy.save(out / "final", full)
                 self.tokenizer.save_pretrained(out / "final")
                 if cfg.model.lora.save_merged:
                     self.policy.save_merged(out / "final-merged")
                     self.tokenizer.save_pretrained(out / "final-merged")
-            if cfg.eval_before_after and self.task is not None and main:
-                summary["eval_after"] = self.evaluate()
-                log.info(f"held-out accuracy after training: {summary['eval_after']:.3f}")
+            if cfg.eval_before_after and self.task is not None:
+                if (acc := self.evaluate()) is not None:
+                    summary["eval_after"] = acc
+                    log.info(f"held-out accuracy after training: {acc:.3f}")
             if main:
                 (out / "summary.json").write_text(json.dumps(summary, indent=2))
             self.dist.barrier("end of training")
