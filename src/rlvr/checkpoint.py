@@ -43,14 +43,17 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2) -> Path:
+def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2,
+                    state_dict: dict | None = None) -> Path:
+    """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
+    `Dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp) if state_dict is None else model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -93,13 +96,19 @@ def load_trainer_state(path: Path) -> dict:
     return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
-def load_weights(path: Path, model) -> None:
-    """Load a checkpoint's safetensors into `model` in place (tied weights re-tied)."""
+def read_weights(path: Path) -> dict:
+    """A checkpoint's full model weights (every *.safetensors file in it), on CPU."""
     from safetensors.torch import load_file
 
     weights = {}
     for f in sorted(path.glob("*.safetensors")):
         weights.update(load_file(f))
+    return weights
+
+
+def load_weights(path: Path, model) -> None:
+    """Load a checkpoint's safetensors into `model` in place (tied weights re-tied)."""
+    weights = read_weights(path)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if unexpected or any("lm_head" not in k for k in missing):
         raise RuntimeError(f"resume: checkpoint {path} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")

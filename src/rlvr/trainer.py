@@ -26,6 +26,7 @@ from rlvr.checkpoint import (
     load_trainer_state,
     load_weights,
     math_changes,
+    read_weights,
     remove_partial_checkpoints,
     rng_state,
     save_checkpoint,
@@ -452,12 +453,8 @@ class Trainer:
                         )
                     continue  # never checkpoint right after a bad step
                 if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
-                    if self.dist.strategy == "fsdp":  # save_pretrained cannot write DTensor shards
-                        log.info(f"stopped by {stop.requested} at step {self.step}; no checkpoint: dist.strategy=fsdp does not write "
-                                 "checkpoints yet (sharded checkpoints are not implemented), so this run cannot be resumed")
-                    else:
-                        path = self.save_checkpoint()
-                        log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
+                    path = self.save_checkpoint()
+                    log.info(f"stopped by {stop.requested} at step {self.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
                     summary["interrupted_at"] = self.step
                     return summary
                 if cfg.save_every and self.step % cfg.save_every == 0 and self.step < cfg.steps:
@@ -486,22 +483,28 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes; every rank resumes from what it wrote. FSDP2: every rank first helps
+        gather the full weights and optimizer state onto rank 0, which writes them exactly as one
+        process would (a checkpoint resumes under any strategy and number of ranks)."""
         path = self.output_dir / "checkpoints" / f"step-{self.step:07d}"
-        if not self.dist.is_main:  # rank 0 writes; every rank resumes from what it wrote
+        model = self.policy.peft or self.model  # what save_pretrained writes: the adapter with LoRA
+        full = self.dist.full_model_state(model)  # FSDP2: collectives; None otherwise
+        full_optim = self.dist.full_optimizer_state(self.model, self.optimizer)
+        if not self.dist.is_main:
             self.dist.barrier("checkpoint")
             return path
         state = {
             "step": self.step,
             "num_tokens": self.num_tokens,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if full_optim is None else full_optim,
             "scheduler": self.scheduler.state_dict(),
             "data": self.stream.state_dict(),
             "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
         }
         path = save_checkpoint(
-            self.output_dir / "checkpoints", self.step, model=self.policy.peft or self.model, tokenizer=self.tokenizer,
-            trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints,
+            self.output_dir / "checkpoints", self.step, model=model, tokenizer=self.tokenizer,
+            trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints, state_dict=full,
         )
         self.dist.barrier("checkpoint")
         return path
@@ -519,9 +522,16 @@ class Trainer:
                 f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
                 + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
             )
-        self.policy.load_adapter_weights(path) if self.policy.peft is not None else load_weights(path, self.model)
         state = load_trainer_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
+            if self.policy.peft is not None:
+                self.dist.load_full_model_state(self.policy.peft, self.policy.adapter_state_by_name(path), strict=False)
+            else:
+                self.dist.load_full_model_state(self.model, read_weights(path))
+            self.dist.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.policy.load_adapter_weights(path) if self.policy.peft is not None else load_weights(path, self.model)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["data"])
         set_rng_state(state["rng"])

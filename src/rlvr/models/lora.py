@@ -46,6 +46,21 @@ class Policy:
         merged = copy.deepcopy(self.peft).merge_and_unload()
         merged.save_pretrained(path)
 
+    def adapter_state_by_name(self, path: Path) -> dict:
+        """A saved adapter's tensors under the PeftModel's own parameter names (the file leaves
+        out the adapter name, as `get_peft_model_state_dict` writes it), for loading into FSDP2
+        shards, which `set_peft_model_state_dict` cannot do."""
+        from safetensors.torch import load_file
+
+        saved = load_file(path / "adapter_model.safetensors")
+        adapter = self.peft.active_adapter
+        names = {n.replace(f".{adapter}", ""): n for n, p in self.peft.named_parameters() if p.requires_grad}
+        if unknown := [k for k in saved if k not in names]:
+            raise RuntimeError(f"resume: adapter in {path} does not match the model (unexpected {unknown[:3]})")
+        if missing := [k for k in names if k not in saved]:
+            raise RuntimeError(f"resume: adapter in {path} does not match the model (missing {missing[:3]})")
+        return {names[k]: v for k, v in saved.items()}
+
     def load_adapter_weights(self, path: Path) -> None:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
