@@ -53,7 +53,7 @@ class ModelConfig:
 @dataclass
 class DistConfig:
     strategy: str = "ddp"
-    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard: weights, gradients and optimizer state sharded, for models that do not fit one device; tested on CPU/gloo, not yet on GPU/nccl; no periodic checkpoints or resume)."""
+    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard: weights, gradients and optimizer state sharded, for models that do not fit one device; tested on CPU/gloo, not yet on GPU/nccl; checkpoints are written unsharded, as one process writes them, and resume under any strategy)."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl on GPU, gloo on CPU), gloo or nccl."""
     timeout: float = 900.0
@@ -272,8 +272,6 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
         errors += batch_split_errors(cfg, cfg.nproc)
     choice("dist.strategy", d.strategy, ["ddp", "fsdp"])
     choice("dist.backend", d.backend, ["auto", "gloo", "nccl"])
-    if d.strategy == "fsdp" and cfg.nproc > 1 and (cfg.save_every or cfg.resume):
-        errors.append("`dist.strategy`=fsdp writes the final weights only (sharded checkpoints and resume are not implemented): set save_every=0 and resume=null, or use ddp")
     if d.strategy == "fsdp" and cfg.nproc > 1 and lo.save_merged:
         errors.append("`model.lora.save_merged` is not implemented with dist.strategy=fsdp (the sharded model cannot be copied to merge): "
                       "set it to false and merge final/'s adapter afterwards (peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp")
