@@ -2,7 +2,8 @@
 
 argv: OUT_FILE STEPS key=value ... Runs STEPS train_steps and (rank 0) saves per-step loss,
 gradients and the final weights to OUT_FILE. RLVR_TEST_DIE=RANK:STEP makes that rank kill
-itself (SIGKILL) inside the update of that step, after its first backward.
+itself (SIGKILL) inside the update of that step, after its first backward. RLVR_TEST_SAVE_AFTER=K
+writes a checkpoint (Trainer.save_checkpoint, every rank calls it) after the K-th step run here.
 """
 
 import os
@@ -40,12 +41,17 @@ def main():
             return orig(*a, **k)
 
         t.optimizer.step = step_then_maybe_die
-    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__}
-    for _ in range(steps):
+    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__, "start_step": t.step}
+    save_after = int(os.environ.get("RLVR_TEST_SAVE_AFTER", "0"))
+    for k in range(steps):
+        if k and k == save_after:
+            t.save_checkpoint()
         m = t.train_step()
         record["loss"].append(m["loss"])
         record["metrics"].append(m)
         record["grads"].append({n: _full(p.grad) for n, p in t.model.named_parameters() if p.grad is not None})
+    if save_after == steps:
+        t.save_checkpoint()
     record["weights"] = {n: _full(p) for n, p in t.model.named_parameters()}
     from torch.distributed.tensor import DTensor
 

@@ -173,13 +173,18 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=0",
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=1",
                            "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides,
                            *(["model.lora.r=4"] if lora else [])],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
+    from rlvr.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1: written after step 1, whole, as final/ is
+    assert ckpt is not None and ckpt.name == "step-0000001"
+    assert (ckpt / ("adapter_model.safetensors" if lora else "model.safetensors")).exists()
     if lora:
         from peft import PeftModel
 
@@ -195,3 +200,99 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
     model, info = AutoModelForCausalLM.from_pretrained(out / "final", output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+
+
+# Checkpoints under FSDP2 are written unsharded, exactly as one process writes them (model
+# safetensors + trainer_state.pt with the optimizer state numbered in optimizer order), so any
+# strategy resumes any other's. Reference: one process running 4 steps straight (the FSDP2 ranks
+# equal it to 1e-5, test above), which also writes a checkpoint after step 2.
+CKPT = ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.beta=0.04", "steps=4"]
+
+
+def _run_ok(procs) -> None:
+    for rc, out in _wait(procs):
+        assert rc == 0, out[-3000:]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["full", "lora"])
+def checkpoints(request, tmp_path_factory, base_overrides):
+    """(overrides, the one-process record, its output_dir, the FSDP run's output_dir): one process
+    4 steps saving after step 2, and 2 FSDP2 ranks 2 steps saving after step 2, side by side."""
+    tmp = tmp_path_factory.mktemp("ckpt")
+    overrides = base_overrides + CKPT + (["model.lora.r=4"] if request.param else [])
+    save = {"RLVR_TEST_SAVE_AFTER": "2"}
+    _run_ok(_launch(1, tmp / "one.pt", 4, overrides + [f"output_dir={tmp / 'one'}"], save)
+            + _launch(2, tmp / "fsdp.pt", 2, overrides + [f"output_dir={tmp / 'fsdp'}"], save))
+    return overrides, torch.load(tmp / "one.pt"), tmp / "one", tmp / "fsdp"
+
+
+def test_fsdp_checkpoint_is_what_one_process_writes(checkpoints):
+    """Same files, same names, same optimizer layout; the values agree to 1e-5."""
+    from safetensors.torch import load_file
+
+    overrides, _, one, fsdp = checkpoints
+    a, b = one / "checkpoints" / "step-0000002", fsdp / "checkpoints" / "step-0000002"
+    files = sorted(p.name for p in a.iterdir())
+    assert files == sorted(p.name for p in b.iterdir())
+    assert ("adapter_model.safetensors" in files) == ("model.lora.r=4" in overrides)
+    for f in a.glob("*.safetensors"):
+        wa, wb = load_file(f), load_file(b / f.name)
+        assert wa.keys() == wb.keys() and _max_diff(wa, wb) < 1e-5
+    sa, sb = (torch.load(p / "trainer_state.pt", weights_only=False) for p in (a, b))
+    oa, ob = sa["optimizer"], sb["optimizer"]
+    assert list(oa["state"]) == list(ob["state"]) and all(isinstance(k, int) for k in oa["state"])
+    assert [g["params"] for g in oa["param_groups"]] == [g["params"] for g in ob["param_groups"]]
+    for i in oa["state"]:
+        assert oa["state"][i].keys() == ob["state"][i].keys()
+        for key, v in oa["state"][i].items():
+            assert v.shape == ob["state"][i][key].shape and float((v - ob["state"][i][key]).abs().max()) < 1e-5, (i, key)
+    assert sa["step"] == sb["step"] == 2 and sa["data"] == sb["data"] and sa["scheduler"] == sb["scheduler"]
+
+
+@pytest.mark.parametrize("source, world", [("fsdp", 2), ("fsdp", 1), ("one", 2)], ids=["fsdp-to-fsdp", "fsdp-to-one", "one-to-fsdp"])
+def test_checkpoint_resumes_under_any_strategy(tmp_path, checkpoints, source, world):
+    """resume=auto from a step-2 checkpoint, then steps 3-4: the same losses and final weights as
+    the one process that ran 4 steps straight (1e-5), whoever wrote the checkpoint."""
+    import shutil
+
+    overrides, straight, one, fsdp = checkpoints
+    out = tmp_path / "run"
+    shutil.copytree(one if source == "one" else fsdp, out)
+    t0 = time.time()
+    _run_ok(_launch(world, tmp_path / "resumed.pt", 2, overrides + [f"output_dir={out}", "resume=auto"]))
+    r = torch.load(tmp_path / "resumed.pt")
+    assert r["start_step"] == 2 and r["sharded"] == (world == 2)
+    loss_diff = max(abs(x - y) for x, y in zip(straight["loss"][2:], r["loss"]))
+    weight_diff = _max_diff(straight["weights"], r["weights"])
+    assert loss_diff < 1e-5 and weight_diff < 1e-5, (straight["loss"], r["loss"], weight_diff)
+    assert any(m["grad_norm"] > 0 for m in r["metrics"])  # real updates after the resume
+    print(f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, {time.time() - t0:.0f}s")
+
+
+def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides):
+    """SIGTERM to both FSDP2 ranks of `rlvr train`: they finish the step together, gather and write a
+    checkpoint of the step they stopped at (the one a plain resume=auto continues from), exit 0."""
+    import signal
+
+    from rlvr.checkpoint import latest_checkpoint
+
+    out, port = tmp_path / "run", _free_port()
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    procs = [subprocess.Popen([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=100000", "save_every=0",
+                               "eval_before_after=false", f"output_dir={out}", *base_overrides],
+                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath, RANK=str(rank), LOCAL_RANK=str(rank),
+                                       WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    metrics, deadline = out / "metrics.jsonl", time.time() + 90
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        time.sleep(0.1)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    results = _wait(procs, timeout=90)
+    for rc, o in results:
+        assert rc == 0, o[-3000:]
+    assert "stopped by SIGTERM" in results[0][1] and "resume=auto" in results[0][1]
+    steps = len(metrics.read_text().splitlines())
+    ckpt = latest_checkpoint(out / "checkpoints")
+    assert ckpt is not None and ckpt.name == f"step-{steps:07d}" and (ckpt / "model.safetensors").exists()
+    assert torch.load(ckpt / "trainer_state.pt", weights_only=False)["step"] == steps
