@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ def build_model(name: str, work: Path) -> Path:
 
 def run(engine: str, model: str, path: Path, a, work: Path) -> dict:
     out = work / f"run-{model}-{engine}"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run every time
     new_tokens = MODELS[model][1]
     cmd = [
         sys.executable, "-m", "rlvr", "train", f"model.path={path}", f"model.dtype={a.dtype}", f"device={a.device}",

@@ -188,3 +188,14 @@ def test_resume_is_exact_with_dynamic_sampling(tmp_path):
     assert straight_metrics[2:] == _metrics(resumed)
     w1, w2 = _weights(straight / "final"), _weights(resumed / "final")
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_force_in_a_used_folder_starts_the_logs_over(tmp_path):
+    """--force in a folder that holds a run starts over: metrics.jsonl then holds the new run's
+    steps only (it used to append them to the old run's, so step 1 appeared twice)."""
+    first = Trainer(load_config(None, FAST + ["steps=3", f"output_dir={tmp_path}"]), logger_live=False)
+    first.train()
+    second = Trainer(load_config(None, FAST + ["steps=2", f"output_dir={tmp_path}", "seed=1"]), force=True, logger_live=False)
+    second.train()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

@@ -422,8 +422,10 @@ class Trainer:
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.yaml").write_text(_yaml(to_dict(cfg)))
-        if main and (cfg.resume or self.resumed_from is not None):
-            # steps after the checkpoint (all of them when there is none yet) are done again
+        if main:
+            # Resuming: steps after the checkpoint (all of them when there is none yet) are done
+            # again. A fresh start (step 0) in a used folder, which only --force allows, starts the
+            # logs over instead of appending to the old run's.
             truncate_jsonl(out / "metrics.jsonl", self.step)
             truncate_jsonl(out / "samples.jsonl", self.step)
         log = RunLogger(out, cfg.steps, self.step, live=self.logger_live, config=cfg) if main else NullLogger()

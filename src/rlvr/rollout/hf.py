@@ -202,7 +202,7 @@ class HFEngine:
                     extra["rlvr_prefix"].rows = active
             out = model(
                 input_ids=token[:, None],
-                attention_mask=attn,
+                attention_mask=None if shared else attn,  # shared: the prefix bias and lockstep decode need no mask
                 position_ids=next_pos[:, None],
                 **{ckw: cache},
                 use_cache=True,
