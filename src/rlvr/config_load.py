@@ -104,28 +104,17 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"`{key}` must be true or false, got {value!r}")
-    if t is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"`{key}` must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"`{key}` must be an integer, got {value!r}")
-    if t is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"`{key}` must be a number, got {value!r}")
+    if t in (int, float):
+        what = "an integer" if t is int else "a number"
+        if not isinstance(value, bool):
+            if isinstance(value, (int, float)) and (t is float or float(value).is_integer()):
+                return t(value)
+            if isinstance(value, str):
+                try:
+                    return t(value)
+                except ValueError:
+                    pass
+        raise ConfigError(f"`{key}` must be {what}, got {value!r}")
     if t is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

@@ -21,17 +21,7 @@ import torch
 import yaml
 
 from rlvr import algo
-from rlvr.checkpoint import (
-    latest_checkpoint,
-    load_trainer_state,
-    load_weights,
-    math_changes,
-    read_weights,
-    remove_partial_checkpoints,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from rlvr.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from rlvr.config import Config, ConfigError, to_dict, validate
 from rlvr.data import PromptStream, get_task, load_rows, render_prompt
 from rlvr.data.checks import check_prompt_lengths, check_reward_columns
@@ -47,6 +37,7 @@ from rlvr.policy import autocast_context, completion_logprobs, trim_padding
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import Rollout, SamplingParams, make_engine
 from rlvr.sharding import generate_sharded, local_share
+from rlvr.trainer_checkpoint import resume_trainer, save_trainer_checkpoint
 from rlvr.run_control import (
     StopRequest,
     TrainingError,
@@ -485,62 +476,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self) -> Path:
-        """Rank 0 writes; every rank resumes from what it wrote. FSDP2: every rank first helps
-        gather the full weights and optimizer state onto rank 0, which writes them exactly as one
-        process would (a checkpoint resumes under any strategy and number of ranks)."""
-        path = self.output_dir / "checkpoints" / f"step-{self.step:07d}"
-        model = self.policy.peft or self.model  # what save_pretrained writes: the adapter with LoRA
-        full = self.dist.full_model_state(model)  # FSDP2: collectives; None otherwise
-        full_optim = self.dist.full_optimizer_state(self.model, self.optimizer)
-        if not self.dist.is_main:
-            self.dist.barrier("checkpoint")
-            return path
-        state = {
-            "step": self.step,
-            "num_tokens": self.num_tokens,
-            "optimizer": self.optimizer.state_dict() if full_optim is None else full_optim,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.stream.state_dict(),
-            "skipped_steps": self.skipped_steps,
-            "rng": rng_state(),
-        }
-        path = save_checkpoint(
-            self.output_dir / "checkpoints", self.step, model=model, tokenizer=self.tokenizer,
-            trainer_state=state, config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints, state_dict=full,
-        )
-        self.dist.barrier("checkpoint")
-        return path
+        """Rank 0 writes; every rank resumes from it (rlvr.trainer_checkpoint)."""
+        return save_trainer_checkpoint(self)
 
     def _resume(self, where: str, force: bool) -> None:
-        path = latest_checkpoint(self.output_dir / "checkpoints") if where == "auto" else Path(where)
-        if path is None:
-            return  # resume=auto with nothing saved yet: a fresh start
-        if not (path / "trainer_state.pt").exists():
-            raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
-        saved_cfg = yaml.safe_load((path / "config.yaml").read_text())
-        changes = math_changes(saved_cfg, to_dict(self.cfg))
-        if changes and not force:
-            raise ConfigError(
-                f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
-                + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
-            )
-        state = load_trainer_state(path)
-        if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
-            if self.policy.peft is not None:
-                self.dist.load_full_model_state(self.policy.peft, self.policy.adapter_state_by_name(path), strict=False)
-            else:
-                self.dist.load_full_model_state(self.model, read_weights(path))
-            self.dist.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        else:
-            self.policy.load_adapter_weights(path) if self.policy.peft is not None else load_weights(path, self.model)
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.stream.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        self.step, self.num_tokens = state["step"], state["num_tokens"]
-        self.skipped_steps = state.get("skipped_steps", 0)
-        self.resumed_from = path
-        self.engine.sync_weights()
+        resume_trainer(self, where, force)
 
 
 def _yaml(d: dict) -> str:

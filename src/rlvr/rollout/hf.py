@@ -18,6 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.rollout import Rollout, SamplingParams
+from rlvr.rollout.kv_buffers import BufferedLayer
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
 
 
@@ -62,49 +63,12 @@ AttentionInterface.register("rlvr_prefix", shared_prefix_attention)
 AttentionMaskInterface.register("rlvr_prefix", sdpa_mask)  # the prefill is plain masked SDPA
 
 
-class _BufferedLayer(DynamicLayer):
-    """A DynamicLayer whose keys/values live in buffers allocated once for the whole decode:
-    each new token is written in place instead of re-concatenating the cache (which copies the
-    entire cache every token: O(T^2) memory traffic, the main cost of decoding after long prompts)."""
-
-    def __init__(self, layer: DynamicLayer, capacity: int, repeats: int = 1, dtype: torch.dtype | None = None):
-        super().__init__()
-        k, v = layer.keys, layer.values  # [B, H, P, D] -> buffers [B x repeats, H, capacity, D]
-        B, H, self.n, D = k.shape
-        self.kbuf = k.new_empty(B * repeats, H, capacity, D, dtype=dtype or k.dtype)
-        self.vbuf = v.new_empty(B * repeats, H, capacity, D, dtype=dtype or v.dtype)
-        # one broadcast copy per buffer does the repeat_interleave and the fill together
-        self.kbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = k[:, None]
-        self.vbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = v[:, None]
-        self.device, self.is_initialized = k.device, True
-        self._views()
-
-    def _views(self) -> None:
-        self.keys, self.values = self.kbuf[..., : self.n, :], self.vbuf[..., : self.n, :]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        m = key_states.shape[-2]
-        self.kbuf[..., self.n: self.n + m, :] = key_states
-        self.vbuf[..., self.n: self.n + m, :] = value_states
-        self.n += m
-        self._views()
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-        self._views()
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.kbuf, self.vbuf = self.kbuf.repeat_interleave(repeats, 0), self.vbuf.repeat_interleave(repeats, 0)
-        self._views()
-
-
 def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | None, dtype=None) -> None:
     """Repeat every row `repeats` times; with a capacity, plain full-attention layers become buffered
     ones, in `dtype` when given (others, e.g. sliding-window layers, are repeated and keep concatenating)."""
     for i, layer in enumerate(cache.layers):
         if capacity is not None and type(layer) is DynamicLayer and layer.is_initialized:
-            cache.layers[i] = _BufferedLayer(layer, capacity, repeats, dtype)
+            cache.layers[i] = BufferedLayer(layer, capacity, repeats, dtype)
         else:
             layer.batch_repeat_interleave(repeats)
 

@@ -20,12 +20,15 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.rollout.kv_buffers import BufferedLayer
 
-class SharedPrefixLayer(DynamicLayer):
-    """One layer's cache: the prompt's K/V once per prompt, each sample's new K/V in a preallocated buffer."""
+
+class SharedPrefixLayer(BufferedLayer):
+    """One layer's cache: the prompt's K/V once per prompt; each sample's new K/V in the buffers
+    (`keys`/`values` are the samples' own tokens only: the attention adds the prompt)."""
 
     def __init__(self, layer: DynamicLayer, group_size: int, capacity: int, dtype: torch.dtype | None = None):
-        super().__init__()
+        DynamicLayer.__init__(self)
         k, v = layer.keys, layer.values  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
         self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
@@ -35,26 +38,11 @@ class SharedPrefixLayer(DynamicLayer):
         self.device, self.is_initialized = k.device, True
         self._views()
 
-    def _views(self) -> None:
-        self.keys, self.values = self.kbuf[..., : self.n, :], self.vbuf[..., : self.n, :]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        m = key_states.shape[-2]
-        self.kbuf[..., self.n: self.n + m, :] = key_states
-        self.vbuf[..., self.n: self.n + m, :] = value_states
-        self.n += m
-        self._views()
-        return self.keys, self.values  # the samples' own tokens; the attention adds the prompt
-
     def get_seq_length(self) -> int:
         return self.prefix_len + self.n
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.prefix_len + self.n + query_length, 0
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
-        self._views()
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""KV-cache layers for the decode whose keys/values live in buffers allocated once."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+
+class BufferedLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values live in buffers allocated once for the whole decode:
+    each new token is written in place instead of re-concatenating the cache (which copies the
+    entire cache every token: O(T^2) memory traffic, the main cost of decoding after long prompts)."""
+
+    def __init__(self, layer: DynamicLayer, capacity: int, repeats: int = 1, dtype: torch.dtype | None = None):
+        super().__init__()
+        k, v = layer.keys, layer.values  # [B, H, P, D] -> buffers [B x repeats, H, capacity, D]
+        B, H, self.n, D = k.shape
+        self.kbuf = k.new_empty(B * repeats, H, capacity, D, dtype=dtype or k.dtype)
+        self.vbuf = v.new_empty(B * repeats, H, capacity, D, dtype=dtype or v.dtype)
+        # one broadcast copy per buffer does the repeat_interleave and the fill together
+        self.kbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = k[:, None]
+        self.vbuf.view(B, repeats, H, capacity, D)[..., : self.n, :] = v[:, None]
+        self.device, self.is_initialized = k.device, True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self.kbuf[..., : self.n, :], self.vbuf[..., : self.n, :]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        m = key_states.shape[-2]
+        self.kbuf[..., self.n: self.n + m, :] = key_states
+        self.vbuf[..., self.n: self.n + m, :] = value_states
+        self.n += m
+        self._views()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.kbuf, self.vbuf = self.kbuf.repeat_interleave(repeats, 0), self.vbuf.repeat_interleave(repeats, 0)
+        self._views()
