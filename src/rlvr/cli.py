@@ -10,7 +10,10 @@ from rlvr.config import ConfigError, describe, load_config
 
 
 def _train(args) -> int:
-    from rlvr.trainer import Trainer
+    import torch
+
+    from rlvr.train import Trainer
+    from rlvr.train.setup import check_config
 
     config_path, overrides = None, list(args.overrides)
     if args.config and "=" not in args.config:
@@ -23,10 +26,10 @@ def _train(args) -> int:
     if cfg.nproc > 1 and not under_torchrun():  # relaunch this very command through torchrun
         import subprocess
 
-        from rlvr.config import validate
-
-        validate(cfg, force=args.force)  # refuse a bad config once, before starting N processes
+        check_config(cfg, force=args.force)  # refuse a bad config once, before starting N processes
         return subprocess.call(launch_command(cfg.nproc, sys.argv[1:] if args.raw_argv is None else args.raw_argv))
+    if cfg.threads:  # process-wide, so set here and not by the library
+        torch.set_num_threads(cfg.threads)
     trainer = Trainer(cfg, force=args.force)
     summary = trainer.train()
     trainer.dist.close()
@@ -50,23 +53,24 @@ def _convert_gguf(args) -> int:
 
 def _eval(args) -> int:
     from rlvr.data import get_task
-    from rlvr.evaluate import evaluate
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
-    from rlvr.rollout import make_engine
+    from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
+    from rlvr.train.evaluation import evaluate
 
     tok, _ = load_tokenizer(args.model)
     model = load_model(args.model)
     task = get_task(args.task, seed=0, digits=args.digits, operators=args.operators, eval_size=args.n)
     runner = RewardRunner([RewardFn("eval", load_reward_fn(task.reward), 1.0)])
-    acc = evaluate(make_engine("hf", model, tok), tok, task.eval_rows(), runner, max_new_tokens=args.max_new_tokens)
+    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens))
+    acc = evaluate(greedy, task.eval_rows(), runner)
     print(f"{args.task} held-out accuracy ({args.n} problems, greedy): {acc:.3f}")
     return 0
 
 
 def _report(args) -> int:
     try:
-        from rlvr.report import make_report
+        from rlvr.observe.report import make_report
         import matplotlib  # noqa: F401
     except ImportError:
         print("rlvr report needs matplotlib: pip install 'rlvr[report]'", file=sys.stderr)
@@ -79,7 +83,7 @@ def _report(args) -> int:
 def _doctor(args) -> int:
     import json
 
-    from rlvr.doctor import diagnose_run
+    from rlvr.observe.doctor import diagnose_run
 
     worst = 0
     for run in args.runs:

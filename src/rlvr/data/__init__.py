@@ -23,6 +23,9 @@ class Task:
     reward: str  # built-in reward name that scores this task's answers (0 or 1)
 
 
+TASKS = ("arithmetic",)  # built-in tasks (data.task)
+
+
 def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", eval_size: int = 500) -> Task:
     if name == "arithmetic":
         from rlvr.data import arithmetic as ar
@@ -96,4 +99,4 @@ def render_prompt(prompt, tokenizer, system_prompt: str | None = None) -> str:
     return "".join(f"{m['content']}\n" for m in messages)
 
 
-__all__ = ["PromptStream", "Task", "get_task", "load_rows", "render_prompt"]
+__all__ = ["TASKS", "PromptStream", "Task", "get_task", "load_rows", "render_prompt"]

@@ -16,7 +16,7 @@ class ModelError(ValueError):
     """The model or tokenizer cannot be used; the message says why and what to do."""
 
 
-def _resolve_existing(path: str) -> str:
+def resolve_existing(path: str) -> str:
     """The folder or hub id to load; a path that looks local must exist."""
     resolved = resolve_model_path(path)
     local = Path(resolved).expanduser()
@@ -29,7 +29,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
     from transformers import AutoTokenizer
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(_resolve_existing(path), trust_remote_code=trust_remote_code, **extra)
+    tok = AutoTokenizer.from_pretrained(resolve_existing(path), trust_remote_code=trust_remote_code, **extra)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -46,13 +46,13 @@ def load_model(path: str, dtype: str = "float32", device: str | torch.device = "
     if gguf_file:
         from rlvr.models.gguf import load_gguf
 
-        return load_gguf(_resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
+        return load_gguf(resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
     if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
         return AutoModelForCausalLM.from_pretrained(
-            _resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+            resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
             quantization_config=quantization_config, device_map={"": device},
         )
-    model = AutoModelForCausalLM.from_pretrained(_resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 
 

@@ -1,108 +1,15 @@
-"""Generation engines behind one small Protocol.
+"""Rollouts: the episodes the trainer learns from, the sources that make them, and the
+generation engines those sources run on.
 
-An engine turns prompts (text with the chat template already applied) into G sampled
-completions each, and reports what the trainer needs: token ids, masks, and the log-prob of
-each sampled token under the sampling distribution.
+    RolloutSource.rollout(rows, seeds) -> Episodes      (rlvr.rollout.episodes: the seam)
+      SingleTurnSource  one model turn per prompt       (rlvr.rollout.single_turn)
+    GenerationEngine.generate(prompts, params, seeds)   (rlvr.rollout.engine)
+      hf    KV-cached decode loop for transformers models (hf.py, shared_prefix.py, kv_buffers.py, attention.py)
+      vllm  colocated vLLM (vllm_engine.py)
 """
 
-from __future__ import annotations
+from rlvr.rollout.engine import Generation, GenerationEngine, SamplingParams, make_engine
+from rlvr.rollout.episodes import Episodes, RolloutSource
+from rlvr.rollout.single_turn import SingleTurnSource, as_completions
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
-
-import torch
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1  # completions per prompt (the group size G)
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables
-    max_new_tokens: int = 16
-    ignore_eos: bool = False  # fixed-length generation (benchmarks)
-
-
-@dataclass
-class Rollout:
-    """G completions per prompt, prompt-major: rows [i*G, (i+1)*G) belong to prompt i."""
-
-    prompt_ids: torch.Tensor  # [B x G, P] left-padded
-    prompt_mask: torch.Tensor  # [B x G, P]
-    completion_ids: torch.Tensor  # [B x G, C] right-padded with pad_token_id
-    completion_mask: torch.Tensor  # [B x G, C] 1 up to and including EOS
-    sampling_logprobs: torch.Tensor  # [B x G, C] log p_sample(token), 0 on padding
-    truncated: torch.Tensor  # [B x G] bool: hit max_new_tokens without EOS
-    texts: list[str]  # [B x G] decoded completions, special tokens removed
-
-    @property
-    def completion_lengths(self) -> torch.Tensor:  # [B x G]
-        return self.completion_mask.sum(-1)
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
-
-    def select(self, rows: torch.Tensor) -> "Rollout":
-        """The rollout restricted to the given row indices (in that order)."""
-        idx = rows.tolist()
-        return Rollout(
-            self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows],
-            self.sampling_logprobs[rows], self.truncated[rows], [self.texts[i] for i in idx],
-        )
-
-    @staticmethod
-    def concat(parts: list["Rollout"], pad_token_id: int) -> "Rollout":
-        """Stack rollouts of different lengths: prompts re-padded on the left, completions on the right."""
-        if len(parts) == 1:
-            return parts[0]
-        P = max(r.prompt_ids.shape[1] for r in parts)
-        C = max(r.completion_ids.shape[1] for r in parts)
-
-        def left(x, width, value):
-            return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
-
-        def right(x, width, value):
-            return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-        return Rollout(
-            torch.cat([left(r.prompt_ids, P, pad_token_id) for r in parts]),
-            torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
-            torch.cat([right(r.completion_ids, C, pad_token_id) for r in parts]),
-            torch.cat([right(r.completion_mask, C, 0) for r in parts]),
-            torch.cat([right(r.sampling_logprobs, C, 0.0) for r in parts]),
-            torch.cat([r.truncated for r in parts]),
-            [t for r in parts for t in r.texts],
-        )
-
-
-class GenerationEngine(Protocol):
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
-        """Sample params.n completions for each prompt; prompt i's randomness comes from seeds[i] alone."""
-        ...
-
-    def sync_weights(self) -> None:
-        """Make generation use the trainer's current weights (a no-op when they are shared)."""
-        ...
-
-
-def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> GenerationEngine:
-    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
-    LoRA `save_adapter(path)` writes the adapter it loads."""
-    if name in ("hf", "torch"):
-        from rlvr.rollout.hf import HFEngine
-
-        return HFEngine(model, tokenizer)
-    if name == "vllm":
-        from rlvr.models.loading import _resolve_existing
-        from rlvr.rollout.vllm_engine import VLLMEngine
-
-        if cfg is None:
-            raise ValueError("make_engine('vllm', ...) needs the run's config")
-        v = cfg.rollout.vllm
-        return VLLMEngine(
-            model, tokenizer, model_path=_resolve_existing(cfg.model.path),
-            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
-            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
-            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
-        )
-    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: hf, vllm")
+__all__ = ["Episodes", "Generation", "GenerationEngine", "RolloutSource", "SamplingParams", "SingleTurnSource", "as_completions", "make_engine"]

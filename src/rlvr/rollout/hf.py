@@ -8,23 +8,18 @@ does not depend on which other prompts share the batch.
 
 from __future__ import annotations
 
-import inspect
 from typing import Sequence
 
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from rlvr.rollout import Rollout, SamplingParams
+from rlvr.models.kv_cache import cache_kwarg
+from rlvr.rollout.engine import Generation, SamplingParams
+from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.kv_buffers import BufferedLayer
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
-
-
-def _cache_kwarg(model) -> str:
-    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -41,20 +36,7 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
-def _sdpa_cache_dtype(module, query, key, value, attention_mask, **kwargs):
-    """SDPA for the decode under autocast: autocast would cast the whole KV cache to bf16 at every
-    token and layer (a full copy of the cache), and CPU bf16 attention over one query row gains
-    nothing, so the attention runs with autocast off, in the cache's dtype (fp32: the decode
-    allocates fp32 buffers under bf16 autocast), and its output is cast back. Elsewhere: plain SDPA."""
-    if not torch.is_autocast_enabled(query.device.type):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    dtype = query.dtype
-    with torch.autocast(query.device.type, enabled=False):
-        out, w = sdpa_attention_forward(module, query.to(key.dtype), key, value.to(key.dtype), attention_mask, **kwargs)
-    return out.to(dtype), w
-
-
-AttentionInterface.register("rlvr_sdpa", _sdpa_cache_dtype)
+AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
 # transformers builds no attention mask at all for an attention name it has no mask function for:
 # without this line the left padding of shorter prompts was attended to (found by
 # tests/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
@@ -87,7 +69,7 @@ class HFEngine:
         pass
 
     @torch.no_grad()  # not inference_mode: the trainer's forward reuses these ids under autograd
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
         model = self.model
         if len(seeds) != len(prompts):
             raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
@@ -100,7 +82,7 @@ class HFEngine:
             if was_training:
                 model.train()
 
-    def _generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+    def _generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
         G, T = params.n, params.max_new_tokens
@@ -110,8 +92,8 @@ class HFEngine:
         prompt_mask = enc["attention_mask"].to(device)  # [B, P]
         B = prompt_ids.shape[0]
         N = B * G
-        cache, ckw = DynamicCache(config=model.config), _cache_kwarg(model)
-        # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see _sdpa_cache_dtype)
+        cache, ckw = DynamicCache(config=model.config), cache_kwarg(model)
+        # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see rlvr.rollout.attention)
         fp32_cache = self.static_cache and device.type == "cpu" and torch.is_autocast_enabled("cpu") \
             and torch.get_autocast_dtype("cpu") == torch.bfloat16 and model.config._attn_implementation == "sdpa"
         cache_dtype = torch.float32 if fp32_cache else None
@@ -182,7 +164,7 @@ class HFEngine:
         if not params.ignore_eos:
             truncated &= completion[:, -1] != eos
         texts = tok.batch_decode(completion, skip_special_tokens=True)
-        return Rollout(
+        return Generation(
             prompt_ids=prompt_ids.repeat_interleave(G, 0),
             prompt_mask=prompt_mask.repeat_interleave(G, 0),
             completion_ids=completion,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.kv_buffers import BufferedLayer
 
 
@@ -73,10 +74,8 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     (the row's own tokens). Any other call (the prefill, a layer without the split cache) is SDPA."""
     layer = None if rlvr_prefix is None else rlvr_prefix.cache.layers[module.layer_idx]
     if query.shape[2] != 1 or not isinstance(layer, SharedPrefixLayer):
-        from rlvr.rollout.hf import _sdpa_cache_dtype
-
-        return _sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see hf._sdpa_cache_dtype)
+        return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see rlvr.rollout.attention)
     with torch.autocast(query.device.type, enabled=False):
         out = _attend(query.to(dtype), key, value, layer, rlvr_prefix, scaling)
     return out.to(query.dtype), None

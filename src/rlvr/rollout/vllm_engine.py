@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from rlvr.rollout import Rollout, SamplingParams
+from rlvr.rollout.engine import Generation, SamplingParams
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "
@@ -131,7 +131,7 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------- generation
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Rollout:
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
         vllm = self._vllm
         from vllm.inputs import TokensPrompt
 
@@ -159,7 +159,7 @@ class VLLMEngine:
             self._sleep()
         return self._to_rollout(prompt_ids, outputs, params)
 
-    def _to_rollout(self, prompt_ids: list[list[int]], outputs, params: SamplingParams) -> Rollout:
+    def _to_rollout(self, prompt_ids: list[list[int]], outputs, params: SamplingParams) -> Generation:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         rows_p, rows_c, rows_lp, truncated = [], [], [], []
         for ids, out in zip(prompt_ids, outputs):
@@ -182,7 +182,7 @@ class VLLMEngine:
             if c:
                 comp[i, : len(c)], comp_mask[i, : len(c)], logp[i, : len(c)] = torch.tensor(c), 1, torch.tensor(lp)
         texts = self.tokenizer.batch_decode([c for c in rows_c], skip_special_tokens=True)
-        return Rollout(prompt, prompt_mask, comp, comp_mask, logp, torch.tensor(truncated), texts)
+        return Generation(prompt, prompt_mask, comp, comp_mask, logp, torch.tensor(truncated), texts)
 
 
 def _has_reload(worker) -> bool:

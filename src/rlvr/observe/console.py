@@ -22,8 +22,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from rlvr.doctor import Context, LiveDoctor, load_metrics
-from rlvr.sinks import make_sinks
+from rlvr.observe.doctor import Context, LiveDoctor, load_metrics
+from rlvr.observe.sinks import make_sinks
 
 
 def _fmt_time(seconds: float) -> str:

@@ -7,12 +7,12 @@ import math
 import torch
 
 
-def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: torch.Tensor, group_size: int) -> dict:
-    """Reward, group and length statistics of one step's batch (a trainer.Batch)."""
-    r = batch.rollout
+def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: torch.Tensor) -> dict:
+    """Reward, group and length statistics of one step's batch (a rlvr.train.collect.Batch)."""
+    r = batch.episodes
     total = (batch.rewards * weights).nansum(-1)  # [N]
-    grouped = total.view(-1, group_size)  # [groups, G]
-    lengths = r.completion_lengths.float()
+    grouped = total.view(-1, r.group_size)  # [groups, G]
+    lengths = r.lengths.float()
     m = {
         "reward": float(total.mean()),
         "reward_std": float(grouped.std(-1, correction=0).mean()),
@@ -31,17 +31,17 @@ def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: to
     return m
 
 
-def completion_rows(batch, advantages: torch.Tensor, names: list[str], group_size: int, step: int, n: int) -> list[dict]:
+def completion_rows(batch, advantages: torch.Tensor, names: list[str], step: int, n: int) -> list[dict]:
     """n completions with their prompt, each reward and advantage: the first of every group, then
     the second of every group, ..., so the table covers many prompts rather than one group."""
-    N = len(batch.rollout)
+    N, group_size = len(batch.episodes), batch.episodes.group_size
     order = sorted(range(N), key=lambda i: (i % group_size, i // group_size))
     out = []
     for i in sorted(order[: min(n, N)]):
         out.append({
             "step": step,
             "prompt": batch.rows[i // group_size]["prompt"],
-            "completion": batch.rollout.texts[i],
+            "completion": batch.episodes.texts[i],
             **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(names)},
             "advantage": float(advantages[i]),
         })

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from rlvr.config import Config, ConfigError, RewardConfig
+from rlvr.config.schema import Config, ConfigError, RewardConfig
 
 
 # ---------------------------------------------------------------------------------------------

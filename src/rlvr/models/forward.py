@@ -1,4 +1,4 @@
-"""Per-token log-probs of completions under a causal LM (the training-side forward).
+"""The training forward: per-token log-probs of completions under a causal LM.
 
 Two ways to compute the same numbers:
 - the plain path runs every row's prompt + completion through the model;
@@ -10,33 +10,17 @@ Two ways to compute the same numbers:
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 
 from rlvr.algo import selective_log_softmax, token_entropy
+from rlvr.models.kv_cache import cache_kwarg
 
 
 class TokenLogProbs(NamedTuple):
     logp: torch.Tensor  # [N, C] log p(completion token | prefix) at the sampling temperature
     entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad)
-
-
-def autocast_context(kind: str, device: torch.device):
-    """`bf16`: bf16 autocast (matmuls in bf16, weights and optimizer state stay fp32); `none`: nothing."""
-    if kind == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def cpu_has_fast_bf16() -> bool:
-    """avx512_bf16 or AMX: bf16 matmuls run at about twice the fp32 rate (else they are emulated, slower)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -49,19 +33,12 @@ def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
     return prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :C], completion_mask[:, :C]
 
 
-def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs of consecutive rows with the same prompt: (index of each run's first row [U], run lengths [U])."""
-    key = torch.cat([prompt_ids, prompt_mask], dim=1)  # [N, 2P]
-    same = (key[1:] == key[:-1]).all(-1)  # [N-1] row i+1 repeats row i
-    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=key.device), ~same]).nonzero().squeeze(-1)
-    ends = torch.cat([starts[1:], torch.tensor([key.shape[0]], device=key.device)])
+def group_runs(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of consecutive rows of the same group: (index of each run's first row [U], run lengths [U])."""
+    same = group_ids[1:] == group_ids[:-1]  # [N-1] row i+1 is in row i's group
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=group_ids.device), ~same]).nonzero().squeeze(-1)
+    ends = torch.cat([starts[1:], torch.tensor([group_ids.shape[0]], device=group_ids.device)])
     return starts, ends - starts
-
-
-def _cache_kwarg(model) -> str:
-    from rlvr.rollout.hf import _cache_kwarg as kw
-
-    return kw(model)
 
 
 def _logits_plain(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -86,7 +63,7 @@ def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, comple
     from transformers import DynamicCache
 
     P = prompt_ids.shape[1]
-    ckw = _cache_kwarg(model)
+    ckw = cache_kwarg(model)
     u_ids, u_mask = prompt_ids[starts], prompt_mask[starts]  # [U, P]
     cache = DynamicCache(config=model.config)
     head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
@@ -106,19 +83,19 @@ def completion_logprobs(
     prompt_ids: torch.Tensor,  # [N, P] left-padded
     prompt_mask: torch.Tensor,  # [N, P]
     completion_ids: torch.Tensor,  # [N, C] right-padded
-    completion_mask: torch.Tensor,  # [N, C]
+    completion_mask: torch.Tensor,  # [N, C] attention mask of the tokens after the prompt
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    shared_prefix: bool = False,
+    group_ids: torch.Tensor | None = None,  # [N]: share each group's prompt forward (None: plain path)
 ) -> TokenLogProbs:
-    """Log-probs of each completion token, from logits divided by the sampling temperature
+    """Log-probs of each token after the prompt, from logits divided by the sampling temperature
     (so that they are the probabilities the sampler used and the ratio starts at exactly 1).
-    Logits are computed only for completion positions (logits_to_keep). `shared_prefix`: run
-    each distinct prompt once (rows of a group are consecutive); a no-op when no prompt repeats."""
+    Logits are computed only for those positions (logits_to_keep). `group_ids`: consecutive rows
+    of the same group share one prompt, which then runs once; a no-op when no group repeats."""
     starts = counts = None
-    if shared_prefix and prompt_ids.shape[0] > 1 and prompt_ids.shape[1] > 0:
-        starts, counts = prompt_groups(prompt_ids, prompt_mask)
+    if group_ids is not None and prompt_ids.shape[0] > 1 and prompt_ids.shape[1] > 0:
+        starts, counts = group_runs(group_ids.to(prompt_ids.device))
         if len(starts) == prompt_ids.shape[0]:
             starts = None  # nothing shared
     if starts is None:

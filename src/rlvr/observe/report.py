@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlvr.doctor import Context, Finding, diagnose, load_config, load_metrics, num
-from rlvr.sinks import prompt_text
+from rlvr.observe.doctor import Context, Finding, diagnose, load_config, load_metrics, num
+from rlvr.observe.sinks import prompt_text
 
 
 @dataclass

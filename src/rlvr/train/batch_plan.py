@@ -1,49 +1,33 @@
 """The batch plan: how a step's prompts and completions split across ranks and micro-batches,
-and a rough memory estimate per rank. Printed at start-up; impossible splits are refused with
-the setting to change and a value that works."""
+which fast paths apply, and a rough memory estimate per rank. Every derived value is resolved
+here, once; the update reads the plan, and the plan printed at start-up is what runs.
+(Impossible splits are refused earlier, by rlvr.config.validate.batch_split_errors.)"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from rlvr import algo
+
 GiB = 1024**3
 
 
-def batch_split_errors(cfg, world_size: int) -> list[str]:
-    """Problems with splitting cfg's batch over `world_size` ranks, each naming what to change."""
-    r, o, a = cfg.rollout, cfg.optim, cfg.algo
-    errors = []
-    P, G, W = r.prompts_per_step, r.group_size, world_size
-    if P < 1 or G < 1:
-        return errors  # reported elsewhere
-    if P % W:
-        up, down = math.ceil(P / W) * W, max(d for d in range(1, W + 1) if P % d == 0)
-        errors.append(
-            f"`rollout.prompts_per_step`={P} does not split over {W} ranks (each group of {G} completions stays whole on one rank): "
-            f"set rollout.prompts_per_step to a multiple of {W} (e.g. {up}), or nproc to {down}"
-        )
-    per_rank = P * G // W if P % W == 0 else math.ceil(P / W) * G
-    if o.micro_batch_size > 0 and o.micro_batch_size > per_rank:
-        where = f"per rank ({P} prompts x {G} completions / {W} ranks)" if W > 1 else "per step (rollout.prompts_per_step x rollout.group_size)"
-        errors.append(
-            f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {per_rank} completions {where}; "
-            f"set it to at most {per_rank}, or 0"
-        )
-    if W > 1 and a.top_entropy_quantile < 1:
-        errors.append(
-            f"`algo.top_entropy_quantile`={a.top_entropy_quantile} picks tokens by a whole-batch quantile, which is not reduced across ranks yet: "
-            "set it to 1.0, or nproc to 1"
-        )
-    return errors
+PACKING_PIECES = 4  # with a whole-step micro-batch, packing by length cuts the rows into this many
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchPlan:
+    """Every derived batch setting, resolved once from the config; the update reads these."""
+
     world_size: int
     prompts: int
     group_size: int
-    micro_batch_size: int  # completions per forward/backward (per rank)
+    micro_batch_size: int  # completions per forward/backward per rank (optim.micro_batch_size, 0 resolved)
+    shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing)
+    skip_zero_advantage: bool  # rows with advantage exactly 0 skip forward/backward (their gradient is zero)
+    pack_by_length: bool  # rows may be sorted by length into micro-batches when that computes fewer tokens
+    packing_pieces: int | None  # micro-batches packing cuts a whole-step batch into (None: micro_batch_size rows each)
     num_params: int
     trainable_params: int
     param_bytes: int  # bytes per weight
@@ -57,21 +41,32 @@ class BatchPlan:
 
     @classmethod
     def build(cls, cfg, world_size: int, model, prompt_tokens: int = 64) -> "BatchPlan":
+        r, o, a = cfg.rollout, cfg.optim, cfg.algo
         params = list(model.parameters())
         c = getattr(model, "config", None)
         n = sum(p.numel() for p in {id(p): p for p in params}.values())
         t = sum(p.numel() for p in {id(p): p for p in params if p.requires_grad}.values())
-        per_rank = cfg.rollout.completions_per_step // world_size
+        per_rank = r.completions_per_step // world_size
+        one_process = world_size == 1
+        # Entropy selection wants every row in its quantile and (for exactness) one micro-batch as is.
+        all_rows = a.top_entropy_quantile >= 1
+        regroupable = one_process and all_rows and algo.rows_can_be_regrouped(a.loss_type)
+        pack = o.pack_by_length and regroupable
         return cls(
             world_size=world_size,
-            prompts=cfg.rollout.prompts_per_step,
-            group_size=cfg.rollout.group_size,
-            micro_batch_size=cfg.optim.micro_batch_size or per_rank,
+            prompts=r.prompts_per_step,
+            group_size=r.group_size,
+            micro_batch_size=o.micro_batch_size or per_rank,
+            shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing,
+            skip_zero_advantage=o.skip_zero_advantage and one_process and all_rows and algo.zero_advantage_rows_have_zero_gradient(
+                loss_type=a.loss_type, importance_level=a.importance_sampling_level, beta=a.beta),
+            pack_by_length=pack,
+            packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,
             trainable_params=t,
             param_bytes=params[0].element_size() if params else 4,
-            seq_len=prompt_tokens + cfg.rollout.max_new_tokens,
-            completion_len=cfg.rollout.max_new_tokens,
+            seq_len=prompt_tokens + r.max_new_tokens,
+            completion_len=r.max_new_tokens,
             hidden=getattr(c, "hidden_size", 0) or 0,
             layers=getattr(c, "num_hidden_layers", 0) or 0,
             vocab=getattr(c, "vocab_size", 0) or 0,
@@ -89,6 +84,9 @@ class BatchPlan:
 
     @property
     def accumulation_steps(self) -> int:
+        """The most forward/backward passes one update runs per rank (fewer when rows are skipped)."""
+        if self.packing_pieces:
+            return min(self.packing_pieces, self.completions_per_rank)
         return math.ceil(self.completions_per_rank / self.micro_batch_size)
 
     def memory(self) -> dict[str, float]:
@@ -106,13 +104,26 @@ class BatchPlan:
         act += 3 * self.micro_batch_size * self.completion_len * self.vocab * 4
         return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act}
 
+    def _fast_paths(self) -> str:
+        notes = []
+        if self.packing_pieces:
+            notes.append(f"rows sorted by length into {self.packing_pieces} micro-batches when that computes fewer tokens")
+        elif self.pack_by_length:
+            notes.append("rows sorted by length when that computes fewer tokens")
+        if self.skip_zero_advantage:
+            notes.append("rows with advantage 0 skipped")
+        if self.shared_prefix:
+            notes.append("each prompt's forward shared by its group")
+        return f" ({'; '.join(notes)})" if notes else ""
+
     def describe(self) -> str:
         mem = self.memory()
         total = sum(mem.values())
         lines = [
             f"batch plan: {self.prompts} prompts x {self.group_size} completions = {self.completions} completions per step",
             f"  {self.world_size} rank(s) ({self.strategy}): {self.prompts // self.world_size} prompts, {self.completions_per_rank} completions per rank",
-            f"  micro-batch {self.micro_batch_size} completions -> {self.accumulation_steps} accumulation step(s) per rank per update",
+            f"  micro-batch {self.micro_batch_size} completions -> at most {self.accumulation_steps} forward/backward pass(es) per rank per update"
+            + self._fast_paths(),
             f"  parameters {self.num_params / 1e6:.1f}M, trainable {self.trainable_params / 1e6:.2f}M"
             + (", gradient checkpointing on" if self.gradient_checkpointing else ""),
             "  memory per rank (estimate): " + ", ".join(f"{k} {_size(v)}" for k, v in mem.items()) + f"; total ~{_size(total)}",

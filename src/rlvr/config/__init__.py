@@ -1,0 +1,25 @@
+"""Configuration: the schema (typed dataclasses, a docstring per field), loading (YAML + dotted
+overrides) and validation that names the field and a value that works. Imports nothing from the
+rest of rlvr."""
+
+from rlvr.config.load import describe, field_docs, load_config, to_dict
+from rlvr.config.schema import (
+    AlgoConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DistConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    RolloutConfig,
+    VllmConfig,
+)
+from rlvr.config.validate import REGISTERED, batch_split_errors, validate
+
+__all__ = [
+    "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "LoraConfig", "ModelConfig", "OptimConfig",
+    "REGISTERED", "RewardConfig", "RolloutConfig", "VllmConfig", "batch_split_errors", "describe", "field_docs",
+    "load_config", "to_dict", "validate",
+]

@@ -1,0 +1,183 @@
+"""Validation: every problem of a config at once, each naming its field and a value that works.
+
+Names that other packages define (loss types, KL estimators, engines, ...) arrive in `choices`,
+so this package imports nothing from the rest of rlvr (rlvr.train.setup passes the registries).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Iterable, Mapping
+
+from rlvr.config.schema import Config, ConfigError
+
+
+def batch_split_errors(cfg, world_size: int) -> list[str]:
+    """Problems with splitting cfg's batch over `world_size` ranks, each naming what to change."""
+    r, o, a = cfg.rollout, cfg.optim, cfg.algo
+    errors = []
+    P, G, W = r.prompts_per_step, r.group_size, world_size
+    if P < 1 or G < 1:
+        return errors  # reported elsewhere
+    if P % W:
+        up, down = math.ceil(P / W) * W, max(d for d in range(1, W + 1) if P % d == 0)
+        errors.append(
+            f"`rollout.prompts_per_step`={P} does not split over {W} ranks (each group of {G} completions stays whole on one rank): "
+            f"set rollout.prompts_per_step to a multiple of {W} (e.g. {up}), or nproc to {down}"
+        )
+    per_rank = P * G // W if P % W == 0 else math.ceil(P / W) * G
+    if o.micro_batch_size > 0 and o.micro_batch_size > per_rank:
+        where = f"per rank ({P} prompts x {G} completions / {W} ranks)" if W > 1 else "per step (rollout.prompts_per_step x rollout.group_size)"
+        errors.append(
+            f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {per_rank} completions {where}; "
+            f"set it to at most {per_rank}, or 0"
+        )
+    if W > 1 and a.top_entropy_quantile < 1:
+        errors.append(
+            f"`algo.top_entropy_quantile`={a.top_entropy_quantile} picks tokens by a whole-batch quantile, which is not reduced across ranks yet: "
+            "set it to 1.0, or nproc to 1"
+        )
+    return errors
+
+
+def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
+    """nproc, dist.*, model.lora.* and how the batch splits across ranks."""
+    lo, d = cfg.model.lora, cfg.dist
+    if cfg.nproc < 1:
+        errors.append(f"`nproc` must be >= 1, got {cfg.nproc}")
+    else:
+        errors += batch_split_errors(cfg, cfg.nproc)
+    choice("dist.strategy", d.strategy, ["ddp", "fsdp"])
+    choice("dist.backend", d.backend, ["auto", "gloo", "nccl"])
+    if d.strategy == "fsdp" and cfg.nproc > 1 and lo.save_merged:
+        errors.append("`model.lora.save_merged` is not implemented with dist.strategy=fsdp (the sharded model cannot be copied to merge): "
+                      "set it to false and merge final/'s adapter afterwards (peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp")
+    if d.timeout <= 0:
+        errors.append(f"`dist.timeout` must be positive (seconds), got {d.timeout}")
+    if lo.r < 0:
+        errors.append(f"`model.lora.r` must be >= 0 (0 = no LoRA), got {lo.r}")
+    if lo.alpha <= 0:
+        errors.append(f"`model.lora.alpha` must be positive, got {lo.alpha}")
+    if not 0 <= lo.dropout < 1:
+        errors.append(f"`model.lora.dropout` must be in [0, 1), got {lo.dropout}")
+    if not lo.target_modules:
+        errors.append("`model.lora.target_modules` is empty: name the modules to adapt, or [all-linear]")
+    choice("model.lora.quantize", lo.quantize, ["none", "4bit", "8bit"])
+    if lo.quantize != "none" and lo.r == 0:
+        errors.append(f"`model.lora.quantize`={lo.quantize} freezes quantised base weights: it needs LoRA adapters, set model.lora.r (e.g. 16)")
+    if lo.quantize != "none" and cfg.device == "cpu":
+        errors.append(f"`model.lora.quantize`={lo.quantize} needs bitsandbytes on a CUDA GPU; set it to none on device=cpu")
+    if lo.save_merged and lo.r == 0:
+        errors.append("`model.lora.save_merged` needs LoRA (model.lora.r > 0)")
+
+
+# Settings whose valid values are registries of other packages (passed to `validate` as `choices`).
+REGISTERED = (
+    "algo.loss_type", "algo.importance_sampling_level", "algo.kl_estimator", "algo.scale_rewards",
+    "algo.reward_aggregation", "algo.sampler_correction", "rollout.engine", "data.task",
+)
+
+
+def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
+    """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
+    `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
+    if missing := [k for k in REGISTERED if k not in choices]:
+        raise ValueError(f"validate: no choices given for {missing}")
+    errors, warnings = [], []
+
+    def choice(key, value, options):
+        if value not in options:
+            close = difflib.get_close_matches(str(value), list(options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append(f"`{key}` must be one of {sorted(options)}, got {value!r}{hint}")
+
+    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+    if r.group_size < 2:
+        errors.append(f"`rollout.group_size` must be at least 2 (got {r.group_size}): one completion per prompt has no group to compare with")
+    elif r.group_size == 2:
+        warnings.append("rollout.group_size=2: every difference, even grader noise, becomes a full +1/-1 advantage; 4-16 is usual")
+    if r.prompts_per_step < 1:
+        errors.append(f"`rollout.prompts_per_step` must be at least 1, got {r.prompts_per_step}")
+    if r.max_new_tokens <= 0:
+        errors.append(f"`rollout.max_new_tokens` must be positive, got {r.max_new_tokens}")
+    if r.temperature < 0:
+        errors.append(f"`rollout.temperature` must be >= 0, got {r.temperature}")
+    elif r.temperature == 0 and not force:
+        errors.append("`rollout.temperature` is 0: all G completions of a prompt would be identical (no signal); use e.g. 1.0")
+    if not 0 < r.top_p <= 1:
+        errors.append(f"`rollout.top_p` must be in (0, 1], got {r.top_p}")
+    if r.top_k < 0:
+        errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
+    choice("rollout.engine", r.engine, choices["rollout.engine"])
+    if r.engine == "vllm":
+        v = r.vllm
+        if not 0 < v.gpu_memory_utilization <= 1:
+            errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
+        if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
+            errors.append(f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}")
+        choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
+        if cfg.model.gguf_file:
+            errors.append("`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result")
+        if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
+            errors.append("`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf")
+    choice("algo.sampler_correction", a.sampler_correction, ["auto", "none", *choices["algo.sampler_correction"]])
+    if a.sampler_correction_cap <= 1:
+        errors.append(f"`algo.sampler_correction_cap` must be > 1, got {a.sampler_correction_cap}")
+    choice("algo.loss_type", a.loss_type, choices["algo.loss_type"])
+    choice("algo.importance_sampling_level", a.importance_sampling_level, choices["algo.importance_sampling_level"])
+    choice("algo.kl_estimator", a.kl_estimator, choices["algo.kl_estimator"])
+    choice("algo.scale_rewards", a.scale_rewards, choices["algo.scale_rewards"])
+    choice("algo.reward_aggregation", a.reward_aggregation, choices["algo.reward_aggregation"])
+    choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
+    choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    choice("model.autocast", cfg.model.autocast, ["bf16", "none"])
+    choice("device", cfg.device, ["auto", "cpu", "cuda"])
+    if not 0 < a.epsilon < 1:
+        errors.append(f"`algo.epsilon` must be in (0, 1), got {a.epsilon}")
+    if a.epsilon_high is not None and a.epsilon_high <= 0:
+        errors.append(f"`algo.epsilon_high` must be positive, got {a.epsilon_high}")
+    if a.delta is not None and a.delta <= 1:
+        errors.append(f"`algo.delta` must be > 1 (it caps the ratio), got {a.delta}")
+    if a.num_iterations < 1:
+        errors.append(f"`algo.num_iterations` must be >= 1, got {a.num_iterations}")
+    if a.beta < 0:
+        errors.append(f"`algo.beta` must be >= 0, got {a.beta}")
+    if a.std_ddof not in (0, 1):
+        errors.append(f"`algo.std_ddof` must be 0 or 1, got {a.std_ddof}")
+    if not 0 < a.top_entropy_quantile <= 1:
+        errors.append(f"`algo.top_entropy_quantile` must be in (0, 1], got {a.top_entropy_quantile}")
+    if a.max_resample_rounds < 0:
+        errors.append(f"`algo.max_resample_rounds` must be >= 0, got {a.max_resample_rounds}")
+    if o.lr <= 0:
+        errors.append(f"`optim.lr` must be positive, got {o.lr}")
+    if o.max_grad_norm < 0:
+        errors.append(f"`optim.max_grad_norm` must be >= 0, got {o.max_grad_norm}")
+    if o.micro_batch_size < 0:
+        errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
+    _validate_scale_out(cfg, errors, choice)
+    if cfg.max_bad_steps < 1:
+        errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
+    if cfg.steps < 1:
+        errors.append(f"`steps` must be >= 1, got {cfg.steps}")
+    if not cfg.rewards:
+        errors.append("`rewards` is empty: at least one reward function is needed")
+    if cfg.data.task is None and cfg.data.path is None:
+        errors.append("`data.task` and `data.path` are both empty: name a built-in task or a dataset")
+    if cfg.data.task is not None:
+        choice("data.task", cfg.data.task, choices["data.task"])
+    for name in cfg.report_to:
+        choice("report_to", name, ["tensorboard", "wandb", "trackio", "none"])
+    if cfg.doctor_every < 0:
+        errors.append(f"`doctor_every` must be >= 0, got {cfg.doctor_every}")
+    if r.temperature == 0 and force and r.group_size > 1:
+        warnings.append("rollout.temperature=0 forced: the G completions of a prompt will be identical, so most groups give no signal")
+    if a.beta == 0:
+        warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
+    elif cfg.model.lora.r > 0:
+        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)")
+    else:
+        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)")
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+    return warnings

@@ -1,0 +1,72 @@
+"""Generation engines behind one small Protocol.
+
+An engine turns prompts (text with the chat template already applied) into G sampled
+completions each, and reports the token ids, masks, and the log-prob of each sampled token
+under the sampling distribution. Rollout sources (rlvr.rollout.episodes) build episodes on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1  # completions per prompt (the group size G)
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    max_new_tokens: int = 16
+    ignore_eos: bool = False  # fixed-length generation (benchmarks)
+
+
+@dataclass
+class Generation:
+    """An engine's output: G completions per prompt, prompt-major (rows [i*G, (i+1)*G) are prompt i's)."""
+
+    prompt_ids: torch.Tensor  # [B x G, P] left-padded
+    prompt_mask: torch.Tensor  # [B x G, P]
+    completion_ids: torch.Tensor  # [B x G, C] right-padded with pad_token_id
+    completion_mask: torch.Tensor  # [B x G, C] 1 up to and including EOS
+    sampling_logprobs: torch.Tensor  # [B x G, C] log p_sample(token), 0 on padding
+    truncated: torch.Tensor  # [B x G] bool: hit max_new_tokens without EOS
+    texts: list[str]  # [B x G] decoded completions, special tokens removed
+
+
+class GenerationEngine(Protocol):
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
+        """Sample params.n completions for each prompt; prompt i's randomness comes from seeds[i] alone."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Make generation use the trainer's current weights (a no-op when they are shared)."""
+        ...
+
+
+ENGINES = ("hf", "torch", "vllm")  # `torch` is an alias of `hf`
+
+
+def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> GenerationEngine:
+    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
+    LoRA `save_adapter(path)` writes the adapter it loads."""
+    if name in ("hf", "torch"):
+        from rlvr.rollout.hf import HFEngine
+
+        return HFEngine(model, tokenizer)
+    if name == "vllm":
+        from rlvr.models.loading import resolve_existing
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        if cfg is None:
+            raise ValueError("make_engine('vllm', ...) needs the run's config")
+        v = cfg.rollout.vllm
+        return VLLMEngine(
+            model, tokenizer, model_path=resolve_existing(cfg.model.path),
+            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
+            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
+        )
+    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")

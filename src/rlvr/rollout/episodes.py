@@ -1,0 +1,109 @@
+"""Episodes: what every kind of rollout hands the trainer, and the Protocol that makes them.
+
+An episode is a prompt followed by segments: the model's turns (sampled tokens, trained: loss
+mask 1, with the sampler's log-probs) and external text (tool results, environment replies,
+chat-template glue between turns: in context, loss mask 0). A single-turn completion is the
+episode with one model segment. The trainer never looks past this seam: a new kind of rollout
+(multi-turn with tools, a user-supplied rollout function) is one class implementing
+RolloutSource, and nothing in rlvr.train changes for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Episodes:
+    """A batch of N episodes, group-major: the group_size episodes of a prompt are consecutive
+    when the batch is made (select() may reorder; group_ids keep track)."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P] 1 on prompt tokens
+    completion_ids: torch.Tensor  # [N, C] every token after the prompt, right-padded with pad_token_id
+    attention_mask: torch.Tensor  # [N, C] 1 on every real token after the prompt (ones, then padding)
+    loss_mask: torch.Tensor  # [N, C] 1 on the tokens the model sampled (trained), 0 on external text and padding
+    sampling_logprobs: torch.Tensor  # [N, C] the sampler's log p of each model token, 0 elsewhere
+    truncated: torch.Tensor  # [N] bool: ran out of token budget before finishing
+    group_ids: torch.Tensor  # [N] long: the group (prompt) of each row, unique within the batch
+    group_size: int  # G: episodes per prompt
+    completions: list  # [N] what reward functions see (TRL's shape): text, or a list of messages
+    texts: list[str]  # [N] the decoded text after the prompt, special tokens removed (logs)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # [N] tokens after the prompt (model and external)
+        return self.attention_mask.sum(-1)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self) // self.group_size
+
+    def select(self, rows: torch.Tensor) -> "Episodes":
+        """The episodes at these row indices, in this order (group ids kept)."""
+        idx = rows.tolist()
+        return Episodes(
+            self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.attention_mask[rows],
+            self.loss_mask[rows], self.sampling_logprobs[rows], self.truncated[rows], self.group_ids[rows],
+            self.group_size, [self.completions[i] for i in idx], [self.texts[i] for i in idx],
+        )
+
+    def to(self, device) -> "Episodes":
+        t = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "attention_mask",
+                                                       "loss_mask", "sampling_logprobs", "truncated", "group_ids")}
+        return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts)
+
+    @staticmethod
+    def concat(parts: list["Episodes"], pad_token_id: int) -> "Episodes":
+        """Stack batches of different widths (prompts re-padded on the left, the rest on the
+        right); group ids are renumbered so that the groups of different parts stay apart."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({p.group_size for p in parts}) > 1:
+            raise ValueError(f"cannot concatenate episodes of different group sizes {[p.group_size for p in parts]}")
+        P = max(e.prompt_ids.shape[1] for e in parts)
+        C = max(e.completion_ids.shape[1] for e in parts)
+
+        def left(x, value):
+            return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
+
+        def right(x, value):
+            return torch.nn.functional.pad(x, (0, C - x.shape[1]), value=value)
+
+        offsets, total = [], 0
+        for e in parts:
+            offsets.append(total)
+            total += int(e.group_ids.max()) + 1 if len(e) else 0
+        return Episodes(
+            torch.cat([left(e.prompt_ids, pad_token_id) for e in parts]),
+            torch.cat([left(e.prompt_mask, 0) for e in parts]),
+            torch.cat([right(e.completion_ids, pad_token_id) for e in parts]),
+            torch.cat([right(e.attention_mask, 0) for e in parts]),
+            torch.cat([right(e.loss_mask, 0) for e in parts]),
+            torch.cat([right(e.sampling_logprobs, 0.0) for e in parts]),
+            torch.cat([e.truncated for e in parts]),
+            torch.cat([e.group_ids + off for e, off in zip(parts, offsets)]),
+            parts[0].group_size,
+            [c for e in parts for c in e.completions],
+            [t for e in parts for t in e.texts],
+        )
+
+
+class RolloutSource(Protocol):
+    """Makes episodes for dataset rows: group_size episodes per row, group-major."""
+
+    group_size: int
+
+    def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
+        """Episodes of `rows` (row i's group is group i); row i's randomness comes from seeds[i] alone,
+        so an episode does not depend on the batch, rank or resume it lands in."""
+        ...
+
+    def sync_weights(self) -> None:
+        """Make the sampler use the trainer's current weights (a no-op when they are shared)."""
+        ...

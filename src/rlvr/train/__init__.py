@@ -1,0 +1,8 @@
+"""Training: the loop (trainer.py) and what it is made of — the batch plan (every derived value
+resolved once), collecting scored episodes (collect.py), the update (update.py), fast paths,
+the split across ranks, checkpoint state, run control and held-out evaluation."""
+
+from rlvr.train.run_control import TrainingError
+from rlvr.train.trainer import StepRecord, Trainer
+
+__all__ = ["StepRecord", "Trainer", "TrainingError"]

@@ -1,0 +1,83 @@
+"""One step's batch: episodes from the rollout source, scored by the reward functions, with
+DAPO's dynamic sampling (groups whose rewards are all equal are dropped and fresh prompts drawn)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from rlvr import algo
+from rlvr.rewards import RewardRunner
+from rlvr.rollout.episodes import Episodes, RolloutSource
+
+
+@dataclass
+class Batch:
+    """One step's scored episodes. N = groups x G rows, group-major."""
+
+    rows: list[dict]  # [groups] dataset rows, one per prompt
+    episodes: Episodes  # N episodes
+    rewards: torch.Tensor  # [N, K] one column per reward function, NaN = not applicable
+    rounds: int = 1  # generation rounds it took (dynamic sampling)
+    prompts_consumed: int = 0  # prompts drawn from the stream for it
+    reward_seconds: float = 0.0  # time spent in reward functions (all rounds, this rank's share)
+    loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (rank_split.local_share)
+    errors: dict = field(default_factory=dict)  # reward function name -> samples that failed in it
+
+
+def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.Tensor:
+    """[N, K] rewards of the episodes; row i's dataset columns reach the functions as keyword arguments."""
+    G = episodes.group_size
+    columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
+    ids = [c[m.bool()].tolist() for c, m in zip(episodes.completion_ids, episodes.attention_mask)]
+    return runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
+
+
+def rollout_and_score(source: RolloutSource, runner: RewardRunner, seed: int) -> Callable:
+    """The work of one generation round, for `rows` starting at stream position `position`:
+    (episodes, rewards, seconds spent in rewards). Prompt i's randomness is seeded by its stream
+    position, so it gets the same episodes whatever batch, rank or resume it lands in."""
+
+    def work(rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
+        episodes = source.rollout(rows, [seed * 2**32 + position + i for i in range(len(rows))])
+        t = time.perf_counter()
+        rewards = score(runner, rows, episodes)
+        return episodes, rewards, time.perf_counter() - t
+
+    return work
+
+
+def collect(stream, round_fn: Callable, *, prompts: int, pad_token_id: int, dynamic_sampling: bool = False,
+            max_resample_rounds: int = 0, reward_weights: torch.Tensor | None = None, reward_aggregation: str = "sum_then_normalize") -> Batch:
+    """Draw `prompts` rows from the stream and run `round_fn(rows, position) -> (episodes, rewards,
+    seconds)` on them. With dynamic sampling, groups whose rewards are all equal are dropped and
+    fresh prompts drawn until the batch is full or max_resample_rounds extra rounds are spent."""
+    kept_rows, kept_eps, kept_rewards = [], [], []
+    rounds = consumed = 0
+    seconds = 0.0
+    while True:
+        need = prompts - len(kept_rows)
+        position = stream.position
+        rows = stream.take(need)
+        consumed += need
+        rounds += 1
+        episodes, rewards, t = round_fn(rows, position)
+        seconds += t
+        if not dynamic_sampling:
+            return Batch(rows, episodes, rewards, rounds, consumed, seconds)
+        G = episodes.group_size
+        signal = algo.groups_with_signal(rewards, reward_weights, G, mode=reward_aggregation)
+        keep_groups = signal.nonzero().squeeze(-1).tolist()
+        if keep_groups:
+            idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
+            kept_rows += [rows[g] for g in keep_groups]
+            kept_eps.append(episodes.select(idx))
+            kept_rewards.append(rewards[idx])
+        if len(kept_rows) == prompts or rounds > max_resample_rounds:
+            break
+    if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
+        return Batch(rows, episodes, rewards, rounds, consumed, seconds)
+    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), rounds, consumed, seconds)

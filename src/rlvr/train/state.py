@@ -1,0 +1,96 @@
+"""The train state the trainer owns, and writing/resuming checkpoints of it: weights (or the
+LoRA adapter), optimizer, scheduler, data position, RNG and the counters. Single process, DDP
+and FSDP2 write the same files, so a checkpoint resumes under any strategy and number of ranks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from rlvr.config import ConfigError, to_dict
+from rlvr.train.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+    math_changes,
+    read_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+@dataclass
+class TrainState:
+    """The loop's own counters (everything else resumable lives in the optimizer, scheduler, stream)."""
+
+    step: int = 0  # steps done
+    num_tokens: int = 0  # prompt + episode tokens seen so far
+    skipped_steps: int = 0  # steps whose update was dropped for a non-finite loss or gradient
+    bad_steps_in_a_row: int = 0  # not saved: a checkpoint is never written right after a bad step
+
+
+class Checkpointer:
+    """Saves and restores a TrainState together with the objects it needs (and nothing else)."""
+
+    def __init__(self, output_dir: Path, cfg, *, policy, optimizer, scheduler, stream, tokenizer, dist):
+        self.root, self.cfg = Path(output_dir) / "checkpoints", cfg
+        self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
+        self.stream, self.tokenizer, self.dist = stream, tokenizer, dist
+
+    def save(self, state: TrainState) -> Path:
+        """Rank 0 writes; every rank resumes from what it wrote. FSDP2: every rank first helps
+        gather the full weights and optimizer state onto rank 0, which writes them exactly as one
+        process would (a checkpoint resumes under any strategy and number of ranks)."""
+        path = self.root / f"step-{state.step:07d}"
+        model = self.policy.peft or self.policy.model  # what save_pretrained writes: the adapter with LoRA
+        full = self.dist.full_model_state(model)  # FSDP2: collectives; None otherwise
+        full_optim = self.dist.full_optimizer_state(self.policy.model, self.optimizer)
+        if not self.dist.is_main:
+            self.dist.barrier("checkpoint")
+            return path
+        saved = {k: v for k, v in asdict(state).items() if k != "bad_steps_in_a_row"}
+        saved.update({
+            "optimizer": self.optimizer.state_dict() if full_optim is None else full_optim,
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.stream.state_dict(),
+            "rng": rng_state(),
+        })
+        path = save_checkpoint(self.root, state.step, model=model, tokenizer=self.tokenizer, trainer_state=saved,
+                               config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints, state_dict=full)
+        self.dist.barrier("checkpoint")
+        return path
+
+    def resume(self, where: str, *, force: bool) -> tuple[TrainState, Path] | None:
+        """Load the checkpoint `where` names (`auto`: the newest) into the optimizer, scheduler,
+        stream, RNG and weights; (its TrainState, its path), or None when there is none yet."""
+        path = latest_checkpoint(self.root) if where == "auto" else Path(where)
+        if path is None:
+            return None  # resume=auto with nothing saved yet: a fresh start
+        if not (path / "trainer_state.pt").exists():
+            raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
+        saved_cfg = yaml.safe_load((path / "config.yaml").read_text())
+        changes = math_changes(saved_cfg, to_dict(self.cfg))
+        if changes and not force:
+            raise ConfigError(
+                f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
+                + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
+            )
+        saved = load_trainer_state(path)
+        policy, model = self.policy, self.policy.model
+        if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
+            if policy.peft is not None:
+                self.dist.load_full_model_state(policy.peft, policy.adapter_state_by_name(path), strict=False)
+            else:
+                self.dist.load_full_model_state(model, read_weights(path))
+            self.dist.load_full_optimizer_state(model, self.optimizer, saved["optimizer"])
+        else:
+            policy.load_adapter_weights(path) if policy.peft is not None else load_weights(path, model)
+            self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.stream.load_state_dict(saved["data"])
+        set_rng_state(saved["rng"])
+        state = TrainState(step=saved["step"], num_tokens=saved["num_tokens"], skipped_steps=saved.get("skipped_steps", 0))
+        return state, path

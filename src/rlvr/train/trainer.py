@@ -1,0 +1,271 @@
+"""The GRPO loop, top to bottom: draw prompts -> episodes from the rollout source -> score ->
+group-relative advantages -> mu clipped updates -> log -> checkpoint.
+
+Departures from the seeds' GRPO, all settable: the loss is aggregated with DAPO's token mean
+over the whole batch (`algo.loss_type=dapo`; the seeds' per-sequence mean is `grpo`), and the
+KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from rlvr import algo
+from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
+from rlvr.data import PromptStream, get_task, load_rows
+from rlvr.data.checks import check_reward_columns
+from rlvr.dist import Dist
+from rlvr.models.loading import load_tokenizer
+from rlvr.models.policy import load_policy
+from rlvr.observe.console import NullLogger, RunLogger
+from rlvr.rewards import RewardRunner
+from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
+from rlvr.train.batch_plan import BatchPlan
+from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
+from rlvr.train.collect import Batch, collect, rollout_and_score
+from rlvr.train.evaluation import evaluate
+from rlvr.train.rank_split import across_ranks, local_share
+from rlvr.train.run_control import StopRequest, TrainingError, lr_lambda, seed_everything, truncate_jsonl
+from rlvr.train.setup import check_config
+from rlvr.train.state import Checkpointer, TrainState
+from rlvr.train.step_metrics import batch_metrics, completion_rows
+from rlvr.train.update import Updater
+
+
+@dataclass
+class StepRecord:
+    """The last step's batch, its advantages and the micro-batches its update ran (this rank)."""
+
+    batch: Batch
+    advantages: torch.Tensor  # [N]
+    micro_batch_sizes: list[int]
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None, source=None):
+        """`source`: a RolloutSource to learn from instead of the single-turn one the config describes."""
+        self.cfg, self.logger_live = cfg, logger_live
+        self.warnings = check_config(cfg, force=force)
+        self.device = _device(cfg.device)
+        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device)
+        if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
+            raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
+        if split_errors := batch_split_errors(cfg, self.dist.world_size):
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
+        seed_everything(cfg.seed)
+
+        self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
+        self.warnings += notes
+        # beta = 0: no reference model exists at all (memory); the KL term is never computed.
+        # LoRA: the reference is the same weights with the adapter disabled (no copy).
+        self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
+        self.model, self.ref_model = self.policy.model, self.policy.ref_model
+        self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
+        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
+        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
+        r = cfg.rollout
+        sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                  max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
+        self.source = source or self._single_turn(sampling)
+        self.rewards = RewardRunner.from_config(cfg.rewards)
+        self.task, self.stream = self._prompts()
+        check_reward_columns(self.rewards.fns, self.stream.take(1)[0])
+        self.stream.position = 0
+
+        o = cfg.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
+                               scheduler=self.scheduler, dist=self.dist, device=self.device)
+        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+        self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+                                         stream=self.stream, tokenizer=self.tokenizer, dist=self.dist)
+        self.state, self.resumed_from, self.last_step = TrainState(), None, None
+        self._prepare_output_dir(force)
+
+    def _single_turn(self, sampling: SamplingParams) -> SingleTurnSource:
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        return SingleTurnSource(self.engine, self.tokenizer, sampling, system_prompt=self.cfg.data.system_prompt,
+                                context_length=context, autocast=self.cfg.model.autocast, device=self.device)
+
+    def _prompts(self):
+        """(the built-in task or None, the stream of training rows)."""
+        d = self.cfg.data
+        if d.task:
+            task = get_task(d.task, seed=self.cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
+            return task, PromptStream(task.train_row, None, seed=self.cfg.seed)
+        rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, subset=d.subset)
+        return None, PromptStream.from_rows(rows, seed=self.cfg.seed, shuffle=d.shuffle)
+
+    def _prepare_output_dir(self, force: bool) -> None:
+        previous = self.output_dir / "metrics.jsonl"
+        if not self.cfg.resume and previous.exists() and previous.stat().st_size and not force:
+            raise ConfigError(
+                f"output_dir {self.output_dir} already holds a run (metrics.jsonl): pass resume=auto to continue it, "
+                "choose another output_dir, or --force to start over in it"
+            )
+        if self.dist.is_main:
+            remove_partial_checkpoints(self.output_dir / "checkpoints")
+        if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
+            self.state, self.resumed_from = resumed
+            self.source.sync_weights()
+
+    # ------------------------------------------------------------------ one step
+
+    def collect(self) -> Batch:
+        """Episodes of this step's prompts, scored (every rank holds the whole batch)."""
+        cfg = self.cfg
+        work = across_ranks(self.dist, self.model, rollout_and_score(self.source, self.rewards, cfg.seed), self.tokenizer.pad_token_id)
+        return collect(self.stream, work, prompts=cfg.rollout.prompts_per_step, pad_token_id=self.tokenizer.pad_token_id,
+                       dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
+                       reward_weights=self.rewards.weights, reward_aggregation=cfg.algo.reward_aggregation)
+
+    def train_step(self) -> dict:
+        cfg, a, state = self.cfg, self.cfg.algo, self.state
+        t0 = time.perf_counter()
+        errors_before = dict(self.rewards.total_errors)
+        batch = self.collect()
+        t_collect = time.perf_counter() - t0
+        advantages = algo.combine_rewards(batch.rewards, self.rewards.weights, batch.episodes.group_size,
+                                          mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
+        t1 = time.perf_counter()
+        result = self.updater(*_share_args(*local_share(batch, advantages, self.dist)))  # this rank's groups
+        self.source.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
+        t_train = time.perf_counter() - t1
+        state.step += 1
+        state.skipped_steps += result.skipped
+        state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
+        e = batch.episodes
+        state.num_tokens += int(e.prompt_mask.sum() + e.attention_mask.sum())
+        metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
+        metrics.update(batch_metrics(batch, advantages, self.rewards.names, self.rewards.weights))
+        if a.dynamic_sampling:
+            metrics.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
+                            "sampling/groups_kept": len(batch.rows)})
+        for name, total in self.rewards.total_errors.items():  # failed samples, all rounds of this step
+            metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
+        metrics.update({
+            "step": state.step,
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "num_tokens": state.num_tokens,
+            "time/generate": t_collect - batch.reward_seconds,
+            "time/reward": batch.reward_seconds,
+            "time/train": t_train,
+            "time/step": time.perf_counter() - t0,
+        })
+        if self.device.type == "cuda":
+            metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.last_step = StepRecord(batch, advantages, result.micro_batch_sizes)
+        return metrics
+
+    def evaluate(self) -> float | None:
+        """Held-out accuracy (greedy), on rank 0 (None on the others). Every rank must call it: under
+        FSDP2 they all take part in gathering the full weights, then wait while rank 0 generates."""
+        if self.task is None:
+            return None
+        runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
+        greedy = self._single_turn(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
+        with self.dist.full_weights_for_generation(self.model):
+            if not self.dist.is_main:
+                return None
+            return evaluate(greedy, self.task.eval_rows(), runner)
+
+    def save_checkpoint(self) -> Path:
+        return self.checkpointer.save(self.state)
+
+    # ------------------------------------------------------------------ the loop
+
+    def train(self) -> dict:
+        cfg, out, main = self.cfg, self.output_dir, self.dist.is_main  # only rank 0 writes logs, samples, checkpoints
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            # Resuming: steps after the checkpoint (all of them when there is none yet) are done
+            # again. A fresh start (step 0) in a used folder, which only --force allows, starts the
+            # logs over instead of appending to the old run's.
+            truncate_jsonl(out / "metrics.jsonl", self.state.step)
+            truncate_jsonl(out / "samples.jsonl", self.state.step)
+        log = RunLogger(out, cfg.steps, self.state.step, live=self.logger_live, config=cfg) if main else NullLogger()
+        for w in self.warnings:
+            log.info(f"[note] {w}")
+        log.info(self.plan.describe())
+        summary: dict = {"output_dir": str(out)}
+        stop = StopRequest()
+        try:
+            if cfg.eval_before_after and self.state.step == 0 and (acc := self.evaluate()) is not None:
+                summary["eval_before"] = acc  # every rank calls evaluate (FSDP2); rank 0's number
+                log.info(f"held-out accuracy before training: {acc:.3f}")
+            t_start = time.time()
+            while self.state.step < cfg.steps:
+                log.log(self.train_step())
+                if cfg.log_completions_every and self.state.step % cfg.log_completions_every == 0:
+                    r = self.last_step
+                    log.samples(completion_rows(r.batch, r.advantages, self.rewards.names, self.state.step, cfg.num_completions_logged))
+                if self.state.bad_steps_in_a_row:
+                    self._after_bad_step(log)
+                    continue  # never checkpoint right after a bad step
+                if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
+                    path = self.save_checkpoint()
+                    log.info(f"stopped by {stop.requested} at step {self.state.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
+                    summary["interrupted_at"] = self.state.step
+                    return summary
+                if cfg.save_every and self.state.step % cfg.save_every == 0 and self.state.step < cfg.steps:
+                    self.save_checkpoint()
+            summary["train_seconds"] = time.time() - t_start
+            self._save_final()
+            if cfg.eval_before_after and (acc := self.evaluate()) is not None:
+                summary["eval_after"] = acc
+                log.info(f"held-out accuracy after training: {acc:.3f}")
+            if main:
+                (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            self.dist.barrier("end of training")
+        finally:
+            stop.restore()
+            log.close()
+        return summary
+
+    def _after_bad_step(self, log) -> None:
+        s = self.state
+        log.info(f"[warning] step {s.step}: non-finite loss or gradient, update skipped ({s.skipped_steps} so far)")
+        if s.bad_steps_in_a_row >= self.cfg.max_bad_steps:
+            last = latest_checkpoint(self.output_dir / "checkpoints")
+            raise TrainingError(
+                f"{s.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient (max_bad_steps={self.cfg.max_bad_steps}); "
+                f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
+            )
+
+    def _save_final(self) -> None:
+        # FSDP2: whole weights on rank 0, named as the model `policy.save` writes (the peft wrapper with LoRA)
+        full = self.dist.full_model_state(self.policy.peft or self.model)
+        if not self.dist.is_main:
+            return
+        out = self.output_dir
+        self.policy.save(out / "final", full)
+        self.tokenizer.save_pretrained(out / "final")
+        if self.cfg.model.lora.save_merged:
+            self.policy.save_merged(out / "final-merged")
+            self.tokenizer.save_pretrained(out / "final-merged")
+
+
+def _share_args(batch: Batch, advantages: torch.Tensor):
+    return batch.episodes, advantages, batch.loss_weight
+
+
+def _device(name: str) -> torch.device:
+    """`auto`: CUDA when available (under torchrun, this process's LOCAL_RANK GPU), else CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device

@@ -1,0 +1,250 @@
+"""The update: mu passes of the clipped policy-gradient loss over one batch of episodes.
+
+What is fixed for the step (rows run and their order, micro-batches, padding passes that keep
+ranks in lockstep, loss normalisers, reference log-probs, top-entropy token selection) is
+prepared once (`prepare`); the loop then reads like cleanrl's minibatch loop: forward, loss,
+backward per micro-batch, one optimizer step per pass. Metrics stay on the device as float64
+sums and reach the host once per pass (the loss and gradient norm decide whether the step is
+applied) and once at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlvr import algo
+from rlvr.models.forward import completion_logprobs, trim_padding
+from rlvr.models.precision import autocast_context
+from rlvr.rollout.episodes import Episodes
+from rlvr.train.batch_plan import BatchPlan
+from rlvr.train.fast_paths import fill_missing_grads, update_rows
+
+
+@dataclass
+class StepInputs:
+    """Everything the passes over one batch share; prepared once per step."""
+
+    episodes: Episodes  # the rows the update runs, in micro-batch order (on the training device)
+    advantages: torch.Tensor  # [N] float32
+    loss_mask: torch.Tensor  # [N, C] float32: model tokens that count (truncated episodes masked when asked)
+    passes: list[tuple[slice, float]]  # (micro-batch, weight): weight-0 passes keep ranks in lockstep
+    norms: algo.BatchNorms  # whole-batch normalisers (all ranks)
+    ref_logp: torch.Tensor | None  # [N, C] reference log-probs when beta > 0
+    entropy_weights: torch.Tensor | None  # [N, C] top-entropy token selection, when chosen before the loop
+    old_logp: list[torch.Tensor | None]  # per micro-batch: the first pass's log-probs, detached
+
+    @property
+    def micro_batch_sizes(self) -> list[int]:
+        return [mb.stop - mb.start for mb, w in self.passes if w]
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict
+    micro_batch_sizes: list[int]  # rows per forward/backward this step ran (this rank)
+    skipped: bool  # a non-finite loss or gradient: the weights were not touched
+
+
+class MetricSums:
+    """Token-weighted sums of one step's metrics, kept on the device in float64."""
+
+    def __init__(self, device):
+        z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
+        self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight = z(), z(), z(), z(), z(), z()
+        self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens
+        self.fractions: list[torch.Tensor] = []  # [3] per micro-batch (low, high, region), for min/max
+        self.gap_max = z()
+        self.pass_loss = z()
+        self.losses: list[float] = []  # per pass, on the host (they decide whether a pass is applied)
+        self.grad_norms: list[float] = []
+
+    def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor) -> None:
+        self.pass_loss += res.loss.detach().double()
+        n = m.sum().double()
+        fracs = torch.stack([res.low_clipped, res.high_clipped, res.region_clipped]).detach().double()
+        self.fractions.append(fracs)
+        for k in range(3):
+            self.clipped[k] += fracs[k] * n
+        self.tokens += n
+        self.entropy += (entropy * m).sum().double()
+        if res.kl is not None:
+            self.kl += res.kl.double() * n
+
+    def add_sampler_gap(self, old_logp, sampling_logp, m, is_w) -> None:
+        """How far the sampler's log-probs are from the trainer's (first pass only)."""
+        gap = (old_logp - sampling_logp).abs() * m
+        self.gap += gap.sum().double()
+        if gap.numel():
+            self.gap_max = torch.maximum(self.gap_max, gap.max().double())
+        self.tokens_first += m.sum().double()
+        if is_w is not None:
+            self.is_weight += (is_w * m).sum().double()
+
+
+class Updater:
+    """Runs the update of one step on this rank's share of the batch."""
+
+    def __init__(self, cfg, plan: BatchPlan, *, policy, train_model, optimizer, scheduler, dist, device):
+        a = cfg.algo
+        self.cfg, self.plan, self.policy, self.model, self.train_model = cfg, plan, policy, policy.model, train_model
+        self.optimizer, self.scheduler, self.dist, self.device = optimizer, scheduler, dist, device
+        self.loss_kwargs = dict(loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
+                                importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
+        self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
+        self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+
+    def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
+        step = self.prepare(episodes, advantages, loss_weight)
+        sums, skipped = MetricSums(self.device), False
+        for it in range(self.cfg.algo.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            sums.pass_loss.zero_()
+            for k, (mb, w_pass) in enumerate(step.passes):
+                j = min(k, len(step.old_logp) - 1)  # padding passes repeat the last micro-batch
+                last = k == len(step.passes) - 1  # gradients are reduced across ranks on the last backward only
+                with self.dist.no_grad_sync(self.train_model, skip=not last):
+                    out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True)
+                m = step.loss_mask[mb, :C]
+                if step.old_logp[j] is None:
+                    step.old_logp[j] = out.logp.detach()
+                old = step.old_logp[j]
+                w, is_w = self.token_weights(step, mb, C, out.entropy, m, old)
+                if it == 0 and w_pass:
+                    sums.add_sampler_gap(old, step.episodes.sampling_logprobs[mb, :C], m, is_w)
+                ref = None if step.ref_logp is None else step.ref_logp[mb, :C]
+                res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, **self.loss_kwargs)
+                with self.dist.no_grad_sync(self.train_model, skip=not last):
+                    (res.loss * (w_pass * self.dist.loss_scale)).backward()
+                if w_pass:
+                    sums.add(res, out.entropy, m)
+            if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
+                skipped = True
+                break
+        return UpdateResult(self.finish(sums, step), step.micro_batch_sizes, skipped)
+
+    # ------------------------------------------------------------------ before the loop
+
+    def prepare(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float) -> StepInputs:
+        a = self.cfg.algo
+        mask = episodes.loss_mask.float()
+        if a.mask_truncated_completions:
+            mask = algo.mask_truncated(mask, episodes.truncated)
+        # Normalisers: the whole batch over all ranks (a placeholder share counts 0), before any
+        # zero-advantage rows are left out: the other rows' gradients stay what they were.
+        n_seq, n_tok = self.dist.sum(loss_weight * len(episodes), loss_weight * float(mask.sum()), what="batch sizes")
+        keep, mb_size = update_rows(advantages, episodes.lengths, episodes.group_ids, episodes.prompt_mask, self.plan)
+        if keep is not None:
+            episodes, mask, advantages = episodes.select(keep), mask[keep], advantages[keep]
+        n = len(episodes)
+        mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
+        n_mb = self.dist.sum(loss_weight * len(mbs), what="micro-batches")[0]
+        norms = algo.BatchNorms(num_sequences=int(n_seq), num_tokens=int(n_tok), max_completion_length=self.cfg.rollout.max_new_tokens,
+                                num_micro_batches=max(int(n_mb), 1))
+        # Every rank runs as many forward/backward passes as the busiest one (the gradient reduction
+        # needs all of them); extra passes repeat the last micro-batch with weight 0.
+        passes = [(mb, loss_weight) for mb in mbs]
+        if mbs:
+            passes += [(mbs[-1], 0.0)] * (int(self.dist.max(len(mbs), what="micro-batches")) - len(mbs))
+        episodes = episodes.to(self.device)
+        ref_logp = self.reference_logprobs(episodes, mbs) if a.beta > 0 else None
+        # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
+        # policy's entropies, so micro-batching does not change which tokens train. With one
+        # micro-batch the first pass's own entropies serve (no extra forward; token_weights).
+        entropy_weights = None
+        if a.top_entropy_quantile < 1 and len(mbs) > 1:
+            entropy = self.fixed_logprobs(self.model, episodes, mbs, entropy=True).to(self.device)
+            entropy_weights = algo.high_entropy_mask(entropy, mask.to(self.device), a.top_entropy_quantile)
+        # Old log-probs: those of the first pass, detached. Every micro-batch of the first pass runs
+        # before the first optimizer step, so they are the generating policy's (ratio exactly 1
+        # there), and passes 2..mu reuse them (no extra forward).
+        return StepInputs(episodes, advantages.to(self.device, torch.float32), mask.to(self.device), passes, norms,
+                          ref_logp, entropy_weights, [None] * len(mbs))
+
+    def token_weights(self, step: StepInputs, mb: slice, C: int, entropy, m, old_logp):
+        """(weights of the policy-gradient term per token or None, the sampler-correction part or None)."""
+        a = self.cfg.algo
+        if a.top_entropy_quantile < 1 and step.entropy_weights is None:  # one micro-batch: the whole batch
+            step.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
+        w = None if step.entropy_weights is None else step.entropy_weights[mb, :C]
+        is_w = None
+        if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
+            is_w = algo.sampler_correction(old_logp, step.episodes.sampling_logprobs[mb, :C], m, self.correction, a.sampler_correction_cap)
+            w = is_w if w is None else w * is_w
+        return w, is_w
+
+    # ------------------------------------------------------------------ forwards
+
+    def forward(self, model, e: Episodes, mb: slice, *, with_entropy: bool):
+        p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
+        with autocast_context(self.cfg.model.autocast, self.device):
+            out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=self.cfg.rollout.temperature,
+                                      with_entropy=with_entropy, group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
+        return out, c_ids.shape[1]
+
+    def reference_logprobs(self, e: Episodes, mbs: list[slice]) -> torch.Tensor:
+        """Log-probs under the reference: the frozen copy, or (LoRA) the model with its adapter off."""
+        with self.policy.reference() as ref:
+            return self.fixed_logprobs(ref, e, mbs)
+
+    @torch.no_grad()
+    def fixed_logprobs(self, model, e: Episodes, mbs: list[slice], *, entropy: bool = False) -> torch.Tensor:
+        """Log-probs (or entropies) [N, C] of the episodes under a model that does not change during the step."""
+        C = e.completion_ids.shape[1]
+        parts = []
+        # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
+        # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
+        # have different numbers of micro-batches (uneven shares); no-op otherwise.
+        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext():
+            for mb in mbs:
+                out, width = self.forward(model, e, mb, with_entropy=entropy)
+                parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
+        return torch.cat(parts)
+
+    # ------------------------------------------------------------------ after each pass, after the step
+
+    def optimizer_step(self, sums: MetricSums, *, has_rows: bool) -> bool:
+        """Clip and apply the gradients of one pass; False (and nothing applied) when they are not finite."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not has_rows:
+            fill_missing_grads(params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_norm))
+        loss = self.dist.sum(float(sums.pass_loss), what="loss")[0]
+        sums.grad_norms.append(grad_norm)
+        sums.losses.append(loss)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)  # a non-finite step must not touch weights or optimizer state
+            return False
+        self.optimizer.step()
+        self.scheduler.step()
+        return True
+
+    def finish(self, sums: MetricSums, step: StepInputs) -> dict:
+        fr = torch.stack(sums.fractions).tolist() if sums.fractions else [[0.0, 0.0, 0.0]]
+        host = torch.stack([sums.tokens, sums.tokens_first, sums.entropy, sums.kl, sums.gap, sums.is_weight, *sums.clipped,
+                            sums.gap_max]).tolist()
+        tokens, tokens_first, ent, kl, gap, isw, low, high, region = self.dist.sum(*host[:9], what="metrics")
+        tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
+        all_tokens = max(float(step.norms.num_tokens), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
+        tokens_first = max(tokens_first, 1.0)
+        metrics = {
+            "loss": float(np.mean(sums.losses)),
+            "grad_norm": float(np.mean(sums.grad_norms)),
+            "entropy": ent / tokens,
+            "clip_ratio/low_mean": low / all_tokens,
+            "clip_ratio/low_min": self.dist.min(float(np.min([f[0] for f in fr])), what="metrics"),
+            "clip_ratio/high_mean": high / all_tokens,
+            "clip_ratio/high_max": self.dist.max(float(np.max([f[1] for f in fr])), what="metrics"),
+            "clip_ratio/region_mean": region / all_tokens,
+        }
+        if step.ref_logp is not None:
+            metrics["kl"] = kl / tokens
+        metrics["sampler/logp_gap_mean"] = gap / tokens_first
+        metrics["sampler/logp_gap_max"] = self.dist.max(host[9], what="metrics")
+        if self.correction != "none":
+            metrics["sampler/is_weight_mean"] = isw / tokens_first
+        return metrics
