@@ -7,9 +7,7 @@ import math
 import pytest
 import torch
 
-from rlvr import algo
 from rlvr.algo import BatchNorms, policy_loss, sampler_correction
-from test_trainer_variants import CHECKSUM, _advantages, make_trainer, reward_file
 
 
 def test_weights_by_hand():
@@ -57,10 +55,12 @@ def test_weights_turn_the_samplers_expectation_into_the_trainers():
     assert (g_plain - g_true).abs().max() > 1e-2
 
 
-def test_hf_engine_sampling_logprobs_match_the_trainer(tiny_model_dir, tmp_path):
+def test_hf_engine_sampling_logprobs_match_the_trainer(make_trainer, tmp_path):
     """The hf engine samples from the trained model itself: its reported log-probs agree with the
     training forward's to fp32 rounding, so `auto` applies no correction there."""
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.max_new_tokens=8")
+    from test_trainer_variants import CHECKSUM, reward_file  # the trainer tests' helpers
+
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.max_new_tokens=8")
     assert t.cfg.sampler_correction == "none"
     m = t.train_step()
     assert 0 <= m["sampler/logp_gap_max"] < 1e-4
@@ -69,24 +69,22 @@ def test_hf_engine_sampling_logprobs_match_the_trainer(tiny_model_dir, tmp_path)
 
 
 @pytest.mark.parametrize("mode, cap, factor", [("token_truncate", 3.0, 2.0), ("token_truncate", 1.5, 1.5), ("token_mask", 1.5, 0.0)])
-def test_trainer_scales_the_policy_gradient_by_the_weights(tiny_model_dir, tmp_path, mode, cap, factor):
+def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_path, mode, cap, factor):
     """A sampler that reported every token as half as likely as the trainer finds it: weights 2,
     so the gradient doubles (capped at 1.5: x1.5; masked beyond 1.5: zero)."""
+    from test_trainer_variants import CHECKSUM, advantages_of, reward_file  # the trainer tests' helpers
+
     grads, metrics = {}, {}
     for name, overrides in (("plain", ["algo.sampler_correction=none"]),
                             ("corrected", [f"algo.sampler_correction={mode}", f"algo.sampler_correction_cap={cap}"])):
-        t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0",
-                         *overrides, run=name)
+        t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0", *overrides, run=name)
         batch = t.collect()
-        batch.rollout.sampling_logprobs = batch.rollout.sampling_logprobs - math.log(2.0) * batch.rollout.completion_mask
-        adv = _advantages(t, batch)
+        ep = batch.episodes
+        ep.sampling_logprobs = ep.sampling_logprobs - math.log(2.0) * ep.loss_mask
+        adv = advantages_of(t, batch)
         assert adv.abs().max() > 0
-        metrics[name] = t.update(batch, adv)
+        metrics[name] = t.updater(ep, adv).metrics
         grads[name] = torch.cat([p.grad.flatten() for p in t.model.parameters()])
     torch.testing.assert_close(grads["corrected"], factor * grads["plain"], rtol=1e-4, atol=1e-7)
     assert metrics["plain"]["sampler/logp_gap_mean"] == pytest.approx(math.log(2.0), abs=1e-5)
     assert metrics["corrected"]["sampler/is_weight_mean"] == pytest.approx(factor, abs=1e-4)
-
-
-def test_registry_lists_both_modes():
-    assert set(algo.SAMPLER_CORRECTIONS) == {"token_truncate", "token_mask"}

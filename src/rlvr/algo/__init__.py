@@ -1,7 +1,19 @@
-"""Pure tensor math of GRPO: advantages, policy losses and their aggregations, KL, log-probs.
+"""Pure tensor math of GRPO: advantages, policy objectives and loss aggregations, KL, log-probs.
 
-No I/O, no config objects, no torch.distributed: hyperparameters arrive as keyword arguments,
-and every variant is its own function in a registry, tested alone.
+No I/O, no config objects, no torch.distributed: only torch. Hyperparameters arrive as keyword
+arguments, and every variant is its own function in a registry keyed by its config value, tested
+alone. Registry entries declare their own properties (Objective.zero_gradient_at_zero_advantage,
+Aggregation.normalises_per_micro_batch), which the trainer's fast paths query through
+zero_advantage_rows_have_zero_gradient and rows_can_be_regrouped. Adding an objective is one
+function, one OBJECTIVES entry and one test.
+
+    advantages.py     group advantages, reward aggregation, dynamic-sampling signal
+    objectives.py     per-token clipped surrogates (OBJECTIVES: token, sequence)
+    aggregations.py   per-token losses -> batch loss (LOSS_AGGREGATIONS, BatchNorms)
+    token_weights.py  top-entropy mask, sampler correction, truncated-completion mask
+    losses.py         policy_loss and the fast-path queries
+    kl.py             KL estimators
+    logprobs.py       log-probs and entropy from logits
 """
 
 from rlvr.algo.advantages import (
@@ -12,20 +24,18 @@ from rlvr.algo.advantages import (
     group_advantages,
     groups_with_signal,
 )
+from rlvr.algo.aggregations import LOSS_AGGREGATIONS, Aggregation, BatchNorms
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
 from rlvr.algo.logprobs import selective_log_softmax, token_entropy
 from rlvr.algo.losses import (
-    IMPORTANCE_LEVELS,
-    LOSS_AGGREGATIONS,
-    SAMPLER_CORRECTIONS,
-    BatchNorms,
     PolicyLossOutput,
-    high_entropy_mask,
-    mask_truncated,
     masked_mean,
     policy_loss,
-    sampler_correction,
+    rows_can_be_regrouped,
+    zero_advantage_rows_have_zero_gradient,
 )
+from rlvr.algo.objectives import IMPORTANCE_LEVELS, OBJECTIVES, Objective
+from rlvr.algo.token_weights import SAMPLER_CORRECTIONS, high_entropy_mask, mask_truncated, sampler_correction
 
 __all__ = [
     "ADVANTAGE_SCALES",
@@ -34,8 +44,11 @@ __all__ = [
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "OBJECTIVES",
     "SAMPLER_CORRECTIONS",
+    "Aggregation",
     "BatchNorms",
+    "Objective",
     "PolicyLossOutput",
     "combine_rewards",
     "group_advantages",
@@ -45,7 +58,9 @@ __all__ = [
     "mask_truncated",
     "masked_mean",
     "policy_loss",
+    "rows_can_be_regrouped",
     "sampler_correction",
     "selective_log_softmax",
     "token_entropy",
+    "zero_advantage_rows_have_zero_gradient",
 ]

@@ -28,14 +28,17 @@ def _group_spread(grouped: torch.Tensor) -> torch.Tensor:  # [B, G] -> [B]
 
 
 def _scale_group(grouped: torch.Tensor, ddof: int) -> torch.Tensor:  # [B, G] -> [B, 1]
+    """Each group's own std (DeepSeekMath, the seeds): A = (r - mean_g) / (std_g + eps)."""
     return _nan_std(grouped, ddof)
 
 
 def _scale_batch(grouped: torch.Tensor, ddof: int) -> torch.Tensor:  # [B, G] -> [1, 1]
+    """The std of the whole batch (Understanding R1-Zero, TRL's "batch"): A = (r - mean_g) / (std_batch + eps)."""
     return _nan_std(grouped.reshape(1, -1), ddof)
 
 
 def _scale_none(grouped: torch.Tensor, ddof: int) -> torch.Tensor:  # [B, G] -> [1, 1]
+    """No scaling (Dr. GRPO): A = r - mean_g."""
     return torch.ones((1, 1), dtype=grouped.dtype, device=grouped.device)
 
 
@@ -78,6 +81,7 @@ def group_advantages(
 
 
 def _sum_then_normalize(rewards, weights, group_size, **kw):  # rewards [B x G, K], weights [K]
+    """The weighted sum of the rewards (NaN = not applicable, skipped), then group advantages of the sum."""
     total = (rewards * weights).nansum(dim=-1)  # [B x G] a None from one function does not erase the others
     all_nan = rewards.isnan().all(dim=-1)
     total = total.masked_fill(all_nan, float("nan"))
@@ -107,11 +111,13 @@ REWARD_AGGREGATIONS = {
 
 
 def _signal_sum_then_normalize(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+    """The group's weighted reward sums differ (spread > tol)."""
     total = (rewards * weights).nansum(dim=-1).masked_fill(rewards.isnan().all(dim=-1), float("nan"))
     return _group_spread(total.reshape(-1, group_size)) > tol
 
 
 def _signal_normalize_then_sum(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+    """Some reward with a non-zero weight differs within the group (spread > tol)."""
     spreads = torch.stack([_group_spread(rewards[:, k].reshape(-1, group_size)) for k in range(rewards.shape[1])], dim=-1)
     return ((spreads > tol) & (weights != 0)).any(dim=-1)
 

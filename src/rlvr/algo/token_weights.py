@@ -1,0 +1,72 @@
+"""Per-token weights and masks for the policy-gradient term (policy_loss's `token_weights`, or the loss mask).
+
+    high_entropy_mask   w_it = 1[H_it >= quantile_{1-q}(H over the batch's tokens)]   (Beyond the 80/20 rule:
+                        train only on the high-entropy "forking" tokens)
+    sampler_correction  w_it = f(p_trainer_old(y_it) / p_sampler(y_it)), detached, one of SAMPLER_CORRECTIONS:
+                            token_truncate  min(w, cap)              truncated importance sampling ("TIS")
+                            token_mask      w if w <= cap, else 0     masked importance sampling ("MIS")
+                        so the update is unbiased for the trainer's policy although the tokens came from
+                        the sampler's (e.g. vLLM's) slightly different distribution
+    mask_truncated      m_it = 0 on completions that hit the length limit without EOS
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
+    """1 on the tokens whose entropy is in the top `top_quantile` share of the batch's tokens.
+
+    (Beyond the 80/20 rule: train only on the high-entropy "forking" tokens.) entropy, mask: [N, L] -> [N, L].
+    """
+    if top_quantile >= 1.0:
+        return mask.to(entropy.dtype)  # [N, L]
+    values = entropy[mask.bool()]  # [T] the batch's tokens
+    if values.numel() == 0:
+        return mask.to(entropy.dtype)
+    values = values.to(torch.promote_types(values.dtype, torch.float32))  # fp32 at least, fp64 kept
+    threshold = torch.quantile(values, 1.0 - top_quantile)  # [] linear interpolation
+    return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)  # [N, L]
+
+
+def _token_truncate(log_w: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS): min(w, cap), w = exp(log_w). [N, L] -> [N, L]."""
+    return torch.exp(log_w).clamp(max=cap)
+
+
+def _token_mask(log_w: torch.Tensor, cap: float) -> torch.Tensor:
+    """Masked importance sampling (MIS): w where w <= cap, else 0, w = exp(log_w). [N, L] -> [N, L]."""
+    w = torch.exp(log_w)  # [N, L]
+    return torch.where(w <= cap, w, torch.zeros_like(w))
+
+
+# How to correct for the sampler and the trainer computing slightly different probabilities for
+# the same tokens; keyed by the values of `algo.sampler_correction` (besides auto / none).
+SAMPLER_CORRECTIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "token_truncate": _token_truncate,
+    "token_mask": _token_mask,
+}
+
+
+def sampler_correction(
+    old_logp: torch.Tensor,  # [N, L] log p of the policy that sampled, as the trainer computes it
+    sampling_logp: torch.Tensor,  # [N, L] log p the sampler reported for the same tokens
+    mask: torch.Tensor,  # [N, L]
+    mode: str,
+    cap: float,
+) -> torch.Tensor:
+    """Per-token importance weights [N, L] (no gradient, 0 off the mask) that multiply the
+    policy-gradient term, so the update is unbiased for the trainer's policy although the tokens
+    came from the sampler's slightly different distribution. Pass them as `token_weights`."""
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler correction must be one of {sorted(SAMPLER_CORRECTIONS)}, got {mode!r}")
+    log_w = (old_logp.detach() - sampling_logp).masked_fill(mask == 0, 0.0)  # [N, L]
+    return SAMPLER_CORRECTIONS[mode](log_w, cap) * mask  # [N, L]
+
+
+def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Drop completions that hit the length limit without EOS from the loss. mask [N, L], truncated [N] -> [N, L]."""
+    return mask * (~truncated).unsqueeze(-1).to(mask.dtype)
