@@ -176,7 +176,7 @@ def worker_rlvr(spec: dict) -> None:
     import bench_rewards
 
     from rlvr.config import load_config
-    from rlvr.trainer import Trainer
+    from rlvr.train import Trainer
 
     T = spec["max_new_tokens"]
     overrides = [
@@ -195,11 +195,11 @@ def worker_rlvr(spec: dict) -> None:
     for _ in range(spec["warmup"] + spec["steps"]):
         bench_rewards.SEEN_LENGTHS.clear()
         m = trainer.train_step()
-        r = trainer._last_batch[0].rollout
+        e = trainer.last_step.batch.episodes
         steps.append({
             "step": m["time/step"], "generate": m["time/generate"], "reward": m["time/reward"], "train": m["time/train"],
-            "completion_tokens": int(r.completion_mask.sum()), "prompt_tokens": int(r.prompt_mask[::G].sum()),
-            "min_len": int(r.completion_mask.sum(-1).min()), "max_len": int(r.completion_mask.sum(-1).max()),
+            "completion_tokens": int(e.attention_mask.sum()), "prompt_tokens": int(e.prompt_mask[::G].sum()),
+            "min_len": int(e.lengths.min()), "max_len": int(e.lengths.max()),
             "frac_zero_std": m.get("frac_reward_zero_std"),
         })
     _finish({"lib": "rlvr", "steps": steps[spec["warmup"]:], "settings": overrides[-len(spec["extra"]):] if spec["extra"] else []})

@@ -53,7 +53,7 @@ def child(model: str, reward: str, variant: str) -> None:
     import torch
 
     from rlvr.config import load_config
-    from rlvr.trainer import Trainer
+    from rlvr.train import Trainer
 
     torch.set_num_threads(1)
     cfg = load_config(None, [f"model.path={model}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",

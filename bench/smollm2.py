@@ -107,7 +107,7 @@ def main() -> None:
 
     from rlvr.config import load_config
     from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
-    from rlvr.trainer import Trainer
+    from rlvr.train import Trainer
 
     model_dir = DEFAULT_CACHE
     if not (model_dir / "config.json").exists():
@@ -131,7 +131,7 @@ def main() -> None:
     t_eval = time.time() - t0
     print(f"before: accuracy {before['accuracy']:.3f} format {before['format']:.3f} ({t_eval:.0f}s)", flush=True)
 
-    from rlvr.logging import RunLogger
+    from rlvr.observe.console import RunLogger
 
     log = RunLogger(run_dir, cfg.steps, 0, live=False, config=cfg)
     t_train = time.time()

@@ -1,8 +1,9 @@
-"""Generation engines behind one small Protocol.
+"""The generation-engine Protocol and what crosses it.
 
 An engine turns prompts (text with the chat template already applied) into G sampled
 completions each, and reports the token ids, masks, and the log-prob of each sampled token
-under the sampling distribution. Rollout sources (rlvr.rollout.episodes) build episodes on it.
+under the sampling distribution. Rollout sources (rlvr.rollout.episodes) build episodes on it;
+the engines are listed in rlvr.rollout.engines.
 """
 
 from __future__ import annotations
@@ -44,29 +45,3 @@ class GenerationEngine(Protocol):
     def sync_weights(self) -> None:
         """Make generation use the trainer's current weights (a no-op when they are shared)."""
         ...
-
-
-ENGINES = ("hf", "torch", "vllm")  # `torch` is an alias of `hf`
-
-
-def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> GenerationEngine:
-    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
-    LoRA `save_adapter(path)` writes the adapter it loads."""
-    if name in ("hf", "torch"):
-        from rlvr.rollout.hf import HFEngine
-
-        return HFEngine(model, tokenizer)
-    if name == "vllm":
-        from rlvr.models.loading import resolve_existing
-        from rlvr.rollout.vllm_engine import VLLMEngine
-
-        if cfg is None:
-            raise ValueError("make_engine('vllm', ...) needs the run's config")
-        v = cfg.rollout.vllm
-        return VLLMEngine(
-            model, tokenizer, model_path=resolve_existing(cfg.model.path),
-            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
-            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
-            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
-        )
-    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")

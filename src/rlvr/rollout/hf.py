@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.engine import Generation, SamplingParams
+from rlvr.rollout.generation import Generation, SamplingParams
 from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.kv_buffers import BufferedLayer
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from rlvr.rollout.engine import Generation, SamplingParams
+from rlvr.rollout.generation import Generation, SamplingParams
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "

@@ -11,7 +11,7 @@ from rlvr import algo
 from rlvr.config import Config, validate
 from rlvr.data import TASKS
 from rlvr.models.precision import cpu_has_fast_bf16
-from rlvr.rollout.engine import ENGINES
+from rlvr.rollout.engines import ENGINES
 
 
 def registered_choices() -> dict[str, list[str]]:

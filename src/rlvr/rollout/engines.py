@@ -1,0 +1,31 @@
+"""The generation engines `rollout.engine` names, each imported only when chosen."""
+
+from __future__ import annotations
+
+from rlvr.rollout.generation import GenerationEngine
+
+
+ENGINES = ("hf", "torch", "vllm")  # `torch` is an alias of `hf`
+
+
+def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> GenerationEngine:
+    """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
+    LoRA `save_adapter(path)` writes the adapter it loads."""
+    if name in ("hf", "torch"):
+        from rlvr.rollout.hf import HFEngine
+
+        return HFEngine(model, tokenizer)
+    if name == "vllm":
+        from rlvr.models.loading import resolve_existing
+        from rlvr.rollout.vllm_engine import VLLMEngine
+
+        if cfg is None:
+            raise ValueError("make_engine('vllm', ...) needs the run's config")
+        v = cfg.rollout.vllm
+        return VLLMEngine(
+            model, tokenizer, model_path=resolve_existing(cfg.model.path),
+            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
+            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
+        )
+    raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")

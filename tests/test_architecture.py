@@ -1,0 +1,151 @@
+"""The import graph keeps the architecture of docs/architecture.md: no cycles, no private names
+across packages, `algo/` pure (torch only), `config/` importing nothing else of rlvr, and every
+import pointing down the layers (a step flows down the tree and never back up)."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
+
+# Lower layers never import higher ones; a package may import its own modules and any lower layer.
+LAYERS = [
+    {"rlvr", "config", "algo", "dist", "sandbox", "data"},
+    {"models", "rewards", "observe"},
+    {"rollout"},
+    {"train"},
+    {"cli", "__main__"},
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = ("rlvr", *path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> list[tuple[str, list[str], int]]:
+    """(imported module, names imported from it, line) for every import in the file, at any depth
+    (a lazy import inside a function is still a dependency)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [a.name for a in node.names]
+            # `from rlvr.rollout import hf` imports the module rlvr.rollout.hf
+            subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
+            out += [(s, [], node.lineno) for s in subs] or [(base, names, node.lineno)]
+    return out
+
+
+def _graph() -> tuple[dict[str, set[str]], list[tuple[str, str, list[str], int]]]:
+    mods = _modules()
+    known = set(mods)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    edges = []
+    for name, path in mods.items():
+        for target, names, line in _imports(name, path, known):
+            edges.append((name, target, names, line))
+            if target in known and target != name:
+                graph[name].add(target)
+    return graph, edges
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _layer(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def test_every_package_has_a_layer_and_a_docstring():
+    for name, path in _modules().items():
+        _layer(_package(name))  # StopIteration: a new package that LAYERS does not place
+        if path.read_text().strip():
+            assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no docstring saying what it is for"
+
+
+def test_no_import_cycles():
+    graph, _ = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycle = stack[stack.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_no_private_names_across_packages():
+    bad = []
+    for src, target, names, line in _graph()[1]:
+        if not target.startswith("rlvr") or _package(src) == _package(target):
+            continue
+        private = [n for n in names if n.startswith("_")] + [p for p in target.split(".") if p.startswith("_") and p != "__init__"]
+        if private:
+            bad.append(f"{src}:{line} imports {private} from {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_algo_imports_only_torch_and_the_standard_library():
+    bad = [f"{s}:{line} imports {t}" for s, t, _, line in _graph()[1]
+           if _package(s) == "algo" and t.split(".")[0] not in {"torch", "__future__", "typing", "dataclasses", "math", "collections"}
+           and not t.startswith("rlvr.algo")]
+    assert not bad, "\n".join(bad)
+
+
+def test_config_imports_nothing_else_of_rlvr():
+    bad = [f"{s}:{line} imports {t}" for s, t, _, line in _graph()[1]
+           if _package(s) == "config" and t.startswith("rlvr") and not t.startswith("rlvr.config")]
+    assert not bad, "\n".join(bad)
+
+
+def test_imports_point_down_the_layers():
+    bad = []
+    for src, target, _, line in _graph()[1]:
+        if target.startswith("rlvr.") and _layer(_package(target)) > _layer(_package(src)):
+            bad.append(f"{src}:{line} imports {target} (layer {_layer(_package(target))} above {_layer(_package(src))})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
+    """The checks above can fail: a two-module cycle and a private cross-package import are found."""
+    pkg = tmp_path / "rlvr"
+    (pkg / "algo").mkdir(parents=True)
+    (pkg / "train").mkdir()
+    (pkg / "algo" / "a.py").write_text('"""a"""\nfrom rlvr.train.b import x\n')
+    (pkg / "train" / "b.py").write_text('"""b"""\nfrom rlvr.algo.a import _y\n')
+    monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
+    graph, edges = _graph()
+    assert "rlvr.train.b" in graph["rlvr.algo.a"] and "rlvr.algo.a" in graph["rlvr.train.b"]
+    with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycles()
+    with pytest.raises(AssertionError, match="_y"):
+        test_no_private_names_across_packages()
+    with pytest.raises(AssertionError, match="layer"):
+        test_imports_point_down_the_layers()
