@@ -16,24 +16,12 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.generation import Generation, SamplingParams
+from rlvr.rollout.generation import Generation, SamplingParams, filter_logits
 from rlvr.rollout.attention import sdpa_cache_dtype
+from rlvr.rollout.episode_cache import episode_attention
+from rlvr.rollout.hf_episodes import Trace, TurnDriver, decode_episodes
 from rlvr.rollout.kv_buffers import BufferedLayer
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
-
-
-def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask logits outside top-k and outside the top-p nucleus with -inf."""  # logits: [N, V]
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
 
 
 AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
@@ -43,6 +31,8 @@ AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
 AttentionMaskInterface.register("rlvr_sdpa", sdpa_mask)
 AttentionInterface.register("rlvr_prefix", shared_prefix_attention)
 AttentionMaskInterface.register("rlvr_prefix", sdpa_mask)  # the prefill is plain masked SDPA
+AttentionInterface.register("rlvr_episode", episode_attention)
+AttentionMaskInterface.register("rlvr_episode", sdpa_mask)
 
 
 def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | None, dtype=None) -> None:
@@ -77,6 +67,27 @@ class HFEngine:
         model.eval()
         try:
             return self._generate(prompts, params, seeds)
+        finally:
+            model.config._attn_implementation = attn_impl
+            if was_training:
+                model.train()
+
+    @torch.no_grad()
+    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
+                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+        """Multi-turn episodes (rlvr.rollout.hf_episodes): params.n per prompt, each continuing from
+        its KV cache between turns. Needs plain causal full attention (supports_shared_prefix)."""
+        model = self.model
+        if not supports_shared_prefix(model.config):
+            raise ValueError("multi-turn episodes with the hf engine need a model with plain full causal attention and "
+                             f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)")
+        device = next(model.parameters()).device
+        fp32_cache = device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        was_training, attn_impl = model.training, model.config._attn_implementation
+        model.eval()
+        model.config._attn_implementation = "rlvr_episode"
+        try:
+            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=torch.float32 if fp32_cache else None)
         finally:
             model.config._attn_implementation = attn_impl
             if was_training:
@@ -189,7 +200,7 @@ class HFEngine:
         if params.temperature == 0:
             token = logits.argmax(-1)
             return token, torch.zeros_like(token, dtype=torch.float32)
-        logits = _filter_logits(logits / params.temperature, params.top_k, params.top_p)
+        logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
         logp_all = logits.log_softmax(-1)  # [n_active, V]
         # Exponential race (Gumbel-max in disguise): argmax p / E, E ~ Exp(1), samples from p.
         # Noise is drawn for all G rows of each prompt every step, so a row's noise does not

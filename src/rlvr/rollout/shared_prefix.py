@@ -77,35 +77,43 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see rlvr.rollout.attention)
     with torch.autocast(query.device.type, enabled=False):
-        out = _attend(query.to(dtype), key, value, layer, rlvr_prefix, scaling)
+        out = attend_prefix_and_own(query.to(dtype), key, value, layer.prefix_keys, layer.prefix_values, rows=rlvr_prefix.rows,
+                                    group_size=rlvr_prefix.group_size, prefix_bias=rlvr_prefix.prefix_bias, scaling=scaling)
     return out.to(query.dtype), None
 
 
-def _attend(query, key, value, layer: SharedPrefixLayer, st: PrefixState, scaling):
-    n, Hq, _, D = query.shape  # query [n, Hq, 1, D]; key/value [n, Hkv, t, D]
+def attend_prefix_and_own(query, key, value, prefix_keys, prefix_values, *, rows, group_size: int, prefix_bias, scaling=None,
+                          own_bias=None):
+    """One new token per row: attention over its group's prompt (prefix_keys/values [B, Hkv, P, D],
+    once per group) and over its own tokens (key/value [n, Hkv, t, D]; own_bias [n, 1, 1, t] masks
+    slots a row has not written), the two partial softmaxes merged exactly. query [n, Hq, 1, D];
+    rows [n]: which of the B x G rows these are."""
+    n, Hq, _, D = query.shape
     Hkv = key.shape[1]
     rep = Hq // Hkv  # grouped-query attention: q heads j*rep..(j+1)*rep-1 share kv head j
     scale = scaling if scaling is not None else D**-0.5
     q = query.reshape(n, Hkv, rep, D)
-    B, G = layer.prefix_keys.shape[0], st.group_size
+    B, G = prefix_keys.shape[0], group_size
 
     # prompt part: the group's G rows (x rep heads) are the query rows of one product per group
     qf = q.new_zeros(B * G, Hkv, rep, D)
-    qf[st.rows] = q
+    qf[rows] = q
     qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)
-    s = torch.matmul(qf, layer.prefix_keys.transpose(-1, -2)) * scale + st.prefix_bias  # [B, Hkv, G*rep, P]
+    s = torch.matmul(qf, prefix_keys.transpose(-1, -2)) * scale + prefix_bias  # [B, Hkv, G*rep, P]
     m_p = s.amax(-1, keepdim=True)
     e = torch.exp(s - m_p)
-    l_p, o_p = e.sum(-1, keepdim=True), torch.matmul(e, layer.prefix_values)  # [B, Hkv, G*rep, 1], [.., D]
+    l_p, o_p = e.sum(-1, keepdim=True), torch.matmul(e, prefix_values)  # [B, Hkv, G*rep, 1], [.., D]
 
     def per_row(x):  # [B, Hkv, G*rep, X] -> [n, Hkv, rep, X]
         X = x.shape[-1]
-        return x.view(B, Hkv, G, rep, X).transpose(1, 2).reshape(B * G, Hkv, rep, X)[st.rows]
+        return x.view(B, Hkv, G, rep, X).transpose(1, 2).reshape(B * G, Hkv, rep, X)[rows]
 
     m_p, l_p, o_p = per_row(m_p), per_row(l_p), per_row(o_p)
 
     # the row's own tokens
     s = torch.matmul(q, key.transpose(-1, -2)) * scale  # [n, Hkv, rep, t]
+    if own_bias is not None:
+        s = s + own_bias
     m_s = s.amax(-1, keepdim=True)
     e = torch.exp(s - m_s)
     l_s, o_s = e.sum(-1, keepdim=True), torch.matmul(e, value)

@@ -1,0 +1,182 @@
+"""Multi-turn decode for transformers models: episodes continue from their KV cache.
+
+Each prompt is prefilled once; its G rows then decode with rlvr.rollout.episode_cache, where
+every row writes at its own position. A row's model turn ends at EOS or when its text ends with
+one of the driver's stop strings (e.g. `</calc>`); the driver then either ends the episode or
+starts the tools and the row waits, out of the forward, while the others go on. When the
+driver hands back the row's external tokens (tool results, template glue), they are fed one per
+step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
+next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
+Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
+episode does not depend on when the other rows' tools finished.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.models.kv_cache import cache_kwarg
+from rlvr.rollout.episode_cache import EpisodeLayer, EpisodeState
+from rlvr.rollout.generation import SamplingParams, filter_logits
+
+SAMPLE, FORCE, WAIT, DONE = range(4)
+
+
+class TurnDriver(Protocol):
+    """What the decode asks the rollout source between turns."""
+
+    stop_strings: Sequence[str]  # a model turn also ends when its text ends with one of these
+
+    def end_turn(self, row: int, turn_ids: list[int], eos: bool) -> bool:
+        """Row `row` finished a model turn (its token ids; eos: it ended with EOS). True: the row
+        waits for external tokens (tools were started); False: its episode is over."""
+        ...
+
+    def ready(self, block: bool) -> dict[int, list[int] | None]:
+        """Rows whose external tokens are ready: token ids to feed, or None to end the episode.
+        block: wait until at least one row is ready (every row still running is waiting)."""
+        ...
+
+
+@dataclass
+class Trace:
+    """One episode's tokens after its prompt, exactly as fed to the model."""
+
+    ids: list[int] = field(default_factory=list)
+    loss: list[int] = field(default_factory=list)  # 1: sampled by the model; 0: external
+    logps: list[float] = field(default_factory=list)  # the sampler's log-prob (0.0 on external tokens)
+    turn: list[int] = field(default_factory=list)  # the current model turn's ids
+    forced: deque = field(default_factory=deque)
+    mode: int = SAMPLE
+    truncated: bool = False
+
+
+class StopMatcher:
+    """Does a turn's text end with a stop string? Decodes the turn's tail only after a token whose
+    text contains the last character of some stop string."""
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tokenizer, self.stops = tokenizer, [s for s in stops if s]
+        self.last_chars = {s[-1] for s in self.stops}
+        self.tail = max((len(s) for s in self.stops), default=0) + 8  # tokens are at least one character
+        self._may_end: dict[int, bool] = {}
+
+    def __call__(self, turn: list[int]) -> bool:
+        if not self.stops:
+            return False
+        t = turn[-1]
+        if t not in self._may_end:
+            self._may_end[t] = any(c in self.tokenizer.decode([t]) for c in self.last_chars)
+        if not self._may_end[t]:
+            return False
+        text = self.tokenizer.decode(turn[-self.tail:])
+        return any(text.endswith(s) for s in self.stops)
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen) if isinstance(gen, (list, tuple)) else ({gen} if gen is not None else set())
+    return {i for i in ids if i is not None}
+
+
+@torch.no_grad()
+def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver,
+                    *, cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+    """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
+    params.max_new_tokens bounds each episode's tokens after the prompt (model and external)."""
+    device = next(model.parameters()).device
+    G, T = params.n, params.max_new_tokens
+    enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
+    B, N = prompt_ids.shape[0], prompt_ids.shape[0] * G
+    cache, ckw = DynamicCache(config=model.config), cache_kwarg(model)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1, **{ckw: cache})
+    logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V] each row's next-token logits
+    kdtype = cache_dtype or cache.layers[0].keys.dtype
+    bias = torch.zeros(B, 1, 1, prompt_ids.shape[1], dtype=kdtype, device=device).masked_fill(
+        prompt_mask[:, None, None, :] == 0, torch.finfo(kdtype).min)
+    state = EpisodeState(cache, G, bias)
+    for i, layer in enumerate(cache.layers):
+        cache.layers[i] = EpisodeLayer(layer, state, N, T, cache_dtype)
+    start = prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
+    lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
+    gens = [torch.Generator(device=device).manual_seed((int(seeds[r // G]) * 9973 + r % G) % 2**63) for r in range(N)]
+    traces = [Trace() for _ in range(N)]
+    stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
+
+    while True:
+        waiting = [r for r in range(N) if traces[r].mode == WAIT]
+        runnable = [r for r in range(N) if traces[r].mode in (SAMPLE, FORCE)]
+        for r, ext in driver.ready(block=not runnable and bool(waiting)).items():
+            _resume(traces[r], ext, T)
+        runnable = [r for r in range(N) if traces[r].mode in (SAMPLE, FORCE)]
+        if not runnable:
+            if not any(t.mode == WAIT for t in traces):
+                break
+            continue
+        feed = []  # (row, token) that go into the cache this step
+        for r in runnable:
+            tr = traces[r]
+            forced = tr.mode == FORCE
+            if forced:
+                token, logp = tr.forced.popleft(), 0.0
+                if not tr.forced:
+                    tr.mode = SAMPLE
+            else:
+                token, logp = _sample(logits[r], params, gens[r])
+            tr.ids.append(token)
+            tr.loss.append(0 if forced else 1)
+            tr.logps.append(logp)
+            if not forced:
+                tr.turn.append(token)
+                ended_eos = token in eos and not params.ignore_eos
+                if ended_eos or stop(tr.turn):
+                    turn, tr.turn = tr.turn, []
+                    tr.mode = WAIT if driver.end_turn(r, turn, ended_eos) else DONE
+            if len(tr.ids) >= T and tr.mode != DONE:
+                tr.truncated, tr.mode = True, DONE
+            if tr.mode != DONE:
+                feed.append((r, token))
+        if not feed:
+            continue
+        rows = torch.tensor([r for r, _ in feed], device=device)
+        tokens = torch.tensor([t for _, t in feed], device=device)
+        state.prepare(rows, lengths, N)
+        out = model(input_ids=tokens[:, None], position_ids=(start[rows] + lengths[rows])[:, None], use_cache=True,
+                    rlvr_episode=state, **{ckw: cache})
+        logits[rows] = out.logits[:, -1].float()
+        lengths[rows] += 1
+    return prompt_ids, prompt_mask, traces
+
+
+def _resume(tr: Trace, ext: list[int] | None, budget: int) -> None:
+    """A waiting row gets its external tokens (cut to the episode's budget), or ends."""
+    if ext is None:
+        tr.mode = DONE
+        return
+    room = budget - len(tr.ids)
+    if len(ext) >= room:  # the tool output does not fit: the episode ends truncated
+        tr.truncated = True
+    ext = ext[:room]
+    if not ext:
+        tr.mode = DONE
+        return
+    tr.forced.extend(ext)
+    tr.mode = FORCE
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
+    """One token from a row's [V] logits; the noise comes from the row's own generator."""
+    if params.temperature == 0:
+        return int(logits.argmax()), 0.0
+    logp = filter_logits((logits / params.temperature)[None], params.top_k, params.top_p)[0].log_softmax(-1)  # [V]
+    noise = torch.empty_like(logp).exponential_(generator=gen)
+    token = int((logp.exp() / noise).argmax())  # exponential race: a sample from softmax(logp)
+    return token, float(logp[token])
