@@ -14,8 +14,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
-    {"rlvr", "config", "algo", "dist", "sandbox", "data"},
-    {"models", "rewards", "observe"},
+    {"rlvr", "config", "algo", "dist", "sandbox", "data", "envs"},
+    {"models", "rewards", "observe", "tools"},
     {"rollout"},
     {"train"},
     {"cli", "__main__"},

@@ -29,7 +29,7 @@ def _printed(plan: BatchPlan) -> tuple[int, int]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_printed_plan_is_what_runs(make_trainer, case):
     overrides, size, passes, exact = CASES[case]
-    t = make_trainer("rollout.group_size=4", "rollout.prompts_per_step=4", "rollout.max_new_tokens=6", "steps=4", *overrides, run=case)
+    t = make_trainer("rollout.group_size=4", "rollout.prompts_per_step=4", "rollout.max_new_tokens=6", "steps=4", *overrides, run=re.sub(r"\W+", "_", case))
     assert _printed(t.plan) == (size, passes)
     for _ in range(4):
         t.train_step()

@@ -39,7 +39,8 @@ class StubSource:
     def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
         self.calls += 1
         pad = self.tokenizer.pad_token_id
-        prompts = [self.tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+        texts = [self.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+        prompts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         N, P, C = len(rows) * G, max(map(len, prompts)), max(map(len, PATTERNS))
         prompt_ids = torch.full((N, P), pad)
         prompt_mask = torch.zeros(N, P, dtype=torch.long)
@@ -60,6 +61,9 @@ class StubSource:
 
     def sync_weights(self) -> None:
         pass
+
+    def metrics(self, episodes: Episodes) -> dict:
+        return {"stub/rows": float(len(episodes))}
 
 
 def _trainer(make_trainer, tmp_path, *overrides):
@@ -129,6 +133,7 @@ def test_a_stub_source_trains_through_the_unchanged_trainer(make_trainer, tmp_pa
 
     rows = [json.loads(line) for line in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(math.isfinite(r["loss"]) for r in rows)
+    assert rows[0]["stub/rows"] == 4 * G  # the source's own metrics reach the log
     # lengths count every token after the prompt; model tokens only reach the loss
     assert rows[0]["completions/max_length"] == max(map(len, PATTERNS))
     assert "output_dir" in summary

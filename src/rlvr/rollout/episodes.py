@@ -10,7 +10,7 @@ RolloutSource, and nothing in rlvr.train changes for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -32,6 +32,9 @@ class Episodes:
     group_size: int  # G: episodes per prompt
     completions: list  # [N] what reward functions see (TRL's shape): text, or a list of messages
     texts: list[str]  # [N] the decoded text after the prompt, special tokens removed (logs)
+    info: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] per-episode numbers the source reports (e.g. tool calls)
+    extra_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] rewards the rollout itself gave (NaN: none)
+    valid: torch.Tensor | None = None  # [N] bool; False: the episode failed to start and is left out (no reward, no loss)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -51,12 +54,15 @@ class Episodes:
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.attention_mask[rows],
             self.loss_mask[rows], self.sampling_logprobs[rows], self.truncated[rows], self.group_ids[rows],
             self.group_size, [self.completions[i] for i in idx], [self.texts[i] for i in idx],
+            {k: v[rows] for k, v in self.info.items()}, {k: v[rows] for k, v in self.extra_rewards.items()},
+            None if self.valid is None else self.valid[rows],
         )
 
     def to(self, device) -> "Episodes":
         t = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "attention_mask",
                                                        "loss_mask", "sampling_logprobs", "truncated", "group_ids")}
-        return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts)
+        return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts, info=self.info,
+                        extra_rewards=self.extra_rewards, valid=self.valid)
 
     @staticmethod
     def concat(parts: list["Episodes"], pad_token_id: int) -> "Episodes":
@@ -91,7 +97,21 @@ class Episodes:
             parts[0].group_size,
             [c for e in parts for c in e.completions],
             [t for e in parts for t in e.texts],
+            _concat_dicts([e.info for e in parts]),
+            _concat_dicts([e.extra_rewards for e in parts]),
+            None if all(e.valid is None for e in parts) else torch.cat([_valid(e) for e in parts]),
         )
+
+
+def _concat_dicts(dicts: list[dict]) -> dict:
+    keys = set().union(*dicts)
+    if any(set(d) != keys for d in dicts):
+        raise ValueError(f"cannot concatenate episodes that report different fields: {[sorted(d) for d in dicts]}")
+    return {k: torch.cat([d[k] for d in dicts]) for k in sorted(keys)}
+
+
+def _valid(e: Episodes) -> torch.Tensor:
+    return torch.ones(len(e), dtype=torch.bool) if e.valid is None else e.valid
 
 
 class RolloutSource(Protocol):
@@ -106,4 +126,8 @@ class RolloutSource(Protocol):
 
     def sync_weights(self) -> None:
         """Make the sampler use the trainer's current weights (a no-op when they are shared)."""
+        ...
+
+    def metrics(self, episodes: Episodes) -> dict[str, float]:
+        """Metrics of one step's episodes that only this kind of rollout knows (e.g. tool calls); may be {}."""
         ...

@@ -56,3 +56,6 @@ class SingleTurnSource:
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
+
+    def metrics(self, episodes: Episodes) -> dict[str, float]:
+        return {}

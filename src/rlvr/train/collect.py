@@ -20,7 +20,9 @@ class Batch:
 
     rows: list[dict]  # [groups] dataset rows, one per prompt
     episodes: Episodes  # N episodes
-    rewards: torch.Tensor  # [N, K] one column per reward function, NaN = not applicable
+    rewards: torch.Tensor  # [N, K] one column per reward source, NaN = not applicable
+    reward_names: list[str]  # [K] the reward functions, then the rewards the rollout gave (e.g. an environment's)
+    reward_weights: torch.Tensor  # [K]
     rounds: int = 1  # generation rounds it took (dynamic sampling)
     prompts_consumed: int = 0  # prompts drawn from the stream for it
     reward_seconds: float = 0.0  # time spent in reward functions (all rounds, this rank's share)
@@ -28,12 +30,26 @@ class Batch:
     errors: dict = field(default_factory=dict)  # reward function name -> samples that failed in it
 
 
+def reward_columns(runner: RewardRunner, episodes: Episodes) -> tuple[list[str], torch.Tensor]:
+    """(names [K], weights [K]) of the reward columns `score` gives: the reward functions with their
+    weights, then each reward the rollout gave itself with weight 1 (an environment owns its scale, as in TRL)."""
+    extra = sorted(episodes.extra_rewards)
+    return runner.names + extra, torch.cat([runner.weights, torch.ones(len(extra), dtype=runner.weights.dtype)])
+
+
 def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.Tensor:
-    """[N, K] rewards of the episodes; row i's dataset columns reach the functions as keyword arguments."""
+    """[N, K] rewards of the episodes (columns as `reward_columns` names them); row i's dataset columns
+    reach the functions as keyword arguments. Episodes that failed to start get NaN everywhere."""
     G = episodes.group_size
     columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
     ids = [c[m.bool()].tolist() for c, m in zip(episodes.completion_ids, episodes.attention_mask)]
-    return runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
+    rewards = runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
+    if episodes.extra_rewards:
+        extra = [episodes.extra_rewards[k].to(rewards) for k in sorted(episodes.extra_rewards)]
+        rewards = torch.cat([rewards, torch.stack(extra, dim=-1)], dim=-1)
+    if episodes.valid is not None:
+        rewards = rewards.masked_fill(~episodes.valid.to(rewards.device)[:, None], float("nan"))
+    return rewards
 
 
 def rollout_and_score(source: RolloutSource, runner: RewardRunner, seed: int) -> Callable:
@@ -50,8 +66,8 @@ def rollout_and_score(source: RolloutSource, runner: RewardRunner, seed: int) ->
     return work
 
 
-def collect(stream, round_fn: Callable, *, prompts: int, pad_token_id: int, dynamic_sampling: bool = False,
-            max_resample_rounds: int = 0, reward_weights: torch.Tensor | None = None, reward_aggregation: str = "sum_then_normalize") -> Batch:
+def collect(stream, round_fn: Callable, runner: RewardRunner, *, prompts: int, pad_token_id: int, dynamic_sampling: bool = False,
+            max_resample_rounds: int = 0, reward_aggregation: str = "sum_then_normalize") -> Batch:
     """Draw `prompts` rows from the stream and run `round_fn(rows, position) -> (episodes, rewards,
     seconds)` on them. With dynamic sampling, groups whose rewards are all equal are dropped and
     fresh prompts drawn until the batch is full or max_resample_rounds extra rounds are spent."""
@@ -65,11 +81,12 @@ def collect(stream, round_fn: Callable, *, prompts: int, pad_token_id: int, dyna
         consumed += need
         rounds += 1
         episodes, rewards, t = round_fn(rows, position)
+        names, weights = reward_columns(runner, episodes)
         seconds += t
         if not dynamic_sampling:
-            return Batch(rows, episodes, rewards, rounds, consumed, seconds)
+            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
         G = episodes.group_size
-        signal = algo.groups_with_signal(rewards, reward_weights, G, mode=reward_aggregation)
+        signal = algo.groups_with_signal(rewards, weights, G, mode=reward_aggregation)
         keep_groups = signal.nonzero().squeeze(-1).tolist()
         if keep_groups:
             idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
@@ -79,5 +96,5 @@ def collect(stream, round_fn: Callable, *, prompts: int, pad_token_id: int, dyna
         if len(kept_rows) == prompts or rounds > max_resample_rounds:
             break
     if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-        return Batch(rows, episodes, rewards, rounds, consumed, seconds)
-    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), rounds, consumed, seconds)
+        return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
+    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed, seconds)

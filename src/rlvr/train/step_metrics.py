@@ -7,10 +7,10 @@ import math
 import torch
 
 
-def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: torch.Tensor) -> dict:
+def batch_metrics(batch, advantages: torch.Tensor) -> dict:
     """Reward, group and length statistics of one step's batch (a rlvr.train.collect.Batch)."""
-    r = batch.episodes
-    total = (batch.rewards * weights).nansum(-1)  # [N]
+    r, names = batch.episodes, batch.reward_names
+    total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N]
     grouped = total.view(-1, r.group_size)  # [groups, G]
     lengths = r.lengths.float()
     m = {
@@ -31,7 +31,7 @@ def batch_metrics(batch, advantages: torch.Tensor, names: list[str], weights: to
     return m
 
 
-def completion_rows(batch, advantages: torch.Tensor, names: list[str], step: int, n: int) -> list[dict]:
+def completion_rows(batch, advantages: torch.Tensor, step: int, n: int) -> list[dict]:
     """n completions with their prompt, each reward and advantage: the first of every group, then
     the second of every group, ..., so the table covers many prompts rather than one group."""
     N, group_size = len(batch.episodes), batch.episodes.group_size
@@ -42,10 +42,16 @@ def completion_rows(batch, advantages: torch.Tensor, names: list[str], step: int
             "step": step,
             "prompt": batch.rows[i // group_size]["prompt"],
             "completion": batch.episodes.texts[i],
-            **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(names)},
+            **_conversation(batch.episodes.completions[i]),
+            **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(batch.reward_names)},
             "advantage": float(advantages[i]),
         })
     return out
+
+
+def _conversation(completion) -> dict:
+    """Multi-turn episodes (more than one message after the prompt) are logged as the conversation too."""
+    return {"conversation": completion} if isinstance(completion, list) and len(completion) > 1 else {}
 
 
 def _num(x: torch.Tensor):

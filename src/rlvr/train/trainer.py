@@ -126,9 +126,9 @@ class Trainer:
         """Episodes of this step's prompts, scored (every rank holds the whole batch)."""
         cfg = self.cfg
         work = across_ranks(self.dist, self.model, rollout_and_score(self.source, self.rewards, cfg.seed), self.tokenizer.pad_token_id)
-        return collect(self.stream, work, prompts=cfg.rollout.prompts_per_step, pad_token_id=self.tokenizer.pad_token_id,
+        return collect(self.stream, work, self.rewards, prompts=cfg.rollout.prompts_per_step, pad_token_id=self.tokenizer.pad_token_id,
                        dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                       reward_weights=self.rewards.weights, reward_aggregation=cfg.algo.reward_aggregation)
+                       reward_aggregation=cfg.algo.reward_aggregation)
 
     def train_step(self) -> dict:
         cfg, a, state = self.cfg, self.cfg.algo, self.state
@@ -136,7 +136,7 @@ class Trainer:
         errors_before = dict(self.rewards.total_errors)
         batch = self.collect()
         t_collect = time.perf_counter() - t0
-        advantages = algo.combine_rewards(batch.rewards, self.rewards.weights, batch.episodes.group_size,
+        advantages = algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
                                           mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
         t1 = time.perf_counter()
         result = self.updater(*_share_args(*local_share(batch, advantages, self.dist)))  # this rank's groups
@@ -148,7 +148,8 @@ class Trainer:
         e = batch.episodes
         state.num_tokens += int(e.prompt_mask.sum() + e.attention_mask.sum())
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
-        metrics.update(batch_metrics(batch, advantages, self.rewards.names, self.rewards.weights))
+        metrics.update(batch_metrics(batch, advantages))
+        metrics.update(self.source.metrics(batch.episodes))
         if a.dynamic_sampling:
             metrics.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
                             "sampling/groups_kept": len(batch.rows)})
@@ -210,7 +211,7 @@ class Trainer:
                 log.log(self.train_step())
                 if cfg.log_completions_every and self.state.step % cfg.log_completions_every == 0:
                     r = self.last_step
-                    log.samples(completion_rows(r.batch, r.advantages, self.rewards.names, self.state.step, cfg.num_completions_logged))
+                    log.samples(completion_rows(r.batch, r.advantages, self.state.step, cfg.num_completions_logged))
                 if self.state.bad_steps_in_a_row:
                     self._after_bad_step(log)
                     continue  # never checkpoint right after a bad step
