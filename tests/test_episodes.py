@@ -134,6 +134,6 @@ def test_a_stub_source_trains_through_the_unchanged_trainer(make_trainer, tmp_pa
     rows = [json.loads(line) for line in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(math.isfinite(r["loss"]) for r in rows)
     assert rows[0]["stub/rows"] == 4 * G  # the source's own metrics reach the log
-    # lengths count every token after the prompt; model tokens only reach the loss
-    assert rows[0]["completions/max_length"] == max(map(len, PATTERNS))
+    # lengths count the model's own tokens (as TRL does with tools)
+    assert rows[0]["completions/max_length"] == max(map(sum, PATTERNS))
     assert "output_dir" in summary

@@ -14,12 +14,13 @@ from rlvr.config.schema import (
     OptimConfig,
     RewardConfig,
     RolloutConfig,
+    ToolsConfig,
     VllmConfig,
 )
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
 
 __all__ = [
     "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "REGISTERED", "RewardConfig", "RolloutConfig", "VllmConfig", "batch_split_errors", "describe", "field_docs",
+    "REGISTERED", "RewardConfig", "RolloutConfig", "ToolsConfig", "VllmConfig", "batch_split_errors", "describe", "field_docs",
     "load_config", "to_dict", "validate",
 ]

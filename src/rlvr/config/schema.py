@@ -114,10 +114,41 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
+    function: str | None = None
+    """A rollout function that makes the episodes itself (TRL's `rollout_func`): `file.py:function` or
+    `module:function`, called as fn(prompts, model=, tokenizer=, sampling=, seeds=); see docs/agents.md."""
 
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+
+@dataclass
+class ToolsConfig:
+    functions: list[str] = field(default_factory=list)
+    """Tools the model may call (TRL's `tools`): built-in names (calculator, python), `module:function` or
+    `file.py:function`; functions with type hints and a Google docstring, sync or async. Empty: no tools."""
+    environment: str | None = None
+    """An environment (TRL's `environment_factory`): a built-in name (guess_number), `file.py:Class` or
+    `module:Class`; one instance per episode, `reset(**row)`, public methods as tools, optional `get_reward()`."""
+    format: str = "auto"
+    """How the model calls tools: `tags` (<calc>12*34</calc> answered by <result>408</result>), `chat_template`
+    (the tokenizer's tool template, Hermes/Qwen <tool_call>{json}</tool_call>, results as role: tool messages),
+    or `auto` (chat_template when the template supports tools, else tags)."""
+    tags: list[str] = field(default_factory=list)
+    """tags format: `tool=tag` pairs, e.g. [calculator=calc]; a tool without one uses its own name as tag."""
+    result_tags: list[str] = field(default_factory=lambda: ["<result>", "</result>"])
+    """tags format: the opening and closing text around each tool result."""
+    max_turns: int = 4
+    """Most model turns per episode; a call made in the last one is not run."""
+    timeout_s: float = 10.0
+    """Each tool call's time limit; a call still running then becomes an error message the model sees."""
+    max_result_chars: int = 1000
+    """Longer tool results are cut (with a marker saying so)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.functions) or self.environment is not None
 
 
 @dataclass
@@ -211,6 +242,8 @@ class Config:
     """Optimizer and schedule."""
     rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig()])
     """Reward functions, combined with their weights."""
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """Multi-turn episodes: tools the model may call, or an environment it acts in."""
     steps: int = 150
     """Training steps (each: generate, score, update mu times)."""
     seed: int = 0

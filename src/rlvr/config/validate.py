@@ -79,6 +79,28 @@ REGISTERED = (
 )
 
 
+def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
+    t = cfg.tools
+    choice("tools.format", t.format, ["auto", "tags", "chat_template"])
+    if t.max_turns < 1:
+        errors.append(f"`tools.max_turns` must be >= 1, got {t.max_turns}")
+    if t.timeout_s <= 0:
+        errors.append(f"`tools.timeout_s` must be positive (seconds), got {t.timeout_s}")
+    if t.max_result_chars < 1:
+        errors.append(f"`tools.max_result_chars` must be >= 1, got {t.max_result_chars}")
+    if len(t.result_tags) != 2:
+        errors.append(f"`tools.result_tags` must be [opening, closing], got {t.result_tags}")
+    for pair in t.tags:
+        if pair.count("=") != 1 or not all(pair.split("=")):
+            errors.append(f"`tools.tags` entries are `tool=tag` (e.g. calculator=calc), got {pair!r}")
+    if t.enabled and cfg.rollout.engine not in ("hf", "torch"):
+        errors.append(f"`tools` need rollout.engine=hf for now (multi-turn episodes), got {cfg.rollout.engine!r}")
+    if t.enabled and cfg.rollout.function:
+        errors.append("`rollout.function` makes the episodes itself: it cannot be combined with `tools`; run the tools inside it")
+    if t.enabled and cfg.nproc > 1:
+        errors.append("`tools` with nproc > 1 is not supported yet: set nproc=1")
+
+
 def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
     `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
@@ -156,6 +178,7 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     if o.micro_batch_size < 0:
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
     _validate_scale_out(cfg, errors, choice)
+    _validate_tools(cfg, errors, choice)
     if cfg.max_bad_steps < 1:
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
     if cfg.steps < 1:

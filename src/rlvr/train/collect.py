@@ -42,6 +42,7 @@ def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.T
     reach the functions as keyword arguments. Episodes that failed to start get NaN everywhere."""
     G = episodes.group_size
     columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
+    columns.update(episodes.columns)  # the rollout's own per-episode values (e.g. a rollout function's extra fields)
     ids = [c[m.bool()].tolist() for c, m in zip(episodes.completion_ids, episodes.attention_mask)]
     rewards = runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
     if episodes.extra_rewards:

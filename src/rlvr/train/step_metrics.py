@@ -12,7 +12,7 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
     r, names = batch.episodes, batch.reward_names
     total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N]
     grouped = total.view(-1, r.group_size)  # [groups, G]
-    lengths = r.lengths.float()
+    lengths = r.loss_mask.sum(-1).float()  # the model's own tokens (as TRL counts them with tools)
     m = {
         "reward": float(total.mean()),
         "reward_std": float(grouped.std(-1, correction=0).mean()),

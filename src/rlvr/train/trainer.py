@@ -27,7 +27,8 @@ from rlvr.models.loading import load_tokenizer
 from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
-from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
+from rlvr.rollout import SamplingParams, make_engine
+from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from rlvr.train.collect import Batch, collect, rollout_and_score
@@ -74,7 +75,7 @@ class Trainer:
         r = cfg.rollout
         sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
-        self.source = source or self._single_turn(sampling)
+        self.source = source or self._source(sampling)
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.task, self.stream = self._prompts()
         check_reward_columns(self.rewards.fns, self.stream.take(1)[0])
@@ -93,10 +94,10 @@ class Trainer:
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
         self._prepare_output_dir(force)
 
-    def _single_turn(self, sampling: SamplingParams) -> SingleTurnSource:
+    def _source(self, sampling: SamplingParams):
+        """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling."""
         context = getattr(self.model.config, "max_position_embeddings", None)
-        return SingleTurnSource(self.engine, self.tokenizer, sampling, system_prompt=self.cfg.data.system_prompt,
-                                context_length=context, autocast=self.cfg.model.autocast, device=self.device)
+        return make_source(self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device)
 
     def _prompts(self):
         """(the built-in task or None, the stream of training rows)."""
@@ -175,7 +176,7 @@ class Trainer:
         if self.task is None:
             return None
         runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
-        greedy = self._single_turn(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
+        greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         with self.dist.full_weights_for_generation(self.model):
             if not self.dist.is_main:
                 return None

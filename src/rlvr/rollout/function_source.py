@@ -1,0 +1,101 @@
+"""A user's rollout function as a rollout source (TRL's `rollout_func`, `rollout.function` in config).
+
+The function makes the episodes itself, with any generation code:
+
+    def my_rollout(prompts, *, model, tokenizer, sampling, seeds) -> dict
+
+`prompts`: one per group (a row's prompt: text or chat messages, not rendered, not repeated);
+`sampling`: rlvr.rollout.SamplingParams (sampling.n episodes per prompt); `seeds`: one per prompt.
+It returns, per episode (len(prompts) x sampling.n of them, prompt-major), the keys TRL's
+rollout_func returns: `prompt_ids`, `completion_ids`, `logprobs` (the sampler's, one per completion
+token) and optionally `env_mask` (1 = the model's token, trained; 0 = external, e.g. an
+environment's reply), plus `completions` (what reward functions see; default: the decoded
+text, as an assistant message for chat prompts). Every other key is a per-episode column that
+reaches the reward functions as a keyword argument, as in TRL. Differences from TRL: the function
+gets the model and tokenizer instead of the trainer, and seeds for reproducible sampling.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rlvr.rollout.episodes import Episodes
+from rlvr.rollout.generation import SamplingParams
+from rlvr.rollout.single_turn import as_completions
+
+REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def load_function(spec: str) -> Callable:
+    """`path/to/file.py:function` or `module:function`."""
+    if ":" not in spec:
+        raise ValueError(f"rollout.function: {spec!r} must be `file.py:function` or `module:function`")
+    where, name = spec.rsplit(":", 1)
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.exists():
+            raise FileNotFoundError(f"rollout.function: file {where} not found (from {spec!r})")
+        module_spec = importlib.util.spec_from_file_location(f"rlvr_rollout_fn_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"rollout.function: {where} has no function {name!r}")
+    return fn
+
+
+class FunctionSource:
+    """RolloutSource over a user's rollout function (see the module docstring for its contract)."""
+
+    def __init__(self, fn: Callable, model, tokenizer, sampling: SamplingParams):
+        self.fn, self.model, self.tokenizer, self.sampling = fn, model, tokenizer, sampling
+
+    @property
+    def group_size(self) -> int:
+        return self.sampling.n
+
+    def sync_weights(self) -> None:  # the function generates with the trainer's own model
+        pass
+
+    def metrics(self, episodes: Episodes) -> dict[str, float]:
+        return {}
+
+    def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
+        G, prompts = self.group_size, [r["prompt"] for r in rows]
+        out = self.fn(prompts, model=self.model, tokenizer=self.tokenizer, sampling=self.sampling, seeds=list(seeds))
+        N = len(rows) * G
+        if missing := [k for k in REQUIRED if k not in out]:
+            raise ValueError(f"rollout.function must return {list(REQUIRED)}; missing {missing}")
+        for key in (*REQUIRED, *(["env_mask"] if "env_mask" in out else [])):
+            if len(out[key]) != N:
+                raise ValueError(f"rollout.function returned {len(out[key])} `{key}` for {len(rows)} prompts x {G} = {N} episodes")
+        comp, lps = out["completion_ids"], out["logprobs"]
+        mask = out.get("env_mask") or [[1] * len(c) for c in comp]
+        for i, (c, lp, m) in enumerate(zip(comp, lps, mask)):
+            if not len(c) == len(lp) == len(m):
+                raise ValueError(f"rollout.function: episode {i} has {len(c)} completion ids, {len(lp)} logprobs, {len(m)} env_mask values")
+        P, C = max(len(p) for p in out["prompt_ids"]), max(1, max(len(c) for c in comp))
+        pad = self.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = torch.full((N, P), pad, dtype=torch.long), torch.zeros(N, P, dtype=torch.long)
+        ids, attn = torch.full((N, C), pad, dtype=torch.long), torch.zeros(N, C, dtype=torch.long)
+        loss, logp = torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C)
+        for i, (p, c, lp, m) in enumerate(zip(out["prompt_ids"], comp, lps, mask)):
+            prompt_ids[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p, dtype=torch.long), 1
+            if c:
+                ids[i, : len(c)], attn[i, : len(c)] = torch.tensor(c, dtype=torch.long), 1
+                loss[i, : len(c)], logp[i, : len(c)] = torch.tensor(m, dtype=torch.long), torch.tensor(lp, dtype=torch.float32)
+        texts = self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True)
+        completions = out.get("completions") or as_completions([p for p in prompts for _ in range(G)], texts)
+        truncated = torch.tensor([len(c) >= self.sampling.max_new_tokens and (not c or c[-1] != self.tokenizer.eos_token_id) for c in comp])
+        columns = {k: list(v) for k, v in out.items() if k not in (*REQUIRED, "env_mask", "completions")}
+        return Episodes(prompt_ids, prompt_mask, ids, attn, loss, logp, truncated, torch.arange(len(rows)).repeat_interleave(G), G,
+                        completions, texts, columns=columns)

@@ -1,0 +1,35 @@
+"""The rollout source a config describes: single-turn, or multi-turn with tools / an environment."""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.rollout.generation import GenerationEngine, SamplingParams
+from rlvr.rollout.single_turn import SingleTurnSource
+
+
+def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingParams, *, context_length: int | None,
+                device: torch.device, tool_runner=None):
+    """`cfg` is an rlvr.config.Config; `sampling` its sampling (or greedy, for evaluation).
+    `tool_runner`: share one rlvr.tools.ToolRunner (its threads) between sources."""
+    common = dict(system_prompt=cfg.data.system_prompt, context_length=context_length, autocast=cfg.model.autocast, device=device)
+    t = cfg.tools
+    if cfg.rollout.function:
+        from rlvr.rollout.function_source import FunctionSource, load_function
+
+        return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
+    if not t.enabled:
+        return SingleTurnSource(engine, tokenizer, sampling, **common)
+    from rlvr.envs import ENVIRONMENTS
+    from rlvr.rollout.multi_turn import MultiTurnSource, make_format
+    from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet
+
+    tools = ToolSet(t.functions) if t.functions else None
+    env = EnvironmentFactory(ENVIRONMENTS.get(t.environment, t.environment)) if t.environment else None
+    names = (tools.names if tools else []) + (env.names if env else [])
+    schemas = (tools.schemas if tools else []) + (env.schemas if env else [])
+    fmt = make_format(t.format, tokenizer, tool_names=names, schemas=schemas, tags=dict(p.split("=", 1) for p in t.tags),
+                      result_tags=tuple(t.result_tags))
+    runner = tool_runner or ToolRunner(timeout_s=t.timeout_s, max_result_chars=t.max_result_chars)
+    return MultiTurnSource(engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner,
+                           max_turns=t.max_turns, **common)
