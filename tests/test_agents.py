@@ -263,3 +263,90 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_at_start_up(make_trai
     tok.save_pretrained(tmp_path / "m")
     with pytest.raises(ValueError, match="prefix-preserving.*tools.format=tags"):
         make_trainer(f"model.path={tmp_path / 'm'}", "tools.functions=[calculator]", "tools.format=chat_template")
+
+
+# A TRL-documented environment_factory class, unchanged in shape: reserved reset / get_reward,
+# every other public method a tool with type hints and a Google docstring.
+TRL_ENV = '''
+class CalcEnv:
+    # Reserved methods
+    def reset(self, **kwargs) -> str | None:  # required; called at the start of each rollout
+        self.calls = 0
+        self.answer = kwargs.get("answer")
+        return None
+
+    def get_reward(self) -> float:  # optional: the environment scores itself from its own state
+        return float(self.calls == 1)
+
+    # Public methods (exposed as tools)
+    def multiply(self, expression: str) -> str:
+        """
+        Multiply two integers written as a*b.
+
+        Args:
+            expression: The product to compute, e.g. 12*34.
+
+        Returns:
+            The product.
+        """
+        self.calls += 1
+        a, b = expression.split("*")
+        return str(int(a) * int(b))
+'''
+
+ROLLOUT_FN = '''
+import torch
+
+
+def my_rollout(prompts, *, model, tokenizer, sampling, seeds):
+    """Samples with the model's own generate(), then appends an external reply (env_mask 0) and a
+    last model token, as an environment-driven rollout would."""
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "source": []}
+    for p, seed in zip(prompts, seeds):
+        text = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for j in range(sampling.n):
+            torch.manual_seed(seed * 100 + j)
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=True, top_k=0,
+                                 output_scores=True, return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+            new = gen.sequences[0, len(ids):].tolist()
+            lps = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(gen.scores, new)]
+            reply = tokenizer("!ok", add_special_tokens=False)["input_ids"]
+            out["prompt_ids"].append(ids)
+            out["completion_ids"].append(new + reply)
+            out["logprobs"].append(lps + [0.0] * len(reply))
+            out["env_mask"].append([1] * len(new) + [0] * len(reply))
+            out["source"].append(f"rollout {j}")
+    return out
+
+
+def saw_source(prompts, completions, source, **kw):
+    return [float(s.startswith("rollout")) * (len(c[0]["content"]) % 3) for s, c in zip(source, completions)]
+'''
+
+
+def test_trl_style_environment_trains_through_the_cli(rlvr_cli, tag_caller, tmp_path):
+    (tmp_path / "env.py").write_text(TRL_ENV)
+    out = tmp_path / "run"
+    rlvr_cli("train", f"output_dir={out}", f"model.path={tag_caller}", "data.task=null", f"data.path={tag_caller / 'data.jsonl'}",
+             "rewards=[final_answer]", f"tools.environment={tmp_path / 'env.py'}:CalcEnv", "tools.tags=[multiply=calc]",
+             "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64", "steps=2",
+             "eval_before_after=false", "threads=1", "report_to=[]", "log_completions_every=1", check=True, timeout=300)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    assert all(r["rewards/CalcEnv/mean"] == 1.0 and r["tools/call_frequency"] == 1.0 for r in rows)
+    assert all(r["reward"] == 2.0 for r in rows)  # final_answer + the environment's own reward (weight 1)
+    sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in sample["conversation"]] == ["assistant", "tool", "assistant"]
+    assert sample["conversation"][1] == {"role": "tool", "name": "multiply", "content": "408"}
+
+
+def test_a_rollout_function_trains_through_the_cli(rlvr_cli, tiny_model_dir, tmp_path):
+    (tmp_path / "roll.py").write_text(ROLLOUT_FN)
+    out = tmp_path / "run"
+    rlvr_cli("train", f"output_dir={out}", f"model.path={tiny_model_dir}", f"rollout.function={tmp_path / 'roll.py'}:my_rollout",
+             f"rewards=[{tmp_path / 'roll.py'}:saw_source]", "rollout.group_size=4", "rollout.prompts_per_step=2", "steps=2",
+             "eval_before_after=false", "threads=1", "report_to=[]", "log_completions_every=1", check=True, timeout=300)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["completions/max_length"] == 3 for r in rows)  # the model's tokens, not the reply's
+    assert (out / "final" / "model.safetensors").exists()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import inspect
 
 
-def check_reward_columns(reward_fns, row: dict) -> None:
-    """Every reward function's required keyword arguments must be dataset columns."""
-    given = {"prompts", "completions", "completion_ids", *row}
+def check_reward_columns(reward_fns, row: dict, provided: frozenset[str] | None = frozenset()) -> None:
+    """Every reward function's required keyword arguments must be dataset columns or columns the
+    rollout provides (`provided`; None: the rollout may provide any, so nothing is checked)."""
+    if provided is None:
+        return
+    given = {"prompts", "completions", "completion_ids", *row, *provided}
     for rf in reward_fns:
         for p in inspect.signature(rf.fn).parameters.values():
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in given:

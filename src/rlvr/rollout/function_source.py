@@ -56,6 +56,8 @@ def load_function(spec: str) -> Callable:
 class FunctionSource:
     """RolloutSource over a user's rollout function (see the module docstring for its contract)."""
 
+    reward_columns = None  # its extra fields are known only once it has run
+
     def __init__(self, fn: Callable, model, tokenizer, sampling: SamplingParams):
         self.fn, self.model, self.tokenizer, self.sampling = fn, model, tokenizer, sampling
 

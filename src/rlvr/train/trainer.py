@@ -78,7 +78,8 @@ class Trainer:
         self.source = source or self._source(sampling)
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.task, self.stream = self._prompts()
-        check_reward_columns(self.rewards.fns, self.stream.take(1)[0])
+        # a source may give rewards columns of its own (`reward_columns`; None: unknown until it runs)
+        check_reward_columns(self.rewards.fns, self.stream.take(1)[0], getattr(self.source, "reward_columns", frozenset()))
         self.stream.position = 0
 
         o = cfg.optim
