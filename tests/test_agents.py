@@ -350,3 +350,18 @@ def test_a_rollout_function_trains_through_the_cli(rlvr_cli, tiny_model_dir, tmp
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["completions/max_length"] == 3 for r in rows)  # the model's tokens, not the reply's
     assert (out / "final" / "model.safetensors").exists()
+
+
+def test_the_report_shows_episodes_as_conversations(tmp_path):
+    from rlvr.observe.report import make_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.5, "loss": 0.1}) + "\n" for s in (1, 2)))
+    conv = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"expression": "12*34"}}}]},
+            {"role": "tool", "name": "multiply", "content": "error: <boom>"}, {"role": "assistant", "content": "408"}]
+    (run / "samples.jsonl").write_text(json.dumps({"step": 2, "prompt": "12*34=", "completion": "x", "conversation": conv,
+                                                   "reward/final_answer": 1.0, "advantage": 0.5}) + "\n")
+    page = make_report([run]).read_text()
+    assert '<div class=tool><span class=dim>tool result (multiply)</span><pre>error: &lt;boom&gt;</pre></div>' in page
+    assert '[tool call] multiply({&quot;expression&quot;: &quot;12*34&quot;})' in page

@@ -308,11 +308,31 @@ def _completion_table(rows: list[dict]) -> str:
         cells = "".join(f"<td class=num>{_num(r.get(k))}</td>" for k in reward_keys)
         out.append(
             f"<tr><td class=num>{r.get('step', '')}</td><td><pre>{html.escape(prompt_text(r.get('prompt', '')))}</pre></td>"
-            f"<td><pre>{html.escape(str(r.get('completion', '')))}</pre></td><td class=num>{_num(r.get('_total'))}</td>{cells}"
+            f"<td>{_episode_html(r)}</td><td class=num>{_num(r.get('_total'))}</td>{cells}"
             f"<td class=num>{_num(r.get('advantage'), '+.3f')}</td></tr>"
         )
     out.append("</table>")
     return "\n".join(out)
+
+
+def _episode_html(row: dict) -> str:
+    """A completion; a multi-turn episode as its conversation, tool calls and results marked."""
+    conv = row.get("conversation")
+    if not isinstance(conv, list):
+        return f"<pre>{html.escape(str(row.get('completion', '')))}</pre>"
+    parts = []
+    for m in conv:
+        if not isinstance(m, dict):
+            continue
+        role = str(m.get("role", ""))
+        text = str(m.get("content") or "")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else {}
+            text += f"\n[tool call] {fn.get('name', '?')}({json.dumps(fn.get('arguments', {}), ensure_ascii=False)})"
+        label = f"tool result ({m.get('name', '?')})" if role == "tool" else role
+        cls = "tool" if role == "tool" else "turn"
+        parts.append(f"<div class={cls}><span class=dim>{html.escape(label)}</span><pre>{html.escape(text)}</pre></div>")
+    return "".join(parts)
 
 
 def _num(v, spec: str = ".3f") -> str:
@@ -383,6 +403,7 @@ pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:36em;font-size
 .dim{color:#777;font-size:.9em} .ok{color:#1a7f37} li.warning{color:#8a5a00} li.error{color:#b42318} li{margin-bottom:.6em}
 .plots{display:flex;flex-wrap:wrap;gap:0 1.5em;align-items:flex-start}
 figure{margin:1em 0;max-width:100%} figure h3{margin:.2em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{color:#555;font-size:.9em}
+div.turn,div.tool{padding:.15em .4em;margin:.1em 0;border-left:3px solid #9bb7d4} div.tool{border-left-color:#d4a72c;background:#fffbeb}
 """
 
 
