@@ -14,7 +14,7 @@ import torch
 
 import rlvr
 from rlvr.config import load_config
-from rlvr.trainer import Trainer
+from rlvr.train import Trainer
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -36,12 +36,12 @@ def main():
         orig = t.optimizer.step
 
         def step_then_maybe_die(*a, **k):
-            if t.step + 1 == die_step:
+            if t.state.step + 1 == die_step:
                 os.kill(os.getpid(), signal.SIGKILL)
             return orig(*a, **k)
 
         t.optimizer.step = step_then_maybe_die
-    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__, "start_step": t.step}
+    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__, "start_step": t.state.step}
     save_after = int(os.environ.get("RLVR_TEST_SAVE_AFTER", "0"))
     for k in range(steps):
         if k and k == save_after:

@@ -1,8 +1,17 @@
-"""Shared fixtures: a tiny random Llama with the project's character tokenizer, built once per session.
+"""Shared fixtures: a tiny random Llama with the project's character tokenizer, built once per
+session; one factory for in-process trainers (`make_trainer`); one runner for the `rlvr` CLI in
+a subprocess (`rlvr_cli`).
 
-Trainer-level tests pass `model.path=<tiny_model_dir>` so they never depend on the bundled model
-(or on anything downloaded).
+Trainer-level tests pass `model.path=<tiny_model_dir>` (the factory's default) so they never
+depend on the bundled model (or on anything downloaded); tests that want the bundled model pass
+`model.path=tiny`.
 """
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -23,3 +32,68 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+# ------------------------------------------------------------------------------------ in process
+
+
+def trainer_defaults(model_path: str, output_dir) -> list[str]:
+    """Fast defaults for an in-process Trainer: a few short steps, nothing but metrics.jsonl written."""
+    return [
+        f"model.path={model_path}", "eval_before_after=false", "steps=3", "rollout.group_size=4", "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4", f"output_dir={output_dir}", "log_completions_every=0", "report_to=[]",
+    ]
+
+
+@pytest.fixture
+def make_trainer(tiny_model_dir, tmp_path):
+    """make(*overrides, run="run", force=False, source=None, config=None) -> rlvr.train.Trainer
+
+    The config is trainer_defaults(tiny_model_dir, tmp_path / run) followed by `overrides`
+    (later ones win), or, with `config` (a YAML file), that file with `overrides` only; the
+    console is plain lines (logger_live=False)."""
+    from rlvr.config import load_config
+    from rlvr.train import Trainer
+
+    def make(*overrides: str, run: str = "run", force: bool = False, source=None, config=None) -> Trainer:
+        if config is not None:
+            cfg = load_config(config, list(overrides))
+        else:
+            cfg = load_config(None, [*trainer_defaults(tiny_model_dir, tmp_path / run), *overrides])
+        return Trainer(cfg, force=force, logger_live=False, source=source)
+
+    return make
+
+
+# ------------------------------------------------------------------------------------ the CLI
+
+
+class RlvrCli:
+    """`python -m rlvr ARGS...` in a subprocess, with this interpreter (so this checkout's rlvr).
+
+    cli(*args, timeout=120, check=False, env=None) -> CompletedProcess (text, stdout/stderr
+    captured); check=True asserts exit status 0 and shows the output's tail when it is not.
+    cli.command(*args) is the command line, cli.popen(*args, **kw) starts it without waiting
+    (for tests that signal or kill the run). `env`: variables added to this process's."""
+
+    def command(self, *args) -> list[str]:
+        return [sys.executable, "-m", "rlvr", *map(str, args)]
+
+    @staticmethod
+    def _env(env: dict | None) -> dict | None:
+        return None if env is None else {**os.environ, **env}
+
+    def __call__(self, *args, timeout: float = 120, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout, env=self._env(env))
+        if check:
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return proc
+
+    def popen(self, *args, env: dict | None = None, **kw) -> subprocess.Popen:
+        kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **kw}
+        return subprocess.Popen(self.command(*args), env=self._env(env), **kw)
+
+
+@pytest.fixture(scope="session")
+def rlvr_cli() -> RlvrCli:
+    return RlvrCli()

@@ -1,8 +1,7 @@
 """Every bad input gets one clear error naming the thing, and nothing is written or lost."""
 
 import json
-import subprocess
-import sys
+import re
 
 import pytest
 
@@ -45,18 +44,19 @@ CASES = [
 ]
 
 
+def _train(cli, out, *args):
+    """`rlvr train` of 2 short steps into `out`, then ARGS."""
+    return cli("train", f"output_dir={out}", "eval_before_after=false", "steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
+               "threads=1", *args, timeout=120)
+
+
 @pytest.mark.parametrize("overrides, message", CASES, ids=[c[1][:40] for c in CASES])
-def test_bad_input_is_named_and_nothing_is_written(tmp_path, overrides, message):
+def test_bad_input_is_named_and_nothing_is_written(tmp_path, rlvr_cli, overrides, message):
     _files(tmp_path)
     out = tmp_path / "run"
-    args = [o.format(d=tmp_path) for o in overrides]
-    cmd = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "eval_before_after=false", "steps=2",
-           "rollout.prompts_per_step=2", "rollout.group_size=4", "threads=1", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = _train(rlvr_cli, out, *[o.format(d=tmp_path) for o in overrides])
     assert proc.returncode == 2, (proc.stdout[-1000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr
-    import re
-
     assert re.search(message, proc.stderr), proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) <= 6  # one clear error, not a wall of text
     leftovers = [p for p in out.rglob("*") if p.is_file() and p.name not in ("config.yaml", "metrics.jsonl", "samples.jsonl")] if out.exists() else []
@@ -67,30 +67,23 @@ def test_bad_input_is_named_and_nothing_is_written(tmp_path, overrides, message)
     ("too_few", r"reward function 'too_few' failed .*: returned 1 values for 8 completions"),
     ("words", r"reward function 'words' failed .*: returned 'good' \(str\) for completion 0; expected a finite number or None"),
 ])
-def test_a_broken_reward_function_is_isolated_named_and_counted(tmp_path, fn, message):
+def test_a_broken_reward_function_is_isolated_named_and_counted(tmp_path, rlvr_cli, fn, message):
     """A reward function's bad output never stops training: it is named once, its samples get
     no reward (NaN, left out of the group statistics), and rewards/<fn>/errors counts them."""
     _files(tmp_path)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "eval_before_after=false", "steps=2",
-           "rollout.prompts_per_step=2", "rollout.group_size=4", "threads=1",
-           "rewards.0.fn=arithmetic", f"rewards.1.fn={tmp_path}/rewards.py:{fn}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = _train(rlvr_cli, out, "rewards.0.fn=arithmetic", f"rewards.1.fn={tmp_path}/rewards.py:{fn}")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import re
-
     assert len(re.findall(message, proc.stderr)) == 1, proc.stderr[-2000:]  # once, not every step
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m[f"rewards/{fn}/errors"] for m in metrics] == [8, 8]
     assert all(m["rewards/arithmetic_correct/errors"] == 0 for m in metrics)
 
 
-def test_a_second_run_into_the_same_output_dir_is_refused(tmp_path):
+def test_a_second_run_into_the_same_output_dir_is_refused(tmp_path, rlvr_cli):
     out = tmp_path / "run"
-    base = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "eval_before_after=false", "steps=1",
-            "rollout.prompts_per_step=2", "rollout.group_size=4", "threads=1"]
-    assert subprocess.run(base, capture_output=True, timeout=120).returncode == 0
+    assert _train(rlvr_cli, out, "steps=1").returncode == 0
     before = (out / "metrics.jsonl").read_text()
-    proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    proc = _train(rlvr_cli, out, "steps=1")
     assert proc.returncode == 2 and "already holds a run" in proc.stderr and "resume=auto" in proc.stderr
     assert (out / "metrics.jsonl").read_text() == before  # nothing appended, nothing lost

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlvr.config import ConfigError, load_config, validate
+from rlvr.config import REGISTERED, ConfigError, load_config, validate
+from rlvr.train.setup import check_config, registered_choices
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -48,7 +49,20 @@ def test_unknown_yaml_key(tmp_path):
 )
 def test_validation_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
-        validate(load_config(None, [override]))
+        check_config(load_config(None, [override]))
+
+
+def test_registered_settings_are_checked_against_the_choices_given():
+    """rlvr.config imports nothing above it: the valid names of registry-backed settings arrive as
+    `choices` (rlvr.train.setup passes the registries), and all of them must be given."""
+    cfg = load_config(None, [])
+    choices = registered_choices()
+    assert set(choices) == set(REGISTERED)
+    validate(cfg, choices=choices)
+    with pytest.raises(ValueError, match="no choices given for.*algo.loss_type"):
+        validate(cfg, choices={k: v for k, v in choices.items() if k != "algo.loss_type"})
+    with pytest.raises(ConfigError, match=r"`algo.loss_type` must be one of \['grpo'\], got 'dapo'"):
+        validate(cfg, choices={**choices, "algo.loss_type": ["grpo"]})
 
 
 FSDP = ["nproc=2", "dist.strategy=fsdp"]
@@ -60,13 +74,13 @@ FSDP = ["nproc=2", "dist.strategy=fsdp"]
 ])
 def test_fsdp_refusals(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        validate(load_config(None, overrides))
-    validate(load_config(None, FSDP + ["model.lora.r=4"]))  # LoRA itself is fine (tests/test_dist.py)
+        check_config(load_config(None, overrides))
+    check_config(load_config(None, FSDP + ["model.lora.r=4"]))  # LoRA itself is fine (tests/test_dist.py)
     # Checkpoints and resume work under FSDP2 (written unsharded, as one process writes them)
-    validate(load_config(None, FSDP + ["save_every=5", "resume=auto", "model.lora.r=4"]))
+    check_config(load_config(None, FSDP + ["save_every=5", "resume=auto", "model.lora.r=4"]))
 
 
 def test_group_size_two_warns_and_kl_note():
-    warnings = validate(load_config(None, ["rollout.group_size=2"]))
+    warnings = check_config(load_config(None, ["rollout.group_size=2"]))
     assert any("group_size=2" in w for w in warnings)
     assert any("no reference model" in w for w in warnings)

@@ -7,8 +7,8 @@ import re
 import pytest
 from _runs import healthy_run
 
-from rlvr.logging import RunLogger
-from rlvr.sinks import CompletionsTable, make_sinks
+from rlvr.observe.console import RunLogger
+from rlvr.observe.sinks import CompletionsTable, make_sinks
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -22,8 +22,8 @@ def _metrics(step, **extra):
     return m
 
 
-def test_cli_under_a_pipe_prints_one_plain_line_per_step(tmp_path_factory, tiny_model_dir):
-    run, stdout = healthy_run(tmp_path_factory, tiny_model_dir)
+def test_cli_under_a_pipe_prints_one_plain_line_per_step(tmp_path_factory, tiny_model_dir, rlvr_cli):
+    run, stdout = healthy_run(tmp_path_factory, tiny_model_dir, rlvr_cli)
     assert not ANSI.search(stdout), "no terminal escape codes when stdout is a pipe"
     assert "━" not in stdout and "\r" not in stdout  # no progress bar
     steps = [int(m.group(1)) for m in re.finditer(r"^step (\d+)/30 ", stdout, re.M)]
@@ -39,8 +39,7 @@ def test_live_display_shows_the_run_at_a_glance(tmp_path, monkeypatch):
     buf = io.StringIO()
     log.console.file = buf  # what a terminal would receive
     log.log(_metrics(1))
-    log.log(_metrics(2))
-    log._live.refresh()
+    log.log(_metrics(2))  # each step refreshes the display
     log.close()
     screen = ANSI.sub("", buf.getvalue())
     for text in ("step", "2/10", "ETA", "steps/s", "reward", "0.500±0.250", "correct", "format", "0.750", "kl", "0.0123",
@@ -70,7 +69,7 @@ def test_doctor_warns_during_training(tmp_path, capsys):
 
 
 def test_metrics_jsonl_keeps_non_finite_values_readable(tmp_path):
-    from rlvr.doctor import load_metrics
+    from rlvr.observe.doctor import load_metrics
 
     log = RunLogger(tmp_path, total_steps=2, config={"report_to": [], "doctor_every": 0})
     log.log(_metrics(1, loss=float("nan"), grad_norm=float("inf")))

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.config import ConfigError, load_config, validate
+from rlvr.config import ConfigError, load_config
+from rlvr.train.checkpoint import latest_checkpoint
+from rlvr.train.setup import check_config
 
 from _runs import DENSE_REWARD
 
@@ -26,6 +28,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_env(rank: int, world: int, port: int) -> dict:
+    """torchrun's variables for one rank of `world` on this machine."""
+    return dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
 def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: dict | None = None) -> list[subprocess.Popen]:
     port = _free_port()
     procs = []
@@ -35,7 +42,7 @@ def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: 
         pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
         if world > 1:
-            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            env.update(_rank_env(rank, world, port))
         env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, WORKER, str(out), str(steps), *overrides], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -134,30 +141,25 @@ def test_dead_rank_stops_the_other_with_a_clear_error(tmp_path, base_overrides):
 
 def test_batch_split_refusals_name_the_setting():
     with pytest.raises(ConfigError, match=r"rollout.prompts_per_step`=6 does not split over 4 ranks.*multiple of 4 \(e.g. 8\), or nproc to 3"):
-        validate(load_config(None, ["nproc=4", "rollout.prompts_per_step=6"]))
+        check_config(load_config(None, ["nproc=4", "rollout.prompts_per_step=6"]))
     with pytest.raises(ConfigError, match=r"optim.micro_batch_size`=40 is larger than the 32 completions per rank.*at most 32"):
-        validate(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=40"]))
-    validate(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=32"]))
+        check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=40"]))
+    check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=32"]))
 
 
-def test_batch_plan_printed(tiny_model_dir):
-    from rlvr.trainer import Trainer
-
-    t = Trainer(load_config(None, [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=4", "optim.micro_batch_size=8",
-                                    "model.gradient_checkpointing=true", "threads=1"]))
+def test_batch_plan_printed(make_trainer):
+    t = make_trainer("rollout.group_size=8", "rollout.prompts_per_step=4", "optim.micro_batch_size=8", "model.gradient_checkpointing=true")
     text = t.plan.describe()
     assert "4 prompts x 8 completions = 32 completions per step" in text
-    assert "micro-batch 8 completions -> 4 accumulation step(s)" in text
+    assert "micro-batch 8 completions -> at most 4 forward/backward pass(es) per rank per update" in text
     assert "weights" in text and "optimizer" in text and "activations" in text and "gradient checkpointing on" in text
     assert getattr(t.model, "is_activation_checkpointing", None) or t.model.is_gradient_checkpointing
 
 
-def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
+def test_nproc_launches_through_torchrun(tmp_path, base_overrides, rlvr_cli):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "steps=2", "eval_before_after=false", "save_every=1",
-                           f"output_dir={out}", *base_overrides], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = rlvr_cli("train", "nproc=2", "steps=2", "eval_before_after=false", "save_every=1", f"output_dir={out}", *base_overrides,
+                    env={"OMP_NUM_THREADS": "1"}, check=True)
     assert "2 rank(s) (ddp): 2 prompts, 8 completions per rank" in proc.stdout
     assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
     assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
@@ -165,7 +167,7 @@ def test_nproc_launches_through_torchrun(tmp_path, base_overrides):
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
+def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, rlvr_cli, lora):
     """`rlvr train nproc=2 dist.strategy=fsdp` on CPU/gloo: held-out eval before and after (rank 0
     generates while the other rank helped gather the weights), and final/ loads: a plain model
     with the same tensors as the starting one (tied embeddings written once), or the adapter."""
@@ -173,15 +175,10 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, lora):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=1",
-                           "eval_before_after=true", "data.eval_size=8", f"output_dir={out}", *base_overrides,
-                           *(["model.lora.r=4"] if lora else [])],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = rlvr_cli("train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=1", "eval_before_after=true", "data.eval_size=8",
+                    f"output_dir={out}", *base_overrides, *(["model.lora.r=4"] if lora else []), env={"OMP_NUM_THREADS": "1"}, check=True)
     assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
-    from rlvr.checkpoint import latest_checkpoint
-
     ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1: written after step 1, whole, as final/ is
     assert ckpt is not None and ckpt.name == "step-0000001"
     assert (ckpt / ("adapter_model.safetensors" if lora else "model.safetensors")).exists()
@@ -269,20 +266,16 @@ def test_checkpoint_resumes_under_any_strategy(tmp_path, checkpoints, source, wo
     print(f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, {time.time() - t0:.0f}s")
 
 
-def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides):
+def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides, rlvr_cli):
     """SIGTERM to both FSDP2 ranks of `rlvr train`: they finish the step together, gather and write a
     checkpoint of the step they stopped at (the one a plain resume=auto continues from), exit 0."""
     import signal
 
-    from rlvr.checkpoint import latest_checkpoint
-
     out, port = tmp_path / "run", _free_port()
-    pythonpath = os.environ.get("PYTHONPATH", "")
-    procs = [subprocess.Popen([sys.executable, "-m", "rlvr", "train", "nproc=2", "dist.strategy=fsdp", "steps=100000", "save_every=0",
-                               "eval_before_after=false", f"output_dir={out}", *base_overrides],
-                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath, RANK=str(rank), LOCAL_RANK=str(rank),
-                                       WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+    args = ["train", "nproc=2", "dist.strategy=fsdp", "steps=100000", "save_every=0", "eval_before_after=false", f"output_dir={out}",
+            *base_overrides]
+    procs = [rlvr_cli.popen(*args, env={"OMP_NUM_THREADS": "1", **_rank_env(rank, 2, port)}, stderr=subprocess.STDOUT)
+             for rank in range(2)]
     metrics, deadline = out / "metrics.jsonl", time.time() + 90
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         time.sleep(0.1)

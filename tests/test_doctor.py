@@ -3,15 +3,13 @@ the evidence (steps) and the setting to change, and stays silent on a healthy re
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _runs import healthy_run, write_metrics
 
-from rlvr.doctor import RULES, Context, diagnose, diagnose_run, load_config, load_metrics
-from rlvr.sinks import jsonable
+from rlvr.observe.doctor import RULES, Context, diagnose, diagnose_run, load_config, load_metrics
+from rlvr.observe.sinks import jsonable
 
 
 def synthetic(n=40, **curves):
@@ -110,7 +108,7 @@ def test_reward_hacking_uses_the_named_correctness_reward():
 
 
 def test_live_doctor_reports_a_problem_once_while_it_lasts():
-    from rlvr.doctor import LiveDoctor
+    from rlvr.observe.doctor import LiveDoctor
 
     rows = synthetic(**SICK["grad_spike"][0])
     d = LiveDoctor(Context())
@@ -124,8 +122,8 @@ def test_live_doctor_reports_a_problem_once_while_it_lasts():
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory, tiny_model_dir):
-    return healthy_run(tmp_path_factory, tiny_model_dir)
+def healthy(tmp_path_factory, tiny_model_dir, rlvr_cli):
+    return healthy_run(tmp_path_factory, tiny_model_dir, rlvr_cli)
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
@@ -136,19 +134,19 @@ def test_rule_is_silent_on_a_healthy_real_run(name, healthy):
     assert RULES[name](history, Context(config=load_config(run))) is None
 
 
-def test_doctor_cli(healthy, tmp_path):
+def test_doctor_cli(healthy, tmp_path, rlvr_cli):
     run, stdout = healthy
-    ok = subprocess.run([sys.executable, "-m", "rlvr", "doctor", str(run)], capture_output=True, text=True, timeout=60)
+    ok = rlvr_cli("doctor", run, timeout=60)
     assert ok.returncode == 0 and "no problems found" in ok.stdout, ok.stdout + ok.stderr
     assert "[warning] doctor" not in stdout  # nor during training
 
     sick = write_metrics(tmp_path / "sick", synthetic(**SICK["clip_high"][0]))
-    bad = subprocess.run([sys.executable, "-m", "rlvr", "doctor", str(sick)], capture_output=True, text=True, timeout=60)
+    bad = rlvr_cli("doctor", sick, timeout=60)
     assert bad.returncode == 1
     assert "clip_high" in bad.stdout and "evidence: step 31" in bad.stdout and "fix: lower optim.lr" in bad.stdout
-    js = subprocess.run([sys.executable, "-m", "rlvr", "doctor", "--json", str(sick)], capture_output=True, text=True, timeout=60)
+    js = rlvr_cli("doctor", "--json", sick, timeout=60)
     assert json.loads(js.stdout)["findings"][0]["rule"] == "clip_high"
-    missing = subprocess.run([sys.executable, "-m", "rlvr", "doctor", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    missing = rlvr_cli("doctor", tmp_path / "nope", timeout=60)
     assert missing.returncode == 2 and "metrics.jsonl" in missing.stderr
 
 
@@ -159,14 +157,14 @@ def test_diagnose_run_reads_config(tmp_path):
     assert "now 0.001" in f.fix and "now 0.003" in f.fix
 
 
-def test_doctor_is_silent_on_the_bundled_demo(tmp_path):
+def test_doctor_is_silent_on_the_bundled_demo(tmp_path, rlvr_cli):
     """The demo as shipped (bundled tiny model on arithmetic), shortened to 30 steps, is healthy."""
     from _runs import train_cli
 
     from rlvr.models import resolve_model_path
 
     assert (Path(resolve_model_path("tiny")) / "config.json").is_file()
-    proc = train_cli(tmp_path / "demo", "steps=30", "data.eval_size=100", "report_to=[]")
+    proc = train_cli(rlvr_cli, tmp_path / "demo", "steps=30", "data.eval_size=100", "report_to=[]")
     history = load_metrics(tmp_path / "demo")
     assert len(history) == 30
     findings = diagnose(history, Context(config=load_config(tmp_path / "demo")))

@@ -1,15 +1,12 @@
 """A few real GRPO steps of the bundled tiny model through the CLI and the Trainer."""
 
 import json
-import subprocess
-import sys
+import re
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import load_config
 from rlvr.models import resolve_model_path
-from rlvr.trainer import Trainer
 
 REQUIRED_METRICS = {
     "step", "reward", "reward_std", "rewards/arithmetic_correct/mean", "rewards/arithmetic_correct/std",
@@ -19,12 +16,10 @@ REQUIRED_METRICS = {
 }
 
 
-def test_cli_trains_and_writes_a_loadable_model(tmp_path):
+def test_cli_trains_and_writes_a_loadable_model(tmp_path, rlvr_cli):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rlvr", "train", "steps=4", "rollout.prompts_per_step=8", "eval_before_after=false",
-           "log_completions_every=2", "optim.lr=1e-3", f"output_dir={out}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = rlvr_cli("train", "steps=4", "rollout.prompts_per_step=8", "eval_before_after=false", "log_completions_every=2",
+                    "optim.lr=1e-3", f"output_dir={out}", check=True)
     assert "step 4/4" in proc.stdout  # plain lines when stdout is a pipe
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
@@ -39,7 +34,7 @@ def test_cli_trains_and_writes_a_loadable_model(tmp_path):
     assert len(changed) >= len(list(base.parameters())) // 2, "training should move most weight tensors"
 
 
-def test_second_reward_function_from_config(tmp_path):
+def test_second_reward_function_from_config(make_trainer, tmp_path):
     rewards_py = tmp_path / "my_rewards.py"
     rewards_py.write_text(
         "def short(prompts, completions, **kw):\n"
@@ -52,7 +47,7 @@ def test_second_reward_function_from_config(tmp_path):
         "rollout:\n  prompts_per_step: 4\n"
         f"rewards:\n  - fn: arithmetic\n  - fn: {rewards_py}:short\n    weight: 0.5\n"
     )
-    trainer = Trainer(load_config(cfg_file), logger_live=False)
+    trainer = make_trainer(config=cfg_file)
     trainer.train()
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "rewards/short/mean" in metrics[0] and "rewards/short/std" in metrics[0]
@@ -61,12 +56,8 @@ def test_second_reward_function_from_config(tmp_path):
     assert abs(m["reward"] - expected) < 1e-9
 
 
-def test_eval_cli_reports_held_out_accuracy_of_the_bundled_model():
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "eval", "tiny", "--task", "arithmetic", "--n", "100"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    import re
-
+def test_eval_cli_reports_held_out_accuracy_of_the_bundled_model(rlvr_cli):
+    proc = rlvr_cli("eval", "tiny", "--task", "arithmetic", "--n", "100", check=True)
     m = re.search(r"arithmetic held-out accuracy \(100 problems, greedy\): (0\.\d+)", proc.stdout)
     assert m, proc.stdout
     assert 0.2 <= float(m.group(1)) <= 0.6  # the shipped model: modest, with room for RL

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.config import load_config, validate
-from rlvr.plan import GiB, BatchPlan
+from rlvr.config import load_config
+from rlvr.train.batch_plan import GiB, BatchPlan
+from rlvr.train.setup import check_config
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 PROMPT_TOKENS = 256  # GSM8K question + system prompt, rounded up
@@ -66,7 +67,7 @@ def test_there_are_examples_for_each_setting():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_parses_validates_and_states_its_memory(path):
     cfg = load_config(str(path), [])
-    validate(cfg)  # raises on any error
+    check_config(cfg)  # raises on any error
     assert cfg.model.path in QWEN and cfg.device == "cuda"
     assert (cfg.data.path, cfg.data.subset, cfg.data.prompt_column) == ("openai/gsm8k", "main", "question")
     assert [r.fn for r in cfg.rewards][0] == "math"

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlvr.policy import completion_logprobs, prompt_groups
+from rlvr.models.forward import completion_logprobs, group_runs
 
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
 
@@ -41,10 +41,17 @@ def _grads(model, loss):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_prompt_groups_finds_runs():
-    p_ids, p_mask, _, _ = _batch(G=4, B=3)
-    starts, counts = prompt_groups(p_ids, p_mask)
+def _group_ids(n_rows, G):
+    """[N] consecutive rows of a prompt share a group id, as _batch repeats each prompt G times."""
+    return torch.arange(n_rows) // G
+
+
+def test_group_runs_finds_runs():
+    p_ids, _, _, _ = _batch(G=4, B=3)
+    starts, counts = group_runs(_group_ids(len(p_ids), 4))
     assert starts.tolist() == [0, 4, 8] and counts.tolist() == [4, 4, 4]
+    starts, counts = group_runs(torch.tensor([7, 7, 2, 2, 2, 7]))  # runs of consecutive equal ids
+    assert starts.tolist() == [0, 2, 5] and counts.tolist() == [2, 3, 1]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -53,7 +60,8 @@ def test_shared_prefix_same_logprobs_and_gradients(model, temperature):
     adv = torch.randn(len(c_ids))
     outs, grads = [], []
     for shared in (False, True):
-        out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=temperature, with_entropy=True, shared_prefix=shared)
+        groups = _group_ids(len(p_ids), 3) if shared else None
+        out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=temperature, with_entropy=True, group_ids=groups)
         loss = -((out.logp * c_mask).sum(-1) * adv).sum() / c_mask.sum()
         outs.append(out)
         grads.append(_grads(model, loss))
@@ -68,29 +76,20 @@ def test_shared_prefix_same_logprobs_and_gradients(model, temperature):
 def test_shared_prefix_without_repeats_is_the_plain_path(model):
     p_ids, p_mask, c_ids, c_mask = _batch(G=1)
     a = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
-    b = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, shared_prefix=True)
+    b = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, group_ids=_group_ids(len(p_ids), 1))
     assert torch.equal(a.logp, b.logp)
 
 
 # ---------------------------------------------------------------------------------------------
-# through Trainer.update: zero-advantage skip and shared prefix against the plain path
+# through the Trainer's update: zero-advantage skip and shared prefix against the plain path
 
-from rlvr.config import load_config  # noqa: E402
-from rlvr.trainer import Trainer  # noqa: E402
-
-
-def _trainer(tiny_model_dir, tmp_path, *overrides):
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", "eval_before_after=false", "steps=2", "rollout.group_size=4",
-        "rollout.prompts_per_step=3", "rollout.max_new_tokens=5", f"output_dir={tmp_path / 'run'}",
-        "log_completions_every=0", "threads=1", "report_to=[]", "doctor_every=0", *overrides,
-    ])
-    return Trainer(cfg, logger_live=False)
+# conftest's make_trainer, with the batch these tests are written for: 3 prompts x 4 completions of up to 5 tokens
+FP = ["steps=2", "rollout.prompts_per_step=3", "rollout.max_new_tokens=5", "doctor_every=0"]
 
 
-def _update_grads(tiny_model_dir, tmp_path, batch, adv, *overrides):
-    """Gradients handed to the optimizer (each pass), the metrics, and the rows policy_loss saw."""
-    t = _trainer(tiny_model_dir, tmp_path, *overrides)
+def _update_grads(make_trainer, episodes, adv, *overrides):
+    """Gradients handed to the optimizer (each pass), the metrics, and the trainer."""
+    t = make_trainer(*FP, *overrides)
     grads, real_step = [], t.optimizer.step
 
     def step(*a, **k):
@@ -98,8 +97,8 @@ def _update_grads(tiny_model_dir, tmp_path, batch, adv, *overrides):
         return real_step(*a, **k)
 
     t.optimizer.step = step
-    metrics = t.update(batch, adv)
-    return grads, metrics, t
+    result = t.updater(episodes, adv)
+    return grads, result.metrics, t
 
 
 def _close(ga, gb):
@@ -111,61 +110,79 @@ def _close(ga, gb):
 
 @pytest.mark.parametrize("extra", [[], ["algo.num_iterations=2"], ["optim.micro_batch_size=5"], ["algo.loss_type=grpo"],
                                    ["algo.importance_sampling_level=sequence"]])
-def test_zero_advantage_skip_same_loss_and_gradients(tiny_model_dir, tmp_path, extra):
-    t = _trainer(tiny_model_dir, tmp_path)
-    batch = t.collect()
+def test_zero_advantage_skip_same_loss_and_gradients(make_trainer, extra):
+    t = make_trainer(*FP)
+    episodes = t.collect().episodes
     adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.2, -0.4, 0.0, -0.8, 0.5, 0.5, -1.0, 0.0])  # a whole group and single rows at 0
-    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.skip_zero_advantage=false", *extra)
-    g_skip, m_skip, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, *extra)
+    g_plain, m_plain, _ = _update_grads(make_trainer, episodes, adv, "optim.skip_zero_advantage=false", *extra)
+    g_skip, m_skip, _ = _update_grads(make_trainer, episodes, adv, *extra)
     _close(g_plain, g_skip)
     assert m_skip["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
     for k in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "grad_norm"):
         assert m_skip[k] == pytest.approx(m_plain[k], abs=1e-6), k
 
 
-def test_all_zero_advantages_still_step_the_optimizer(tiny_model_dir, tmp_path):
-    t = _trainer(tiny_model_dir, tmp_path)
-    batch = t.collect()
+def test_all_zero_advantages_still_step_the_optimizer(make_trainer):
+    t = make_trainer(*FP)
+    episodes = t.collect().episodes
     adv = torch.zeros(12)
-    g_plain, _, a = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.skip_zero_advantage=false")
-    g_skip, m, b = _update_grads(tiny_model_dir, tmp_path, batch, adv)
+    g_plain, _, a = _update_grads(make_trainer, episodes, adv, "optim.skip_zero_advantage=false")
+    g_skip, m, b = _update_grads(make_trainer, episodes, adv)
     _close(g_plain, g_skip)
     assert m["loss"] == 0.0
 
 
-def test_skip_is_off_when_rows_are_needed(tiny_model_dir, tmp_path):
-    from rlvr.fastpaths import rows_to_train
+def test_skip_is_off_when_rows_are_needed():
+    """The batch plan decides the zero-advantage skip once: on for the default objective, off
+    with a KL term, with bnpo (normalised per micro-batch), with top-entropy selection (a
+    whole-batch quantile), when disabled, and across ranks; update_rows then leaves out exactly
+    the rows whose advantage is 0."""
+    from rlvr.config import load_config
+    from rlvr.train.batch_plan import BatchPlan
+    from rlvr.train.fast_paths import update_rows
+
+    def plan(*overrides, world_size=1):
+        cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *overrides])
+        return BatchPlan.build(cfg, world_size, torch.nn.Linear(2, 2))
+
+    def rows(p, adv):
+        return update_rows(adv, torch.full((len(adv),), 3), torch.zeros(len(adv), dtype=torch.long),
+                           torch.ones(len(adv), 2, dtype=torch.long), p)[0]
 
     adv = torch.tensor([0.0, 1.0, -1.0])
-    assert rows_to_train(adv, enabled=True, beta=0.0, loss_type="dapo", top_entropy_quantile=1.0).tolist() == [1, 2]
-    for kw in (dict(beta=0.04), dict(loss_type="bnpo"), dict(top_entropy_quantile=0.2), dict(enabled=False)):
-        args = dict(enabled=True, beta=0.0, loss_type="dapo", top_entropy_quantile=1.0) | kw
-        assert rows_to_train(adv, **args) is None
+    assert plan().skip_zero_advantage
+    assert rows(plan(), adv).tolist() == [1, 2]
+    assert rows(plan(), torch.tensor([0.5, 1.0, -1.0])) is None  # no row to skip: all, as they are
+    for extra in (["algo.beta=0.04"], ["algo.loss_type=bnpo"], ["algo.top_entropy_quantile=0.2"], ["optim.skip_zero_advantage=false"]):
+        p = plan(*extra)
+        assert not p.skip_zero_advantage, extra
+        assert rows(p, adv) is None, extra
+    assert not plan(world_size=2).skip_zero_advantage
 
 
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"]])  # 5: groups split across micro-batches
-def test_shared_prefix_update_same_as_plain(tiny_model_dir, tmp_path, extra):
-    t = _trainer(tiny_model_dir, tmp_path)
-    batch = t.collect()
+def test_shared_prefix_update_same_as_plain(make_trainer, extra):
+    t = make_trainer(*FP)
+    episodes = t.collect().episodes
     adv = torch.randn(12, generator=torch.Generator().manual_seed(3))
-    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "optim.shared_prefix=false", *extra)
-    g_fast, m_fast, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, *extra)
+    g_plain, m_plain, _ = _update_grads(make_trainer, episodes, adv, "optim.shared_prefix=false", *extra)
+    g_fast, m_fast, fast = _update_grads(make_trainer, episodes, adv, *extra)
+    assert fast.plan.shared_prefix  # the fast run did take the shared-prefix forward
     _close(g_plain, g_fast)
     assert m_fast["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
     assert m_fast["entropy"] == pytest.approx(m_plain["entropy"], abs=1e-5)
 
 
-def test_bf16_autocast_trains_fp32_weights_close_to_fp32(tiny_model_dir, tmp_path):
-    t = _trainer(tiny_model_dir, tmp_path, "model.autocast=bf16")
-    batch = t.collect()  # generation under autocast too
-    r = batch.rollout
+def test_bf16_autocast_trains_fp32_weights_close_to_fp32(make_trainer):
+    t = make_trainer(*FP, "model.autocast=bf16")
+    e = t.collect().episodes  # generation under autocast too
     with torch.no_grad():
-        ref = completion_logprobs(t.model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask).logp
-    out, C = t._forward(t.model, r, slice(0, len(r)), with_entropy=False)
-    m = r.completion_mask[:, :C].bool()
+        ref = completion_logprobs(t.model, e.prompt_ids, e.prompt_mask, e.completion_ids, e.attention_mask).logp
+    out, C = t.updater.forward(t.model, e, slice(0, len(e)), with_entropy=False)
+    m = e.attention_mask[:, :C].bool()
     assert out.logp.dtype == torch.float32
     torch.testing.assert_close(out.logp[m], ref[:, :C][m], rtol=0, atol=0.1)
-    t.update(batch, torch.randn(12))
+    t.updater(e, torch.randn(12))
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in t.optimizer.state.values())
 
@@ -243,15 +260,12 @@ def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_d
 def test_shared_prefix_decode_is_used_only_where_it_is_exact():
     from rlvr.rollout.shared_prefix import supports_shared_prefix
 
-    def cfg(**kw):
-        c = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **kw)
-        c._attn_implementation = kw.pop("impl", "sdpa")
-        return c
+    def cfg(attn_implementation="sdpa"):
+        return LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           attn_implementation=attn_implementation)
 
     assert supports_shared_prefix(cfg())
-    eager = cfg()
-    eager._attn_implementation = "eager"
-    assert not supports_shared_prefix(eager)
+    assert not supports_shared_prefix(cfg("eager"))
     from transformers import Gemma2Config, MistralConfig, Qwen2Config
 
     assert not supports_shared_prefix(Gemma2Config(attn_implementation="sdpa"))  # soft-capping, sliding layers
@@ -260,27 +274,28 @@ def test_shared_prefix_decode_is_used_only_where_it_is_exact():
 
 
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"], ["algo.num_iterations=2", "optim.skip_zero_advantage=false"]])
-def test_length_sorted_micro_batches_same_update(tiny_model_dir, tmp_path, extra):
-    from rlvr.fastpaths import length_sorted_order
+def test_length_sorted_micro_batches_same_update(make_trainer, extra):
+    from rlvr.train.fast_paths import length_sorted_order
 
-    t = _trainer(tiny_model_dir, tmp_path, "rollout.max_new_tokens=12")
-    batch = t.collect()
-    r = batch.rollout
+    t = make_trainer(*FP, "rollout.max_new_tokens=12")
+    e = t.collect().episodes
     lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])  # very uneven: sorting pays
-    r.completion_mask = (torch.arange(12)[None] < lengths[:, None]).long()
-    r.completion_ids = r.completion_ids.masked_fill(r.completion_mask == 0, t.tokenizer.pad_token_id)
-    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is not None
+    e.attention_mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    e.loss_mask = e.attention_mask.clone()  # single-turn: every token after the prompt is the model's
+    e.completion_ids = e.completion_ids.masked_fill(e.attention_mask == 0, t.tokenizer.pad_token_id)
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=8, micro_batch_size=12, pieces=4, shared_prefix=True) is not None
     adv = torch.tensor([0.5, -1.0, 0.0, 0.3, 1.1, -0.2, 0.7, -0.9, 0.0, 0.0, 0.0, 0.0])
-    g_plain, m_plain, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", "optim.pack_by_length=false", *extra)
-    g_fast, m_fast, _ = _update_grads(tiny_model_dir, tmp_path, batch, adv, "rollout.max_new_tokens=12", *extra)
+    g_plain, m_plain, _ = _update_grads(make_trainer, e, adv, "rollout.max_new_tokens=12", "optim.pack_by_length=false", *extra)
+    g_fast, m_fast, _ = _update_grads(make_trainer, e, adv, "rollout.max_new_tokens=12", *extra)
     _close(g_plain, g_fast)
     assert m_fast["loss"] == pytest.approx(m_plain["loss"], abs=1e-6)
     assert m_fast["clip_ratio/region_mean"] == pytest.approx(m_plain["clip_ratio/region_mean"], abs=1e-6)
 
 
 def test_length_sorting_keeps_long_shared_prompts_together():
-    from rlvr.fastpaths import length_sorted_order
+    from rlvr.train.fast_paths import length_sorted_order
 
     lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])
-    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=0, shared_prefix=True) is None
-    assert length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=0, shared_prefix=True) is None
+    assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=12, pieces=4, shared_prefix=True) is None
+    assert length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=12, pieces=4,
+                               shared_prefix=True) is None

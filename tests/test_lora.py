@@ -9,27 +9,25 @@ import json
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.trainer import Trainer
-
 pytest.importorskip("peft")
 
 
-def _cfg(tiny_model_dir, tmp_path, *extra):
+@pytest.fixture
+def make(make_trainer, tmp_path):
+    """conftest's make_trainer on the dense partial-credit reward (every group has signal), 6 new tokens, 2 steps."""
     from _runs import DENSE_REWARD
 
     (tmp_path / "dense.py").write_text(DENSE_REWARD)
-    return load_config(None, [f"model.path={tiny_model_dir}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
-                              "rollout.max_new_tokens=6", "optim.lr=0.01", "steps=2", "eval_before_after=false", "report_to=[]",
-                              "doctor_every=0", f"output_dir={tmp_path / 'run'}", f"rewards.0.fn={tmp_path / 'dense.py'}:digit_share", *extra])
+    base = ["rollout.max_new_tokens=6", "optim.lr=0.01", "steps=2", "doctor_every=0", f"rewards.0.fn={tmp_path / 'dense.py'}:digit_share"]
+    return lambda *extra, **kw: make_trainer(*base, *extra, **kw)
 
 
 def _storages(module) -> set[int]:
     return {p.untyped_storage().data_ptr() for p in module.parameters()}
 
 
-def test_lora_trains_only_adapters_and_reference_is_the_same_weights(tiny_model_dir, tmp_path):
-    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "algo.beta=0.1", "model.lora.save_merged=true"))
+def test_lora_trains_only_adapters_and_reference_is_the_same_weights(make, tmp_path):
+    t = make("model.lora.r=4", "algo.beta=0.1", "model.lora.save_merged=true")
     trainable = {n for n, p in t.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert t.ref_model is None  # no frozen copy
@@ -60,42 +58,42 @@ def test_lora_trains_only_adapters_and_reference_is_the_same_weights(tiny_model_
     assert summary["output_dir"]
 
 
-def test_lora_reference_equals_base_model(tiny_model_dir, tmp_path):
-    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "algo.beta=0.1"))
+def test_lora_reference_equals_base_model(make, tiny_model_dir):
+    t = make("model.lora.r=4", "algo.beta=0.1")
     with torch.no_grad():
         for p in (p for n, p in t.model.named_parameters() if "lora_B" in n):
             p.add_(0.5)  # move the adapter away from zero
-    batch = t.collect()
-    r = batch.rollout
-    mbs = t._micro_batches(len(r))
-    ref = t._reference_logprobs(r, mbs)
-    pol = t._fixed_logprobs(t.model, r, mbs)
+    e = t.collect().episodes
+    size = t.plan.micro_batch_size
+    mbs = [slice(i, min(i + size, len(e))) for i in range(0, len(e), size)]
+    ref = t.updater.reference_logprobs(e, mbs)
+    pol = t.updater.fixed_logprobs(t.model, e, mbs)
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    want = t._fixed_logprobs(base, r, mbs)
-    mask = r.completion_mask.bool()
+    want = t.updater.fixed_logprobs(base, e, mbs)
+    mask = e.loss_mask.bool()
     assert torch.allclose(ref[mask], want[mask], atol=1e-5)
     assert not torch.allclose(pol[mask], want[mask], atol=1e-3)
 
 
-def test_lora_checkpoint_resume(tiny_model_dir, tmp_path):
-    t = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "save_every=1", "steps=3"))
+def test_lora_checkpoint_resume(make):
+    t = make("model.lora.r=4", "save_every=1", "steps=3")
     t.train_step()
     path = t.save_checkpoint()
     assert (path / "adapter_model.safetensors").exists()
     want = {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
-    t2 = Trainer(_cfg(tiny_model_dir, tmp_path, "model.lora.r=4", "save_every=1", "steps=3", "resume=auto"))
-    assert t2.step == 1
+    t2 = make("model.lora.r=4", "save_every=1", "steps=3", "resume=auto")
+    assert t2.state.step == 1 and t2.resumed_from == path
     for n, p in t2.model.named_parameters():
         if n in want:
             assert torch.equal(p, want[n]), n
 
 
-def test_gradient_checkpointing_same_update(tiny_model_dir, tmp_path):
+def test_gradient_checkpointing_same_update(make):
     def run(*extra):
         torch.manual_seed(0)
-        t = Trainer(_cfg(tiny_model_dir, tmp_path, *extra))
+        t = make(*extra)
         m = t.train_step()
         return m["loss"], {n: p.detach().clone() for n, p in t.model.named_parameters()}
 

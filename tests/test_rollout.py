@@ -5,7 +5,7 @@ import torch
 
 from rlvr.data import render_prompt
 from rlvr.models.loading import load_model, load_tokenizer
-from rlvr.policy import completion_logprobs
+from rlvr.models.forward import completion_logprobs
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.hf import HFEngine
 
@@ -68,15 +68,12 @@ def test_top_k_one_is_greedy():
     assert greedy.texts == topk.texts
 
 
-def test_vllm_engine_without_vllm_says_how_to_install(tmp_path, monkeypatch):
+def test_vllm_engine_without_vllm_says_how_to_install(make_trainer, monkeypatch):
     """rollout.engine=vllm where vLLM is not installed: a clear error naming the fix, raised when
     the engine is built (vLLM is imported only when selected). `make test-vllm` covers the engine."""
     import builtins
 
     import pytest
-
-    from rlvr.config import load_config
-    from rlvr.trainer import Trainer
 
     real_import = builtins.__import__
 
@@ -86,9 +83,8 @@ def test_vllm_engine_without_vllm_says_how_to_install(tmp_path, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
-    cfg = load_config(None, ["rollout.engine=vllm", f"output_dir={tmp_path}", "threads=1"])
     with pytest.raises(ImportError, match=r"rollout.engine=vllm needs vLLM.*pip install vllm.*rollout.engine=hf"):
-        Trainer(cfg, logger_live=False)
+        make_trainer("model.path=tiny", "rollout.engine=vllm")
 
 
 def test_bf16_autocast_decode_respects_prompt_padding():

@@ -1,55 +1,49 @@
 """The seeds' common mistakes, caught at start-up (and, for prompts with no signal, after the first
 steps), through the real CLI."""
 
-import subprocess
-import sys
-
 import pytest
 from _runs import train_cli
 
-from rlvr.config import ConfigError, load_config, validate
+from rlvr.config import ConfigError, load_config
+from rlvr.train.setup import check_config
 
 
-def _cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "rlvr", "train", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def test_group_size_one_is_refused_before_anything_loads():
-    proc = _cli("rollout.group_size=1", "model.path=/nonexistent")
+def test_group_size_one_is_refused_before_anything_loads(rlvr_cli):
+    proc = rlvr_cli("train", "rollout.group_size=1", "model.path=/nonexistent", timeout=60)
     assert proc.returncode == 2
     assert "rollout.group_size` must be at least 2" in proc.stderr
 
 
-def test_temperature_zero_refused_unless_forced():
-    proc = _cli("rollout.temperature=0", "model.path=/nonexistent")
+def test_temperature_zero_refused_unless_forced(rlvr_cli):
+    proc = rlvr_cli("train", "rollout.temperature=0", "model.path=/nonexistent", timeout=60)
     assert proc.returncode == 2 and "rollout.temperature` is 0" in proc.stderr
     with pytest.raises(ConfigError):
-        validate(load_config(None, ["rollout.temperature=0"]))
-    warnings = validate(load_config(None, ["rollout.temperature=0"]), force=True)
+        check_config(load_config(None, ["rollout.temperature=0"]))
+    warnings = check_config(load_config(None, ["rollout.temperature=0"]), force=True)
     assert any("temperature=0 forced" in w for w in warnings)
 
 
 def test_group_size_two_warns():
-    warnings = validate(load_config(None, ["rollout.group_size=2"]))
+    warnings = check_config(load_config(None, ["rollout.group_size=2"]))
     assert any("group_size=2" in w and "+1/-1" in w for w in warnings)
 
 
 @pytest.mark.parametrize("beta, note", [("0", "no KL penalty (algo.beta=0): no reference model"), ("0.04", "KL penalty on (algo.beta=0.04")])
 def test_kl_note_says_whether_a_penalty_is_on(beta, note):
-    assert any(note in w for w in validate(load_config(None, [f"algo.beta={beta}"])))
+    assert any(note in w for w in check_config(load_config(None, [f"algo.beta={beta}"])))
 
 
 def test_report_to_and_doctor_every_are_validated():
     with pytest.raises(ConfigError, match="report_to"):
-        validate(load_config(None, ["report_to=[tensorbord]"]))
+        check_config(load_config(None, ["report_to=[tensorbord]"]))
     with pytest.raises(ConfigError, match="doctor_every"):
-        validate(load_config(None, ["doctor_every=-1"]))
+        check_config(load_config(None, ["doctor_every=-1"]))
 
 
-def test_warns_after_the_first_steps_when_every_group_is_identical(tmp_path, tiny_model_dir):
+def test_warns_after_the_first_steps_when_every_group_is_identical(tmp_path, tiny_model_dir, rlvr_cli):
     """A random model never solves arithmetic: all groups are all-wrong, and the run says so."""
     proc = train_cli(
-        tmp_path / "run", f"model.path={tiny_model_dir}", "steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        rlvr_cli, tmp_path / "run", f"model.path={tiny_model_dir}", "steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "eval_before_after=false", "log_completions_every=0", "report_to=[]",
     )
     lines = proc.stdout.splitlines()

@@ -1,8 +1,9 @@
 """The GRPO variants end to end through `Trainer`: micro-batching, mu passes, KL reference,
 dynamic sampling, truncated masking and high-entropy token selection.
 
-Every test uses the session's tiny random model (`tiny_model_dir`) and scripted reward
-functions written to tmp_path, so which groups carry signal is known in advance.
+Every test uses the session's tiny random model (conftest's `make_trainer`: G=4 completions
+of 4 prompts, 4 new tokens, 3 steps) and scripted reward functions written to tmp_path, so
+which groups carry signal is known in advance.
 """
 
 import textwrap
@@ -11,10 +12,8 @@ import pytest
 import torch
 
 from rlvr import algo
-from rlvr.config import load_config
-from rlvr.trainer import Trainer
 
-G, PROMPTS = 4, 4
+G, PROMPTS = 4, 4  # make_trainer's rollout.group_size and rollout.prompts_per_step
 
 # Rewards that differ between random completions: a checksum of the text, in [0, 1).
 CHECKSUM = """
@@ -36,28 +35,10 @@ def constant(prompts, completions, **kw):
 """
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_threads():
-    """threads=1 (set through the config) makes these tiny-model steps ~100x faster on a busy
-    2-core machine (no OpenMP spin-waiting); the process-wide setting is restored afterwards."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def reward_file(tmp_path, source, name):
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(source))
     return f"rewards.0.fn={path}:{name}"
-
-
-def make_trainer(tiny_model_dir, tmp_path, *overrides, run="run"):
-    cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", "eval_before_after=false", "steps=3", f"rollout.group_size={G}",
-        f"rollout.prompts_per_step={PROMPTS}", "rollout.max_new_tokens=4", f"output_dir={tmp_path / run}",
-        "log_completions_every=0", "threads=1", *overrides,
-    ])
-    return Trainer(cfg, logger_live=False)
 
 
 class Spy:
@@ -75,22 +56,23 @@ class Spy:
         monkeypatch.setattr(algo, "policy_loss", wrapper)
 
 
-def _advantages(t, batch):
+def advantages_of(t, batch):
+    """The step's advantages, as Trainer.train_step computes them."""
     a = t.cfg.algo
-    return algo.combine_rewards(batch.rewards, t.rewards.weights, G, mode=a.reward_aggregation, scale=a.scale_rewards,
-                                ddof=a.std_ddof)
+    return algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size, mode=a.reward_aggregation,
+                                scale=a.scale_rewards, ddof=a.std_ddof)
 
 
 # ---------------------------------------------------------------------------------------------
 # gradient accumulation
 
 
-def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path):
+def test_micro_batches_give_the_full_batch_update(make_trainer, tmp_path):
     """One pass over uneven micro-batches (5+5+5+1) gives the full batch's loss and gradients, on
     every pass of mu=2 (the second with ratios away from 1), with clip-higher and a KL term."""
     results = {}
     for mbs in (0, 5):
-        t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"),
+        t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"),
                          f"optim.micro_batch_size={mbs}", "optim.max_grad_norm=0", "optim.lr=0.05",
                          "algo.num_iterations=2", "algo.epsilon_high=0.28", "algo.beta=0.04",
                          # the plain forward: shared-prefix gradients agree only to ~1e-7 relative even in
@@ -99,13 +81,13 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path):
         t.model.double()  # float64 so that the comparison can be tight
         t.ref_model.double()
         batch = t.collect()
-        adv = _advantages(t, batch)
+        adv = advantages_of(t, batch)
         assert adv.abs().max() > 0
-        metrics = t.update(batch, adv)
+        result = t.updater(batch.episodes, adv)
         results[mbs] = ([p.grad.clone() for p in t.model.parameters()], [p.detach().clone() for p in t.model.parameters()],
-                        metrics, len(t._micro_batches(len(batch.rollout))))
+                        result.metrics, result.micro_batch_sizes)
     (g0, p0, m0, n0), (g1, p1, m1, n1) = results[0], results[5]
-    assert (n0, n1) == (1, 4)
+    assert (n0, n1) == ([16], [5, 5, 5, 1])
     assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-9, abs=1e-12)
     assert m1["kl"] == pytest.approx(m0["kl"], rel=1e-9, abs=1e-12)
     assert m0["clip_ratio/region_mean"] > 0  # the second pass did clip something
@@ -119,9 +101,9 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path):
 # mu passes
 
 
-def test_mu_passes_reuse_the_sampling_policy_log_probs_and_start_at_ratio_one(tiny_model_dir, tmp_path, monkeypatch):
+def test_mu_passes_reuse_the_sampling_policy_log_probs_and_start_at_ratio_one(make_trainer, tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "algo.num_iterations=3",
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.num_iterations=3",
                      "optim.micro_batch_size=8", "optim.lr=0.05")
     t.train_step()
     assert len(spy.calls) == 3 * 2  # mu passes x micro-batches
@@ -139,9 +121,8 @@ def test_mu_passes_reuse_the_sampling_policy_log_probs_and_start_at_ratio_one(ti
 # KL and the reference model
 
 
-def test_beta_loads_a_frozen_reference_and_kl_grows_from_zero(tiny_model_dir, tmp_path):
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"), "algo.beta=0.04",
-                     "optim.lr=0.05", "steps=3")
+def test_beta_loads_a_frozen_reference_and_kl_grows_from_zero(make_trainer, tmp_path):
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.beta=0.04", "optim.lr=0.05", "steps=3")
     assert t.ref_model is not None and t.ref_model is not t.model
     start = [p.detach().clone() for p in t.ref_model.parameters()]
     assert all(not p.requires_grad for p in t.ref_model.parameters())
@@ -154,10 +135,11 @@ def test_beta_loads_a_frozen_reference_and_kl_grows_from_zero(tiny_model_dir, tm
     assert moved
 
 
-def test_beta_zero_creates_no_reference_model(tiny_model_dir, tmp_path):
-    t = make_trainer(tiny_model_dir, tmp_path)
-    assert t.ref_model is None
-    modules = [v for obj in (t, t.engine) for v in vars(obj).values() if isinstance(v, torch.nn.Module)]
+def test_beta_zero_creates_no_reference_model(make_trainer):
+    t = make_trainer()
+    assert t.ref_model is None and t.policy.ref_model is None
+    holders = (t, t.engine, t.policy, t.updater, t.source)
+    modules = [v for obj in holders for v in vars(obj).values() if isinstance(v, torch.nn.Module)]
     assert modules and all(m is t.model for m in modules)  # no second copy of the weights anywhere
     assert "kl" not in t.train_step()
 
@@ -179,47 +161,46 @@ def _expected_dynamic(t, start, want, max_rounds):
             return kept, rounds, pos - start, pos
 
 
-def test_dynamic_sampling_refills_the_batch_with_groups_that_have_signal(tiny_model_dir, tmp_path):
+def test_dynamic_sampling_refills_the_batch_with_groups_that_have_signal(make_trainer, tmp_path):
     over = [reward_file(tmp_path, PARITY, "parity"), "algo.dynamic_sampling=true", "algo.max_resample_rounds=8", "save_every=0"]
-    t = make_trainer(tiny_model_dir, tmp_path, *over)
+    t = make_trainer(*over)
     position = 0
     saw_resampling = False
     for step in range(2):
         kept, rounds, consumed, position = _expected_dynamic(t, position, PROMPTS, 8)
         m = t.train_step()
-        batch, adv = t._last_batch
+        batch, adv = t.last_step.batch, t.last_step.advantages
         assert [r["prompt"] for r in batch.rows] == [r["prompt"] for r in kept]
         assert (m["sampling/rounds"], m["sampling/prompts_consumed"], m["sampling/groups_kept"]) == (rounds, consumed, PROMPTS)
         assert t.stream.position == position  # exactly the prompts drawn, no more
         assert m["frac_reward_zero_std"] == 0.0
-        assert len(batch.rollout) == PROMPTS * G and (adv.view(-1, G).abs().amax(-1) > 0).all()
+        assert len(batch.episodes) == PROMPTS * G and (adv.view(-1, G).abs().amax(-1) > 0).all()
         saw_resampling |= rounds > 1
         if step == 0:
             ckpt = t.save_checkpoint()
     assert saw_resampling, "the script should have made at least one step resample"
 
     # resume from after step 1: the stream continues at the same position and step 2 is replayed exactly
-    step2_batch = t._last_batch[0]
-    r = make_trainer(tiny_model_dir, tmp_path, *over, f"resume={ckpt}")
+    step2_batch = t.last_step.batch
+    r = make_trainer(*over, f"resume={ckpt}")
     assert r.stream.position == _expected_dynamic(t, 0, PROMPTS, 8)[3]
     m = r.train_step()
     assert r.stream.position == t.stream.position
-    assert [x["prompt"] for x in r._last_batch[0].rows] == [x["prompt"] for x in step2_batch.rows]
-    assert torch.equal(r._last_batch[0].rollout.completion_ids, step2_batch.rollout.completion_ids)
+    assert [x["prompt"] for x in r.last_step.batch.rows] == [x["prompt"] for x in step2_batch.rows]
+    assert torch.equal(r.last_step.batch.episodes.completion_ids, step2_batch.episodes.completion_ids)
     assert m["sampling/prompts_consumed"] == consumed
 
 
-def test_dynamic_sampling_stops_after_max_resample_rounds(tiny_model_dir, tmp_path):
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CONSTANT, "constant"), "algo.dynamic_sampling=true",
-                     "algo.max_resample_rounds=2")
+def test_dynamic_sampling_stops_after_max_resample_rounds(make_trainer, tmp_path):
+    t = make_trainer(reward_file(tmp_path, CONSTANT, "constant"), "algo.dynamic_sampling=true", "algo.max_resample_rounds=2")
     m = t.train_step()
     assert m["sampling/rounds"] == 3  # the first round + 2 resample rounds
     assert m["sampling/prompts_consumed"] == 3 * PROMPTS == t.stream.position
     assert m["frac_reward_zero_std"] == 1.0 and m["loss"] == 0.0  # trained on the last round: no signal, no update
 
 
-def test_dynamic_sampling_off_logs_no_sampling_metrics(tiny_model_dir, tmp_path):
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, PARITY, "parity"))
+def test_dynamic_sampling_off_logs_no_sampling_metrics(make_trainer, tmp_path):
+    t = make_trainer(reward_file(tmp_path, PARITY, "parity"))
     m = t.train_step()
     assert "sampling/rounds" not in m and t.stream.position == PROMPTS
 
@@ -228,33 +209,33 @@ def test_dynamic_sampling_off_logs_no_sampling_metrics(tiny_model_dir, tmp_path)
 # truncated completions and high-entropy tokens
 
 
-def test_truncated_completions_are_masked_out_of_the_loss(tiny_model_dir, tmp_path, monkeypatch):
+def test_truncated_completions_are_masked_out_of_the_loss(make_trainer, tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
-    t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"),
-                     "algo.mask_truncated_completions=true", "rollout.max_new_tokens=2",
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.mask_truncated_completions=true", "rollout.max_new_tokens=2",
                      "optim.skip_zero_advantage=false")  # every row reaches the loss, so the mask can be checked row by row
     t.train_step()
-    batch, _ = t._last_batch
-    trunc = batch.rollout.truncated
+    episodes = t.last_step.batch.episodes
+    trunc = episodes.truncated
     assert trunc.any()
     (call,) = spy.calls
     assert torch.all(call["mask"][trunc] == 0)
-    kept = batch.rollout.completion_mask[~trunc]
+    kept = episodes.loss_mask[~trunc]
     assert torch.equal(call["mask"][~trunc], kept[:, : call["mask"].shape[1]].float())
     assert call["norms"].num_tokens == int(kept.sum())  # the dapo normaliser counts kept tokens only
 
 
-def test_high_entropy_selection_is_made_over_the_whole_batch(tiny_model_dir, tmp_path, monkeypatch):
+def test_high_entropy_selection_is_made_over_the_whole_batch(make_trainer, tmp_path, monkeypatch):
     selections = {}
     for mbs in (0, 5):
         spy = Spy(monkeypatch)
-        t = make_trainer(tiny_model_dir, tmp_path, reward_file(tmp_path, CHECKSUM, "checksum"),
-                         "algo.top_entropy_quantile=0.2", f"optim.micro_batch_size={mbs}", run=f"e{mbs}")
+        t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.top_entropy_quantile=0.2",
+                         f"optim.micro_batch_size={mbs}", run=f"e{mbs}")
         t.train_step()
-        C = t._last_batch[0].rollout.completion_ids.shape[1]
+        C = t.last_step.batch.episodes.completion_ids.shape[1]
         rows = [torch.nn.functional.pad(c["token_weights"], (0, C - c["token_weights"].shape[1])) for c in spy.calls]
         selections[mbs] = torch.cat(rows)
+        assert len(t.last_step.micro_batch_sizes) == (1 if mbs == 0 else 4)
         monkeypatch.undo()
     assert torch.equal(selections[0], selections[5])
-    n_tokens = int(t._last_batch[0].rollout.completion_mask.sum())
+    n_tokens = int(t.last_step.batch.episodes.loss_mask.sum())
     assert 0 < selections[0].sum() <= 0.2 * n_tokens + 1

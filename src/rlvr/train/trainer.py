@@ -133,7 +133,7 @@ class Trainer:
                        reward_aggregation=cfg.algo.reward_aggregation)
 
     def train_step(self) -> dict:
-        cfg, a, state = self.cfg, self.cfg.algo, self.state
+        a, state = self.cfg.algo, self.state
         t0 = time.perf_counter()
         errors_before = dict(self.rewards.total_errors)
         batch = self.collect()
