@@ -167,3 +167,53 @@ def test_sleep_mode_order_of_calls(make, monkeypatch):
         ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 1, then the sync after its update
         ("wake", ("kv_cache",)), ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 2
     ]
+
+
+class _ScriptedDriver:
+    """Ends a turn when its text ends with "4", "2" or "9"; answers the first two turns of each episode
+    with its own external text at once, then ends the episode."""
+
+    stop_strings = ["4", "2", "9"]
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.count, self.ready_rows = tokenizer, {}, {}
+
+    def end_turn(self, row, turn_ids, eos):
+        n = self.count.get(row, 0)
+        self.count[row] = n + 1
+        if eos or n >= 2:
+            return False
+        self.ready_rows[row] = self.tokenizer(f"<r{row % 3}{'x' * (row % 4)}>", add_special_tokens=False)["input_ids"]
+        return True
+
+    def ready(self, block):
+        out, self.ready_rows = self.ready_rows, {}
+        return out
+
+
+def test_multi_turn_episodes_have_the_hf_engines_layout(make):
+    """Greedy multi-turn episodes with external text in the middle: the vllm engine feeds the same
+    tokens with the same loss masks as the hf engine, and its log-probs match the trainer's."""
+    from rlvr.rollout.hf import HFEngine
+
+    t = make()
+    tok = t.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in PROMPTS]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)
+    _, _, hf = HFEngine(t.model, tok).generate_episodes(prompts, params, [1, 2, 3, 4], _ScriptedDriver(tok))
+    p_ids, p_mask, vl = t.engine.generate_episodes(prompts, params, [1, 2, 3, 4], _ScriptedDriver(tok))
+    assert [x.ids for x in vl] == [x.ids for x in hf]
+    assert [x.loss for x in vl] == [x.loss for x in hf]
+    assert any(0 in x.loss for x in vl) and len({len(x.ids) for x in vl}) > 1
+    sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=24)
+    p_ids, p_mask, vl = t.engine.generate_episodes(prompts, sampled, [1, 2, 3, 4], _ScriptedDriver(tok))
+    from rlvr.models.forward import completion_logprobs
+
+    N, C = len(vl), max(len(x.ids) for x in vl)
+    ids, attn, loss, lp = torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C)
+    for r, x in enumerate(vl):
+        ids[r, : len(x.ids)], attn[r, : len(x.ids)], loss[r, : len(x.ids)], lp[r, : len(x.ids)] = (
+            torch.tensor(x.ids), 1, torch.tensor(x.loss), torch.tensor(x.logps))
+    full = completion_logprobs(t.model, p_ids.repeat_interleave(2, 0), p_mask.repeat_interleave(2, 0), ids, attn).logp.detach()
+    m = loss.bool()
+    torch.testing.assert_close(full[m], lp[m], rtol=0, atol=1e-4)

@@ -93,8 +93,6 @@ def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
     for pair in t.tags:
         if pair.count("=") != 1 or not all(pair.split("=")):
             errors.append(f"`tools.tags` entries are `tool=tag` (e.g. calculator=calc), got {pair!r}")
-    if t.enabled and cfg.rollout.engine not in ("hf", "torch"):
-        errors.append(f"`tools` need rollout.engine=hf for now (multi-turn episodes), got {cfg.rollout.engine!r}")
     if t.enabled and cfg.rollout.function:
         errors.append("`rollout.function` makes the episodes itself: it cannot be combined with `tools`; run the tools inside it")
     if t.enabled and cfg.nproc > 1:

@@ -19,7 +19,8 @@ from rlvr.models.kv_cache import cache_kwarg
 from rlvr.rollout.generation import Generation, SamplingParams, filter_logits
 from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.episode_cache import episode_attention
-from rlvr.rollout.hf_episodes import Trace, TurnDriver, decode_episodes
+from rlvr.rollout.hf_episodes import decode_episodes
+from rlvr.rollout.turns import Trace, TurnDriver
 from rlvr.rollout.kv_buffers import BufferedLayer
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
 

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from rlvr.rollout.generation import Generation, SamplingParams
+from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "
@@ -81,6 +82,7 @@ class VLLMEngine:
         self._lora_dir = tempfile.TemporaryDirectory(prefix="rlvr-vllm-lora-") if self.lora else None
         self._sleeping: set[str] = set()  # vLLM memory tags released by sleep(): weights, kv_cache
         self._inplace_reload: bool | None = None
+        self._candidates: tuple = (None, [])  # (stop strings, token ids that may complete one)
         eos = tokenizer.eos_token_id
         self.stop_ids = sorted({eos} if isinstance(eos, int) else set(eos or []))
         if self.lora:
@@ -158,6 +160,87 @@ class VLLMEngine:
         if self.sleep_between:
             self._sleep()
         return self._to_rollout(prompt_ids, outputs, params)
+
+    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
+                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+        """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.hf_episodes): each
+        model turn is one vLLM request over the episode so far (prefix caching makes the repeated
+        prefix cheap), external tokens are appended as ids. vLLM stops at EOS or at a token that may
+        complete a stop string (whose text holds a stop string's last character); a stop that is
+        not one is continued in the next request."""
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        G, T = params.n, params.max_new_tokens
+        prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        N = len(prompts) * G
+        traces = [Trace() for _ in range(N)]
+        stop, candidates = StopMatcher(self.tokenizer, driver.stop_strings), self._stop_candidates(driver.stop_strings)
+        requests = [0] * N  # requests made per row: part of each request's seed
+        while True:
+            rows = [r for r in range(N) if traces[r].mode == SAMPLE]
+            if rows:
+                outs = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=prompt_ids[r // G] + traces[r].ids) for r in rows],
+                    [self._turn_params(params, T - len(traces[r].ids), candidates, (int(seeds[r // G]) * 9973 + r % G) * 1009 + requests[r])
+                     for r in rows],
+                    lora_request=self._lora_request, use_tqdm=False)
+                for r, out in zip(rows, outs):
+                    requests[r] += 1
+                    self._take_turn(traces[r], r, out.outputs[0], T, stop, candidates, params.ignore_eos, driver)
+            waiting = any(t.mode == WAIT for t in traces)
+            for r, ext in driver.ready(block=waiting and not any(t.mode == SAMPLE for t in traces)).items():
+                resume(traces[r], ext, T)
+                tr = traces[r]
+                if tr.mode == FORCE:  # vLLM prefills them with the next request
+                    tr.ids += list(tr.forced)
+                    tr.loss += [0] * len(tr.forced)
+                    tr.logps += [0.0] * len(tr.forced)
+                    tr.forced.clear()
+                    tr.mode = DONE if len(tr.ids) >= T else SAMPLE
+            if not any(t.mode in (SAMPLE, WAIT) for t in traces):
+                break
+        if self.sleep_between:
+            self._sleep()
+        P = max(map(len, prompt_ids))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids, mask = torch.full((len(prompts), P), pad, dtype=torch.long), torch.zeros(len(prompts), P, dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            ids[i, P - len(p):], mask[i, P - len(p):] = torch.tensor(p), 1
+        return ids, mask, traces
+
+    def _turn_params(self, params: SamplingParams, budget: int, candidates: list[int], seed: int):
+        return self._vllm.SamplingParams(
+            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, max_tokens=budget,
+            ignore_eos=params.ignore_eos, stop_token_ids=([] if params.ignore_eos else self.stop_ids) + candidates,
+            logprobs=0, seed=None if params.temperature == 0 else seed % 2**63, detokenize=False)
+
+    def _take_turn(self, tr: Trace, r: int, sample, budget: int, stop: StopMatcher, candidates: list[int], ignore_eos: bool, driver) -> None:
+        toks = list(sample.token_ids)
+        lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob for t, d in zip(toks, sample.logprobs)]
+        tr.ids += toks
+        tr.loss += [1] * len(toks)
+        tr.logps += lps
+        tr.turn += toks
+        last = toks[-1] if toks else None
+        if last is not None and last in self.stop_ids and not ignore_eos:
+            turn, tr.turn = tr.turn, []
+            tr.mode = WAIT if driver.end_turn(r, turn, True) else DONE
+        elif last is not None and last in candidates and stop(tr.turn):
+            turn, tr.turn = tr.turn, []
+            tr.mode = WAIT if driver.end_turn(r, turn, False) else DONE
+        if tr.mode != DONE and len(tr.ids) >= budget:
+            tr.truncated, tr.mode = True, DONE
+
+    def _stop_candidates(self, stops: Sequence[str]) -> list[int]:
+        """Token ids whose text holds the last character of a stop string (decoded once per set of stops)."""
+        key = tuple(stops)
+        if self._candidates[0] != key:
+            last = {s[-1] for s in stops if s}
+            vocab = len(self.tokenizer)
+            ids = [i for i in range(vocab) if last and any(c in self.tokenizer.decode([i]) for c in last)]
+            self._candidates = (key, ids)
+        return self._candidates[1]
 
     def _to_rollout(self, prompt_ids: list[list[int]], outputs, params: SamplingParams) -> Generation:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

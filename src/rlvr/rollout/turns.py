@@ -1,0 +1,84 @@
+"""What every engine's multi-turn decode shares: the driver Protocol the rollout source
+implements, the per-episode trace, stop-string matching and how a waiting episode resumes."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+SAMPLE, FORCE, WAIT, DONE = range(4)
+
+
+class TurnDriver(Protocol):
+    """What the decode asks the rollout source between turns."""
+
+    stop_strings: Sequence[str]  # a model turn also ends when its text ends with one of these
+
+    def end_turn(self, row: int, turn_ids: list[int], eos: bool) -> bool:
+        """Row `row` finished a model turn (its token ids; eos: it ended with EOS). True: the row
+        waits for external tokens (tools were started); False: its episode is over."""
+        ...
+
+    def ready(self, block: bool) -> dict[int, list[int] | None]:
+        """Rows whose external tokens are ready: token ids to feed, or None to end the episode.
+        block: wait until at least one row is ready (every row still running is waiting)."""
+        ...
+
+
+@dataclass
+class Trace:
+    """One episode's tokens after its prompt, exactly as fed to the model."""
+
+    ids: list[int] = field(default_factory=list)
+    loss: list[int] = field(default_factory=list)  # 1: sampled by the model; 0: external
+    logps: list[float] = field(default_factory=list)  # the sampler's log-prob (0.0 on external tokens)
+    turn: list[int] = field(default_factory=list)  # the current model turn's ids
+    forced: deque = field(default_factory=deque)
+    mode: int = SAMPLE
+    truncated: bool = False
+
+
+class StopMatcher:
+    """Does a turn's text end with a stop string? Decodes the turn's tail only after a token whose
+    text contains the last character of some stop string."""
+
+    def __init__(self, tokenizer, stops: Sequence[str]):
+        self.tokenizer, self.stops = tokenizer, [s for s in stops if s]
+        self.last_chars = {s[-1] for s in self.stops}
+        self.tail = max((len(s) for s in self.stops), default=0) + 8  # tokens are at least one character
+        self._may_end: dict[int, bool] = {}
+
+    def __call__(self, turn: list[int]) -> bool:
+        if not self.stops:
+            return False
+        t = turn[-1]
+        if t not in self._may_end:
+            self._may_end[t] = any(c in self.tokenizer.decode([t]) for c in self.last_chars)
+        if not self._may_end[t]:
+            return False
+        text = self.tokenizer.decode(turn[-self.tail:])
+        return any(text.endswith(s) for s in self.stops)
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gen) if isinstance(gen, (list, tuple)) else ({gen} if gen is not None else set())
+    return {i for i in ids if i is not None}
+
+
+def resume(tr: Trace, ext: list[int] | None, budget: int) -> None:
+    """A waiting row gets its external tokens (cut to the episode's budget), or ends."""
+    if ext is None:
+        tr.mode = DONE
+        return
+    room = budget - len(tr.ids)
+    if len(ext) >= room:  # the tool output does not fit: the episode ends truncated
+        tr.truncated = True
+    ext = ext[:room]
+    if not ext:
+        tr.mode = DONE
+        return
+    tr.forced.extend(ext)
+    tr.mode = FORCE
