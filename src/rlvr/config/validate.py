@@ -181,8 +181,8 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
     if cfg.steps < 1:
         errors.append(f"`steps` must be >= 1, got {cfg.steps}")
-    if not cfg.rewards:
-        errors.append("`rewards` is empty: at least one reward function is needed")
+    if not cfg.rewards and cfg.tools.environment is None:
+        errors.append("`rewards` is empty: at least one reward function is needed (or an environment whose get_reward() scores episodes)")
     if cfg.data.task is None and cfg.data.path is None:
         errors.append("`data.task` and `data.path` are both empty: name a built-in task or a dataset")
     if cfg.data.task is not None:

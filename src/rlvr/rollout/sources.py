@@ -26,6 +26,9 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
 
     tools = ToolSet(t.functions) if t.functions else None
     env = EnvironmentFactory(ENVIRONMENTS.get(t.environment, t.environment)) if t.environment else None
+    if env is not None and not env.has_reward and not cfg.rewards:
+        raise ValueError(f"`rewards` is empty and the environment {env.name} has no get_reward(): nothing scores the episodes; "
+                         "add a reward function (e.g. rewards: [final_answer])")
     names = (tools.names if tools else []) + (env.names if env else [])
     schemas = (tools.schemas if tools else []) + (env.schemas if env else [])
     fmt = make_format(t.format, tokenizer, tool_names=names, schemas=schemas, tags=dict(p.split("=", 1) for p in t.tags),

@@ -8,7 +8,6 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -19,7 +18,7 @@ import torch
 import yaml
 
 from rlvr import algo
-from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
+from rlvr.config import Config, ConfigError, RewardConfig, batch_split_errors, to_dict
 from rlvr.data import PromptStream, get_task, load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.dist import Dist
@@ -176,7 +175,7 @@ class Trainer:
         FSDP2 they all take part in gathering the full weights, then wait while rank 0 generates."""
         if self.task is None:
             return None
-        runner = RewardRunner.from_config([dataclasses.replace(self.cfg.rewards[0], fn=self.task.reward, name="eval", weight=1.0)])
+        runner = RewardRunner.from_config([RewardConfig(fn=self.task.reward, name="eval", weight=1.0)])
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         with self.dist.full_weights_for_generation(self.model):
             if not self.dist.is_main:
