@@ -60,11 +60,38 @@ def run(name: str, config: str, keys: list[str], work: Path, extra: list[str]) -
             "trend": trend, "tail": proc.stdout.strip().splitlines()[-3:]}
 
 
+def sampled_success(config: str, model_path: str, samples: int = 16) -> tuple[float, int]:
+    """Held-out success with sampling at temperature 1 (`samples` episodes per held-out row): the
+    environment's own reward for guess_number, the task's verifier otherwise."""
+    import torch
+
+    from rlvr.config import load_config
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.sources import make_source
+    from rlvr.train import Trainer
+    from rlvr.train.collect import score
+    from rlvr.rewards import RewardRunner
+    from rlvr.config import RewardConfig
+
+    torch.set_num_threads(2)
+    work = tempfile.mkdtemp(prefix="rlvr-sampled-")
+    cfg = load_config(str(HERE.parent / config), [f"model.path={model_path}", f"output_dir={work}", "report_to=[]", "eval_before_after=false"])
+    t = Trainer(cfg, force=True, logger_live=False)
+    rows = t.task.eval_rows()
+    src = make_source(cfg, t.engine, t.tokenizer, SamplingParams(n=samples, temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens),
+                      context_length=t.model.config.max_position_embeddings, device=t.device)
+    e = src.rollout(rows, list(range(len(rows))))
+    runner = RewardRunner.from_config([RewardConfig(fn=t.task.reward, name="eval")])
+    ok = score(runner, rows, e)[:, 0]
+    return float(ok.nanmean()), len(ok)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=list(RUNS))
     ap.add_argument("--eval-size", type=int, default=None, help="override data.eval_size")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "tools_demo.md")
+    ap.add_argument("--sampled", action="store_true", help="also held-out success with sampling, before and after")
     args = ap.parse_args()
     extra = [f"data.eval_size={args.eval_size}"] if args.eval_size else []
     work = Path(tempfile.mkdtemp(prefix="rlvr-tools-"))
@@ -90,6 +117,14 @@ def main() -> None:
             f"| held-out success (greedy, n={n}) | {b:.1%} [{bl:.1%}, {bh:.1%}] | **{a:.1%}** [{al:.1%}, {ah:.1%}] |",
         ]
         lines += [f"| {k} (training, first 5 / last 5 steps) | {x:.3f} | {y:.3f} |" for k, (x, y) in r["trend"].items()]
+        if args.sampled:
+            import yaml
+
+            before_path = yaml.safe_load((HERE.parent / config).read_text())["model"]["path"]
+            (sb, nb), (sa, na) = sampled_success(config, before_path), sampled_success(config, str(work / name / "final"))
+            (sbl, sbh), (sal, sah) = wilson(sb, nb), wilson(sa, na)
+            lines.append(f"| held-out success (sampled T=1, 16 per row, n={nb}; episodes of a row are not independent) | "
+                         f"{sb:.1%} [{sbl:.1%}, {sbh:.1%}] | **{sa:.1%}** [{sal:.1%}, {sah:.1%}] |")
         lines += ["", "Last lines printed:", "", "```", *r["tail"], "```", ""]
         print("\n".join(lines[-12:]), flush=True)
     args.out.write_text("\n".join(lines) + "\n")

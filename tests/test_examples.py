@@ -12,7 +12,8 @@ from rlvr.config import load_config
 from rlvr.train.batch_plan import GiB, BatchPlan
 from rlvr.train.setup import check_config
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("gsm8k-*.yaml"))  # GPU configs
+CPU_EXAMPLES = sorted(set((Path(__file__).parent.parent / "examples").glob("*.yaml")) - set(EXAMPLES))
 PROMPT_TOKENS = 256  # GSM8K question + system prompt, rounded up
 
 # config.json of Qwen/Qwen2.5-{0.5B,1.5B}-Instruct (the fields that set the parameter count)
@@ -79,3 +80,11 @@ def test_example_parses_validates_and_states_its_memory(path):
         assert want["trainer"] + cfg.rollout.vllm.gpu_memory_utilization * got["gpu"] <= got["gpu"]
     else:
         assert want["trainer"] <= got["gpu"]
+
+
+@pytest.mark.parametrize("path", CPU_EXAMPLES, ids=[p.stem for p in CPU_EXAMPLES])
+def test_cpu_example_parses_and_validates(path):
+    """The examples that run here (bench/results/tools_demo.md runs them whole)."""
+    cfg = load_config(str(path), [])
+    check_config(cfg)
+    assert cfg.model.path == "tiny-tools" and cfg.tools.enabled

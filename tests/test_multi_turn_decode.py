@@ -5,6 +5,7 @@ the whole episode, and the external tokens are exactly the ones handed in."""
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 import time
@@ -84,10 +85,17 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays):
     for r, t in enumerate(traces):
         ids[r, : len(t.ids)], attn[r, : len(t.ids)] = torch.tensor(t.ids), 1
         loss[r, : len(t.ids)], logp[r, : len(t.ids)] = torch.tensor(t.loss), torch.tensor(t.logps)
-    full = completion_logprobs(model, p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0), ids, attn, temperature=1.0).logp
+    P, M = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
     m = loss.bool()
     assert m.sum() > 20 and (~m & attn.bool()).sum() > 5
-    torch.testing.assert_close(full[m], logp[m], rtol=1e-5, atol=1e-5)
+    # Against the exact forward (float64 weights): the fp32 sampler is within 2e-5 (measured 0.9-1.4e-5
+    # on the bundled model, whose logits reach ~20: fp32 rounding, as the fp32 training forward's 2.3e-5).
+    exact = completion_logprobs(copy.deepcopy(model).double(), P, M, ids, attn, temperature=1.0).logp.detach()
+    torch.testing.assert_close(logp[m].double(), exact[m], rtol=0, atol=2e-5)
+    # The fp32 training forward carries its own rounding (~2e-5 from the exact one here, whatever
+    # rows share its batch); the sampler agrees with it within that.
+    full = completion_logprobs(model, P, M, ids, attn, temperature=1.0).logp.detach()
+    torch.testing.assert_close(full[m], logp[m], rtol=0, atol=5e-5)
 
 
 def test_same_seeds_same_episodes_whatever_the_tool_timing(tiny):
