@@ -23,7 +23,7 @@ class Task:
     reward: str  # built-in reward name that scores this task's answers (0 or 1)
 
 
-TASKS = ("arithmetic",)  # built-in tasks (data.task)
+TASKS = ("arithmetic", "multiplication", "guess_number")  # built-in tasks (data.task)
 
 
 def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", eval_size: int = 500) -> Task:
@@ -36,7 +36,25 @@ def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", ev
             eval_rows=lambda: [p.row() for p in ar.eval_problems(eval_size, digits=digits, operators=operators)],
             reward="arithmetic",
         )
-    raise ValueError(f"data.task: unknown task {name!r}; built-in tasks: arithmetic")
+    if name == "multiplication":  # fixed operand sizes (3 by 2-3 digits): `digits` and `operators` do not apply
+        from rlvr.data import multiplication as mul
+
+        return Task(
+            name=name,
+            train_row=lambda i: mul.problem_at(i, "train", seed=seed).row(),
+            eval_rows=lambda: [p.row() for p in mul.eval_problems(eval_size)],
+            reward="final_answer",
+        )
+    if name == "guess_number":  # 1..30 in 5 guesses; evaluation plays each held-out target once (at most eval_size)
+        from rlvr.data import guess_number as gn
+
+        return Task(
+            name=name,
+            train_row=lambda i: gn.train_row(i, seed=seed),
+            eval_rows=lambda: gn.eval_rows(eval_size),
+            reward="guessed",
+        )
+    raise ValueError(f"data.task: unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
 
 
 class PromptStream:

@@ -1,10 +1,10 @@
-"""The bundled tiny model, and loading any Hugging Face causal LM with its tokenizer."""
+"""The bundled tiny models (`tiny`, `tiny-tools`), and loading any Hugging Face causal LM with its tokenizer."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-BUNDLED = {"tiny": Path(__file__).parent / "tiny"}
+BUNDLED = {"tiny": Path(__file__).parent / "tiny", "tiny-tools": Path(__file__).parent / "tiny-tools"}
 
 
 def resolve_model_path(name_or_path: str) -> str:

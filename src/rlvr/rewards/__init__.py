@@ -39,6 +39,8 @@ log = logging.getLogger("rlvr.rewards")
 
 BUILTIN = {
     "arithmetic": "rlvr.rewards.builtin:arithmetic_correct",
+    "final_answer": "rlvr.rewards.builtin:final_answer",
+    "guessed": "rlvr.rewards.builtin:guessed",
     "math": "rlvr.rewards.math_answer:math",
     "format": "rlvr.rewards.formatting:format_lenient",
     "format_strict": "rlvr.rewards.formatting:format_strict",

@@ -1,0 +1,94 @@
+"""The built-in `multiplication` task: products too long to do in the head, made for a calculator tool.
+
+A problem is `a*b` with `a` of 3 digits and `b` of 2 or 3 digits (even odds). The prompt row is
+`{"prompt": [{"role": "user", "content": "123*45="}], "answer": "5535"}`; with the bundled
+`tiny-tools` model and its character-level chat template it renders as
+`<|user|>123*45=<|assistant|>`. The episodes the tag protocol expects after it:
+
+    <calc>123*45</calc><result>5535</result>5535</s>     a calculator call, its result, the answer
+    5535</s>                                             a direct answer (rarely right for a small model)
+
+Only the model's text is trained; `<result>...</result>` is written by the calculator. The
+answer is checked by the built-in `final_answer` reward (the model's last turn, exactly).
+
+Which problems are held out is decided by a hash of the problem itself (the same hash as the
+`arithmetic` task's `*` problems), not by the seed, so no seed and no amount of training data can
+leak an evaluation problem into training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Iterator
+
+HELD_OUT_PERCENT = 10  # share of all problems reserved for evaluation
+A_DIGITS = 3
+B_DIGITS = (2, 3)  # digits of the second operand, drawn with even odds
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def expression(self) -> str:
+        """What a calculator call holds: `123*45`."""
+        return f"{self.a}*{self.b}"
+
+    @property
+    def question(self) -> str:
+        return f"{self.a}*{self.b}="
+
+    @property
+    def answer(self) -> int:
+        return self.a * self.b
+
+    def row(self) -> dict:
+        """A dataset row: the prompt as chat messages, plus the ground truth for rewards."""
+        return {"prompt": [{"role": "user", "content": self.question}], "answer": str(self.answer)}
+
+
+def is_held_out(p: Problem) -> bool:
+    digest = hashlib.blake2b(f"{p.a}*{p.b}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % 100 < HELD_OUT_PERCENT
+
+
+def random_problem(rng: random.Random) -> Problem:
+    a = rng.randint(10 ** (A_DIGITS - 1), 10**A_DIGITS - 1)
+    digits = rng.choice(B_DIGITS)
+    b = rng.randint(10 ** (digits - 1), 10**digits - 1)
+    return Problem(a, b)
+
+
+def problem_at(index: int, split: str, *, seed: int) -> Problem:
+    """Problem number `index` of a split's endless stream: random access, so a run resumes exactly."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"multiplication:{seed}:{index}")
+    while True:  # rejection keeps the two splits disjoint
+        p = random_problem(rng)
+        if is_held_out(p) == (split == "test"):
+            return p
+
+
+def problems(split: str, *, seed: int) -> Iterator[Problem]:
+    """An endless stream of problems of one split ("train" or "test"), reproducible from seed."""
+    index = 0
+    while True:
+        yield problem_at(index, split, seed=seed)
+        index += 1
+
+
+def eval_problems(n: int, *, seed: int = 1234) -> list[Problem]:
+    """The held-out evaluation set: n distinct problems, the same for every run (about 89,000 exist)."""
+    out, seen = [], set()
+    for p in problems("test", seed=seed):
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+            if len(out) == n:
+                return out
+    raise AssertionError("unreachable")
