@@ -94,9 +94,13 @@ def greedy_accuracy(model, tok, probs, batch=250) -> float:
 #   interval still consistent with the replies; the replies come from rlvr.envs.guess_number.
 # The loss covers the model's text and its final </s>, never the <result>...</result> spans (the
 # tool or the environment writes those during RL too).
-# Measured (results block filled in after the run): see RESULTS below.
+# Measured (the committed weights; AMD EPYC, 2 cores, 1473 s): held-out multiplication greedy
+# accuracy 0.010 with call rate 0.010; sampled at T=1 (8 per problem, 200 problems) accuracy 0.219,
+# call rate 0.242, accuracy given a call 0.904. Guess the number, held-out targets: greedy success
+# 0.444, sampled 0.295. Re-running this command reproduces the committed run's losses and
+# evaluations digit for digit (checked through step 600 of 1000 on 2026-12-01).
 
-TOOLS_DEFAULTS = {"out": Path("src/rlvr/models/tiny-tools"), "steps": 3000, "batch": 128, "lr": 3e-3}
+TOOLS_DEFAULTS = {"out": Path("src/rlvr/models/tiny-tools"), "steps": 1000, "batch": 128, "lr": 3e-3}
 EOS_TEXT = "</s>"
 
 
@@ -350,7 +354,7 @@ def pretrain_tools(args) -> None:
     stream = mul.problems("train", seed=args.seed)
     targets = gn.train_targets()
     mul_eval = mul.eval_problems(500)
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     for step in range(1, args.steps + 1):
         mul_rows = [(p.question, multiplication_episode(p, rng, args)) for p in (next(stream) for _ in range(args.batch))]
         mul_rows += [(p.question, call_episode(p, decision_trained=False)) for p in (next(stream) for _ in range(args.extra_calls))]
@@ -366,7 +370,8 @@ def pretrain_tools(args) -> None:
             print(f"step {step} loss multiplication {loss_m.item():.4f} guess {loss_g.item():.4f} ({time.time() - t0:.0f}s)", flush=True)
         if step % max(1, args.steps // 4) == 0 and step != args.steps:
             evaluate_tools(model, codec, mul_eval, full=False)
-    print(f"pretraining took {time.time() - t0:.0f}s; final evaluation:")
+    print(f"pretraining took {time.time() - t0:.0f}s ({time.process_time() - cpu0:.0f}s of CPU time, evaluations included); "
+          "final evaluation:")
     evaluate_tools(model, codec, mul_eval, full=True)
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -395,8 +400,8 @@ def main() -> None:
     ap.add_argument("--direct-tail", choices=("noise", "zeros"), default="noise", help="tools: a direct answer's digits after the kept ones")
     ap.add_argument("--p-bisect", type=float, default=0.3, help="tools: share of guesses at the bisection midpoint")
     ap.add_argument("--p-stray", type=float, default=0.1, help="tools: share of guesses anywhere in the range (not the consistent interval)")
-    ap.add_argument("--extra-calls", type=int, default=0, help="tools: extra calculator episodes per step whose decision to call is not trained")
-    ap.add_argument("--guess-batch", type=int, default=64, help="tools: guess-the-number transcripts per step (--batch: multiplication rows)")
+    ap.add_argument("--extra-calls", type=int, default=64, help="tools: extra calculator episodes per step whose decision to call is not trained")
+    ap.add_argument("--guess-batch", type=int, default=16, help="tools: guess-the-number transcripts per step (--batch: multiplication rows)")
     ap.add_argument("--size", default="128,384,4,4,320", help="tools: hidden,intermediate,layers,heads,max_positions")
     if ap.parse_known_args()[0].recipe == "tools":
         ap.set_defaults(**TOOLS_DEFAULTS)
