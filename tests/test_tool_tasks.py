@@ -79,18 +79,17 @@ def test_final_answer_on_message_completions():
 
 # --- guess the number -----------------------------------------------------------------------------
 
-def test_guess_number_held_out_targets_are_never_trained_on():
-    held = set(gn.held_out_targets())
-    assert len(held) == 9 and held <= set(range(1, 31))
-    assert set(gn.train_targets()) == set(range(1, 31)) - held
+def test_guess_number_trains_and_evaluates_on_the_whole_range():
+    # a split by target would teach avoidance: the policy learns never to guess numbers that were never the answer
     train = {gn.train_row(i, seed=s)["target"] for s in (0, 1) for i in range(2000)}
-    assert train == set(gn.train_targets())  # every training target drawn, no held-out one
+    assert train == set(range(1, 31))
+    assert [gn.train_row(i, seed=0)["target"] for i in range(20)] != [gn.train_row(i, seed=1)["target"] for i in range(20)]
+    assert gn.train_row(7, seed=3) == gn.train_row(7, seed=3)  # random access: a resumed run draws the same targets
     task = get_task("guess_number", seed=0)
     assert "guess_number" in TASKS and task.reward == "guessed" and task.reward in BUILTIN
-    assert sorted(r["target"] for r in task.eval_rows()) == sorted(held)  # each held-out target once
-    assert len(get_task("guess_number", seed=0, eval_size=4).eval_rows()) == 4
-    assert not set(gn.held_out_targets(1, 100)) & set(gn.train_targets(1, 100))
-    assert len(gn.held_out_targets(1, 2)) == 1  # never empty, never everything
+    assert [r["target"] for r in task.eval_rows()] == list(range(1, 31))  # every target once
+    assert [r["target"] for r in get_task("guess_number", seed=0, eval_size=4).eval_rows()] == [1, 8, 16, 23]
+    assert [r["target"] for r in gn.eval_rows(3, low=1, high=100)] == [1, 34, 67]
 
 
 def test_guess_number_rows_have_the_documented_shape():

@@ -45,7 +45,7 @@ def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", ev
             eval_rows=lambda: [p.row() for p in mul.eval_problems(eval_size)],
             reward="final_answer",
         )
-    if name == "guess_number":  # 1..30 in 5 guesses; evaluation plays each held-out target once (at most eval_size)
+    if name == "guess_number":  # 1..30 in 5 guesses; evaluation plays every target once (at most eval_size, evenly spread)
         from rlvr.data import guess_number as gn
 
         return Task(

@@ -5,22 +5,22 @@ A row is `{"prompt": [{"role": "user", "content": "Guess my number from 1 to 30.
 `reset(**row)` (`rlvr.envs.guess_number.GuessNumber`) and the reward functions. The game, its
 replies and the tag protocol are documented there; the built-in `guessed` reward reads the
 conversation and pays 1.0 when a guess of the target was answered `correct` within `max_guesses`
-guesses (what held-out evaluation uses; during training the environment's `get_reward` says the
+guesses (what evaluation uses; during training the environment's `get_reward` says the
 same).
 
-A range has few targets (30 by default), so the held-out split is a fixed share of the targets
-themselves: the 30% whose hash is smallest (9 of 1..30), never trained on; evaluation plays each
-of them once. Bisection always wins when 2**max_guesses > high - low + 1.
+Training draws targets uniformly from the whole range, and evaluation plays every target of the
+range once (greedy): success over the game, not over unseen secrets. A split by target does not
+measure strategy: a policy can learn never to guess numbers that were never the answer. Measured
+(bench/results/tools_demo.md): trained on 21 of the 30 targets, the bundled tiny-tools model went
+to greedy success 0.95 on those and 0.00 on the other 9. Bisection always wins when
+2**max_guesses > high - low + 1.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
-from functools import lru_cache
 
 LOW, HIGH, MAX_GUESSES = 1, 30, 5  # the defaults (the environment's too)
-HELD_OUT_SHARE = 0.3
 
 
 def prompt_text(low: int = LOW, high: int = HIGH) -> str:
@@ -40,33 +40,9 @@ def _check(low: int, high: int, max_guesses: int) -> None:
         raise ValueError(f"guess_number: max_guesses must be at least 1, got {max_guesses}")
 
 
-def held_out_targets(low: int = LOW, high: int = HIGH) -> list[int]:
-    """The evaluation targets of a range, ascending: a fixed share chosen by hash, at least one,
-    never all."""
-    _check(low, high, MAX_GUESSES)
-    return list(_held_out(low, high))
-
-
-@lru_cache(maxsize=64)
-def _held_out(low: int, high: int) -> tuple[int, ...]:
-    targets = list(range(low, high + 1))
-    count = min(len(targets) - 1, max(1, round(HELD_OUT_SHARE * len(targets))))
-
-    def digest(t: int) -> bytes:
-        return hashlib.blake2b(f"guess:{low}-{high}:{t}".encode(), digest_size=8).digest()
-
-    return tuple(sorted(sorted(targets, key=digest)[:count]))
-
-
-def train_targets(low: int = LOW, high: int = HIGH) -> list[int]:
-    held = set(held_out_targets(low, high))
-    return [t for t in range(low, high + 1) if t not in held]
-
-
 def target_at(index: int, *, seed: int, low: int = LOW, high: int = HIGH) -> int:
-    """Training target number `index`: uniform over the training targets; random access, so a run
-    resumes exactly."""
-    return random.Random(f"guess_number:{seed}:{index}").choice(train_targets(low, high))
+    """Training target number `index`: uniform over the range; random access, so a run resumes exactly."""
+    return random.Random(f"guess_number:{seed}:{index}").randint(low, high)
 
 
 def train_row(index: int, *, seed: int, low: int = LOW, high: int = HIGH, max_guesses: int = MAX_GUESSES) -> dict:
@@ -75,6 +51,9 @@ def train_row(index: int, *, seed: int, low: int = LOW, high: int = HIGH, max_gu
 
 
 def eval_rows(n: int, *, low: int = LOW, high: int = HIGH, max_guesses: int = MAX_GUESSES) -> list[dict]:
-    """The held-out evaluation set: each held-out target once, at most n of them."""
+    """The evaluation set: every target of the range once, or n of them evenly spread when n is smaller."""
     _check(low, high, max_guesses)
-    return [row(t, low=low, high=high, max_guesses=max_guesses) for t in held_out_targets(low, high)[:n]]
+    targets = list(range(low, high + 1))
+    if n < len(targets):
+        targets = [targets[i * len(targets) // n] for i in range(n)]
+    return [row(t, low=low, high=high, max_guesses=max_guesses) for t in targets]
