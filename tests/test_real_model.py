@@ -71,3 +71,57 @@ def test_gsm8k_format_rows_and_math_grader(tmp_path):
     completions = ["He has 7 apples.\n#### 7", "<answer>6</answer>"]
     assert grade([r["prompt"] for r in loaded], completions, answer=[r["answer"] for r in loaded]) == [1.0, 0.0]
     assert grade(None, ["The answer is \\boxed{5}"], answer=[rows[1]["answer"]]) == [1.0]
+
+
+def test_a_tag_call_ends_inside_a_merged_token(smollm2_dir):
+    """SmolLM2's BPE writes `</calc><` as `</`, `calc`, `><`: the turn must end at `><` (the call
+    parsed up to `</calc>`), not run on with the model writing the result itself."""
+    from rlvr.rollout.turns import StopMatcher, cut_after_stop
+    from rlvr.tools.formats import TagFormat
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    ids = tok("Let me see. <calc>24*38</calc><result>912</result>", add_special_tokens=False).input_ids
+    pieces = [tok.decode([i]) for i in ids]
+    assert "><" in pieces and "</calc>" not in pieces
+    stop = StopMatcher(tok, ["</calc>"])
+    first = next(k for k in range(1, len(ids) + 1) if stop(ids[:k]))
+    assert pieces[first - 1] == "><"
+    text = tok.decode(ids[:first])
+    assert text == "Let me see. <calc>24*38</calc><" and not any(stop(ids[:k]) for k in range(1, first))
+    cut = cut_after_stop(text, ["</calc>"])
+    assert cut == "Let me see. <calc>24*38</calc>"
+    (call,) = TagFormat({"calculator": "calc"}).parse(cut)
+    assert call.name == "calculator" and call.arguments == "24*38"
+    assert cut_after_stop("no call here", ["</calc>"]) == "no call here"
+
+
+def test_a_merged_stop_token_episode_reads_as_written(smollm2_dir, make_trainer, tmp_path):
+    """Through the multi-turn source, greedy: the `<` after `</calc>` (in `><`) starts the result tag,
+    so the calculator's text goes on with `result>` and the episode reads `</calc><result>912...`;
+    the call's token is trained, the result's tokens are not."""
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.sources import make_source
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "answer": "1"}) + "\n")
+    t = make_trainer(f"model.path={smollm2_dir}", "data.task=null", f"data.path={data}", "tools.functions=[calculator]",
+                     "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "rewards=[final_answer]")
+    source = make_source(t.cfg, t.engine, t.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
+                         context_length=None, device=t.device)
+    shot = [{"role": "user", "content": "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
+                                        "End with the answer in <answer></answer> tags.\n\nA box holds 24 pencils. How many pencils are in 13 boxes?"},
+            {"role": "assistant", "content": "<calc>24*13</calc><result>312</result> <answer>312</answer>"},
+            {"role": "user", "content": "Each shelf has 57 cans. How many cans are on 36 shelves?"},
+            {"role": "assistant", "content": "<calc>57*36</calc><result>2052</result> <answer>2052</answer>"},
+            {"role": "user", "content": "Each bus carries 24 students. How many students do 38 buses carry?"}]
+    ep = source.rollout([{"prompt": shot, "answer": "912"}], [0])
+    ids = ep.completion_ids[0][ep.attention_mask[0].bool()].tolist()
+    text = t.tokenizer.decode(ids)
+    assert text.startswith("<calc>24*38</calc><result>912</result>"), text
+    assert float(ep.info["tool_calls"][0]) == 1
+    pieces = [t.tokenizer.decode([i]) for i in ids]
+    loss = ep.loss_mask[0][ep.attention_mask[0].bool()].tolist()
+    k = pieces.index("><")
+    assert loss[k] == 1 and loss[k + 1] == 0 and t.tokenizer.decode(ids[k + 1 : k + 3]) == "result>"
+    assert ep.completions[0][:2] == [{"role": "assistant", "content": "<calc>24*38</calc>"},
+                                     {"role": "tool", "name": "calculator", "content": "912"}]

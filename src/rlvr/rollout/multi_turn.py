@@ -25,6 +25,7 @@ from rlvr.data.checks import check_prompt_lengths
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
 from rlvr.rollout.generation import SamplingParams
+from rlvr.rollout.turns import cut_after_stop
 from rlvr.tools import (
     EnvironmentFactory,
     HermesFormat,
@@ -51,6 +52,7 @@ class _Row:
     failures: int = 0
     per_tool: dict = field(default_factory=dict)
     end_of_turn: str | None = None
+    after_stop: str = ""  # text of the stopping token after the stop string (e.g. the `<` of SmolLM2's `><`)
     capped: bool = False  # stopped by max_turns with a call unanswered
     env_error: bool = False  # the environment's reset() or get_reward() raised
 
@@ -206,7 +208,10 @@ class _Driver:
         s, fmt = self.states[row], self.fmt
         r = s.row
         r.turns += 1
-        text = self.tok.decode(turn_ids, skip_special_tokens=True)
+        text = full = self.tok.decode(turn_ids, skip_special_tokens=True)
+        if not eos:  # ended at a stop string, perhaps inside its last token
+            text = cut_after_stop(full, self.stop_strings)
+        r.after_stop = full[len(text):]
         calls = fmt.parse(text) if r.valid else []
         if not calls:
             self.turn_text[row] = text
@@ -242,6 +247,8 @@ class _Driver:
         if isinstance(fmt, TagFormat):
             r.messages += [{"role": "tool", "name": x.name, "content": x.text} for x in results]
             text = fmt.result_text(results)
+            if r.after_stop and text.startswith(r.after_stop):  # the model already wrote the result tag's start
+                text = text[len(r.after_stop):]
         else:
             tool_msgs = fmt.result_messages(results)
             text = glue_after_turn(self.tok, _messages(s.prompt, self.source.system_prompt) + r.messages, self.source.schemas,

@@ -40,8 +40,12 @@ class Trace:
 
 
 class StopMatcher:
-    """Does a turn's text end with a stop string? Decodes the turn's tail only after a token whose
-    text contains the last character of some stop string."""
+    """Has a turn's text reached a stop string? Checked after each token whose text holds the last
+    character of some stop string, on the decoded tail of the turn. The stop may end inside that
+    token: BPE vocabularies merge across it (SmolLM2 writes `</calc><` as `</`, `calc`, `><`), so
+    "ends with" would miss it and the model would go on to write the tool's result itself. No
+    earlier token completed a stop (the turn would have ended there), so any stop in the tail is
+    the one this token completed."""
 
     def __init__(self, tokenizer, stops: Sequence[str]):
         self.tokenizer, self.stops = tokenizer, [s for s in stops if s]
@@ -58,7 +62,15 @@ class StopMatcher:
         if not self._may_end[t]:
             return False
         text = self.tokenizer.decode(turn[-self.tail:])
-        return any(text.endswith(s) for s in self.stops)
+        return any(s in text for s in self.stops)
+
+
+def cut_after_stop(text: str, stops: Sequence[str]) -> str:
+    """`text` up to the end of its first stop string (all of it when it holds none): what follows
+    is the rest of the token that completed the stop, which stays in context (its id was sampled
+    and is trained) but is not part of the call."""
+    ends = [i + len(s) for s in stops if s and (i := text.find(s)) >= 0]
+    return text[: min(ends)] if ends else text
 
 
 def eos_ids(model, tokenizer) -> set[int]:

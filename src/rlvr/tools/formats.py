@@ -45,7 +45,7 @@ class TagFormat:
 
     @property
     def stop_strings(self) -> list[str]:
-        """Closing tags: the engine pauses a turn when its text ends with one of them."""
+        """Closing tags: the engine ends a turn at the token that completes one of them."""
         return [f"</{tag}>" for tag in self.tags.values()]
 
     def parse(self, turn_text: str) -> list[ToolCall]:
