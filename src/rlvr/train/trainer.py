@@ -158,7 +158,6 @@ class Trainer:
             metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
         metrics.update({
             "step": state.step,
-            "learning_rate": self.scheduler.get_last_lr()[0],
             "num_tokens": state.num_tokens,
             "time/generate": t_collect - batch.reward_seconds,
             "time/reward": batch.reward_seconds,

@@ -62,6 +62,7 @@ class MetricSums:
         self.pass_loss = z()
         self.losses: list[float] = []  # per pass, on the host (they decide whether a pass is applied)
         self.grad_norms: list[float] = []
+        self.learning_rates: list[float] = []  # per pass: the rate its optimizer step used (or would have)
 
     def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor) -> None:
         self.pass_loss += res.loss.detach().double()
@@ -216,6 +217,7 @@ class Updater:
         loss = self.dist.sum(float(sums.pass_loss), what="loss")[0]
         sums.grad_norms.append(grad_norm)
         sums.losses.append(loss)
+        sums.learning_rates.append(self.optimizer.param_groups[0]["lr"])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)  # a non-finite step must not touch weights or optimizer state
             return False
@@ -234,6 +236,7 @@ class Updater:
         metrics = {
             "loss": float(np.mean(sums.losses)),
             "grad_norm": float(np.mean(sums.grad_norms)),
+            "learning_rate": float(np.mean(sums.learning_rates)),  # the scheduler has moved on to the next update's
             "entropy": ent / tokens,
             "clip_ratio/low_mean": low / all_tokens,
             "clip_ratio/low_min": self.dist.min(float(np.min([f[0] for f in fr])), what="metrics"),
