@@ -56,19 +56,20 @@ class MetricSums:
     def __init__(self, device):
         z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
         self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight = z(), z(), z(), z(), z(), z()
-        self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens
-        self.fractions: list[torch.Tensor] = []  # [3] per micro-batch (low, high, region), for min/max
+        self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens, summed over passes
+        self.fractions: list[torch.Tensor] = []  # [3] (low, high, region) per micro-batch that can clip, for min/max
         self.gap_max = z()
         self.pass_loss = z()
         self.losses: list[float] = []  # per pass, on the host (they decide whether a pass is applied)
         self.grad_norms: list[float] = []
         self.learning_rates: list[float] = []  # per pass: the rate its optimizer step used (or would have)
 
-    def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor) -> None:
+    def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor, *, can_clip: bool) -> None:
         self.pass_loss += res.loss.detach().double()
         n = m.sum().double()
         fracs = torch.stack([res.low_clipped, res.high_clipped, res.region_clipped]).detach().double()
-        self.fractions.append(fracs)
+        if can_clip:
+            self.fractions.append(fracs)
         for k in range(3):
             self.clipped[k] += fracs[k] * n
         self.tokens += n
@@ -111,7 +112,8 @@ class Updater:
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True)
                 m = step.loss_mask[mb, :C]
-                if step.old_logp[j] is None:
+                own_old = step.old_logp[j] is None  # old log-probs from this very forward: ratio exactly 1, nothing clips
+                if own_old:
                     step.old_logp[j] = out.logp.detach()
                 old = step.old_logp[j]
                 w, is_w = self.token_weights(step, mb, C, out.entropy, m, old)
@@ -122,7 +124,7 @@ class Updater:
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     (res.loss * (w_pass * self.dist.loss_scale)).backward()
                 if w_pass:
-                    sums.add(res, out.entropy, m)
+                    sums.add(res, out.entropy, m, can_clip=not own_old)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
                 skipped = True
                 break
@@ -226,23 +228,24 @@ class Updater:
         return True
 
     def finish(self, sums: MetricSums, step: StepInputs) -> dict:
-        fr = torch.stack(sums.fractions).tolist() if sums.fractions else [[0.0, 0.0, 0.0]]
+        fr = torch.stack(sums.fractions).tolist() if sums.fractions else []
         host = torch.stack([sums.tokens, sums.tokens_first, sums.entropy, sums.kl, sums.gap, sums.is_weight, *sums.clipped,
                             sums.gap_max]).tolist()
         tokens, tokens_first, ent, kl, gap, isw, low, high, region = self.dist.sum(*host[:9], what="metrics")
         tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
-        all_tokens = max(float(step.norms.num_tokens), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
+        # clip fractions: over the whole batch (skipped rows: ratio 1, never clipped), averaged over the passes
+        clip_tokens = max(float(step.norms.num_tokens), 1.0) * max(len(sums.losses), 1)
         tokens_first = max(tokens_first, 1.0)
         metrics = {
             "loss": float(np.mean(sums.losses)),
             "grad_norm": float(np.mean(sums.grad_norms)),
             "learning_rate": float(np.mean(sums.learning_rates)),  # the scheduler has moved on to the next update's
             "entropy": ent / tokens,
-            "clip_ratio/low_mean": low / all_tokens,
-            "clip_ratio/low_min": self.dist.min(float(np.min([f[0] for f in fr])), what="metrics"),
-            "clip_ratio/high_mean": high / all_tokens,
-            "clip_ratio/high_max": self.dist.max(float(np.max([f[1] for f in fr])), what="metrics"),
-            "clip_ratio/region_mean": region / all_tokens,
+            "clip_ratio/low_mean": low / clip_tokens,
+            "clip_ratio/low_min": _finite_or_zero(self.dist.min(min((f[0] for f in fr), default=math.inf), what="metrics")),
+            "clip_ratio/high_mean": high / clip_tokens,
+            "clip_ratio/high_max": _finite_or_zero(self.dist.max(max((f[1] for f in fr), default=-math.inf), what="metrics")),
+            "clip_ratio/region_mean": region / clip_tokens,
         }
         if step.ref_logp is not None:
             metrics["kl"] = kl / tokens
@@ -251,3 +254,8 @@ class Updater:
         if self.correction != "none":
             metrics["sampler/is_weight_mean"] = isw / tokens_first
         return metrics
+
+
+def _finite_or_zero(x: float) -> float:
+    """min/max over no micro-batch that could clip (mu = 1): nothing clipped, 0."""
+    return x if math.isfinite(x) else 0.0
