@@ -173,7 +173,7 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_have_signal(make_tr
         assert [r["prompt"] for r in batch.rows] == [r["prompt"] for r in kept]
         assert (m["sampling/rounds"], m["sampling/prompts_consumed"], m["sampling/groups_kept"]) == (rounds, consumed, PROMPTS)
         assert t.stream.position == position  # exactly the prompts drawn, no more
-        assert m["frac_reward_zero_std"] == 0.0
+        assert m["sampling/kept_frac_reward_zero_std"] == 0.0  # the trained batch; frac_reward_zero_std counts every round
         assert len(batch.episodes) == PROMPTS * G and (adv.view(-1, G).abs().amax(-1) > 0).all()
         saw_resampling |= rounds > 1
         if step == 0:

@@ -18,7 +18,8 @@ class LoraConfig:
     alpha: float = 16.0
     """LoRA scaling numerator (the adapter's output is scaled by alpha / r)."""
     dropout: float = 0.0
-    """Dropout on the adapter's input."""
+    """Dropout on the adapter's input, in the training forwards only: old and reference log-probs are
+    computed without it, as the sampler runs (one extra no-grad forward per step; docs/algorithms.md §6)."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names that get adapters (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the output head."""
     quantize: str = "none"
@@ -180,7 +181,8 @@ class AlgoConfig:
     top_entropy_quantile: float = 1.0
     """Train only on this top share of tokens by entropy (1.0 = all tokens)."""
     dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample fresh prompts."""
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample fresh prompts. `reward` and
+    `frac_reward_zero_std` then count every group generated; the kept ones' are `sampling/kept_*`."""
     max_resample_rounds: int = 4
     """Dynamic sampling: most extra generation rounds per step before training on what there is."""
     sampler_correction: str = "auto"
@@ -211,7 +213,7 @@ class OptimConfig:
     """Completions per forward/backward (gradient accumulation); 0 = the whole step at once."""
     skip_zero_advantage: bool = True
     """Skip forward/backward of completions with advantage exactly 0 when their gradient is zero
-    (beta=0, no top-entropy selection, loss_type not bnpo). Same update; entropy then comes from trained rows."""
+    (beta=0, no top-entropy selection, loss_type not bnpo). Same update; `entropy` still counts every sampled token."""
     shared_prefix: bool = True
     """Training forward runs each group's prompt once and shares its KV cache (with gradient) across the group."""
     pack_by_length: bool = True

@@ -2,7 +2,8 @@
 
 A problem is `a op b` with operands of `digits` digits and `op` drawn from `operators`.
 Which problems are held out is decided by a hash of the problem itself, not by the seed,
-so no seed and no amount of training data can leak an evaluation problem into training.
+so no seed and no amount of training data can leak an evaluation problem into training. For
+`+` and `*` the hash is of the unordered pair: `a+b` and `b+a` are one problem, held out together.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+COMMUTATIVE = frozenset("+*")
 HELD_OUT_PERCENT = 10  # share of all problems reserved for evaluation
 
 
@@ -37,7 +39,9 @@ class Problem:
 
 
 def is_held_out(p: Problem) -> bool:
-    digest = hashlib.blake2b(f"{p.a}{p.op}{p.b}".encode(), digest_size=4).digest()
+    """Swapped operands of a commutative operator are the same problem: the pair is held out as one."""
+    a, b = (min(p.a, p.b), max(p.a, p.b)) if p.op in COMMUTATIVE else (p.a, p.b)
+    digest = hashlib.blake2b(f"{a}{p.op}{b}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") % 100 < HELD_OUT_PERCENT
 
 

@@ -11,19 +11,19 @@ A problem is `a*b` with `a` of 3 digits and `b` of 2 or 3 digits (even odds). Th
 Only the model's text is trained; `<result>...</result>` is written by the calculator. The
 answer is checked by the built-in `final_answer` reward (the model's last turn, exactly).
 
-Which problems are held out is decided by a hash of the problem itself (the same hash as the
-`arithmetic` task's `*` problems), not by the seed, so no seed and no amount of training data can
-leak an evaluation problem into training.
+Which problems are held out is decided by a hash of the problem itself (the `arithmetic` task's
+for `*`: of the unordered pair, so `a*b` and `b*a` are held out together), not by the seed, so no
+seed and no amount of training data can leak an evaluation problem into training.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 from typing import Iterator
 
-HELD_OUT_PERCENT = 10  # share of all problems reserved for evaluation
+from rlvr.data import arithmetic
+
 A_DIGITS = 3
 B_DIGITS = (2, 3)  # digits of the second operand, drawn with even odds
 
@@ -52,8 +52,7 @@ class Problem:
 
 
 def is_held_out(p: Problem) -> bool:
-    digest = hashlib.blake2b(f"{p.a}*{p.b}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little") % 100 < HELD_OUT_PERCENT
+    return arithmetic.is_held_out(arithmetic.Problem(p.a, "*", p.b))
 
 
 def random_problem(rng: random.Random) -> Problem:

@@ -10,6 +10,7 @@ Two ways to compute the same numbers:
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -21,6 +22,32 @@ from rlvr.models.kv_cache import cache_kwarg
 class TokenLogProbs(NamedTuple):
     logp: torch.Tensor  # [N, C] log p(completion token | prefix) at the sampling temperature
     entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad)
+
+
+_DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+                    torch.nn.FeatureAlphaDropout)
+
+
+def uses_dropout(model) -> bool:
+    """Whether a forward in training mode differs from one in eval mode: a dropout module with p > 0
+    (e.g. LoRA's), or a dropout probability > 0 in a transformers config (attention dropout is
+    applied inside the attention function, by no module)."""
+    if any(isinstance(m, _DROPOUT_MODULES) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any(k.endswith(("dropout", "pdrop")) and type(v) in (int, float) and v > 0 for k, v in settings.items())
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """The model in eval mode (no dropout) inside the block, in the mode it had after it."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):

@@ -35,6 +35,9 @@ class Generation:
     sampling_logprobs: torch.Tensor  # [B x G, C] log p_sample(token), 0 on padding
     truncated: torch.Tensor  # [B x G] bool: hit max_new_tokens without EOS
     texts: list[str]  # [B x G] decoded completions, special tokens removed
+    # [B x G, C] entropy of each sampled token's distribution (at the temperature, before top-k/top-p: the
+    # training forward's), 0 on padding; None when the engine does not compute it (vLLM, greedy)
+    sampling_entropy: torch.Tensor | None = None
 
 
 class GenerationEngine(Protocol):

@@ -140,12 +140,15 @@ class HFEngine:
         eos, pad = tok.eos_token_id, tok.pad_token_id
         completion = torch.full((N, T), pad, dtype=torch.long, device=device)
         logprobs = torch.zeros((N, T), dtype=torch.float32, device=device)
+        entropies = torch.zeros((N, T), dtype=torch.float32, device=device) if params.temperature > 0 else None
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         active = torch.arange(N, device=device)  # rows still in the decode batch
         for t in range(T):
-            token, logp = self._sample(logits, params, gens, active, G)
+            token, logp, entropy = self._sample(logits, params, gens, active, G)
             completion[active, t] = token
             logprobs[active, t] = logp
+            if entropies is not None:
+                entropies[active, t] = entropy
             if not params.ignore_eos:
                 finished[active] |= token == eos
             if t == T - 1 or bool(finished.all()):
@@ -172,6 +175,7 @@ class HFEngine:
         mask = self._completion_mask(completion, eos, params.ignore_eos)
         completion = completion.masked_fill(mask == 0, pad)
         logprobs = logprobs * mask
+        entropies = None if entropies is None else entropies * mask
         truncated = mask.sum(-1) == T
         if not params.ignore_eos:
             truncated &= completion[:, -1] != eos
@@ -184,6 +188,7 @@ class HFEngine:
             sampling_logprobs=logprobs,
             truncated=truncated,
             texts=texts,
+            sampling_entropy=entropies,
         )
 
     @staticmethod
@@ -197,15 +202,24 @@ class HFEngine:
 
     @staticmethod
     def _sample(logits, params: SamplingParams, gens, active, G):
-        """One token per active row; noise for row r comes from its prompt's generator."""
+        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy);
+        noise for row r comes from its prompt's generator."""
         if params.temperature == 0:
             token = logits.argmax(-1)
-            return token, torch.zeros_like(token, dtype=torch.float32)
-        logits = filter_logits(logits / params.temperature, params.top_k, params.top_p)
-        logp_all = logits.log_softmax(-1)  # [n_active, V]
+            return token, torch.zeros_like(token, dtype=torch.float32), None
+        scaled = logits / params.temperature
+        logp_all = filter_logits(scaled, params.top_k, params.top_p).log_softmax(-1)  # [n_active, V]
+        p = logp_all.exp()
         # Exponential race (Gumbel-max in disguise): argmax p / E, E ~ Exp(1), samples from p.
         # Noise is drawn for all G rows of each prompt every step, so a row's noise does not
         # depend on which rows have left the batch.
         noise = torch.cat([torch.empty((G, logits.shape[-1]), device=logits.device).exponential_(generator=g) for g in gens])
-        token = (logp_all.exp() / noise[active]).argmax(-1)
-        return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
+        token = (p / noise[active]).argmax(-1)
+        # The entropy the training forward computes: of the whole distribution at this temperature,
+        # not of the top-k/top-p part sampled from (free when nothing is filtered)
+        if params.top_k or params.top_p < 1.0:
+            logp_full = scaled.log_softmax(-1)
+            entropy = -(logp_full.exp() * logp_full).nansum(-1)
+        else:
+            entropy = -(p * logp_all).nansum(-1)  # nansum: 0 * log 0 = 0 for logits at -inf
+        return token, logp_all.gather(-1, token[:, None]).squeeze(-1), entropy

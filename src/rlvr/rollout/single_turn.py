@@ -52,6 +52,7 @@ class SingleTurnSource:
             group_size=G,
             completions=as_completions([r["prompt"] for r in rows for _ in range(G)], gen.texts),
             texts=gen.texts,
+            sampling_entropy=gen.sampling_entropy,
         )
 
     def sync_weights(self) -> None:

@@ -28,6 +28,7 @@ class Batch:
     reward_seconds: float = 0.0  # time spent in reward functions (all rounds, this rank's share)
     loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (rank_split.local_share)
     errors: dict = field(default_factory=dict)  # reward function name -> samples that failed in it
+    generated_rewards: torch.Tensor | None = None  # [M, K] dynamic sampling: every group of every round, kept or not
 
 
 def reward_columns(runner: RewardRunner, episodes: Episodes) -> tuple[list[str], torch.Tensor]:
@@ -72,7 +73,7 @@ def collect(stream, round_fn: Callable, runner: RewardRunner, *, prompts: int, p
     """Draw `prompts` rows from the stream and run `round_fn(rows, position) -> (episodes, rewards,
     seconds)` on them. With dynamic sampling, groups whose rewards are all equal are dropped and
     fresh prompts drawn until the batch is full or max_resample_rounds extra rounds are spent."""
-    kept_rows, kept_eps, kept_rewards = [], [], []
+    kept_rows, kept_eps, kept_rewards, generated = [], [], [], []
     rounds = consumed = 0
     seconds = 0.0
     while True:
@@ -86,6 +87,7 @@ def collect(stream, round_fn: Callable, runner: RewardRunner, *, prompts: int, p
         seconds += t
         if not dynamic_sampling:
             return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
+        generated.append(rewards)
         G = episodes.group_size
         signal = algo.groups_with_signal(rewards, weights, G, mode=reward_aggregation)
         keep_groups = signal.nonzero().squeeze(-1).tolist()
@@ -96,6 +98,8 @@ def collect(stream, round_fn: Callable, runner: RewardRunner, *, prompts: int, p
             kept_rewards.append(rewards[idx])
         if len(kept_rows) == prompts or rounds > max_resample_rounds:
             break
+    generated = torch.cat(generated)
     if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-        return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
-    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed, seconds)
+        return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=generated)
+    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed, seconds,
+                 generated_rewards=generated)

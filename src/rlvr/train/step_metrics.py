@@ -8,23 +8,42 @@ import torch
 
 
 def batch_metrics(batch, advantages: torch.Tensor) -> dict:
-    """Reward, group and length statistics of one step's batch (a rlvr.train.collect.Batch)."""
-    r, names = batch.episodes, batch.reward_names
-    total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N]
-    grouped = total.view(-1, r.group_size)  # [groups, G]
+    """Reward, group and length statistics of one step's batch (a rlvr.train.collect.Batch).
+
+    The reward statistics describe every episode the step generated: with dynamic sampling, all
+    rounds, the dropped groups too (what the policy did, comparable with a run without it); the
+    kept groups' (the trained batch's) reward and zero-std share are `sampling/kept_*`. The other
+    statistics describe the trained batch."""
+    r = batch.episodes
     lengths = r.loss_mask.sum(-1).float()  # the model's own tokens (as TRL counts them with tools)
-    m = {
-        "reward": float(total.mean()),
-        "reward_std": float(grouped.std(-1, correction=0).mean()),
-        "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
+    generated = batch.rewards if batch.generated_rewards is None else batch.generated_rewards
+    m = reward_metrics(generated, batch.reward_weights, batch.reward_names, r.group_size)
+    m.update({
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(r.truncated.float().mean()),
         "advantages/abs_mean": float(advantages.abs().mean()),
+    })
+    if batch.generated_rewards is not None:  # dynamic sampling
+        kept = reward_metrics(batch.rewards, batch.reward_weights, batch.reward_names, r.group_size)
+        m.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
+                  "sampling/groups_kept": len(batch.rows), "sampling/kept_reward": kept["reward"],
+                  "sampling/kept_frac_reward_zero_std": kept["frac_reward_zero_std"]})
+    return m
+
+
+def reward_metrics(rewards: torch.Tensor, weights: torch.Tensor, names: list[str], group_size: int) -> dict:
+    """TRL's reward statistics of [N, K] rewards (N group-major, NaN: not applicable) with weights [K]."""
+    total = (rewards * weights).nansum(-1)  # [N]
+    grouped = total.view(-1, group_size)  # [groups, G]
+    m = {
+        "reward": float(total.mean()),
+        "reward_std": float(grouped.std(-1, correction=0).mean()),
+        "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
     }
     for k, name in enumerate(names):
-        col = batch.rewards[:, k]
+        col = rewards[:, k]
         valid = col[~col.isnan()]
         m[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         m[f"rewards/{name}/std"] = float(valid.std(correction=0)) if valid.numel() else float("nan")

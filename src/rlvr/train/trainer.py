@@ -151,14 +151,10 @@ class Trainer:
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
-        if a.dynamic_sampling:
-            metrics.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
-                            "sampling/groups_kept": len(batch.rows)})
         for name, total in self.rewards.total_errors.items():  # failed samples, all rounds of this step
             metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
         metrics.update({
             "step": state.step,
-            "learning_rate": self.scheduler.get_last_lr()[0],
             "num_tokens": state.num_tokens,
             "time/generate": t_collect - batch.reward_seconds,
             "time/reward": batch.reward_seconds,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rlvr import algo
-from rlvr.models.forward import completion_logprobs, trim_padding
+from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
 from rlvr.train.batch_plan import BatchPlan
@@ -36,7 +36,9 @@ class StepInputs:
     norms: algo.BatchNorms  # whole-batch normalisers (all ranks)
     ref_logp: torch.Tensor | None  # [N, C] reference log-probs when beta > 0
     entropy_weights: torch.Tensor | None  # [N, C] top-entropy token selection, when chosen before the loop
-    old_logp: list[torch.Tensor | None]  # per micro-batch: the first pass's log-probs, detached
+    old_logp: list[torch.Tensor | None]  # per micro-batch: the generating policy's log-probs (None: pass 1's own)
+    sampled_entropy: torch.Tensor  # [2] float64: entropy sum and count of the sampled tokens known before the passes
+    entropy_from_pass1: bool  # pass 1's forward adds the entropies of the rows it runs to sampled_entropy
 
     @property
     def micro_batch_sizes(self) -> list[int]:
@@ -56,24 +58,31 @@ class MetricSums:
     def __init__(self, device):
         z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
         self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight = z(), z(), z(), z(), z(), z()
-        self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens
-        self.fractions: list[torch.Tensor] = []  # [3] per micro-batch (low, high, region), for min/max
+        self.sampled_entropy = torch.zeros(2, dtype=torch.float64, device=device)  # entropy sum, tokens (pass 1's forward)
+        self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens, summed over passes
+        self.fractions: list[torch.Tensor] = []  # [3] (low, high, region) per micro-batch that can clip, for min/max
         self.gap_max = z()
         self.pass_loss = z()
         self.losses: list[float] = []  # per pass, on the host (they decide whether a pass is applied)
         self.grad_norms: list[float] = []
+        self.learning_rates: list[float] = []  # per pass: the rate its optimizer step used (or would have)
 
-    def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor) -> None:
+    def add(self, res: algo.PolicyLossOutput, entropy: torch.Tensor, m: torch.Tensor, *, can_clip: bool) -> None:
         self.pass_loss += res.loss.detach().double()
         n = m.sum().double()
         fracs = torch.stack([res.low_clipped, res.high_clipped, res.region_clipped]).detach().double()
-        self.fractions.append(fracs)
+        if can_clip:
+            self.fractions.append(fracs)
         for k in range(3):
             self.clipped[k] += fracs[k] * n
         self.tokens += n
         self.entropy += (entropy * m).sum().double()
         if res.kl is not None:
             self.kl += res.kl.double() * n
+
+    def add_sampled_entropy(self, entropy: torch.Tensor, sampled: torch.Tensor) -> None:
+        sampled = sampled.double()
+        self.sampled_entropy += torch.stack([(entropy.double() * sampled).sum(), sampled.sum()])
 
     def add_sampler_gap(self, old_logp, sampling_logp, m, is_w) -> None:
         """How far the sampler's log-probs are from the trainer's (first pass only)."""
@@ -97,6 +106,7 @@ class Updater:
                                 importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
         self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+        self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
         step = self.prepare(episodes, advantages, loss_weight)
@@ -110,18 +120,21 @@ class Updater:
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True)
                 m = step.loss_mask[mb, :C]
-                if step.old_logp[j] is None:
+                own_old = step.old_logp[j] is None  # old log-probs from this very forward: ratio exactly 1, nothing clips
+                if own_old:
                     step.old_logp[j] = out.logp.detach()
                 old = step.old_logp[j]
                 w, is_w = self.token_weights(step, mb, C, out.entropy, m, old)
                 if it == 0 and w_pass:
                     sums.add_sampler_gap(old, step.episodes.sampling_logprobs[mb, :C], m, is_w)
+                    if step.entropy_from_pass1:
+                        sums.add_sampled_entropy(out.entropy, step.episodes.loss_mask[mb, :C])
                 ref = None if step.ref_logp is None else step.ref_logp[mb, :C]
                 res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, **self.loss_kwargs)
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     (res.loss * (w_pass * self.dist.loss_scale)).backward()
                 if w_pass:
-                    sums.add(res, out.entropy, m)
+                    sums.add(res, out.entropy, m, can_clip=not own_old)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
                 skipped = True
                 break
@@ -138,10 +151,11 @@ class Updater:
         # zero-advantage rows are left out: the other rows' gradients stay what they were.
         n_seq, n_tok = self.dist.sum(loss_weight * len(episodes), loss_weight * float(mask.sum()), what="batch sizes")
         keep, mb_size = update_rows(advantages, episodes.lengths, episodes.group_ids, episodes.prompt_mask, self.plan)
+        share = episodes  # every row of this rank's share, run or skipped
         if keep is not None:
             episodes, mask, advantages = episodes.select(keep), mask[keep], advantages[keep]
         n = len(episodes)
-        mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
+        mbs = _slices(n, mb_size)
         n_mb = self.dist.sum(loss_weight * len(mbs), what="micro-batches")[0]
         norms = algo.BatchNorms(num_sequences=int(n_seq), num_tokens=int(n_tok), max_completion_length=self.cfg.rollout.max_new_tokens,
                                 num_micro_batches=max(int(n_mb), 1))
@@ -159,11 +173,34 @@ class Updater:
         if a.top_entropy_quantile < 1 and len(mbs) > 1:
             entropy = self.fixed_logprobs(self.model, episodes, mbs, entropy=True).to(self.device)
             entropy_weights = algo.high_entropy_mask(entropy, mask.to(self.device), a.top_entropy_quantile)
-        # Old log-probs: those of the first pass, detached. Every micro-batch of the first pass runs
-        # before the first optimizer step, so they are the generating policy's (ratio exactly 1
-        # there), and passes 2..mu reuse them (no extra forward).
-        return StepInputs(episodes, advantages.to(self.device, torch.float32), mask.to(self.device), passes, norms,
-                          ref_logp, entropy_weights, [None] * len(mbs))
+        # Old log-probs: the generating policy's as the sampler ran it, without dropout. Without dropout
+        # they are pass 1's own, detached: every micro-batch of pass 1 runs before the first optimizer
+        # step, so the ratio is exactly 1 there, and passes 2..mu reuse them (no extra forward). With
+        # dropout a no-grad forward in eval mode gives them, and pass 1's ratio carries its dropout noise.
+        old = self.fixed_forward(self.model, episodes, mbs, entropy=share.sampling_entropy is None) if self.dropout else None
+        sampled_entropy, from_pass1 = self.entropy_before_passes(share, keep, mb_size, episodes, old)
+        return StepInputs(episodes, advantages.to(self.device, torch.float32), mask.to(self.device), passes, norms, ref_logp,
+                          entropy_weights, [None] * len(mbs) if old is None else [o.logp for o in old],
+                          loss_weight * sampled_entropy, from_pass1)
+
+    def entropy_before_passes(self, share: Episodes, keep, mb_size: int, run: Episodes, old) -> tuple[torch.Tensor, bool]:
+        """`entropy` is over every token the model sampled, trained or not: ([2] entropy sum and token
+        count known before the passes, whether pass 1 adds those of the rows it runs). The sampler's
+        entropies when the source gives them (no forward); otherwise a forward without dropout: pass 1's
+        own (or, with dropout, the old log-probs'), and one of their own for rows the update skips."""
+        def sums(entropy: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+            sampled = sampled[:, : entropy.shape[1]].to(self.device, torch.float64)
+            return torch.stack([(entropy.to(self.device, torch.float64) * sampled).sum(), sampled.sum()])
+
+        if share.sampling_entropy is not None:
+            return sums(share.sampling_entropy, share.loss_mask), False
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if keep is not None and len(keep) < len(share):
+            skipped = share.select(_other_rows(keep, len(share))).to(self.device)
+            total += sums(self.fixed_logprobs(self.model, skipped, _slices(len(skipped), mb_size), entropy=True), skipped.loss_mask)
+        for mb, o in zip(_slices(len(run), mb_size), old or []):
+            total += sums(o.entropy, run.loss_mask[mb])
+        return total, old is None
 
     def token_weights(self, step: StepInputs, mb: slice, C: int, entropy, m, old_logp):
         """(weights of the policy-gradient term per token or None, the sampler-correction part or None)."""
@@ -191,19 +228,21 @@ class Updater:
         with self.policy.reference() as ref:
             return self.fixed_logprobs(ref, e, mbs)
 
-    @torch.no_grad()
     def fixed_logprobs(self, model, e: Episodes, mbs: list[slice], *, entropy: bool = False) -> torch.Tensor:
         """Log-probs (or entropies) [N, C] of the episodes under a model that does not change during the step."""
         C = e.completion_ids.shape[1]
-        parts = []
+        outs = self.fixed_forward(model, e, mbs, entropy=entropy)
+        return torch.cat([torch.nn.functional.pad(o.entropy if entropy else o.logp, (0, C - o.logp.shape[1])) for o in outs])
+
+    @torch.no_grad()
+    def fixed_forward(self, model, e: Episodes, mbs: list[slice], *, entropy: bool = False) -> list:
+        """Per micro-batch, the log-probs (and entropies) under a model that does not change during
+        the step, without dropout (eval mode, as the sampler runs it)."""
         # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
         # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
         # have different numbers of micro-batches (uneven shares); no-op otherwise.
-        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext():
-            for mb in mbs:
-                out, width = self.forward(model, e, mb, with_entropy=entropy)
-                parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
-        return torch.cat(parts)
+        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext(), eval_mode(model):
+            return [self.forward(model, e, mb, with_entropy=entropy)[0] for mb in mbs]
 
     # ------------------------------------------------------------------ after each pass, after the step
 
@@ -216,6 +255,7 @@ class Updater:
         loss = self.dist.sum(float(sums.pass_loss), what="loss")[0]
         sums.grad_norms.append(grad_norm)
         sums.losses.append(loss)
+        sums.learning_rates.append(self.optimizer.param_groups[0]["lr"])
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)  # a non-finite step must not touch weights or optimizer state
             return False
@@ -224,27 +264,49 @@ class Updater:
         return True
 
     def finish(self, sums: MetricSums, step: StepInputs) -> dict:
-        fr = torch.stack(sums.fractions).tolist() if sums.fractions else [[0.0, 0.0, 0.0]]
+        fr = torch.stack(sums.fractions).tolist() if sums.fractions else []
+        sampled = step.sampled_entropy + sums.sampled_entropy
         host = torch.stack([sums.tokens, sums.tokens_first, sums.entropy, sums.kl, sums.gap, sums.is_weight, *sums.clipped,
-                            sums.gap_max]).tolist()
-        tokens, tokens_first, ent, kl, gap, isw, low, high, region = self.dist.sum(*host[:9], what="metrics")
-        tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
-        all_tokens = max(float(step.norms.num_tokens), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
+                            *sampled, sums.gap_max]).tolist()
+        tokens, tokens_first, ent, kl, gap, isw, low, high, region, s_ent, s_tokens = self.dist.sum(*host[:11], what="metrics")
+        # clip fractions: over the whole batch (skipped rows: ratio 1, never clipped), averaged over the passes
+        clip_tokens = max(float(step.norms.num_tokens), 1.0) * max(len(sums.losses), 1)
         tokens_first = max(tokens_first, 1.0)
         metrics = {
             "loss": float(np.mean(sums.losses)),
             "grad_norm": float(np.mean(sums.grad_norms)),
-            "entropy": ent / tokens,
-            "clip_ratio/low_mean": low / all_tokens,
-            "clip_ratio/low_min": self.dist.min(float(np.min([f[0] for f in fr])), what="metrics"),
-            "clip_ratio/high_mean": high / all_tokens,
-            "clip_ratio/high_max": self.dist.max(float(np.max([f[1] for f in fr])), what="metrics"),
-            "clip_ratio/region_mean": region / all_tokens,
+            "learning_rate": float(np.mean(sums.learning_rates)),  # the scheduler has moved on to the next update's
+            "clip_ratio/low_mean": low / clip_tokens,
+            "clip_ratio/low_min": _finite_or_zero(self.dist.min(min((f[0] for f in fr), default=math.inf), what="metrics")),
+            "clip_ratio/high_mean": high / clip_tokens,
+            "clip_ratio/high_max": _finite_or_zero(self.dist.max(max((f[1] for f in fr), default=-math.inf), what="metrics")),
+            "clip_ratio/region_mean": region / clip_tokens,
         }
+        # entropy: every sampled token's; entropy/trained (and kl): the trained tokens', over the passes. Unknown is left out, not 0.
+        if s_tokens:
+            metrics["entropy"] = s_ent / s_tokens
+        if tokens:
+            metrics["entropy/trained"] = ent / tokens
         if step.ref_logp is not None:
-            metrics["kl"] = kl / tokens
+            metrics["kl"] = kl / max(tokens, 1.0)
         metrics["sampler/logp_gap_mean"] = gap / tokens_first
-        metrics["sampler/logp_gap_max"] = self.dist.max(host[9], what="metrics")
+        metrics["sampler/logp_gap_max"] = self.dist.max(host[11], what="metrics")
         if self.correction != "none":
             metrics["sampler/is_weight_mean"] = isw / tokens_first
         return metrics
+
+
+def _slices(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _other_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The row indices in range(n) that are not in `rows`."""
+    left = torch.ones(n, dtype=torch.bool)
+    left[rows] = False
+    return left.nonzero().squeeze(-1)
+
+
+def _finite_or_zero(x: float) -> float:
+    """min/max over no micro-batch that could clip (mu = 1): nothing clipped, 0."""
+    return x if math.isfinite(x) else 0.0
