@@ -267,5 +267,6 @@ CASES = [
     Case("huge", "1", "#### " + "9" * 50_000, 0),
     Case("huge", "1", "\\boxed{" + "(" * 100 + "1" + ")" * 100 + "}", 1),  # deep but short: still 1
     Case("huge", "1", "The answer is 1e999999999.", 0),
+    Case("huge", "1", "\\boxed{" + "(1+" * 70 + "1" + ")" * 70 + "}", 0),  # 71; math-verify's parser once read it as 1
     Case("huge", "1", "\\boxed{" * 2000 + "1" + "}" * 2000, 0),  # 2000 nested boxes (too long to be an answer)
 ]

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 
@@ -34,10 +35,28 @@ def prompt_text(prompt) -> str:
 
 def extract_code(text: str) -> str:
     """The program in a completion: the last ```python (or unlabelled) fenced block; else the
-    whole text, which may simply be code."""
-    blocks = re.findall(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", text, flags=re.DOTALL)
+    whole text, which may simply be code. One linear pass over the fences (no regex backtracking
+    on 50 KB of backticks)."""
+    blocks, unterminated = fenced_blocks(text)
     if blocks:
         python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
         return (python or [code for _, code in blocks])[-1]
-    unterminated = re.search(r"```[ \t]*(?:python|py|python3)?[^\n]*\n(.*)$", text, flags=re.DOTALL)
-    return unterminated.group(1) if unterminated else text
+    return unterminated if unterminated is not None else text
+
+
+def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
+    """([(language, code)] of the complete ``` blocks, in order; the code after an opening fence
+    that is never closed, or None)."""
+    fences = [m.start() for m in re.finditer("```", text)]
+    blocks, k = [], 0
+    while k < len(fences):
+        line_end = text.find("\n", fences[k] + 3)
+        if line_end < 0:
+            break
+        language = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3: line_end]).group(1)
+        k = bisect.bisect_left(fences, line_end + 1)
+        if k == len(fences):
+            return blocks, text[line_end + 1:] if not blocks else None
+        blocks.append((language, text[line_end + 1: fences[k]]))
+        k += 1
+    return blocks, None
