@@ -31,13 +31,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from rlvr.rewards.loading import RewardError, load_reward_fn
+
 log = logging.getLogger("rlvr.rewards")
 DEFAULT_TIMEOUT_S = 300.0  # per function per batch; generous: code graders run whole test suites
 STOP_GRACE_S = 0.1  # how long a stopped function's thread may take to unwind (Python code: a few ms)
-
-
-class RewardError(ValueError):
-    """A reward function is missing, or returned something unusable; the message names it."""
 
 
 class RewardTimeout(BaseException):
@@ -101,8 +99,6 @@ class RewardRunner:
 
     @classmethod
     def from_config(cls, specs, **options) -> "RewardRunner":
-        from rlvr.rewards import load_reward_fn
-
         fns = []
         for s in specs:
             fn = load_reward_fn(s.fn)
@@ -267,7 +263,8 @@ def _summary(message: str, error: BaseException | None) -> str:
     """`ValueError: grader bug (at my_rewards.py:12 in score)`: the message and where it was raised."""
     if error is None or error.__traceback__ is None:
         return message
-    frame = traceback.extract_tb(error.__traceback__)[-1]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__] or traceback.extract_tb(error.__traceback__)
+    frame = frames[-1]  # the deepest frame outside the runner (log_extra raises from here)
     return f"{message} (at {frame.filename}:{frame.lineno} in {frame.name})"
 
 

@@ -36,6 +36,7 @@ class Episodes:
     extra_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] rewards the rollout itself gave (NaN: none)
     valid: torch.Tensor | None = None  # [N] bool; False: the episode failed to start and is left out (no reward, no loss)
     columns: dict[str, list] = field(default_factory=dict)  # name -> [N] values reward functions get as keyword arguments
+    logged: dict[str, list] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -57,13 +58,14 @@ class Episodes:
             self.group_size, [self.completions[i] for i in idx], [self.texts[i] for i in idx],
             {k: v[rows] for k, v in self.info.items()}, {k: v[rows] for k, v in self.extra_rewards.items()},
             None if self.valid is None else self.valid[rows], {k: [v[i] for i in idx] for k, v in self.columns.items()},
+            {k: [v[i] for i in idx] for k, v in self.logged.items()},
         )
 
     def to(self, device) -> "Episodes":
         t = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "attention_mask",
                                                        "loss_mask", "sampling_logprobs", "truncated", "group_ids")}
         return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts, info=self.info,
-                        extra_rewards=self.extra_rewards, valid=self.valid, columns=self.columns)
+                        extra_rewards=self.extra_rewards, valid=self.valid, columns=self.columns, logged=self.logged)
 
     @staticmethod
     def concat(parts: list["Episodes"], pad_token_id: int) -> "Episodes":
@@ -102,6 +104,7 @@ class Episodes:
             _concat_dicts([e.extra_rewards for e in parts]),
             None if all(e.valid is None for e in parts) else torch.cat([_valid(e) for e in parts]),
             {k: [x for e in parts for x in e.columns[k]] for k in parts[0].columns},
+            {k: [x for e in parts for x in e.logged.get(k, [None] * len(e))] for k in sorted({k for e in parts for k in e.logged})},
         )
 
 
