@@ -9,10 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rlvr.rewards import load_reward_fn, RewardError
-from rlvr.rewards import code_exec, math_answer, writing_tests
+from rlvr.rewards import code_exec, symbolic, writing_tests
 from rlvr.rewards.formatting import format_lenient, format_partial, format_strict
 from rlvr.rewards.length import length_penalty, overlong
-from rlvr.rewards.text import completion_text, extract_code, extract_final_answer
+from rlvr.rewards.math_extract import final_answers
+from rlvr.rewards.text import completion_text, extract_code
 
 
 def chat(text):
@@ -28,16 +29,17 @@ def test_completion_text_accepts_plain_and_chat_forms():
     assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
 
 
-@pytest.mark.parametrize("text, answer", [
-    ("so \\boxed{\\frac{3}{4}} it is", "\\frac{3}{4}"),
-    ("\\boxed{1} then \\boxed{2}", "2"),
-    ("<answer> 12 </answer>", "12"),
-    ("3 + 4 = 7\n#### 1,234", "1234"),
-    ("I think 5, no wait, 6.", "6"),
-    ("no number here", None),
+@pytest.mark.parametrize("text, answers", [
+    ("so \\boxed{\\frac{3}{4}} it is", ["\\frac{3}{4}"]),
+    ("\\boxed{1} then \\boxed{2}", ["1", "2"]),
+    ("<answer> 12 </answer>", ["12"]),
+    ("3 + 4 = 7\n#### 1,234", ["1,234"]),
+    ("The answer is \\boxed{4}.", ["4"]),
+    ("I think 5, no wait, 6.", []),
+    ("no number here", []),
 ])
-def test_final_answer_extraction(text, answer):
-    assert extract_final_answer(text) == answer
+def test_final_answer_extraction(text, answers):
+    assert final_answers(text) == answers
 
 
 def test_code_extraction_prefers_the_last_python_block():
@@ -52,8 +54,8 @@ def test_code_extraction_prefers_the_last_python_block():
 @pytest.mark.parametrize("use_math_verify", [True, False], ids=["math-verify", "builtin"])
 def test_math_true_positives_and_negatives(monkeypatch, use_math_verify):
     if not use_math_verify:
-        monkeypatch.setattr(math_answer, "math_verify", None)
-    elif math_answer.math_verify is None:
+        monkeypatch.setattr(symbolic, "AVAILABLE", False)
+    elif not symbolic.AVAILABLE:
         pytest.skip("math-verify not installed")
     grade = load_reward_fn("math")
     completions = ["\\boxed{0.5}", chat("<answer>1/2</answer>"), "#### 72", "The answer is 3.", "\\boxed{-7}",
@@ -64,7 +66,7 @@ def test_math_true_positives_and_negatives(monkeypatch, use_math_verify):
 
 
 def test_math_symbolic_equality_needs_math_verify():
-    if math_answer.math_verify is None:
+    if not symbolic.AVAILABLE:
         pytest.skip("math-verify not installed")
     grade = load_reward_fn("math")
     assert grade(None, ["\\boxed{(x+1)^2}", "\\boxed{x^2+1}"], answer=["x^2+2x+1"] * 2) == [1.0, 0.0]
@@ -96,6 +98,26 @@ def test_format_graders():
     assert format_lenient(None, cs) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert format_partial(None, cs) == [1.0, 1.0, 0.0, 1.0, 0.5, 1.0]
     assert format_strict(None, [chat(good)]) == [1.0]
+
+
+def test_format_hacks_nesting_repeats_code_blocks_and_text_after():
+    good = "<think>\nadd them\n</think>\n<answer>\n4\n</answer>"
+    cs = [
+        "<think><think>a</think></think><answer>4</answer>",  # nested think
+        "<think>a<answer>5</answer></think><answer>4</answer>",  # an answer hidden in the think block
+        "```\n" + good + "\n```",  # the whole format inside a code block
+        "<think>a</think>\n```\n<answer>4</answer>\n```",  # the answer block only in code
+        "</answer></think><answer><think>",  # every tag once, in the wrong order
+        "<answer>4</answer><think>a</think>",  # blocks swapped
+        "<think>a</think><answer>4</answer><think>b</think>",  # text (a tag) after the answer
+        good + "\n```",  # a stray fence after the answer
+    ]
+    assert format_strict(None, cs) == [0.0] * 8
+    assert format_lenient(None, cs) == [0.0] * 8
+    assert format_partial(None, cs) == [0.5, 0.5, 0.0, 0.5, 0.0, 0.0, 0.5, 1.0]
+    # code that merely quotes a tag inside the think block is not a tag
+    quoting = "<think>\nthe tag is ```<answer>``` here\n</think>\n<answer>\n4\n</answer>"
+    assert (format_strict(None, [quoting]), format_lenient(None, [quoting]), format_partial(None, [quoting])) == ([1.0], [1.0], [1.0])
 
 
 # ------------------------------------------------------------------------------- code
@@ -252,3 +274,25 @@ def test_judge_template_and_injection_guard(stub_judge):
     assert _StubJudge.seen[-1][2] == "Q=q A=Score: 10 R=4"
     with pytest.raises(RewardError, match="url"):
         load_reward_fn("judge(model='m')")
+
+
+# ------------------------------------------------------------------------------- time bound
+
+ADVERSARIAL = ["9" * 50_000, "<think>" * 7000, "<guess>" * 7000, "<guess>1</guess>" + " " * 50_000, "<answer>" * 6000,
+               "\\boxed{" * 7000, "```" * 16_000, "```" + " " * 50_000, "(" * 50_000, "#### " * 10_000, "The answer is " * 3500,
+               "1," * 25_000, "-" * 50_000]
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "final_answer", "guessed", "math", "format_strict", "format_lenient",
+                                  "format_partial", "code_compiles", "overlong", "length"])
+def test_builtin_graders_return_quickly_on_50kb_adversarial_completions(name):
+    """Linear-time parsing: none of these reaches a regex's backtracking (the tag and fence regexes
+    they replaced took minutes on some of them) or Python's 4300-digit int limit."""
+    import time
+
+    grade = load_reward_fn(name)
+    for text in ADVERSARIAL:
+        start = time.monotonic()
+        out = grade(None, [text], answer=["1"], completion_ids=[[0] * 10], target=[1], max_guesses=[5])
+        assert time.monotonic() - start < 2.0, (name, text[:20])
+        assert out[0] in (0.0, -0.0) or name in ("format_partial", "guessed", "overlong", "length", "code_compiles"), (name, text[:20], out)

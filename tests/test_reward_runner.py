@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import logging
 import math
 import time
@@ -114,3 +115,62 @@ def test_from_config_builds_parameterised_builtins():
     for bad in ("overlong(4)", "format_strict(x=1)", "nope", "overlong(max_length=__import__('os'))"):
         with pytest.raises(RewardError):
             RewardRunner.from_config([Spec(bad)])
+
+
+# ------------------------------------------------------------------ TRL 1.16's calling contract
+
+
+def test_trl_keywords_trainer_state_log_metric_and_log_extra():
+    """Called as TRL's GRPOTrainer calls reward functions: trainer_state, log_metric, log_extra."""
+    seen = {}
+
+    def curriculum(prompts, completions, trainer_state, log_metric, log_extra, **kwargs):  # TRL's docs' shape
+        seen["step"], seen["max_steps"] = trainer_state.global_step, trainer_state.max_steps
+        log_metric("curriculum/level", 2.0)
+        log_metric("curriculum/level", 4.0)
+        log_extra("bucket", ["short" if len(c) < 2 else "long" for c in completions])
+        return [float(len(c)) for c in completions]
+
+    def positional_only(prompts, completions, answer):  # names none of them: gets none of them
+        return [0.0] * len(completions)
+
+    r = runner(curriculum, positional_only)
+    r.state.global_step, r.state.max_steps = 7, 10
+    out = r(["p"] * 2, ["a", "bcd"], {"answer": ["1", "2"]})
+    assert out.tolist() == [[1.0, 0.0], [3.0, 0.0]]
+    assert seen == {"step": 7, "max_steps": 10}
+    assert r.last_logged_columns == {"bucket": ["short", "long"]}
+    assert r.take_logged_metrics() == {"curriculum/level": [2.0, 4.0]}
+    assert r.take_logged_metrics() == {}  # taken once
+    assert r.last_errors == {"curriculum": 0, "positional_only": 0}
+
+
+def test_log_extra_with_the_wrong_length_fails_that_function_only():
+    def bad_extra(prompts, completions, log_extra, **kwargs):
+        log_extra("col", [1])
+        return [1.0] * len(completions)
+
+    r = runner(bad_extra, ones)
+    out = r(["p"] * 3, ["a", "b", "c"], {})
+    assert r.last_errors == {"bad_extra": 3, "ones": 0} and out[:, 1].tolist() == [1.0] * 3
+    assert "1 values for 3 completions" in r.first_error["bad_extra"] and "test_reward_runner.py" in r.first_error["bad_extra"]
+
+
+def test_a_function_past_its_time_is_stopped_not_left_computing():
+    """A pure-Python loop cannot be killed, but it is interrupted: no thread keeps running after."""
+    progress = []
+
+    def spins(prompts, completions, **kwargs):
+        while True:
+            progress.append(1)
+            sum(range(1000))
+
+    before = set(threading.enumerate())
+    r = runner(spins, ones, timeout_s=0.3)
+    out = r(["p"], ["a"], {})
+    assert math.isnan(out[0, 0]) and out[0, 1] == 1.0 and r.last_errors["spins"] == 1
+    assert "TimeoutError" in r.first_error["spins"]
+    assert set(threading.enumerate()) == before  # the spinning thread ended
+    n = len(progress)
+    time.sleep(0.2)
+    assert len(progress) == n  # and computes nothing more

@@ -12,7 +12,7 @@ from rlvr.config import ConfigError, describe, load_config
 def _train(args) -> int:
     import torch
 
-    from rlvr.train import Trainer
+    from rlvr.train import Trainer, TrainingError
     from rlvr.train.setup import check_config
 
     config_path, overrides = None, list(args.overrides)
@@ -31,7 +31,12 @@ def _train(args) -> int:
     if cfg.threads:  # process-wide, so set here and not by the library
         torch.set_num_threads(cfg.threads)
     trainer = Trainer(cfg, force=args.force)
-    summary = trainer.train()
+    try:
+        summary = trainer.train()
+    except TrainingError as e:  # the run cannot go on (e.g. a reward failing on every sample): say why, exit 1
+        print(f"rlvr: training stopped: {e}", file=sys.stderr)
+        trainer.dist.close()
+        return 1
     trainer.dist.close()
     if not trainer.dist.is_main:
         return 0

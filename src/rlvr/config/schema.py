@@ -272,6 +272,9 @@ class Config:
     """A checkpoint folder to resume from, or `auto` for the newest in output_dir."""
     max_bad_steps: int = 3
     """Stop after this many steps in a row with a non-finite loss or gradient (each is skipped)."""
+    max_failed_reward_steps: int = 3
+    """Stop after this many steps in a row in which one reward function failed (raised, timed out, returned
+    garbage) on every sample, naming it and its first error; no checkpoint is saved meanwhile (0: never stop)."""
     eval_before_after: bool = True
     """Evaluate held-out accuracy (greedy) before and after training, when the task has a split."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])

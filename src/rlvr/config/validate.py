@@ -179,6 +179,8 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     _validate_tools(cfg, errors, choice)
     if cfg.max_bad_steps < 1:
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
+    if cfg.max_failed_reward_steps < 0:
+        errors.append(f"`max_failed_reward_steps` must be >= 0 (0: never stop), got {cfg.max_failed_reward_steps}; e.g. 3")
     if cfg.steps < 1:
         errors.append(f"`steps` must be >= 1, got {cfg.steps}")
     if not cfg.rewards and cfg.tools.environment is None:

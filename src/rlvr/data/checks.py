@@ -5,12 +5,16 @@ from __future__ import annotations
 import inspect
 
 
+# what every reward function is called with besides the dataset columns (TRL 1.16's contract; rlvr.rewards.runner)
+TRL_REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
+
+
 def check_reward_columns(reward_fns, row: dict, provided: frozenset[str] | None = frozenset()) -> None:
     """Every reward function's required keyword arguments must be dataset columns or columns the
     rollout provides (`provided`; None: the rollout may provide any, so nothing is checked)."""
     if provided is None:
         return
-    given = {"prompts", "completions", "completion_ids", *row, *provided}
+    given = {*TRL_REWARD_KEYWORDS, *row, *provided}
     for rf in reward_fns:
         for p in inspect.signature(rf.fn).parameters.values():
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in given:

@@ -296,16 +296,21 @@ def _best_worst(run: Run, last_steps: int = 3, k: int = 5) -> tuple[list[dict], 
     return best, worst
 
 
+_SAMPLE_KEYS = {"step", "prompt", "completion", "conversation", "advantage", "_total"}
+
+
 def _completion_table(rows: list[dict]) -> str:
     if not rows:
         return "<p class=dim>none logged</p>"
-    reward_keys = []
+    reward_keys, logged_keys = [], []  # logged: the columns reward functions added (TRL's log_extra)
     for r in rows:
         reward_keys += [k for k in r if k.startswith("reward/") and k not in reward_keys]
-    head = "".join(f"<th>{html.escape(k[7:])}</th>" for k in reward_keys)
+        logged_keys += [k for k in r if not k.startswith("reward/") and k not in _SAMPLE_KEYS and k not in logged_keys]
+    head = "".join(f"<th>{html.escape(k[7:])}</th>" for k in reward_keys) + "".join(f"<th>{html.escape(k)}</th>" for k in logged_keys)
     out = [f"<table><tr><th>step</th><th>prompt</th><th>completion</th><th>total</th>{head}<th>advantage</th></tr>"]
     for r in rows:
         cells = "".join(f"<td class=num>{_num(r.get(k))}</td>" for k in reward_keys)
+        cells += "".join(f"<td>{html.escape(str(r.get(k, '')))}</td>" for k in logged_keys)
         out.append(
             f"<tr><td class=num>{r.get('step', '')}</td><td><pre>{html.escape(prompt_text(r.get('prompt', '')))}</pre></td>"
             f"<td>{_episode_html(r)}</td><td class=num>{_num(r.get('_total'))}</td>{cells}"
@@ -373,6 +378,24 @@ def _runs_table(runs: list[Run]) -> str:
     return "\n".join(out)
 
 
+def _reward_errors_table(runs: list[Run]) -> str:
+    """Per run and reward function: failed samples in all, steps with failures, the worst step's failure rate."""
+    rows = []
+    for r in runs:
+        for name in r.reward_names:
+            steps, errors = r.series(f"rewards/{name}/errors")
+            _, rates = r.series(f"rewards/{name}/error_rate")
+            total = sum(e for e in errors if math.isfinite(e))
+            if total:
+                failing = sum(1 for e in errors if e > 0)
+                rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(name)}</td><td class=num>{total:.0f}</td>"
+                            f"<td class=num>{failing} of {len(steps)}</td><td class=num>{_pct(max(rates) if rates else math.nan)}</td></tr>")
+    if not rows:
+        return "<p class=ok>No reward function failed.</p>"
+    return ("<table><tr><th>run</th><th>reward</th><th>failed samples</th><th>steps with failures</th><th>worst step</th></tr>"
+            + "".join(rows) + "</table>")
+
+
 def _png_width(png: Path) -> int:
     """Pixel width from the PNG header (IHDR), so captions wrap at the image's width."""
     return int.from_bytes(png.read_bytes()[16:20], "big")
@@ -429,6 +452,8 @@ def make_report(run_dirs: list[str | Path], out_dir: str | Path | None = None, *
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Runs</h2>",
         _runs_table(runs),
+        "<h2>Reward errors</h2>",
+        _reward_errors_table(runs),
         "<h2>Doctor</h2>",
     ]
     for r in runs:

@@ -1,110 +1,115 @@
-"""Math answer correctness: the final answer against the ground-truth column, 0 or 1.
+"""Math answer correctness: 1.0 when the completion's final answer equals the ground truth, else 0.0.
 
-    >>> math_correct(None, ["... so x = \\\\boxed{\\\\frac{1}{2}}", "#### 3", "x is 0.5"], answer=["0.5", "4", "1/2"])
-    [1.0, 0.0, 1.0]
+    >>> grade = math()
+    >>> grade(None, ["so x = \\\\boxed{\\\\frac{1}{2}}", "#### 3", "The answer is 0.5.", "#### 42 or #### 43"],
+    ...       answer=["0.5", "4", "1/2", "42"])
+    [1.0, 0.0, 1.0, 0.0]
 
-The answer is taken from `\\boxed{}`, then `<answer>...</answer>`, then `#### x`, then the
-last number (see `rlvr.rewards.text`). It is compared numerically (integers, decimals,
-fractions, `\\frac`, exactly, with Fraction arithmetic) and, when `math-verify` is installed
-(`pip install rlvr[math]`), symbolically too (`(x+1)^2` equals `x^2+2x+1`). math-verify's
-own timeouts rely on signal.alarm, which fails off the main thread, so they are disabled
-here and the reward runner's timeout bounds a slow comparison instead.
+1. The final answer is what the completion marks as one (`rlvr.rewards.math_extract`): a box,
+   an `<answer>` tag, `#### x`, or an answer phrase ("the answer is x"). Without a marker it
+   earns 0; `math(fallback="last_number")` then takes the number of the last sentence that has
+   numbers, when it has exactly one.
+2. Every marked answer must be right: two different answers (several boxes, "42 or 43", a list,
+   an equation `41 = 42`) earn 0, whatever their order.
+3. Values are read as people write them (`rlvr.rewards.math_values`) and numbers compared
+   exactly; anything else (`(x+1)^2` against `x^2+2x+1`, `\\sqrt{8}` against `2\\sqrt{2}`) through
+   math-verify when installed (`pip install 'rlvr[math]'`), else by exact text.
+4. Every symbolic comparison runs in a worker process and is stopped at `timeout_s` seconds
+   (`rlvr.rewards.symbolic`): `\\boxed{9^{9^{9}}}` earns 0 in that time, from any thread.
 
-Known hacks it guards against: listing several candidates (`\\boxed{3, 4, 5}` is not 4), and
-hedging over several boxes/tags (only the last one counts). Config: `fn: math`, or
-`fn: "math(column='solution')"` to read another dataset column.
+Config: `fn: math`, `fn: "math(column='solution', fallback='last_number', timeout_s=5)"`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from fractions import Fraction
+from functools import lru_cache
 
+from rlvr.rewards import symbolic
 from rlvr.rewards.factory import named, reward_factory
-from rlvr.rewards.text import completion_text, extract_final_answer
+from rlvr.rewards.math_extract import TOO_LONG, final_answers
+from rlvr.rewards.math_values import Expression, Value, asks_for_percent, normalize, read_answer, same_exactly
+from rlvr.rewards.text import completion_text, prompt_text
 
 log = logging.getLogger("rlvr.rewards")
-MAX_ANSWER_CHARS = 300  # longer "answers" are not parsed symbolically (sympy can take forever)
-
-try:
-    import math_verify
-
-    # It warns on every call that its timeouts are off; we disable them on purpose (see above).
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-except ImportError:  # optional extra
-    math_verify = None
+FALLBACKS = (None, "last_number")
 
 
-def _strip_latex(s: str) -> str:
-    s = s.strip().strip("$").strip()
-    s = re.sub(r"\\text\{([^}]*)\}", r"\1", s)
-    s = re.sub(r"\\(?:left|right|!|,|;|:|displaystyle)", "", s)
-    s = s.replace("\\%", "").replace("%", "").replace("\\$", "").replace("dfrac", "frac").replace("tfrac", "frac")
-    return s.strip().rstrip(".").strip()
+@lru_cache(maxsize=4096)
+def gold_value(gold: str) -> Value:
+    """The ground truth's value: its marked final answer when it has one (a GSM8K solution ends in
+    `#### 72`), else the whole text."""
+    marked = final_answers(gold) if re.search(r"####|\\boxed|\\fbox|<answer>", gold) else []
+    text = marked[-1] if marked and marked[-1] != TOO_LONG else gold
+    values = read_answer(text)
+    return values[-1] if values else Expression(normalize(text), re.sub(r"\s+", "", normalize(text)))
 
 
-def as_number(s: str) -> Fraction | None:
-    """Exact value of an integer / decimal / fraction / \\frac{a}{b} / scientific literal."""
-    s = _strip_latex(s).replace(",", "").replace(" ", "")
-    m = re.fullmatch(r"(-?)\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s)
-    try:
-        if m:
-            value = Fraction(m.group(2)) / Fraction(m.group(3))
-            return -value if m.group(1) else value
-        if re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+)(e-?\d{1,3})?|-?\d+/\d+", s, flags=re.IGNORECASE):
-            return Fraction(s)
-    except (ValueError, ZeroDivisionError):
+def answer_values(text: str, prompt: str, fallback: str | None) -> list[Value] | None:
+    """Every value the completion states as its final answer; None when it states none, hedges, or
+    states something unreadable."""
+    answers = final_answers(text, prompt, fallback)
+    if not answers or TOO_LONG in answers:
         return None
-    return None
+    values = []
+    for a in answers:
+        read = read_answer(a)
+        if read is None:
+            return None
+        values += read
+    return values
 
 
-def _same_symbolically(gold: str, answer: str) -> bool:
-    if math_verify is None or len(answer) > MAX_ANSWER_CHARS:
-        return False
-    try:
-        g = math_verify.parse(f"${gold}$", parsing_timeout=None)
-        a = math_verify.parse(f"${answer}$", parsing_timeout=None)
-        return bool(g and a and math_verify.verify(g, a, timeout_seconds=None))
-    except Exception:  # a malformed expression is simply not equal
-        return False
-
-
-def answers_match(gold: str, answer: str | None) -> bool:
-    if answer is None:
-        return False
-    gold = extract_final_answer(gold) if re.search(r"####|\\boxed|<answer>", gold) else gold
-    g, a = as_number(gold), as_number(answer)
-    if g is not None and a is not None:
-        return g == a
-    if g is None and a is None and _strip_latex(gold).replace(" ", "") == _strip_latex(answer).replace(" ", ""):
-        return True
-    return _same_symbolically(_strip_latex(gold), _strip_latex(answer))
-
-
-def math_correct(prompts, completions, answer, **kwargs) -> list[float | None]:
-    """1.0 when the completion's final answer equals the `answer` column, else 0.0; None where
-    the row has no ground truth."""
-    out = []
-    for c, gold in zip(completions, answer):
-        if gold is None:
+def grade(prompts, completions, golds, *, fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S,
+          use_math_verify: bool = True) -> list[float | None]:
+    """1.0 / 0.0 per completion (None where the gold is None); see the module docstring."""
+    prompts = prompts if prompts is not None else [None] * len(completions)
+    use_math_verify = use_math_verify and symbolic.AVAILABLE
+    out: list[float | None] = []
+    symbolic_needs: dict[int, list[tuple[str, str]]] = {}
+    for i, (p, c, g) in enumerate(zip(prompts, completions, golds)):
+        if g is None:
             out.append(None)
             continue
-        out.append(float(answers_match(str(gold), extract_final_answer(completion_text(c)))))
+        ptext = prompt_text(p)
+        gold = gold_value(str(g))
+        values = answer_values(completion_text(c), ptext, fallback)
+        if values is None:
+            out.append(0.0)
+            continue
+        verdicts = [same_exactly(gold, v, asks_for_percent(ptext)) for v in values]
+        if False in verdicts or (None in verdicts and not use_math_verify):
+            out.append(0.0)
+            continue
+        out.append(1.0)
+        pending = [(gold.text, v.text) for v, ok in zip(values, verdicts) if ok is None]
+        if pending:
+            symbolic_needs[i] = pending
+    if symbolic_needs:
+        pairs = sorted({pair for needs in symbolic_needs.values() for pair in needs})
+        equal = dict(zip(pairs, symbolic.POOL.equal_many(pairs, timeout_s)))
+        for i, needs in symbolic_needs.items():
+            out[i] = float(all(equal[pair] for pair in needs))
     return out
 
 
 @reward_factory
-def math(column: str = "answer", require_math_verify: bool = False):
+def math(column: str = "answer", fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S,
+         require_math_verify: bool = False):
     """Build a math grader reading the ground truth from `column`."""
-    if require_math_verify and math_verify is None:
+    if fallback not in FALLBACKS:
+        raise ValueError(f"math: fallback must be one of {FALLBACKS}, got {fallback!r} (e.g. fallback='last_number')")
+    if not timeout_s > 0:
+        raise ValueError(f"math: timeout_s must be > 0 seconds, got {timeout_s} (e.g. timeout_s=3)")
+    if require_math_verify and not symbolic.AVAILABLE:
         raise ImportError("math(require_math_verify=True) needs math-verify: pip install 'rlvr[math]'")
-    if math_verify is None:
-        log.info("math grader: math-verify not installed, comparing numbers and exact strings only")
+    if not symbolic.AVAILABLE:
+        log.info("math grader: math-verify not installed, comparing numbers and exact text only")
 
     def reward(prompts, completions, **columns):
         if column not in columns:
             raise KeyError(f"math grader: the dataset has no {column!r} column (have: {sorted(columns)})")
-        return math_correct(prompts, completions, columns[column])
+        return grade(prompts, completions, columns[column], fallback=fallback, timeout_s=timeout_s)
 
     return named(reward, "math")

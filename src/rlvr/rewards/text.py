@@ -1,17 +1,13 @@
-"""Getting the answer out of a completion: text of chat/plain completions, final answers, code.
+"""The text of prompts and completions (plain or chat), and the program in a completion.
+(Final math answers: rlvr.rewards.math_extract.)
 
-    >>> extract_final_answer("so the total is \\\\boxed{\\\\frac{1}{2}}")
-    '\\\\frac{1}{2}'
-    >>> extract_final_answer("<think>2+2</think><answer> 4 </answer>")
-    '4'
-    >>> extract_final_answer("She pays 3 + 4 = 7 dollars.\\n#### 7")
-    '7'
     >>> extract_code("Here:\\n```python\\nprint(1)\\n```")
     'print(1)\\n'
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 
 
@@ -30,55 +26,37 @@ def completion_text(completion) -> str:
     return "" if completion is None else str(completion)
 
 
-def extract_boxed(text: str) -> str | None:
-    """Contents of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        return None
-    depth = 0
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1 : j].strip()
-    return None
-
-
-def extract_answer_tag(text: str) -> str | None:
-    found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.DOTALL)
-    return found[-1].strip() if found else None
-
-
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+"
-
-
-def extract_gsm8k(text: str) -> str | None:
-    m = re.search(r"####\s*(" + _NUMBER + r")", text)
-    return m.group(1).replace(",", "") if m else None
-
-
-def extract_last_number(text: str) -> str | None:
-    found = re.findall(_NUMBER, text)
-    return found[-1].replace(",", "") if found else None
-
-
-def extract_final_answer(text: str) -> str | None:
-    """The final answer, by precedence: \\boxed{}, <answer>, `#### x`, then the last number."""
-    for extract in (extract_boxed, extract_answer_tag, extract_gsm8k, extract_last_number):
-        found = extract(text)
-        if found:
-            return found
-    return None
+def prompt_text(prompt) -> str:
+    """A prompt as text: chat messages (any role) joined, or the string itself."""
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(str(m.get("content") or "") for m in prompt if isinstance(m, dict))
+    return "" if prompt is None else str(prompt)
 
 
 def extract_code(text: str) -> str:
     """The program in a completion: the last ```python (or unlabelled) fenced block; else the
-    whole text, which may simply be code."""
-    blocks = re.findall(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", text, flags=re.DOTALL)
+    whole text, which may simply be code. One linear pass over the fences (no regex backtracking
+    on 50 KB of backticks)."""
+    blocks, unterminated = fenced_blocks(text)
     if blocks:
         python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3", "")]
         return (python or [code for _, code in blocks])[-1]
-    unterminated = re.search(r"```[ \t]*(?:python|py|python3)?[^\n]*\n(.*)$", text, flags=re.DOTALL)
-    return unterminated.group(1) if unterminated else text
+    return unterminated if unterminated is not None else text
+
+
+def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
+    """([(language, code)] of the complete ``` blocks, in order; the code after an opening fence
+    that is never closed, or None)."""
+    fences = [m.start() for m in re.finditer("```", text)]
+    blocks, k = [], 0
+    while k < len(fences):
+        line_end = text.find("\n", fences[k] + 3)
+        if line_end < 0:
+            break
+        language = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3: line_end]).group(1)
+        k = bisect.bisect_left(fences, line_end + 1)
+        if k == len(fences):
+            return blocks, text[line_end + 1:] if not blocks else None
+        blocks.append((language, text[line_end + 1: fences[k]]))
+        k += 1
+    return blocks, None

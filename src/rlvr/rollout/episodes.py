@@ -39,6 +39,7 @@ class Episodes:
     # [N, C] the sampler's entropy of each model token's distribution (at the sampling temperature, before
     # top-k/top-p), 0 elsewhere; None when the source does not give it (the trainer then runs a forward)
     sampling_entropy: torch.Tensor | None = None
+    logged: dict[str, list] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -61,6 +62,7 @@ class Episodes:
             {k: v[rows] for k, v in self.info.items()}, {k: v[rows] for k, v in self.extra_rewards.items()},
             None if self.valid is None else self.valid[rows], {k: [v[i] for i in idx] for k, v in self.columns.items()},
             None if self.sampling_entropy is None else self.sampling_entropy[rows],
+            {k: [v[i] for i in idx] for k, v in self.logged.items()},
         )
 
     def to(self, device) -> "Episodes":
@@ -68,7 +70,8 @@ class Episodes:
                                                        "loss_mask", "sampling_logprobs", "truncated", "group_ids")}
         return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts, info=self.info,
                         extra_rewards=self.extra_rewards, valid=self.valid, columns=self.columns,
-                        sampling_entropy=None if self.sampling_entropy is None else self.sampling_entropy.to(device))
+                        sampling_entropy=None if self.sampling_entropy is None else self.sampling_entropy.to(device),
+                        logged=self.logged)
 
     @staticmethod
     def concat(parts: list["Episodes"], pad_token_id: int) -> "Episodes":
@@ -108,6 +111,7 @@ class Episodes:
             None if all(e.valid is None for e in parts) else torch.cat([_valid(e) for e in parts]),
             {k: [x for e in parts for x in e.columns[k]] for k in parts[0].columns},
             None if any(e.sampling_entropy is None for e in parts) else torch.cat([right(e.sampling_entropy, 0.0) for e in parts]),
+            {k: [x for e in parts for x in e.logged.get(k, [None] * len(e))] for k in sorted({k for e in parts for k in e.logged})},
         )
 
 

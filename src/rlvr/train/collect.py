@@ -40,12 +40,14 @@ def reward_columns(runner: RewardRunner, episodes: Episodes) -> tuple[list[str],
 
 def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.Tensor:
     """[N, K] rewards of the episodes (columns as `reward_columns` names them); row i's dataset columns
-    reach the functions as keyword arguments. Episodes that failed to start get NaN everywhere."""
+    reach the functions as keyword arguments. Episodes that failed to start get NaN everywhere. The
+    columns reward functions logged (log_extra) are set on `episodes.logged`."""
     G = episodes.group_size
     columns = {k: [r.get(k) for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
     columns.update(episodes.columns)  # the rollout's own per-episode values (e.g. a rollout function's extra fields)
     ids = [c[m.bool()].tolist() for c, m in zip(episodes.completion_ids, episodes.attention_mask)]
     rewards = runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
+    episodes.logged = dict(runner.last_logged_columns)  # TRL's log_extra: rides with its rows into the completions table
     if episodes.extra_rewards:
         extra = [episodes.extra_rewards[k].to(rewards) for k in sorted(episodes.extra_rewards)]
         rewards = torch.cat([rewards, torch.stack(extra, dim=-1)], dim=-1)

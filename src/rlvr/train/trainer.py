@@ -33,6 +33,7 @@ from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from rlvr.train.collect import Batch, collect, rollout_and_score
 from rlvr.train.evaluation import evaluate
 from rlvr.train.rank_split import across_ranks, local_share
+from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import StopRequest, TrainingError, lr_lambda, seed_everything, truncate_jsonl
 from rlvr.train.setup import check_config
 from rlvr.train.state import Checkpointer, TrainState
@@ -76,6 +77,8 @@ class Trainer:
                                   max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
         self.source = source or self._source(sampling)
         self.rewards = RewardRunner.from_config(cfg.rewards)
+        self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
+        self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.task, self.stream = self._prompts()
         # a source may give rewards columns of its own (`reward_columns`; None: unknown until it runs)
         check_reward_columns(self.rewards.fns, self.stream.take(1)[0], getattr(self.source, "reward_columns", frozenset()))
@@ -134,7 +137,8 @@ class Trainer:
     def train_step(self) -> dict:
         a, state = self.cfg.algo, self.state
         t0 = time.perf_counter()
-        errors_before = dict(self.rewards.total_errors)
+        rs = self.rewards.state  # what TRL reward functions see as trainer_state
+        rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
         batch = self.collect()
         t_collect = time.perf_counter() - t0
         advantages = algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
@@ -151,8 +155,7 @@ class Trainer:
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
-        for name, total in self.rewards.total_errors.items():  # failed samples, all rounds of this step
-            metrics[f"rewards/{name}/errors"] = total - errors_before.get(name, 0)
+        metrics.update({k: v for k, v in self.reward_health.step_metrics().items() if k not in metrics})  # errors, log_metric
         metrics.update({
             "step": state.step,
             "num_tokens": state.num_tokens,
@@ -209,6 +212,7 @@ class Trainer:
                 if cfg.log_completions_every and self.state.step % cfg.log_completions_every == 0:
                     r = self.last_step
                     log.samples(completion_rows(r.batch, r.advantages, self.state.step, cfg.num_completions_logged))
+                self.reward_health.check(out / "checkpoints")  # a reward failing on every sample: stop, naming it
                 if self.state.bad_steps_in_a_row:
                     self._after_bad_step(log)
                     continue  # never checkpoint right after a bad step
@@ -217,7 +221,7 @@ class Trainer:
                     log.info(f"stopped by {stop.requested} at step {self.state.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
                     summary["interrupted_at"] = self.state.step
                     return summary
-                if cfg.save_every and self.state.step % cfg.save_every == 0 and self.state.step < cfg.steps:
+                if cfg.save_every and self.state.step % cfg.save_every == 0 and self.state.step < cfg.steps and self.reward_health.may_checkpoint:
                     self.save_checkpoint()
             summary["train_seconds"] = time.time() - t_start
             self._save_final()
