@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.hub import is_cached, looks_like_hub_id, offline_reason
+from rlvr.hub import cached_snapshot, is_cached, looks_like_hub_id, offline_reason
 from rlvr.models import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,15 +26,12 @@ def resolve_existing(path: str, what: str = "model.path") -> str:
         return str(local)
     if not looks_like_hub_id(resolved):
         raise ModelError(f"{what}: folder not found: {resolved}")
-    if not is_cached(resolved) and (why := offline_reason()):
+    if why := offline_reason():
+        if is_cached(resolved):  # the cached folder itself: transformers would ask the hub first, with a minute of retries
+            return cached_snapshot(resolved)
         raise ModelError(f"{what}: {resolved} is not a local folder nor in the Hugging Face cache, and the hub cannot be used "
                          f"({why}): download it where there is network, or give a local folder")
     return resolved
-
-
-def _hub_options(resolved: str) -> dict:
-    """A cached hub id while the hub cannot be reached: read the cache without asking the hub."""
-    return {"local_files_only": True} if not Path(resolved).exists() and offline_reason() else {}
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | None = None):
@@ -42,7 +39,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     where = resolve_existing(path)
-    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra, **_hub_options(where))
+    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -64,9 +61,9 @@ def load_model(path: str, dtype: str = "float32", device: str | torch.device = "
     if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
         return AutoModelForCausalLM.from_pretrained(
             where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
-            quantization_config=quantization_config, device_map={"": device}, **_hub_options(where),
+            quantization_config=quantization_config, device_map={"": device},
         )
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **_hub_options(where))
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 
 

@@ -34,20 +34,22 @@ class HeldOut:
         check_reward_columns(runner.fns, self.rows[0])
         return runner
 
-    def describe(self) -> str:
-        return f"{self.name}, {len(self.rows)} rows, {self.label}"
-
 
 def task_held_out(task: Task, reward: str | None = None) -> HeldOut:
     """A built-in task's held-out split, scored by its own verifier (or `reward`)."""
-    return HeldOut(task.name, task.eval_rows(), reward or task.reward, "accuracy" if reward is None else f"mean {reward}")
+    return HeldOut(task.name, task.eval_rows(), reward or task.reward, "accuracy" if reward is None else _mean_of(reward))
 
 
 def dataset_held_out(source: str, *, reward: str, prompt_column: str = "prompt", split: str = "test",
                      subset: str | None = None, size: int = 0) -> HeldOut:
     """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all)."""
     rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset)
-    return HeldOut(source, rows[:size] if size else rows, reward, f"mean {reward}")
+    return HeldOut(source, rows[:size] if size else rows, reward, _mean_of(reward))
+
+
+def _mean_of(reward: str) -> str:
+    """`mean correct` for `my_rewards.py:correct`, `mean math` for `math`."""
+    return f"mean {reward.rsplit(':', 1)[-1]}"
 
 
 def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:

@@ -36,6 +36,7 @@ class StopRequest:
     def __init__(self):
         self.requested: str | None = None
         self._previous = {}
+        self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # known now: a hung-up terminal no longer says it is one
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -45,26 +46,22 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
         if signum == getattr(signal, "SIGHUP", None):
-            _detach_from_closed_terminal()
+            _detach_from_closed_terminal(self._terminal_fds)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
 
-def _detach_from_closed_terminal() -> None:
+def _detach_from_closed_terminal(fds: list[int]) -> None:
     """After SIGHUP, writing to the terminal that went away fails (EIO) and would end the run before
     its checkpoint: stdout/stderr that were that terminal now go to /dev/null. Pipes and files stay."""
-    devnull = None
-    for fd in (1, 2):
-        try:
-            if os.isatty(fd):
-                devnull = devnull if devnull is not None else os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, fd)
-        except OSError:
-            pass
-    if devnull is not None:
-        os.close(devnull)
+    if not fds:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def holds_a_run(output_dir: Path) -> bool:
