@@ -108,11 +108,24 @@ def _eval(args) -> int:
     resolve_existing(args.model, what="rlvr eval MODEL")
     tok, _ = load_tokenizer(args.model)
     model = load_model(args.model)
-    max_new = args.max_new_tokens or (256 if args.data is not None else 8)
+    max_new = args.max_new_tokens or _trained_max_new_tokens(args.model) or (256 if args.data is not None else 8)
     greedy = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new))
     score = evaluate(greedy, held.rows, runner)
     print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {score:.3f}")
     return 0
+
+
+def _trained_max_new_tokens(model: str) -> int | None:
+    """rollout.max_new_tokens of the run whose final/ (or checkpoint) folder `model` is, if it is one."""
+    folder = Path(model)
+    candidates = [folder / "config.yaml"] + ([folder.parent / "config.yaml"] if folder.name in ("final", "final-merged") else [])
+    for run_config in candidates:
+        if folder.is_dir() and run_config.is_file():
+            try:
+                return load_config(run_config).rollout.max_new_tokens
+            except ConfigError:
+                return None
+    return None
 
 
 def _report(args) -> int:
@@ -174,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--n", type=int, help="evaluate this many (default: 500 problems of a task; every row of --data)")
     ev.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
     ev.add_argument("--operators", default="+-", help="arithmetic: operators to draw from (default: +-)")
-    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: 8 for a task, 256 for --data)")
+    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: the run's rollout.max_new_tokens for a "
+                                                          "run's final/ folder, else 8 for a task and 256 for --data)")
 
     rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
