@@ -85,5 +85,5 @@ def test_a_second_run_into_the_same_output_dir_is_refused(tmp_path, rlvr_cli):
     assert _train(rlvr_cli, out, "steps=1").returncode == 0
     before = (out / "metrics.jsonl").read_text()
     proc = _train(rlvr_cli, out, "steps=1")
-    assert proc.returncode == 2 and "already holds a run" in proc.stderr and "resume=auto" in proc.stderr
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr and f"rlvr train --resume {out}" in proc.stderr
     assert (out / "metrics.jsonl").read_text() == before  # nothing appended, nothing lost

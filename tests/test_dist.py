@@ -160,7 +160,7 @@ def test_nproc_launches_through_torchrun(tmp_path, base_overrides, rlvr_cli):
     out = tmp_path / "run"
     proc = rlvr_cli("train", "nproc=2", "steps=2", "eval_before_after=false", "save_every=1", f"output_dir={out}", *base_overrides,
                     env={"OMP_NUM_THREADS": "1"}, check=True)
-    assert "2 rank(s) (ddp): 2 prompts, 8 completions per rank" in proc.stdout
+    assert "2 ranks (ddp): 2 prompts, 8 completions per rank" in proc.stdout
     assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
     assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
@@ -177,7 +177,7 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, rlvr_cl
     out = tmp_path / "run"
     proc = rlvr_cli("train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=1", "eval_before_after=true", "data.eval_size=8",
                     f"output_dir={out}", *base_overrides, *(["model.lora.r=4"] if lora else []), env={"OMP_NUM_THREADS": "1"}, check=True)
-    assert "2 rank(s) (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
+    assert "2 ranks (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
     ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1: written after step 1, whole, as final/ is
     assert ckpt is not None and ckpt.name == "step-0000001"

@@ -97,7 +97,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, rlvr_cli):
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr[-2000:]
-    assert "resume=auto" in stdout
+    assert f"Resume with: rlvr train --resume {out}" in stdout
+    assert "final model" not in stdout and not (out / "final").exists()  # no line about a model that was not written
     ckpt = latest_checkpoint(out / "checkpoints")
     assert ckpt is not None
     steps = len((out / "metrics.jsonl").read_text().splitlines())

@@ -1,12 +1,47 @@
-"""`rlvr train [CONFIG.yaml] [key=value ...]`, `rlvr eval MODEL_DIR --task arithmetic`,
-`rlvr report RUN_DIR [RUN_DIR2 ...]` (HTML + PNGs), `rlvr doctor RUN_DIR` (what went wrong)."""
+"""`rlvr train [CONFIG.yaml] [key=value ...] [--force] [--resume RUN_DIR]`, `rlvr eval MODEL
+(--task NAME | --data FILE --reward FN)`, `rlvr report RUN_DIR [RUN_DIR2 ...]` (HTML + PNGs),
+`rlvr doctor RUN_DIR` (what went wrong)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from rlvr.config import ConfigError, describe, load_config
+from rlvr.config import Config, ConfigError, describe, load_config, to_dict
+
+
+def _train_config(args) -> Config:
+    """The config the command line describes: YAML + overrides, or (--resume) the run's own config.yaml + overrides."""
+    config_path, overrides = None, list(args.overrides)
+    if args.config and "=" not in args.config:
+        config_path = args.config
+    elif args.config:
+        overrides.insert(0, args.config)
+    if args.resume is None:
+        return load_config(config_path, overrides)
+    return _resume_config(Path(args.resume), config_path, overrides, force=args.force)
+
+
+def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, force: bool) -> Config:
+    from rlvr.train.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes
+
+    saved = run / "config.yaml"
+    if config_path is not None:
+        raise ConfigError(f"--resume {run} takes the run's own config.yaml: give only key=value overrides, not {config_path}")
+    if not saved.is_file():
+        raise ConfigError(f"--resume {run}: no config.yaml there; name the folder of a run (the output_dir it was started with)")
+    if latest_checkpoint(run / "checkpoints") is None:
+        raise ConfigError(f"--resume {run}: the run has no checkpoint to resume from (one is written every save_every steps, "
+                          "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)")
+    before = load_config(saved)
+    cfg = load_config(saved, [*overrides, f"output_dir={run}", "resume=auto"])
+    changes = math_changes(to_dict(before), to_dict(cfg))
+    if changes and not force:
+        allowed = ", ".join(sorted(k for k in RESUMABLE_CHANGES if k != "resume"))
+        raise ConfigError(f"--resume {run}: these overrides change the math of the run:\n  - " + "\n  - ".join(changes)
+                          + f"\nresuming allows only {allowed}; start a new run (another output_dir) for the others, or pass --force")
+    return cfg
 
 
 def _train(args) -> int:
@@ -15,12 +50,7 @@ def _train(args) -> int:
     from rlvr.train import Trainer, TrainingError
     from rlvr.train.setup import check_config
 
-    config_path, overrides = None, list(args.overrides)
-    if args.config and "=" not in args.config:
-        config_path = args.config
-    elif args.config:
-        overrides.insert(0, args.config)
-    cfg = load_config(config_path, overrides)
+    cfg = _train_config(args)
     from rlvr.dist import launch_command, under_torchrun
 
     if cfg.nproc > 1 and not under_torchrun():  # relaunch this very command through torchrun
@@ -31,6 +61,9 @@ def _train(args) -> int:
     if cfg.threads:  # process-wide, so set here and not by the library
         torch.set_num_threads(cfg.threads)
     trainer = Trainer(cfg, force=args.force)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bars would break into the live display
     try:
         summary = trainer.train()
     except TrainingError as e:  # the run cannot go on (e.g. a reward failing on every sample): say why, exit 1
@@ -38,12 +71,15 @@ def _train(args) -> int:
         trainer.dist.close()
         return 1
     trainer.dist.close()
-    if not trainer.dist.is_main:
+    if not trainer.dist.is_main or "interrupted_at" in summary:  # the trainer said where it stopped and how to resume
         return 0
     if "eval_before" in summary and "eval_after" in summary:
-        b, a = summary["eval_before"], summary["eval_after"]
-        print(f"held-out accuracy: {b:.1%} -> {a:.1%} ({(a - b) * 100:+.1f} points) in {summary['train_seconds']:.0f}s of training")
-    print(f"final model: {summary['output_dir']}/final")
+        b, a, label = summary["eval_before"], summary["eval_after"], summary["eval_label"]
+        change = f"{b:.1%} -> {a:.1%} ({(a - b) * 100:+.1f} points)" if label == "accuracy" else f"{b:.3f} -> {a:.3f} ({a - b:+.3f})"
+        print(f"held-out {label}: {change} in {summary['train_seconds']:.0f}s of training")
+    final = Path(summary["output_dir"]) / "final"
+    if final.is_dir():
+        print(f"final model: {final}")
     return 0
 
 
@@ -58,19 +94,43 @@ def _convert_gguf(args) -> int:
 
 def _eval(args) -> int:
     from rlvr.data import get_task
-    from rlvr.models.loading import load_model, load_tokenizer
-    from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
+    from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
     from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
-    from rlvr.train.evaluation import evaluate
+    from rlvr.train.evaluation import dataset_held_out, evaluate, task_held_out
 
+    if args.data is not None:
+        if args.task is not None:
+            raise ConfigError("rlvr eval: give --task (a built-in task) or --data (a dataset), not both")
+        if args.reward is None:
+            raise ConfigError("rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or --reward my.py:correct")
+        held = dataset_held_out(args.data, reward=args.reward, prompt_column=args.prompt_column, split=args.split, subset=args.subset,
+                                size=args.n or 0)
+        what = "rows"
+    else:
+        task = get_task(args.task or "arithmetic", seed=0, digits=args.digits, operators=args.operators, eval_size=args.n or 500)
+        held, what = task_held_out(task, args.reward), "problems"
+    runner = held.runner()  # data and reward mistakes before the model loads
+    resolve_existing(args.model, what="rlvr eval MODEL")
     tok, _ = load_tokenizer(args.model)
     model = load_model(args.model)
-    task = get_task(args.task, seed=0, digits=args.digits, operators=args.operators, eval_size=args.n)
-    runner = RewardRunner([RewardFn("eval", load_reward_fn(task.reward), 1.0)])
-    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=1, temperature=0.0, max_new_tokens=args.max_new_tokens))
-    acc = evaluate(greedy, task.eval_rows(), runner)
-    print(f"{args.task} held-out accuracy ({args.n} problems, greedy): {acc:.3f}")
+    max_new = args.max_new_tokens or _trained_max_new_tokens(args.model) or (256 if args.data is not None else 8)
+    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new))
+    score = evaluate(greedy, held.rows, runner)
+    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {score:.3f}")
     return 0
+
+
+def _trained_max_new_tokens(model: str) -> int | None:
+    """rollout.max_new_tokens of the run whose final/ (or checkpoint) folder `model` is, if it is one."""
+    folder = Path(model)
+    candidates = [folder / "config.yaml"] + ([folder.parent / "config.yaml"] if folder.name in ("final", "final-merged") else [])
+    for run_config in candidates:
+        if folder.is_dir() and run_config.is_file():
+            try:
+                return load_config(run_config).rollout.max_new_tokens
+            except ConfigError:
+                return None
+    return None
 
 
 def _report(args) -> int:
@@ -112,17 +172,28 @@ def main(argv: list[str] | None = None) -> int:
 
     tr = sub.add_parser("train", help="train with GRPO (no arguments: the bundled model on `arithmetic`)")
     tr.add_argument("config", nargs="?", help="a YAML config file (optional)")
-    tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-5 rollout.group_size=16")
-    tr.add_argument("--force", action="store_true", help="run despite settings refused as mistakes (e.g. temperature 0)")
+    tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-5 rollout.group_size=16 (flags may come anywhere)")
+    tr.add_argument("--force", action="store_true",
+                    help="run despite settings refused as mistakes (e.g. temperature 0); start over in a used output_dir "
+                         "(the old run is moved aside); resume despite changed settings")
+    tr.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with its own config.yaml "
+                                                       "(overrides allowed where they do not change the math, e.g. steps=500)")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
 
-    ev = sub.add_parser("eval", help="held-out accuracy of a model on a built-in task (greedy)")
-    ev.add_argument("model", help="model folder (e.g. runs/.../final) or `tiny`")
-    ev.add_argument("--task", default="arithmetic")
-    ev.add_argument("--n", type=int, default=500, help="held-out problems")
-    ev.add_argument("--digits", type=int, default=2)
-    ev.add_argument("--operators", default="+-")
-    ev.add_argument("--max-new-tokens", type=int, default=8)
+    ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward")
+    ev.add_argument("model", help="model folder (e.g. runs/<run>/final), hub id, or `tiny`")
+    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: arithmetic)")
+    ev.add_argument("--data", help="your held-out prompts instead: .jsonl/.json/.parquet/.csv, a datasets folder or hub id")
+    ev.add_argument("--reward", help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
+                                     "the score is its mean. Needed with --data; default for --task: the task's verifier")
+    ev.add_argument("--prompt-column", default="prompt", help="--data: the column holding the prompt (default: prompt)")
+    ev.add_argument("--split", default="test", help="--data as a datasets dataset: the split (default: test)")
+    ev.add_argument("--subset", help="--data as a datasets dataset: the configuration (subset) name")
+    ev.add_argument("--n", type=int, help="evaluate this many (default: 500 problems of a task; every row of --data)")
+    ev.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
+    ev.add_argument("--operators", default="+-", help="arithmetic: operators to draw from (default: +-)")
+    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: the run's rollout.max_new_tokens for a "
+                                                          "run's final/ folder, else 8 for a task and 256 for --data)")
 
     rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
@@ -137,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("--correctness", help="name of the reward function that measures correctness (default: guessed)")
     dr.add_argument("--json", action="store_true", help="one JSON object per run instead of text")
 
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if args.command == "train" and not any(a.startswith("-") for a in extra):
+        args.overrides += extra  # key=value overrides after a flag (`rlvr train my.yaml --force steps=3`)
+    elif extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     args.raw_argv = list(argv) if argv is not None else None
     try:
         if args.command == "train":

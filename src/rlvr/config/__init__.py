@@ -9,6 +9,7 @@ from rlvr.config.schema import (
     ConfigError,
     DataConfig,
     DistConfig,
+    EvalConfig,
     LoraConfig,
     ModelConfig,
     OptimConfig,
@@ -20,7 +21,7 @@ from rlvr.config.schema import (
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
 
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "LoraConfig", "ModelConfig", "OptimConfig",
+    "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "EvalConfig", "LoraConfig", "ModelConfig", "OptimConfig",
     "REGISTERED", "RewardConfig", "RolloutConfig", "ToolsConfig", "VllmConfig", "batch_split_errors", "describe", "field_docs",
     "load_config", "to_dict", "validate",
 ]

@@ -58,10 +58,11 @@ class DistConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = "arithmetic"
-    """Built-in task generating its own prompts (`arithmetic`); set to null to use `path`."""
+    task: str | None = None
+    """Built-in task generating its own prompts (arithmetic, multiplication, guess_number); unset: `arithmetic`
+    when `path` is unset too. Set one of `task` and `path`, not both."""
     path: str | None = None
-    """Prompt dataset: a .jsonl/.json/.parquet/.csv file, a local `datasets` folder, or a hub id."""
+    """Prompt dataset: a .jsonl/.json/.parquet/.csv file, a local `datasets` folder, or a hub id. Setting it trains on it."""
     split: str = "train"
     """Split to read when `path` is a `datasets` dataset."""
     subset: str | None = None
@@ -78,6 +79,29 @@ class DataConfig:
     """arithmetic: size of the held-out evaluation set."""
     shuffle: bool = True
     """Shuffle file datasets, with a fresh order each epoch drawn from the run seed."""
+
+    @property
+    def builtin_task(self) -> str | None:
+        """The built-in task that supplies the prompts: `task`, or `arithmetic` when neither `task` nor `path` is set."""
+        return self.task if self.task is not None or self.path is not None else "arithmetic"
+
+
+@dataclass
+class EvalConfig:
+    data: str | None = None
+    """Held-out prompts: a .jsonl/.json/.parquet/.csv file, a `datasets` folder or hub id (as data.path). Unset: the
+    built-in task's held-out split, or no held-out evaluation for a data.path run."""
+    split: str = "test"
+    """Split to read when `eval.data` is a `datasets` dataset."""
+    subset: str | None = None
+    """The `datasets` configuration (subset) name of `eval.data`."""
+    prompt_column: str | None = None
+    """Column of `eval.data` holding the prompt; unset: data.prompt_column."""
+    reward: str | None = None
+    """The reward whose mean over the held-out rows is the held-out number (accuracy for a 0/1 verifier): a built-in
+    name, `module:function` or `file.py:function`. Unset: the built-in task's verifier, else rewards.0.fn."""
+    size: int = 0
+    """Evaluate only the first N rows of `eval.data` (0: all of them). Built-in tasks: data.eval_size."""
 
 
 @dataclass
@@ -265,18 +289,23 @@ class Config:
     num_completions_logged: int = 8
     """How many completions each such write keeps."""
     save_every: int = 0
-    """Checkpoint every N steps (0: only the final model)."""
+    """Checkpoint every N steps (0: only the final model). A stop by SIGINT, SIGTERM or SIGHUP saves a checkpoint in any case."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk; older ones are deleted."""
     resume: str | None = None
-    """A checkpoint folder to resume from, or `auto` for the newest in output_dir."""
+    """A checkpoint folder to resume from, or `auto` for the newest in output_dir. `rlvr train --resume RUN_DIR`
+    resumes a run with its own config.yaml (overrides allowed where they do not change the math)."""
     max_bad_steps: int = 3
     """Stop after this many steps in a row with a non-finite loss or gradient (each is skipped)."""
     max_failed_reward_steps: int = 3
     """Stop after this many steps in a row in which one reward function failed (raised, timed out, returned
     garbage) on every sample, naming it and its first error; no checkpoint is saved meanwhile (0: never stop)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation set (greedy): a built-in task's own split, or `eval.data` with `eval.reward`."""
     eval_before_after: bool = True
-    """Evaluate held-out accuracy (greedy) before and after training, when the task has a split."""
+    """Evaluate on the held-out set (greedy) before and after training, when there is one (a built-in task, or eval.data)."""
+    eval_every: int = 0
+    """Also evaluate on the held-out set every N steps, logged as `eval/reward` (0: only before and after)."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Dashboards besides metrics.jsonl: any of tensorboard, wandb, trackio (each when installed), or []."""
     doctor_every: int = 10

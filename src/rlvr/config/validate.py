@@ -99,6 +99,23 @@ def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
         errors.append("`tools` with nproc > 1 is not supported yet: set nproc=1")
 
 
+def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
+    e = cfg.eval
+    if cfg.eval_every < 0:
+        errors.append(f"`eval_every` must be >= 0 (0: only before and after training), got {cfg.eval_every}")
+    if e.size < 0:
+        errors.append(f"`eval.size` must be >= 0 (0: every row), got {e.size}")
+    if e.data is not None and e.reward is None and not cfg.rewards:
+        errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
+    has_held_out = e.data is not None or cfg.data.builtin_task is not None
+    if not has_held_out and cfg.eval_every:
+        errors.append(f"`eval_every`={cfg.eval_every} but a data.path run has no held-out set: set eval.data (a held-out file) "
+                      "and eval.reward, or eval_every=0")
+    elif not has_held_out and cfg.eval_before_after:
+        warnings.append("no held-out evaluation: data.path has no held-out split; set eval.data (a held-out file) and "
+                        "eval.reward for before/after numbers")
+
+
 def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
     `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
@@ -185,10 +202,12 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`steps` must be >= 1, got {cfg.steps}")
     if not cfg.rewards and cfg.tools.environment is None:
         errors.append("`rewards` is empty: at least one reward function is needed (or an environment whose get_reward() scores episodes)")
-    if cfg.data.task is None and cfg.data.path is None:
-        errors.append("`data.task` and `data.path` are both empty: name a built-in task or a dataset")
     if cfg.data.task is not None:
         choice("data.task", cfg.data.task, choices["data.task"])
+        if cfg.data.path is not None:
+            errors.append(f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
+                          "to null) to train on data.path, or remove data.path to train on the built-in task")
+    _validate_eval(cfg, errors, warnings)
     for name in cfg.report_to:
         choice("report_to", name, ["tensorboard", "wandb", "trackio", "none"])
     if cfg.doctor_every < 0:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.hub import cached_snapshot, is_cached, looks_like_hub_id, offline_reason
 from rlvr.models import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -16,20 +17,29 @@ class ModelError(ValueError):
     """The model or tokenizer cannot be used; the message says why and what to do."""
 
 
-def resolve_existing(path: str) -> str:
-    """The folder or hub id to load; a path that looks local must exist."""
+def resolve_existing(path: str, what: str = "model.path") -> str:
+    """The folder or hub id to load. A path must exist; a hub id must be in the local cache or the
+    hub reachable (checked in seconds, instead of a minute of retries ending in HF's own error)."""
     resolved = resolve_model_path(path)
     local = Path(resolved).expanduser()
-    if (resolved.startswith((".", "/", "~")) or local.suffix) and not local.exists():
-        raise ModelError(f"model.path: folder not found: {resolved}")
-    return str(local) if local.exists() else resolved
+    if local.exists():
+        return str(local)
+    if not looks_like_hub_id(resolved):
+        raise ModelError(f"{what}: folder not found: {resolved}")
+    if why := offline_reason():
+        if is_cached(resolved):  # the cached folder itself: transformers would ask the hub first, with a minute of retries
+            return cached_snapshot(resolved)
+        raise ModelError(f"{what}: {resolved} is not a local folder nor in the Hugging Face cache, and the hub cannot be used "
+                         f"({why}): download it where there is network, or give a local folder")
+    return resolved
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | None = None):
     from transformers import AutoTokenizer
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(resolve_existing(path), trust_remote_code=trust_remote_code, **extra)
+    where = resolve_existing(path)
+    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -47,12 +57,13 @@ def load_model(path: str, dtype: str = "float32", device: str | torch.device = "
         from rlvr.models.gguf import load_gguf
 
         return load_gguf(resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
+    where = resolve_existing(path)
     if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
         return AutoModelForCausalLM.from_pretrained(
-            resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
+            where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
             quantization_config=quantization_config, device_map={"": device},
         )
-    model = AutoModelForCausalLM.from_pretrained(resolve_existing(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)
 
 

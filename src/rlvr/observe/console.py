@@ -75,7 +75,7 @@ class RunLogger:
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config or {})
         self.notes: list[str] = []
         report_to = cfg.get("report_to", [])
-        self.sinks, notes = make_sinks(self.dir, list(report_to or []), cfg)
+        self.sinks, notes = make_sinks(self.dir, list(report_to or []), cfg, start_step)
         self.notes += notes
         self.doctor_every = int(cfg.get("doctor_every", 10) or 0)
         self.doctor = LiveDoctor(Context(config=cfg))

@@ -1,7 +1,7 @@
 """`rlvr report RUN_DIR [RUN_DIR2 ...]`: one self-contained `report.html` plus PNGs.
 
 Plots (several runs overlaid, one colour per run): reward mean ± std and each reward function,
-held-out accuracy before/after when evaluated, frac_reward_zero_std, clip ratios, KL (when a
+held-out accuracy (or a reward's mean) before/after and every eval_every steps, frac_reward_zero_std, clip ratios, KL (when a
 penalty was on), entropy, completion length (mean, max, truncated share), learning rate and
 gradient norm, and time per step split into generate / reward / train. Below them: the doctor's
 findings and the best and worst completions of the last logged steps. Images are embedded as
@@ -173,23 +173,40 @@ class _Plotter:
 
     def accuracy(self):
         evaluated = [r for r in self.runs if "eval_before" in r.summary or "eval_after" in r.summary]
-        if not evaluated:
+        during = [r for r in self.runs if r.has("eval/reward")]
+        if not evaluated and not during:
             return
-        fig, (ax,) = self.figure()
-        width = 0.8 / len(evaluated)
-        for i, r in enumerate(evaluated):
-            vals = [r.summary.get("eval_before", math.nan), r.summary.get("eval_after", math.nan)]
-            xs = [x + i * width for x in (0, 1)]
-            bars = ax.bar(xs, [0 if v is None or not math.isfinite(v) else v for v in vals], width, color=self.colors[r.name], label=r.name)
-            for bar, v in zip(bars, vals):
-                if v is not None and math.isfinite(v):
-                    ax.annotate(f"{v:.1%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-        center = (len(evaluated) - 1) * width / 2
-        ax.set_xticks([center, 1 + center], ["before training", "after training"])
-        ax.set_ylabel("held-out accuracy (greedy)")
-        ax.set_ylim(0, max(0.05, max(v for r in evaluated for v in (r.summary.get("eval_before") or 0, r.summary.get("eval_after") or 0)) * 1.25))
-        ax.set_title("held-out accuracy")
-        self.save(fig, "accuracy", "Held-out accuracy", "Greedy accuracy on the task's held-out split, before and after training.")
+        what = held_out_label(self.runs)
+        fig, axes = self.figure(2 if evaluated and during else 1)
+        if evaluated:
+            ax = axes[0]
+            width = 0.8 / len(evaluated)
+            for i, r in enumerate(evaluated):
+                vals = [r.summary.get("eval_before", math.nan), r.summary.get("eval_after", math.nan)]
+                xs = [x + i * width for x in (0, 1)]
+                bars = ax.bar(xs, [0 if v is None or not math.isfinite(v) else v for v in vals], width, color=self.colors[r.name], label=r.name)
+                for bar, v in zip(bars, vals):
+                    if v is not None and math.isfinite(v):
+                        ax.annotate(_score(v, what), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+            center = (len(evaluated) - 1) * width / 2
+            ax.set_xticks([center, 1 + center], ["before training", "after training"])
+            ax.set_ylabel(f"held-out {what} (greedy)")
+            ax.set_ylim(0, max(0.05, max(v for r in evaluated for v in (r.summary.get("eval_before") or 0, r.summary.get("eval_after") or 0)) * 1.25))
+            ax.set_title(f"held-out {what}")
+        if during:
+            ax = axes[-1]
+            for r in during:
+                steps, values = r.series("eval/reward")
+                if "eval_before" in r.summary:  # step 0 and the last step are the before/after numbers
+                    steps, values = [0, *steps], [r.summary["eval_before"], *values]
+                if "eval_after" in r.summary and r.metrics:
+                    steps, values = [*steps, int(r.metrics[-1].get("step", len(r.metrics)))], [*values, r.summary["eval_after"]]
+                ax.plot(steps, values, "-o", color=self.colors[r.name], label=r.name, markersize=3)
+            ax.set_xlabel("step")
+            ax.set_title(f"held-out {what} during training (eval_every)")
+        self.save(fig, "accuracy", f"Held-out {what}",
+                  f"Greedy {what} on the held-out set ({', '.join(sorted({str(r.summary.get('eval_set', '?')) for r in self.runs}))}), "
+                  "before and after training" + (", and every eval_every steps." if during else "."))
 
     def zero_std(self):
         fig, (ax,) = self.figure()
@@ -355,7 +372,7 @@ def _runs_table(runs: list[Run]) -> str:
         return node
 
     out = ["<table><tr><th>run</th><th>steps</th><th>model</th><th>loss</th><th>G</th><th>lr</th><th>beta</th>"
-           "<th>first → last reward</th><th>held-out accuracy</th><th>train time</th></tr>"]
+           f"<th>first → last reward</th><th>held-out {held_out_label(runs)}</th><th>train time</th></tr>"]
     for r in runs:
         _, rewards = r.series("reward")
         first = sum(rewards[:5]) / max(1, len(rewards[:5])) if rewards else math.nan
@@ -363,7 +380,8 @@ def _runs_table(runs: list[Run]) -> str:
         acc = "-"
         if "eval_before" in r.summary or "eval_after" in r.summary:
             b, a = r.summary.get("eval_before"), r.summary.get("eval_after")
-            acc = f"{_pct(b)} → {_pct(a)}"
+            fmt = _pct if r.summary.get("eval_label", "accuracy") == "accuracy" else _num
+            acc = f"{fmt(b)} → {fmt(a)}"
         t = r.summary.get("train_seconds")
         c = r.config
         out.append(
@@ -399,6 +417,16 @@ def _reward_errors_table(runs: list[Run]) -> str:
 def _png_width(png: Path) -> int:
     """Pixel width from the PNG header (IHDR), so captions wrap at the image's width."""
     return int.from_bytes(png.read_bytes()[16:20], "big")
+
+
+def held_out_label(runs: list[Run]) -> str:
+    """`accuracy` when every evaluated run scored a task's 0/1 verifier, else `score` (the mean of a reward)."""
+    labels = {r.summary.get("eval_label", "accuracy") for r in runs if "eval_after" in r.summary or "eval_before" in r.summary}
+    return "accuracy" if labels <= {"accuracy"} else "score"
+
+
+def _score(v, what: str) -> str:
+    return f"{v:.1%}" if what == "accuracy" else f"{v:.3f}"
 
 
 def _pct(v) -> str:

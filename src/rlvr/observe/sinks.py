@@ -114,12 +114,14 @@ class CompletionsTable:
 
 class TensorBoard:
     """Events in RUN_DIR/tb; the writer (and its file) starts at the first step, so a run that
-    fails before training leaves nothing behind."""
+    fails before training leaves nothing behind. A run resumed from step k purges the earlier
+    segment's events after step k (they are done again), so no step appears twice."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
-        self._open = lambda: SummaryWriter(log_dir=str(run_dir / "tb"))
+        purge = {"purge_step": start_step + 1} if start_step > 0 else {}
+        self._open = lambda: SummaryWriter(log_dir=str(run_dir / "tb"), **purge)
         self._writer = None
 
     @property
@@ -186,8 +188,8 @@ class Trackio(_WandbLike):
     module_name = "trackio"
 
 
-def make_sinks(run_dir: Path, report_to: list[str], config: dict | None = None) -> tuple[list[Sink], list[str]]:
-    """The sinks for a run and notes about selected backends that are not available.
+def make_sinks(run_dir: Path, report_to: list[str], config: dict | None = None, start_step: int = 0) -> tuple[list[Sink], list[str]]:
+    """The sinks for a run (resumed after step `start_step`) and notes about selected backends that are not available.
 
     TensorBoard is skipped silently when its package is missing (it is on by default);
     a missing wandb or trackio that was asked for gets a note."""
@@ -199,7 +201,7 @@ def make_sinks(run_dir: Path, report_to: list[str], config: dict | None = None) 
         if name == "tensorboard":
             if importlib.util.find_spec("tensorboard") is None:
                 continue
-            factory = lambda: TensorBoard(run_dir)  # noqa: E731
+            factory = lambda: TensorBoard(run_dir, start_step)  # noqa: E731
         elif name in ("wandb", "trackio"):
             if importlib.util.find_spec(name) is None:
                 notes.append(f"report_to has {name!r} but the {name} package is not installed (pip install {name}): not logging there")

@@ -119,7 +119,8 @@ def load_weights(path: Path, model) -> None:
 # Settings that may change between a run and its resumption: they do not change the math.
 RESUMABLE_CHANGES = {
     "steps", "output_dir", "resume", "save_every", "keep_checkpoints", "log_completions_every",
-    "num_completions_logged", "device", "threads", "eval_before_after", "max_bad_steps", "max_failed_reward_steps",
+    "num_completions_logged", "device", "threads", "max_bad_steps", "max_failed_reward_steps", "report_to", "doctor_every",
+    "eval", "eval_before_after", "eval_every",  # what is evaluated, and when: not what is trained
     # Scale-out: the update equals one process doing the whole batch, whatever the ranks.
     "nproc", "dist.strategy", "dist.backend", "dist.timeout", "model.gradient_checkpointing", "model.lora.save_merged",
     # vLLM's memory and start-up knobs: same samples, same update.

@@ -29,6 +29,8 @@ class TrainState:
     step: int = 0  # steps done
     num_tokens: int = 0  # prompt + episode tokens seen so far
     skipped_steps: int = 0  # steps whose update was dropped for a non-finite loss or gradient
+    train_seconds: float = 0.0  # wall time of the steps done, over every segment of a resumed run
+    eval_before: float | None = None  # the held-out score before training (summary.json reports it after a resume too)
     bad_steps_in_a_row: int = 0  # not saved: a checkpoint is never written right after a bad step
 
 
@@ -76,7 +78,8 @@ class Checkpointer:
         if changes and not force:
             raise ConfigError(
                 f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
-                + "\n  - ".join(changes) + "\nrevert them, or pass --force to resume anyway"
+                + "\n  - ".join(changes) + f"\nrevert them (`rlvr train --resume {self.root.parent}` resumes with the run's own config.yaml), "
+                "or pass --force to resume anyway"
             )
         saved = load_trainer_state(path)
         policy, model = self.policy, self.policy.model
@@ -92,5 +95,6 @@ class Checkpointer:
         self.scheduler.load_state_dict(saved["scheduler"])
         self.stream.load_state_dict(saved["data"])
         set_rng_state(saved["rng"])
-        state = TrainState(step=saved["step"], num_tokens=saved["num_tokens"], skipped_steps=saved.get("skipped_steps", 0))
+        state = TrainState(step=saved["step"], num_tokens=saved["num_tokens"], skipped_steps=saved.get("skipped_steps", 0),
+                           train_seconds=saved.get("train_seconds", 0.0), eval_before=saved.get("eval_before"))
         return state, path

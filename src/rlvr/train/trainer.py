@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from rlvr import algo
-from rlvr.config import Config, ConfigError, RewardConfig, batch_split_errors, to_dict
+from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
 from rlvr.data import PromptStream, get_task, load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.dist import Dist
@@ -27,14 +27,15 @@ from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
+from rlvr.rollout.function_source import FunctionSource
 from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from rlvr.train.collect import Batch, collect, rollout_and_score
-from rlvr.train.evaluation import evaluate
+from rlvr.train.evaluation import evaluate, held_out_for
 from rlvr.train.rank_split import across_ranks, local_share
 from rlvr.train.reward_health import RewardHealth
-from rlvr.train.run_control import StopRequest, TrainingError, lr_lambda, seed_everything, truncate_jsonl
+from rlvr.train.run_control import StopRequest, TrainingError, holds_a_run, lr_lambda, seed_everything, set_aside, truncate_jsonl
 from rlvr.train.setup import check_config
 from rlvr.train.state import Checkpointer, TrainState
 from rlvr.train.step_metrics import batch_metrics, completion_rows
@@ -62,6 +63,15 @@ class Trainer:
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
         seed_everything(cfg.seed)
+        # Everything a mistake in the data or rewards would stop, before the (slow) model load.
+        self.rewards = RewardRunner.from_config(cfg.rewards)
+        self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
+        self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
+        self.task, self.stream = self._prompts()
+        check_reward_columns(self.rewards.fns, self.stream.take(1)[0], _columns_the_rollout_adds(cfg, source))
+        self.stream.position = 0
+        self.held_out = held_out_for(cfg, self.task)
+        self.eval_reward = self.held_out.runner() if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
@@ -76,13 +86,6 @@ class Trainer:
         sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
         self.source = source or self._source(sampling)
-        self.rewards = RewardRunner.from_config(cfg.rewards)
-        self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
-        self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
-        self.task, self.stream = self._prompts()
-        # a source may give rewards columns of its own (`reward_columns`; None: unknown until it runs)
-        check_reward_columns(self.rewards.fns, self.stream.take(1)[0], getattr(self.source, "reward_columns", frozenset()))
-        self.stream.position = 0
 
         o = cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -105,21 +108,24 @@ class Trainer:
     def _prompts(self):
         """(the built-in task or None, the stream of training rows)."""
         d = self.cfg.data
-        if d.task:
-            task = get_task(d.task, seed=self.cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
+        if d.builtin_task:
+            task = get_task(d.builtin_task, seed=self.cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
             return task, PromptStream(task.train_row, None, seed=self.cfg.seed)
         rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, subset=d.subset)
         return None, PromptStream.from_rows(rows, seed=self.cfg.seed, shuffle=d.shuffle)
 
     def _prepare_output_dir(self, force: bool) -> None:
-        previous = self.output_dir / "metrics.jsonl"
-        if not self.cfg.resume and previous.exists() and previous.stat().st_size and not force:
-            raise ConfigError(
-                f"output_dir {self.output_dir} already holds a run (metrics.jsonl): pass resume=auto to continue it, "
-                "choose another output_dir, or --force to start over in it"
-            )
+        out = self.output_dir
+        if not self.cfg.resume and holds_a_run(out):
+            if not force:
+                raise ConfigError(
+                    f"output_dir {out} already holds a run: continue it with `rlvr train --resume {out}`, "
+                    "choose another output_dir, or pass --force to start over (the old run is moved aside)"
+                )
+            if self.dist.is_main:  # nothing of the old run may be resumed into, or plotted with, the new one
+                self.warnings.append(f"--force: the run that was in {out} is now in {set_aside(out)}")
         if self.dist.is_main:
-            remove_partial_checkpoints(self.output_dir / "checkpoints")
+            remove_partial_checkpoints(out / "checkpoints")
         if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
             self.state, self.resumed_from = resumed
             self.source.sync_weights()
@@ -170,16 +176,16 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> float | None:
-        """Held-out accuracy (greedy), on rank 0 (None on the others). Every rank must call it: under
-        FSDP2 they all take part in gathering the full weights, then wait while rank 0 generates."""
-        if self.task is None:
+        """The held-out score (greedy; accuracy for a 0/1 verifier), on rank 0 (None on the others, and
+        without a held-out set). Every rank must call it: under FSDP2 they all take part in gathering
+        the full weights, then wait while rank 0 generates."""
+        if self.held_out is None:
             return None
-        runner = RewardRunner.from_config([RewardConfig(fn=self.task.reward, name="eval", weight=1.0)])
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         with self.dist.full_weights_for_generation(self.model):
             if not self.dist.is_main:
                 return None
-            return evaluate(greedy, self.task.eval_rows(), runner)
+            return evaluate(greedy, self.held_out.rows, self.eval_reward)
 
     def save_checkpoint(self) -> Path:
         return self.checkpointer.save(self.state)
@@ -187,47 +193,50 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train(self) -> dict:
-        cfg, out, main = self.cfg, self.output_dir, self.dist.is_main  # only rank 0 writes logs, samples, checkpoints
+        cfg, out, main, state = self.cfg, self.output_dir, self.dist.is_main, self.state  # rank 0 writes logs, samples, checkpoints
         if main:
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-            # Resuming: steps after the checkpoint (all of them when there is none yet) are done
-            # again. A fresh start (step 0) in a used folder, which only --force allows, starts the
-            # logs over instead of appending to the old run's.
-            truncate_jsonl(out / "metrics.jsonl", self.state.step)
-            truncate_jsonl(out / "samples.jsonl", self.state.step)
-        log = RunLogger(out, cfg.steps, self.state.step, live=self.logger_live, config=cfg) if main else NullLogger()
+            # Resuming: steps after the checkpoint (all of them when there is none yet) are done again.
+            truncate_jsonl(out / "metrics.jsonl", state.step)
+            truncate_jsonl(out / "samples.jsonl", state.step)
+        log = RunLogger(out, cfg.steps, state.step, live=self.logger_live, config=cfg) if main else NullLogger()
         for w in self.warnings:
             log.info(f"[note] {w}")
         log.info(self.plan.describe())
         summary: dict = {"output_dir": str(out)}
         stop = StopRequest()
         try:
-            if cfg.eval_before_after and self.state.step == 0 and (acc := self.evaluate()) is not None:
-                summary["eval_before"] = acc  # every rank calls evaluate (FSDP2); rank 0's number
-                log.info(f"held-out accuracy before training: {acc:.3f}")
-            t_start = time.time()
-            while self.state.step < cfg.steps:
-                log.log(self.train_step())
-                if cfg.log_completions_every and self.state.step % cfg.log_completions_every == 0:
+            if cfg.eval_before_after and state.step == 0:
+                state.eval_before = self._evaluate_and_say("before training", log)
+            while state.step < cfg.steps:
+                t0 = time.time()
+                metrics = self.train_step()
+                if cfg.eval_every and state.step % cfg.eval_every == 0 and not (state.step == cfg.steps and cfg.eval_before_after):
+                    t_eval = time.time()
+                    if (score := self._evaluate_and_say(f"at step {state.step}", log)) is not None:
+                        metrics["eval/reward"] = score
+                    t0 += time.time() - t_eval  # evaluating is not training
+                log.log(metrics)
+                if cfg.log_completions_every and self._completions_due(stop):
                     r = self.last_step
-                    log.samples(completion_rows(r.batch, r.advantages, self.state.step, cfg.num_completions_logged))
+                    log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))
+                state.train_seconds += time.time() - t0
                 self.reward_health.check(out / "checkpoints")  # a reward failing on every sample: stop, naming it
-                if self.state.bad_steps_in_a_row:
+                if state.bad_steps_in_a_row:
                     self._after_bad_step(log)
                     continue  # never checkpoint right after a bad step
                 if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
                     path = self.save_checkpoint()
-                    log.info(f"stopped by {stop.requested} at step {self.state.step}; checkpoint {path}. Resume with: rlvr train ... output_dir={out} resume=auto")
-                    summary["interrupted_at"] = self.state.step
+                    log.info(f"stopped by {stop.requested} at step {state.step}; checkpoint {path}. Resume with: rlvr train --resume {out}")
+                    summary["interrupted_at"] = state.step
                     return summary
-                if cfg.save_every and self.state.step % cfg.save_every == 0 and self.state.step < cfg.steps and self.reward_health.may_checkpoint:
+                if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
                     self.save_checkpoint()
-            summary["train_seconds"] = time.time() - t_start
+            summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
             self._save_final()
-            if cfg.eval_before_after and (acc := self.evaluate()) is not None:
-                summary["eval_after"] = acc
-                log.info(f"held-out accuracy after training: {acc:.3f}")
+            if cfg.eval_before_after:
+                summary.update(self._held_out_summary(self._evaluate_and_say("after training", log)))
             if main:
                 (out / "summary.json").write_text(json.dumps(summary, indent=2))
             self.dist.barrier("end of training")
@@ -235,6 +244,27 @@ class Trainer:
             stop.restore()
             log.close()
         return summary
+
+    def _evaluate_and_say(self, when: str, log) -> float | None:
+        """Evaluate (every rank), and print rank 0's score."""
+        score = self.evaluate()
+        if score is not None:
+            log.info(f"held-out {self.held_out.label} {when}: {score:.3f}")
+        return score
+
+    def _held_out_summary(self, after: float | None) -> dict:
+        """summary.json's held-out numbers: before (kept in the checkpoints, so a resumed run has it) and after."""
+        if self.held_out is None or after is None:
+            return {}
+        h = self.held_out
+        numbers = {"eval_before": self.state.eval_before} if self.state.eval_before is not None else {}
+        return {**numbers, "eval_after": after, "eval_set": h.name, "eval_label": h.label, "eval_rows": len(h.rows)}
+
+    def _completions_due(self, stop: StopRequest) -> bool:
+        """Completions are logged every log_completions_every steps, and always at the first and last
+        step of the run and at a stop (so a run shorter than the interval still shows some)."""
+        step = self.state.step
+        return step % self.cfg.log_completions_every == 0 or step in (1, self.cfg.steps) or stop.requested is not None
 
     def _after_bad_step(self, log) -> None:
         s = self.state
@@ -257,6 +287,13 @@ class Trainer:
         if self.cfg.model.lora.save_merged:
             self.policy.save_merged(out / "final-merged")
             self.tokenizer.save_pretrained(out / "final-merged")
+
+
+def _columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
+    """Columns the rollout gives reward functions besides the dataset's (None: unknown until it has run)."""
+    if source is not None:
+        return getattr(source, "reward_columns", frozenset())
+    return FunctionSource.reward_columns if cfg.rollout.function else frozenset()
 
 
 def _share_args(batch: Batch, advantages: torch.Tensor):
