@@ -54,10 +54,16 @@ class Thresholds:
     """Or: the share of distinct completions per group fell below this share of its start ..."""
     distinct_floor: float = 0.35
     """... and below this share: entropy collapse (the policy repeats one completion per prompt)."""
+    reward_drop: float = 0.5
+    """Correctness reward (last 3 steps) below this share of its best 3-step mean, and down by ... """
+    reward_drop_min: float = 0.1
+    """... at least this much: training made the policy worse (reward collapse)."""
     reward_error_rate: float = 0.05
     """A reward function that failed on more than this share of the window's samples: reward failing."""
     truncated: float = 0.5
-    """completions/clipped_ratio above this over the window, with many groups failed alike: truncation."""
+    """completions/clipped_ratio above this over the window, with many groups failed alike: truncation ..."""
+    truncation_gap: float = 0.05
+    """... unless completions that ended scored no more than this above the cut ones (the cut is then not why they fail)."""
     kl_max: float = 0.5
     """Recent mean KL (per token) above this: the policy runs away from the reference."""
     kl_growth: float = 10.0
@@ -123,7 +129,7 @@ RULES: dict[str, Rule] = {}
 
 # The rules that name a cause of identical rewards within groups; diagnose() tells each finding
 # which others fit too (too easy and too hard together are one mixed prompt set, not rivals).
-CAUSES = ("reward_failing", "truncation", "entropy_collapse", "prompts_too_easy", "prompts_too_hard")
+CAUSES = ("reward_failing", "truncation", "entropy_collapse", "reward_collapse", "prompts_too_easy", "prompts_too_hard")
 
 
 def rule(name: str):
@@ -201,15 +207,45 @@ def _groups(history: list[dict], ctx: Context) -> IdenticalGroups | None:
     return g if logged >= t.min_steps or (g.every_step and logged >= 3) else None
 
 
-def _truncated(history: list[dict], ctx: Context) -> tuple[list[int], list[float], IdenticalGroups] | None:
-    """Most completions cut at the token limit while many groups fail alike: (steps, clipped ratios, groups)."""
+@dataclass
+class _Truncation:
+    steps: list[int]
+    clipped: list[float]  # completions/clipped_ratio
+    groups: IdenticalGroups
+    gap: tuple[float, float] | None  # mean reward of (ended, cut) completions; None: unknown (all cut, or not logged)
+
+
+def _truncated(history: list[dict], ctx: Context) -> _Truncation | None:
+    """Most completions cut at the token limit while many groups fail alike, and the ones that
+    ended scored better than the cut ones (or none ended, or it was not logged: then it may be)."""
     t = ctx.thresholds
     steps, clipped = series(history, "completions/clipped_ratio")
     g = _groups(history, ctx)
     if len(clipped) < 3 or g is None or g.bottom_share < t.side_share:
         return None
     steps, clipped = steps[-t.window:], clipped[-t.window:]
-    return (steps, clipped, g) if statistics.fmean(clipped) > t.truncated else None
+    if statistics.fmean(clipped) <= t.truncated:
+        return None
+    ended = series(history[-t.window:], "completions/terminated_reward_mean")[1]
+    cut = series(history[-t.window:], "completions/clipped_reward_mean")[1]
+    gap = (statistics.fmean(ended), statistics.fmean(cut)) if ended and cut else None
+    if gap is not None and gap[0] <= gap[1] + t.truncation_gap:
+        return None  # completions that ended fail as often: the limit is not the cause
+    return _Truncation(steps, clipped, g, gap)
+
+
+def _reward_fell(history: list[dict], ctx: Context) -> tuple[str, list[int], list[float], float, float] | None:
+    """(metric, steps, values, best 3-step mean, last 3-step mean) when the correctness reward fell
+    far below the best it reached: the policy got worse, so the prompts are not what is too hard."""
+    t = ctx.thresholds
+    key, steps, values = _correctness_series(history, ctx)
+    if len(values) < t.min_steps:
+        return None
+    best = max(statistics.fmean(values[i:i + 3]) for i in range(len(values) - 3))
+    recent = statistics.fmean(values[-3:])
+    if recent < t.reward_drop * best and best - recent >= t.reward_drop_min:
+        return key, steps, values, best, recent
+    return None
 
 
 def _sampling_fix(ctx: Context) -> str:
@@ -254,12 +290,15 @@ def truncation(history: list[dict], ctx: Context) -> Finding | None:
     hit = _truncated(history, ctx)
     if hit is None or _failing_rewards(history, ctx):
         return None
-    steps, clipped, g = hit
+    steps, clipped = hit.steps, hit.clipped
+    if hit.gap is not None:
+        why = f"completions that ended scored {hit.gap[0]:.3g} on average, cut ones {hit.gap[1]:.3g}: the answers are cut off before they arrive"
+    else:
+        why = "the answers may be cut off before they arrive (the prompts may also be too hard: no completion ended, so only a longer limit can tell)"
     return Finding(
         "truncation", "completions/clipped_ratio",
         f"{statistics.fmean(clipped):.0%} of completions were cut at rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')} "
-        f"and {g.describe()}: the answers are cut off before they arrive (the prompts may also be too hard, "
-        "which only a longer limit can show)",
+        f"and {hit.groups.describe()}; {why}",
         fmt(steps, clipped),
         f"raise rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')}, ask for shorter answers in the prompt, "
         f"or leave cut completions out of the loss (algo.mask_truncated_completions=true{ctx.now('algo.mask_truncated_completions')})",
@@ -295,6 +334,26 @@ def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
     )
 
 
+@rule("reward_collapse")
+def reward_collapse(history: list[dict], ctx: Context) -> Finding | None:
+    """The correctness reward fell far below the best it reached: the updates broke the policy (a too
+    high learning rate most often), which then fails prompts it used to solve."""
+    fell = _reward_fell(history, ctx)
+    if fell is None:
+        return None
+    key, steps, values, best, recent = fell
+    g = _groups(history, ctx)
+    return Finding(
+        "reward_collapse", key,
+        f"{key} fell from {best:.3g} (its best 3-step mean) to {recent:.3g}: training made the policy worse; it now fails "
+        "prompts it used to solve" + (f" ({g.describe()})" if g is not None else ""),
+        fmt(steps, values),
+        f"lower optim.lr{ctx.now('optim.lr')}, keep optim.max_grad_norm{ctx.now('optim.max_grad_norm')}, add a KL penalty "
+        f"(algo.beta=0.04{ctx.now('algo.beta')}); resume from a checkpoint saved before the fall",
+        steps, values, severity="error",
+    )
+
+
 def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
     """Prompts too easy (side="top") or too hard ("bottom"): many groups identical at that side of
     the reward range while the policy still explores and every reward function works."""
@@ -304,8 +363,10 @@ def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
         return None
     if _failing_rewards(history, ctx) or _exploration(history, ctx).collapsed:
         return None
-    if side == "bottom" and _truncated(history, ctx):
-        return None
+    if side == "bottom" and (cut := _truncated(history, ctx)) and cut.gap is not None:
+        return None  # the cut is why they fail; when that cannot be known, both causes are named
+    if side == "bottom" and _reward_fell(history, ctx):
+        return None  # they were solved before: the policy got worse
     rule_name = "prompts_too_easy" if side == "top" else "prompts_too_hard"
     what = "too easy (every completion got the top reward)" if side == "top" else "too hard (every completion got the lowest reward)"
     explores = _exploration(history, ctx).describe()

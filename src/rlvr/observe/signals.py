@@ -84,9 +84,9 @@ class IdenticalGroups:
 
     def describe(self) -> str:
         where = f"steps {self.steps[0]}-{self.steps[-1]}" if len(self.steps) > 1 else f"step {self.steps[0]}"
-        how = "guessed from the mean reward" if self.estimated else "of all groups"
-        return (f"{self.share:.0%} of groups had identical rewards ({where}): {self.top_share:.0%} all at the step's top reward, "
-                f"{self.bottom_share:.0%} all at its bottom ({how})")
+        guessed = " (split guessed from the mean reward: the run did not log frac_reward_zero_std/top)" if self.estimated else ""
+        return (f"{self.share:.0%} of groups had identical rewards ({where}): {self.top_share:.0%} of groups all at the step's top "
+                f"reward, {self.bottom_share:.0%} all at its bottom{guessed}")
 
 
 def identical_groups(history: list[dict], window: int) -> IdenticalGroups | None:
@@ -143,7 +143,10 @@ def exploration(history: list[dict], *, min_steps: int, entropy_ratio: float, en
     """Collapsed: entropy fell below `entropy_ratio` of its start and below `entropy_floor`, or the
     distinct-completion share fell below `distinct_ratio` of its start and below `distinct_floor`.
     Both are drops, not levels: a short-answer task repeats itself from the first step and is fine."""
-    ent, dis = series(history, "entropy"), series(history, "distinct_completions")
+    # Before entropy covered every sampled token, a step that trained nothing (every group identical)
+    # logged entropy 0; such steps say nothing about exploration.
+    trained = [m for m in history if not (num(m.get("entropy")) == 0.0 and num(m.get("frac_reward_zero_std")) >= 1.0)]
+    ent, dis = series(trained, "entropy"), series(history, "distinct_completions")
     e = _ends(ent[1]) if len(ent[1]) >= min_steps else None
     d = _ends(dis[1]) if len(dis[1]) >= min_steps else None
     e_collapsed = e is not None and e[0] > 0 and e[1] < entropy_ratio * e[0] and e[1] < entropy_floor

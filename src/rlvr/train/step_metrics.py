@@ -22,6 +22,7 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(r.truncated.float().mean()),
+        **_reward_by_ending(total, r.truncated.bool()),
         "advantages/abs_mean": float(advantages.abs().mean()),
     }
     for k, name in enumerate(names):
@@ -51,6 +52,16 @@ def distinct_share(texts: list[str], group_size: int) -> float:
     1/G when each group repeats one completion (a policy that stopped exploring)."""
     groups = [texts[i : i + group_size] for i in range(0, len(texts), group_size)]
     return sum(len(set(g)) for g in groups) / (len(groups) * group_size)
+
+
+def _reward_by_ending(total: torch.Tensor, cut: torch.Tensor) -> dict:
+    """Mean total reward of the completions cut at max_new_tokens and of those that ended (NaN when
+    there are none): when cut ones score lower, the limit is what makes them fail."""
+    nan = float("nan")
+    return {
+        "completions/clipped_reward_mean": float(total[cut].mean()) if cut.any() else nan,
+        "completions/terminated_reward_mean": float(total[~cut].mean()) if (~cut).any() else nan,
+    }
 
 
 def completion_rows(batch, advantages: torch.Tensor, step: int, n: int) -> list[dict]:
