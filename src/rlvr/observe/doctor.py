@@ -361,7 +361,8 @@ def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
     g = _groups(history, ctx)
     if g is None or (g.top_share if side == "top" else g.bottom_share) < t.side_share:
         return None
-    if _failing_rewards(history, ctx) or _exploration(history, ctx).collapsed:
+    explores = _exploration(history, ctx)
+    if _failing_rewards(history, ctx) or explores.collapsed:
         return None
     if side == "bottom" and (cut := _truncated(history, ctx)) and cut.gap is not None:
         return None  # the cut is why they fail; when that cannot be known, both causes are named
@@ -369,12 +370,11 @@ def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
         return None  # they were solved before: the policy got worse
     rule_name = "prompts_too_easy" if side == "top" else "prompts_too_hard"
     what = "too easy (every completion got the top reward)" if side == "top" else "too hard (every completion got the lowest reward)"
-    explores = _exploration(history, ctx).describe()
     if g.every_step:
         message = (f"every group had identical rewards in all {len(series(history, 'frac_reward_zero_std')[0])} steps so far "
-                   f"(zero advantages, no update): prompts look {what}; the policy still explores ({explores})")
+                   f"(zero advantages, no update): prompts look {what}; the policy still explores ({explores.describe()})")
     else:
-        message = f"{g.describe()}, and give no gradient: prompts look {what}; the policy still explores ({explores})"
+        message = f"{g.describe()}, and give no gradient: prompts look {what}; the policy still explores ({explores.describe()})"
     if side == "top":
         fix = "filter out prompts the model always solves (difficulty filtering) or use harder ones"
     else:
