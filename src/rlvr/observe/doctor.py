@@ -6,6 +6,12 @@ training every `doctor_every` steps (as warnings) and after it (`rlvr doctor RUN
 
 A finding names the metric, the evidence (steps and values) and the setting to change. Thresholds
 live in `Thresholds`, so a test or a user can tighten or loosen any of them.
+
+Identical rewards within groups (no learning signal) are a symptom, not a cause. Five rules name
+its causes, each checking the facts that rule out the others (rlvr.observe.signals): a reward
+function failing (`reward_failing`) comes first; completions cut at the token limit
+(`truncation`); a policy that stopped exploring (`entropy_collapse`); and only while the policy
+still explores, prompts too easy or too hard. When two causes fit, each finding says so.
 """
 
 from __future__ import annotations
@@ -17,6 +23,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from rlvr.observe.signals import Exploration, IdenticalGroups, RewardFailure, exploration, fmt, identical_groups, num, reward_failures, series
+
+__all__ = ["RULES", "Context", "Finding", "LiveDoctor", "Thresholds", "diagnose", "diagnose_run", "load_config", "load_metrics", "num", "series"]
 
 # Names that mark a reward function as the correctness reward (what the run is really for).
 _CORRECTNESS = re.compile(r"correct|accura|exact|match|answer|arithmetic|math|pass|test|verif|solve", re.I)
@@ -30,14 +40,30 @@ class Thresholds:
     """Fewer logged steps than this: the trend rules stay silent (not enough evidence)."""
     zero_std_frac: float = 0.6
     """Mean frac_reward_zero_std over the window above this: too many groups give no signal."""
+    side_share: float = 0.3
+    """Share of all groups identical at the step's top (bottom) reward to call the prompts too easy (too hard)."""
     clip_ratio: float = 0.2
     """clip_ratio/region_mean above this in most of the window: updates are too large."""
     clip_persist: float = 0.8
     """Share of the window's steps that must be above `clip_ratio`."""
-    entropy_ratio: float = 0.1
-    """Recent entropy below this share of the early entropy ..."""
-    entropy_floor: float = 0.05
+    entropy_ratio: float = 0.15
+    """Recent entropy (last 3 steps) below this share of the early entropy (first 3) ..."""
+    entropy_floor: float = 0.1
     """... and below this many nats per token: entropy collapse."""
+    distinct_ratio: float = 0.5
+    """Or: the share of distinct completions per group fell below this share of its start ..."""
+    distinct_floor: float = 0.35
+    """... and below this share: entropy collapse (the policy repeats one completion per prompt)."""
+    reward_drop: float = 0.5
+    """Correctness reward (last 3 steps) below this share of its best 3-step mean, and down by ... """
+    reward_drop_min: float = 0.1
+    """... at least this much: training made the policy worse (reward collapse)."""
+    reward_error_rate: float = 0.05
+    """A reward function that failed on more than this share of the window's samples: reward failing."""
+    truncated: float = 0.5
+    """completions/clipped_ratio above this over the window, with many groups failed alike: truncation ..."""
+    truncation_gap: float = 0.05
+    """... unless completions that ended scored no more than this above the cut ones (the cut is then not why they fail)."""
     kl_max: float = 0.5
     """Recent mean KL (per token) above this: the policy runs away from the reference."""
     kl_growth: float = 10.0
@@ -89,9 +115,21 @@ class Context:
             node = node[part]
         return node
 
+    def now(self, dotted: str) -> str:
+        """" (now X)" quoting the run's current value of a setting; "" when the config does not have it."""
+        value = self.setting(dotted, _MISSING)
+        return "" if value is _MISSING else f" (now {value})"
+
+
+_MISSING = object()
+
 
 Rule = Callable[[list[dict], Context], "Finding | None"]
 RULES: dict[str, Rule] = {}
+
+# The rules that name a cause of identical rewards within groups; diagnose() tells each finding
+# which others fit too (too easy and too hard together are one mixed prompt set, not rivals).
+CAUSES = ("reward_failing", "truncation", "entropy_collapse", "reward_collapse", "prompts_too_easy", "prompts_too_hard")
 
 
 def rule(name: str):
@@ -103,37 +141,6 @@ def rule(name: str):
 
 
 # --------------------------------------------------------------------------------------- helpers
-
-
-def num(v) -> float:
-    """A metric value as float; JSON null (NaN written by the logger) and "inf" strings included."""
-    if v is None:
-        return math.nan
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return math.nan
-    return float(v)
-
-
-def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of one metric, skipping steps where it is absent or not finite."""
-    steps, values = [], []
-    for i, m in enumerate(history):
-        if key in m:
-            v = num(m[key])
-            if math.isfinite(v):
-                steps.append(int(m.get("step", i + 1)))
-                values.append(v)
-    return steps, values
-
-
-def _fmt(steps: list[int], values: list[float], limit: int = 6) -> str:
-    pairs = [f"step {s}: {v:.4g}" for s, v in zip(steps, values)]
-    if len(pairs) > limit:
-        pairs = pairs[: limit // 2] + ["..."] + pairs[-(limit // 2):]
-    return ", ".join(pairs)
 
 
 def _thirds(values: list[float]) -> tuple[float, float]:
@@ -170,49 +177,223 @@ def _correctness_series(history: list[dict], ctx: Context) -> tuple[str, list[in
     return key, *series(history, key)
 
 
+def _exploration(history: list[dict], ctx: Context) -> Exploration:
+    t = ctx.thresholds
+    return exploration(history, min_steps=t.min_steps, entropy_ratio=t.entropy_ratio, entropy_floor=t.entropy_floor,
+                       distinct_ratio=t.distinct_ratio, distinct_floor=t.distinct_floor)
+
+
+def _failing_rewards(history: list[dict], ctx: Context) -> list[RewardFailure]:
+    """Reward functions that failed on more than `reward_error_rate` of the recent samples (or, where
+    the share cannot be known, failed in every recent step), worst first; two steps at least."""
+    def size(key):
+        v = ctx.setting(key, None)
+        return v if isinstance(v, int) else None
+
+    t = ctx.thresholds
+    fails = reward_failures(history, t.window, group_size=size("rollout.group_size"), prompts_per_step=size("rollout.prompts_per_step"))
+    bad = [f for f in fails if len(f.steps) >= 2 and (
+        f.rate > t.reward_error_rate if math.isfinite(f.rate) else all(c > 0 for c in f.counts))]
+    return sorted(bad, key=lambda f: -f.rate if math.isfinite(f.rate) else 0.0)
+
+
+def _groups(history: list[dict], ctx: Context) -> IdenticalGroups | None:
+    """The recent identical-reward groups when they are many enough to matter, else None."""
+    t = ctx.thresholds
+    g = identical_groups(history, t.window)
+    if g is None or g.share <= t.zero_std_frac:
+        return None
+    logged = len(series(history, "frac_reward_zero_std")[0])
+    return g if logged >= t.min_steps or (g.every_step and logged >= 3) else None
+
+
+@dataclass
+class _Truncation:
+    steps: list[int]
+    clipped: list[float]  # completions/clipped_ratio
+    groups: IdenticalGroups
+    gap: tuple[float, float] | None  # mean reward of (ended, cut) completions; None: unknown (all cut, or not logged)
+
+
+def _truncated(history: list[dict], ctx: Context) -> _Truncation | None:
+    """Most completions cut at the token limit while many groups fail alike, and the ones that
+    ended scored better than the cut ones (or none ended, or it was not logged: then it may be)."""
+    t = ctx.thresholds
+    steps, clipped = series(history, "completions/clipped_ratio")
+    g = _groups(history, ctx)
+    if len(clipped) < 3 or g is None or g.bottom_share < t.side_share:
+        return None
+    steps, clipped = steps[-t.window:], clipped[-t.window:]
+    if statistics.fmean(clipped) <= t.truncated:
+        return None
+    ended = series(history[-t.window:], "completions/terminated_reward_mean")[1]
+    cut = series(history[-t.window:], "completions/clipped_reward_mean")[1]
+    gap = (statistics.fmean(ended), statistics.fmean(cut)) if ended and cut else None
+    if gap is not None and gap[0] <= gap[1] + t.truncation_gap:
+        return None  # completions that ended fail as often: the limit is not the cause
+    return _Truncation(steps, clipped, g, gap)
+
+
+def _reward_fell(history: list[dict], ctx: Context) -> tuple[str, list[int], list[float], float, float] | None:
+    """(metric, steps, values, best 3-step mean, last 3-step mean) when the correctness reward fell
+    far below the best it reached: the policy got worse, so the prompts are not what is too hard."""
+    t = ctx.thresholds
+    key, steps, values = _correctness_series(history, ctx)
+    if len(values) < t.min_steps:
+        return None
+    best = max(statistics.fmean(values[i:i + 3]) for i in range(len(values) - 3))
+    recent = statistics.fmean(values[-3:])
+    if recent < t.reward_drop * best and best - recent >= t.reward_drop_min:
+        return key, steps, values, best, recent
+    return None
+
+
+def _sampling_fix(ctx: Context) -> str:
+    if ctx.setting("algo.dynamic_sampling", False) is True:
+        return "; dynamic sampling is on: raise algo.max_resample_rounds" + ctx.now("algo.max_resample_rounds")
+    return ", or set algo.dynamic_sampling=true (drops such groups and draws fresh prompts)"
+
+
 # ----------------------------------------------------------------------------------------- rules
 
 
-@rule("no_signal")
-def no_signal(history: list[dict], ctx: Context) -> Finding | None:
-    """From the first steps on, every group had identical rewards: nothing has been learned."""
-    steps, values = series(history, "frac_reward_zero_std")
-    if len(values) < 3 or any(v < 1.0 for v in values):
+@rule("reward_failing")
+def reward_failing(history: list[dict], ctx: Context) -> Finding | None:
+    """A reward function raised, timed out or returned garbage on many samples: its groups score
+    alike (NaN, not applicable) and look like prompts that are too hard. Checked before those."""
+    bad = _failing_rewards(history, ctx)
+    if not bad:
         return None
-    _, rewards = series(history, "reward")
-    side = "too easy (every completion right)" if rewards and statistics.fmean(rewards) > 0.5 else "too hard (every completion wrong)"
+    worst = bad[0]
+    share = f"{worst.rate:.0%} of samples" if math.isfinite(worst.rate) else f"{statistics.fmean(worst.counts):.0f} samples per step"
+    where = f"steps {worst.steps[0]}-{worst.steps[-1]}"
+    others = "".join(f"; reward {f.name!r} failed on {f.rate:.0%}" if math.isfinite(f.rate) else f"; reward {f.name!r} failed too"
+                     for f in bad[1:])
+    g = identical_groups(history, ctx.thresholds.window)
+    groups = f"; {g.describe()}" if g is not None and g.share > ctx.thresholds.zero_std_frac else ""
+    rates = worst.rates if math.isfinite(worst.rate) else worst.counts
     return Finding(
-        "no_signal", "frac_reward_zero_std",
-        f"every group had identical rewards in all {len(values)} steps so far: zero advantages, zero update; prompts look {side}",
-        _fmt(steps, values),
-        "use easier/harder prompts (difficulty filtering), raise rollout.temperature or rollout.group_size, or set algo.dynamic_sampling=true",
+        "reward_failing", f"rewards/{worst.name}/error_rate",
+        f"reward {worst.name!r} failed on {share} ({where}){others}{groups}: failed samples get no reward, "
+        "so the groups look alike for a reason that has nothing to do with the prompts",
+        fmt(worst.steps, rates) + f" ({'share of samples failed' if math.isfinite(worst.rate) else 'failed samples'}; "
+        f"counts in rewards/{worst.name}/errors)",
+        f"fix reward {worst.name!r}: its first error is in the run's log ('reward function {worst.name!r} failed'); "
+        "call it by hand on a few rows of your data and their completions (samples.jsonl) to reproduce it",
+        worst.steps, rates, severity="error" if math.isfinite(worst.rate) and worst.rate >= 0.5 else "warning",
+    )
+
+
+@rule("truncation")
+def truncation(history: list[dict], ctx: Context) -> Finding | None:
+    """Most completions hit rollout.max_new_tokens and many groups fail alike: the answers never arrive."""
+    hit = _truncated(history, ctx)
+    if hit is None or _failing_rewards(history, ctx):
+        return None
+    steps, clipped = hit.steps, hit.clipped
+    if hit.gap is not None:
+        why = f"completions that ended scored {hit.gap[0]:.3g} on average, cut ones {hit.gap[1]:.3g}: the answers are cut off before they arrive"
+    else:
+        why = "the answers may be cut off before they arrive (the prompts may also be too hard: no completion ended, so only a longer limit can tell)"
+    return Finding(
+        "truncation", "completions/clipped_ratio",
+        f"{statistics.fmean(clipped):.0%} of completions were cut at rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')} "
+        f"and {hit.groups.describe()}; {why}",
+        fmt(steps, clipped),
+        f"raise rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')}, ask for shorter answers in the prompt, "
+        f"or leave cut completions out of the loss (algo.mask_truncated_completions=true{ctx.now('algo.mask_truncated_completions')})",
+        steps, clipped,
+    )
+
+
+@rule("entropy_collapse")
+def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
+    """The policy stopped exploring: token entropy over all sampled tokens, or the share of distinct
+    completions per group, fell to a small fraction of its start. Groups then repeat one answer and
+    score alike whether the prompts are easy or hard."""
+    x = _exploration(history, ctx)
+    if not x.collapsed:
+        return None
+    metric = "entropy" if x.entropy_collapsed else "distinct_completions"
+    steps, values = x.entropy_series if x.entropy_collapsed else x.distinct_series
+    message = f"the policy stopped exploring: {x.describe()}"
+    g = _groups(history, ctx)
+    if g is not None:
+        message += f"; {g.describe()}: groups repeat one answer"
+        if g.bottom_share >= 0.1 * g.share:
+            message += f" (the identical groups are not all solved: {g.bottom_share:.0%} of groups got the step's lowest reward)"
+        if g.top_share >= 0.8 * g.share:
+            message += "; most identical groups were all right, so the prompts may also simply be solved (two causes fit: " \
+                       "prompts_too_easy, if held-out accuracy matches the training reward)"
+    return Finding(
+        "entropy_collapse", metric, message, fmt(steps, values),
+        f"raise rollout.temperature{ctx.now('rollout.temperature')}, widen the clip's high side "
+        f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), add an entropy bonus (algo.entropy_coef=0.001{ctx.now('algo.entropy_coef')}), "
+        f"or lower optim.lr{ctx.now('optim.lr')}",
         steps, values,
     )
 
 
-@rule("zero_std")
-def zero_std(history: list[dict], ctx: Context) -> Finding | None:
-    """Most groups recently had identical rewards (all right or all wrong): little learning signal."""
-    t = ctx.thresholds
-    steps, values = series(history, "frac_reward_zero_std")
-    if len(values) < t.min_steps or all(v >= 1.0 for v in values):
-        return None  # all-identical from the start is `no_signal`
-    steps, values = steps[-t.window:], values[-t.window:]
-    mean = statistics.fmean(values)
-    if mean <= t.zero_std_frac:
+@rule("reward_collapse")
+def reward_collapse(history: list[dict], ctx: Context) -> Finding | None:
+    """The correctness reward fell far below the best it reached: the updates broke the policy (a too
+    high learning rate most often), which then fails prompts it used to solve."""
+    fell = _reward_fell(history, ctx)
+    if fell is None:
         return None
-    _, rewards = series(history, "reward")
-    recent_reward = statistics.fmean(rewards[-t.window:]) if rewards else math.nan
-    side = "too easy" if recent_reward > 0.5 else "too hard"
-    ds = ctx.setting("algo.dynamic_sampling", False)
-    fix = "filter prompts by difficulty (drop those always solved or never solved)"
-    fix += ", or set algo.dynamic_sampling=true" if ds is not True else "; dynamic sampling is on: raise algo.max_resample_rounds"
+    key, steps, values, best, recent = fell
+    g = _groups(history, ctx)
     return Finding(
-        "zero_std", "frac_reward_zero_std",
-        f"{mean:.0%} of groups (mean over steps {steps[0]}-{steps[-1]}) had identical rewards and give no gradient; "
-        f"mean reward {recent_reward:.3f}: prompts look {side}",
-        _fmt(steps, values), fix, steps, values,
+        "reward_collapse", key,
+        f"{key} fell from {best:.3g} (its best 3-step mean) to {recent:.3g}: training made the policy worse; it now fails "
+        "prompts it used to solve" + (f" ({g.describe()})" if g is not None else ""),
+        fmt(steps, values),
+        f"lower optim.lr{ctx.now('optim.lr')}, keep optim.max_grad_norm{ctx.now('optim.max_grad_norm')}, add a KL penalty "
+        f"(algo.beta=0.04{ctx.now('algo.beta')}); resume from a checkpoint saved before the fall",
+        steps, values, severity="error",
     )
+
+
+def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
+    """Prompts too easy (side="top") or too hard ("bottom"): many groups identical at that side of
+    the reward range while the policy still explores and every reward function works."""
+    t = ctx.thresholds
+    g = _groups(history, ctx)
+    if g is None or (g.top_share if side == "top" else g.bottom_share) < t.side_share:
+        return None
+    explores = _exploration(history, ctx)
+    if _failing_rewards(history, ctx) or explores.collapsed:
+        return None
+    if side == "bottom" and (cut := _truncated(history, ctx)) and cut.gap is not None:
+        return None  # the cut is why they fail; when that cannot be known, both causes are named
+    if side == "bottom" and _reward_fell(history, ctx):
+        return None  # they were solved before: the policy got worse
+    rule_name = "prompts_too_easy" if side == "top" else "prompts_too_hard"
+    what = "too easy (every completion got the top reward)" if side == "top" else "too hard (every completion got the lowest reward)"
+    if g.every_step:
+        message = (f"every group had identical rewards in all {len(series(history, 'frac_reward_zero_std')[0])} steps so far "
+                   f"(zero advantages, no update): prompts look {what}; the policy still explores ({explores.describe()})")
+    else:
+        message = f"{g.describe()}, and give no gradient: prompts look {what}; the policy still explores ({explores.describe()})"
+    if side == "top":
+        fix = "filter out prompts the model always solves (difficulty filtering) or use harder ones"
+    else:
+        fix = (f"filter out prompts never solved, use easier ones or a curriculum, raise rollout.group_size{ctx.now('rollout.group_size')}; "
+               "check in samples.jsonl that right answers do get the reward")
+    return Finding(rule_name, "frac_reward_zero_std", message, fmt(g.steps, g.zero), fix + _sampling_fix(ctx), g.steps, g.zero)
+
+
+@rule("prompts_too_easy")
+def prompts_too_easy(history: list[dict], ctx: Context) -> Finding | None:
+    """Most groups all right (identical at the step's top reward) while the policy still explores."""
+    return _difficulty(history, ctx, "top")
+
+
+@rule("prompts_too_hard")
+def prompts_too_hard(history: list[dict], ctx: Context) -> Finding | None:
+    """Most groups all wrong (identical at the step's lowest reward) while the policy still explores,
+    every reward function works and completions are not cut short."""
+    return _difficulty(history, ctx, "bottom")
 
 
 @rule("clip_high")
@@ -229,29 +410,8 @@ def clip_high(history: list[dict], ctx: Context) -> Finding | None:
     return Finding(
         "clip_high", "clip_ratio/region_mean",
         f"{sum(high)} of the last {len(values)} steps clipped more than {t.clip_ratio:.0%} of tokens: the learning rate is too high for this model",
-        _fmt(steps, values),
+        fmt(steps, values),
         f"lower optim.lr (now {ctx.setting('optim.lr')}), or use fewer algo.num_iterations (now {ctx.setting('algo.num_iterations')})",
-        steps, values,
-    )
-
-
-@rule("entropy_collapse")
-def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
-    """Token entropy fell to a small fraction of its start: the policy stopped exploring."""
-    t = ctx.thresholds
-    steps, values = series(history, "entropy")
-    if len(values) < t.min_steps:
-        return None
-    early = statistics.fmean(values[:3])
-    recent = statistics.fmean(values[-3:])
-    if not (early > 0 and recent < t.entropy_ratio * early and recent < t.entropy_floor):
-        return None
-    return Finding(
-        "entropy_collapse", "entropy",
-        f"mean token entropy fell from {early:.3g} to {recent:.3g} nats: the policy has become nearly deterministic and groups stop differing",
-        _fmt(steps, values),
-        f"raise the clip's high side (algo.epsilon_high=0.28, now {ctx.setting('algo.epsilon_high')}), lower optim.lr (now {ctx.setting('optim.lr')}), "
-        f"or raise rollout.temperature (now {ctx.setting('rollout.temperature')})",
         steps, values,
     )
 
@@ -273,7 +433,7 @@ def kl_runaway(history: list[dict], ctx: Context) -> Finding | None:
     return Finding(
         "kl_runaway", "kl",
         f"KL to the reference model reached {recent:.3g} per token" + (f" ({recent / base:.0f}x within {len(window)} steps)" if grew else ""),
-        _fmt(s, v),
+        fmt(s, v),
         f"raise algo.beta (now {ctx.setting('algo.beta')}) or lower optim.lr (now {ctx.setting('optim.lr')})",
         s, v,
     )
@@ -295,7 +455,7 @@ def length_bias(history: list[dict], ctx: Context) -> Finding | None:
         "length_bias", "completions/mean_length",
         f"mean completion length rose from {l0:.1f} to {l1:.1f} tokens while {key} went from {c0:.3f} to {c1:.3f}: "
         "longer answers are not more correct (length bias)",
-        _fmt(steps, lengths),
+        fmt(steps, lengths),
         f"use a length-unbiased loss: algo.loss_type=dr_grpo or dapo (now {ctx.setting('algo.loss_type')}); "
         "consider algo.mask_truncated_completions=true or a length penalty reward",
         steps, lengths,
@@ -334,7 +494,7 @@ def reward_hacking(history: list[dict], ctx: Context) -> Finding | None:
         "reward_hacking", f"rewards/{n}/mean",
         f"reward {n!r} rose from {v0:.3f} to {v1:.3f} while the correctness reward {correct!r} stayed at {c0:.3f} -> {c1:.3f}: "
         "the model is likely gaming that reward",
-        _fmt(steps, values),
+        fmt(steps, values),
         f"read samples.jsonl for completions that score on {n!r} but not on {correct!r}; tighten that reward "
         f"or lower its weight (rewards.{idx}.weight)",
         steps, values,
@@ -402,6 +562,11 @@ def diagnose(history: list[dict], ctx: Context | None = None, *, rules: list[str
             f = fn(history, ctx)
             if f is not None:
                 out.append(f)
+    causes = [f.rule for f in out if f.rule in CAUSES]
+    for f in out:
+        rivals = [c for c in causes if c != f.rule and {c, f.rule} != {"prompts_too_easy", "prompts_too_hard"}]
+        if f.rule in CAUSES and rivals:
+            f.message += f" [another cause fits too: {', '.join(rivals)}; see that finding]"
     return sorted(out, key=lambda f: f.severity != "error")
 
 

@@ -18,11 +18,14 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
     lengths = r.loss_mask.sum(-1).float()  # the model's own tokens (as TRL counts them with tools)
     generated = batch.rewards if batch.generated_rewards is None else batch.generated_rewards
     m = reward_metrics(generated, batch.reward_weights, batch.reward_names, r.group_size)
+    total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N] the trained batch's
     m.update({
+        "distinct_completions": distinct_share(r.texts, r.group_size),
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(r.truncated.float().mean()),
+        **_reward_by_ending(total, r.truncated.bool()),
         "advantages/abs_mean": float(advantages.abs().mean()),
     })
     if batch.generated_rewards is not None:  # dynamic sampling
@@ -40,7 +43,7 @@ def reward_metrics(rewards: torch.Tensor, weights: torch.Tensor, names: list[str
     m = {
         "reward": float(total.mean()),
         "reward_std": float(grouped.std(-1, correction=0).mean()),
-        "frac_reward_zero_std": float(((grouped.max(-1).values - grouped.min(-1).values) <= 1e-12).float().mean()),
+        **identical_groups(grouped),
     }
     for k, name in enumerate(names):
         col = rewards[:, k]
@@ -48,6 +51,37 @@ def reward_metrics(rewards: torch.Tensor, weights: torch.Tensor, names: list[str
         m[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         m[f"rewards/{name}/std"] = float(valid.std(correction=0)) if valid.numel() else float("nan")
     return m
+
+
+def identical_groups(grouped: torch.Tensor) -> dict:
+    """Groups whose rewards are all equal (no signal), and where they sit: at the step's highest total
+    reward (`/top`: solved, when the top is a right answer) or its lowest (`/bottom`). The doctor tells
+    prompts too easy (identical at the top) from too hard (at the bottom) from a collapsed policy
+    (identical at both, because every group repeats one answer, right or wrong)."""
+    identical = (grouped.max(-1).values - grouped.min(-1).values) <= 1e-12  # [groups]
+    first = grouped[:, 0]  # [groups]
+    return {
+        "frac_reward_zero_std": float(identical.float().mean()),
+        "frac_reward_zero_std/top": float((identical & (first >= grouped.max() - 1e-12)).float().mean()),
+        "frac_reward_zero_std/bottom": float((identical & (first <= grouped.min() + 1e-12)).float().mean()),
+    }
+
+
+def distinct_share(texts: list[str], group_size: int) -> float:
+    """Mean over groups of (distinct completion texts / group size): 1 when every completion differs,
+    1/G when each group repeats one completion (a policy that stopped exploring)."""
+    groups = [texts[i : i + group_size] for i in range(0, len(texts), group_size)]
+    return sum(len(set(g)) for g in groups) / (len(groups) * group_size)
+
+
+def _reward_by_ending(total: torch.Tensor, cut: torch.Tensor) -> dict:
+    """Mean total reward of the completions cut at max_new_tokens and of those that ended (NaN when
+    there are none): when cut ones score lower, the limit is what makes them fail."""
+    nan = float("nan")
+    return {
+        "completions/clipped_reward_mean": float(total[cut].mean()) if cut.any() else nan,
+        "completions/terminated_reward_mean": float(total[~cut].mean()) if (~cut).any() else nan,
+    }
 
 
 def completion_rows(batch, advantages: torch.Tensor, step: int, n: int) -> list[dict]:
