@@ -14,13 +14,13 @@ from typing import NamedTuple
 
 import torch
 
-from rlvr.algo import selective_log_softmax, token_entropy
+from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad
 from rlvr.models.kv_cache import cache_kwarg
 
 
 class TokenLogProbs(NamedTuple):
     logp: torch.Tensor  # [N, C] log p(completion token | prefix) at the sampling temperature
-    entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad)
+    entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad unless entropy_grad)
 
 
 def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -87,6 +87,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,  # the entropy with its gradient (an entropy bonus in the loss)
     group_ids: torch.Tensor | None = None,  # [N]: share each group's prompt forward (None: plain path)
 ) -> TokenLogProbs:
     """Log-probs of each token after the prompt, from logits divided by the sampling temperature
@@ -105,5 +106,5 @@ def completion_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     logp = selective_log_softmax(logits, completion_ids)
-    entropy = token_entropy(logits) if with_entropy else None
+    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits) if with_entropy else None
     return TokenLogProbs(logp, entropy)

@@ -1,4 +1,5 @@
-"""The update: mu passes of the clipped policy-gradient loss over one batch of episodes.
+"""The update: mu passes of the clipped policy-gradient loss over one batch of episodes (split
+into minibatches, each its own optimizer step, with optim.steps_per_generation > 1).
 
 What is fixed for the step (rows run and their order, micro-batches, padding passes that keep
 ranks in lockstep, loss normalisers, reference log-probs, top-entropy token selection) is
@@ -11,6 +12,7 @@ applied) and once at the end.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -95,13 +97,22 @@ class Updater:
         self.optimizer, self.scheduler, self.dist, self.device = optimizer, scheduler, dist, device
         self.loss_kwargs = dict(loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
                                 importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
+        self.loss_kwargs.update(  # the TRL loss types beyond the clipped one, the KL bias correction, the entropy bonus, OPSM
+            sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg, vespo_k_pos=a.vespo_k_pos,
+            vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
+            kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef, off_policy_mask_threshold=a.off_policy_mask_threshold)
         self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
-        step = self.prepare(episodes, advantages, loss_weight)
+        return self.update([(episodes, advantages, loss_weight)])
+
+    def update(self, minibatches: list[tuple[Episodes, torch.Tensor, float]]) -> UpdateResult:
+        """mu passes over the minibatches (train/minibatches.py), one optimizer step per minibatch and pass."""
+        # Minibatches after the first train after an optimizer step: their old log-probs are taken now.
+        steps = [self.prepare(e, adv, w, generating_logp=j > 0) for j, (e, adv, w) in enumerate(minibatches)]
         sums, skipped = MetricSums(self.device), False
-        for it in range(self.cfg.algo.num_iterations):
+        for it, step in itertools.product(range(self.cfg.algo.num_iterations), steps):  # each pass: every minibatch
             self.optimizer.zero_grad(set_to_none=True)
             sums.pass_loss.zero_()
             for k, (mb, w_pass) in enumerate(step.passes):
@@ -113,23 +124,24 @@ class Updater:
                 if step.old_logp[j] is None:
                     step.old_logp[j] = out.logp.detach()
                 old = step.old_logp[j]
-                w, is_w = self.token_weights(step, mb, C, out.entropy, m, old)
+                w, is_w = self.token_weights(step, mb, C, out.entropy.detach(), m, old)
                 if it == 0 and w_pass:
                     sums.add_sampler_gap(old, step.episodes.sampling_logprobs[mb, :C], m, is_w)
                 ref = None if step.ref_logp is None else step.ref_logp[mb, :C]
-                res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, **self.loss_kwargs)
+                res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, sampler_weights=is_w,
+                                       sampling_logp=step.episodes.sampling_logprobs[mb, :C], entropy=out.entropy, **self.loss_kwargs)
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     (res.loss * (w_pass * self.dist.loss_scale)).backward()
                 if w_pass:
-                    sums.add(res, out.entropy, m)
+                    sums.add(res, out.entropy.detach(), m)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
                 skipped = True
                 break
-        return UpdateResult(self.finish(sums, step), step.micro_batch_sizes, skipped)
+        return UpdateResult(self.finish(sums, steps), [n for s in steps for n in s.micro_batch_sizes], skipped)
 
     # ------------------------------------------------------------------ before the loop
 
-    def prepare(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float) -> StepInputs:
+    def prepare(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float, *, generating_logp: bool = False) -> StepInputs:
         a = self.cfg.algo
         mask = episodes.loss_mask.float()
         if a.mask_truncated_completions:
@@ -155,18 +167,23 @@ class Updater:
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
         # policy's entropies, so micro-batching does not change which tokens train. With one
         # micro-batch the first pass's own entropies serve (no extra forward; token_weights).
+        # (Also chosen here for a later minibatch, which trains after an optimizer step, and for the
+        # entropy bonus, which averages over the selected tokens of the whole batch.)
         entropy_weights = None
-        if a.top_entropy_quantile < 1 and len(mbs) > 1:
+        if a.top_entropy_quantile < 1 and (len(mbs) > 1 or generating_logp or a.entropy_coef != 0):
             entropy = self.fixed_logprobs(self.model, episodes, mbs, entropy=True).to(self.device)
             entropy_weights = algo.high_entropy_mask(entropy, mask.to(self.device), a.top_entropy_quantile)
+            norms = norms._replace(num_entropy_tokens=int(entropy_weights.sum()))
         # Old log-probs: those of the first pass, detached. Every micro-batch of the first pass runs
         # before the first optimizer step, so they are the generating policy's (ratio exactly 1
-        # there), and passes 2..mu reuse them (no extra forward).
+        # there), and passes 2..mu reuse them (no extra forward). A later minibatch computes them
+        # here, before any optimizer step.
+        old_logp = self.generating_logprobs(episodes, mbs) if generating_logp else [None] * len(mbs)
         return StepInputs(episodes, advantages.to(self.device, torch.float32), mask.to(self.device), passes, norms,
-                          ref_logp, entropy_weights, [None] * len(mbs))
+                          ref_logp, entropy_weights, old_logp)
 
     def token_weights(self, step: StepInputs, mb: slice, C: int, entropy, m, old_logp):
-        """(weights of the policy-gradient term per token or None, the sampler-correction part or None)."""
+        """(the top-entropy token selection or None, the sampler-correction weights or None)."""
         a = self.cfg.algo
         if a.top_entropy_quantile < 1 and step.entropy_weights is None:  # one micro-batch: the whole batch
             step.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
@@ -174,7 +191,6 @@ class Updater:
         is_w = None
         if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
             is_w = algo.sampler_correction(old_logp, step.episodes.sampling_logprobs[mb, :C], m, self.correction, a.sampler_correction_cap)
-            w = is_w if w is None else w * is_w
         return w, is_w
 
     # ------------------------------------------------------------------ forwards
@@ -183,7 +199,8 @@ class Updater:
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
         with autocast_context(self.cfg.model.autocast, self.device):
             out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=self.cfg.rollout.temperature,
-                                      with_entropy=with_entropy, group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
+                                      with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0,
+                                      group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
         return out, c_ids.shape[1]
 
     def reference_logprobs(self, e: Episodes, mbs: list[slice]) -> torch.Tensor:
@@ -205,6 +222,12 @@ class Updater:
                 parts.append(torch.nn.functional.pad(out.entropy if entropy else out.logp, (0, C - width)))
         return torch.cat(parts)
 
+    @torch.no_grad()
+    def generating_logprobs(self, e: Episodes, mbs: list[slice]) -> list[torch.Tensor]:
+        """Per micro-batch, the policy's log-probs as the training forward trims them; taken before any optimizer step."""
+        with self.dist.full_weights_for_generation(self.model):
+            return [self.forward(self.model, e, mb, with_entropy=False)[0].logp for mb in mbs]
+
     # ------------------------------------------------------------------ after each pass, after the step
 
     def optimizer_step(self, sums: MetricSums, *, has_rows: bool) -> bool:
@@ -223,13 +246,13 @@ class Updater:
         self.scheduler.step()
         return True
 
-    def finish(self, sums: MetricSums, step: StepInputs) -> dict:
+    def finish(self, sums: MetricSums, steps: list[StepInputs]) -> dict:
         fr = torch.stack(sums.fractions).tolist() if sums.fractions else [[0.0, 0.0, 0.0]]
         host = torch.stack([sums.tokens, sums.tokens_first, sums.entropy, sums.kl, sums.gap, sums.is_weight, *sums.clipped,
                             sums.gap_max]).tolist()
         tokens, tokens_first, ent, kl, gap, isw, low, high, region = self.dist.sum(*host[:9], what="metrics")
         tokens = max(tokens, 1.0)  # tokens trained (entropy and KL are theirs)
-        all_tokens = max(float(step.norms.num_tokens), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
+        all_tokens = max(float(sum(s.norms.num_tokens for s in steps)), 1.0)  # clip fractions are over the whole batch (skipped rows: ratio 1, never clipped)
         tokens_first = max(tokens_first, 1.0)
         metrics = {
             "loss": float(np.mean(sums.losses)),
@@ -241,7 +264,7 @@ class Updater:
             "clip_ratio/high_max": self.dist.max(float(np.max([f[1] for f in fr])), what="metrics"),
             "clip_ratio/region_mean": region / all_tokens,
         }
-        if step.ref_logp is not None:
+        if steps[0].ref_logp is not None:
             metrics["kl"] = kl / tokens
         metrics["sampler/logp_gap_mean"] = gap / tokens_first
         metrics["sampler/logp_gap_max"] = self.dist.max(host[9], what="metrics")
