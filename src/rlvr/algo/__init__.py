@@ -5,7 +5,7 @@ arguments, and every variant is its own function in a registry keyed by its conf
 alone. Registry entries declare their own properties (Objective.zero_gradient_at_zero_advantage,
 Aggregation.normalises_per_micro_batch), which the trainer's fast paths query through
 zero_advantage_rows_have_zero_gradient and rows_can_be_regrouped. Adding an objective is one
-function, one OBJECTIVES entry and one test.
+function, one OBJECTIVES entry, one LOSS_TYPES entry naming it (with an aggregation) and one test.
 
     advantages.py     group advantages, reward aggregation, dynamic-sampling signal
     objectives.py     per-token objectives (OBJECTIVES: clip, cispo, sapo, vespo; IMPORTANCE_LEVELS: token, sequence)
