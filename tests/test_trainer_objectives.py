@@ -34,7 +34,6 @@ STEPS_OVERRIDES = ["optim.lr=0.05", "optim.max_grad_norm=0.5", "algo.num_iterati
 def _float64_trainer(make_trainer, tmp_path, *overrides, run):
     t = make_trainer(reward_file(tmp_path, PARITY, "parity"), *STEPS_OVERRIDES, *overrides, run=run)  # some groups without signal
     t.model.double()
-    t.optimizer.state.clear()
     return t
 
 
@@ -86,6 +85,20 @@ def test_steps_per_generation_equals_k_separate_optimizer_steps_on_the_minibatch
     assert len(mb_result.micro_batch_sizes) > len(result.micro_batch_sizes)
     for a, b in zip(ours, mb.model.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-9)
+
+
+def test_minibatches_are_whole_groups_in_order(make_trainer, tmp_path):
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.prompts_per_step=5")
+    batch = t.collect()
+    adv = advantages_of(t, batch)
+    for k, sizes in [(1, [5]), (2, [2, 3]), (5, [1] * 5), (8, [1] * 5)]:  # 8 > 5 groups (dynamic sampling short): 5 steps
+        pieces = minibatches(batch, adv, k)
+        assert [len(b.rows) for b, _ in pieces] == sizes
+        assert [r for b, _ in pieces for r in b.rows] == batch.rows
+        assert torch.equal(torch.cat([b.episodes.group_ids for b, _ in pieces]), batch.episodes.group_ids)
+        assert torch.equal(torch.cat([a for _, a in pieces]), adv)
+        assert torch.equal(torch.cat([b.rewards for b, _ in pieces]), batch.rewards)
+    assert minibatches(batch, adv, 1)[0][0] is batch  # k = 1: the batch itself, untouched
 
 
 def test_steps_per_generation_through_train_step(make_trainer, tmp_path):

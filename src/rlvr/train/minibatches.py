@@ -21,7 +21,8 @@ def minibatches(batch: Batch, advantages: torch.Tensor, k: int) -> list[tuple[Ba
     if k <= 1 or groups <= 1:
         return [(batch, advantages)]
     G = batch.episodes.group_size
-    bounds = [round(j * groups / min(k, groups)) for j in range(min(k, groups) + 1)]  # group index of each cut
+    pieces_n = min(k, groups)
+    bounds = [j * groups // pieces_n for j in range(pieces_n + 1)]  # the group each minibatch starts at
     pieces = []
     for lo, hi in zip(bounds, bounds[1:]):
         idx = torch.arange(lo * G, hi * G)

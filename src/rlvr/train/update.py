@@ -38,7 +38,7 @@ class StepInputs:
     norms: algo.BatchNorms  # whole-batch normalisers (all ranks)
     ref_logp: torch.Tensor | None  # [N, C] reference log-probs when beta > 0
     entropy_weights: torch.Tensor | None  # [N, C] top-entropy token selection, when chosen before the loop
-    old_logp: list[torch.Tensor | None]  # per micro-batch: the first pass's log-probs, detached
+    old_logp: list[torch.Tensor | None]  # per micro-batch: the first pass's log-probs, detached (a later minibatch: taken in prepare)
 
     @property
     def micro_batch_sizes(self) -> list[int]:
