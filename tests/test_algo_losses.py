@@ -206,19 +206,24 @@ def test_every_registry_entry_is_documented():
     for name, reg in registries.items():
         for key, fn in reg.items():
             assert fn.__doc__ and len(fn.__doc__.strip()) > 20, f"{name}[{key!r}] has no docstring"
-    assert set(algo.OBJECTIVES) == set(algo.IMPORTANCE_LEVELS) == {"token", "sequence"}
-    assert set(algo.LOSS_AGGREGATIONS) == set(LOSS_TYPES)
+    assert set(algo.IMPORTANCE_LEVELS) == {"token", "sequence"}
+    assert set(algo.OBJECTIVES) == {"clip", "cispo", "sapo", "vespo"}
+    assert set(algo.LOSS_AGGREGATIONS) == {*LOSS_TYPES, "luspo"}
+    assert set(algo.LOSS_TYPES) == {*LOSS_TYPES, "cispo", "sapo", "vespo", "luspo"}  # TRL 1.16's loss_type values
+    assert {o for o, _ in algo.LOSS_TYPES.values()} == set(algo.OBJECTIVES)  # every objective is reachable
+    assert {a for _, a in algo.LOSS_TYPES.values()} == set(algo.LOSS_AGGREGATIONS)
     assert set(algo.SAMPLER_CORRECTIONS) == {"token_truncate", "token_mask"}
 
 
 def test_the_queries_follow_the_declared_properties():
-    for loss_type, level, beta in itertools.product(algo.LOSS_AGGREGATIONS, algo.OBJECTIVES, [0.0, 0.04]):
-        agg, obj = algo.LOSS_AGGREGATIONS[loss_type], algo.OBJECTIVES[level]
+    for loss_type, beta, coef in itertools.product(algo.LOSS_TYPES, [0.0, 0.04], [0.0, 0.01]):
+        obj, agg = algo.OBJECTIVES[algo.LOSS_TYPES[loss_type].objective], algo.LOSS_AGGREGATIONS[algo.LOSS_TYPES[loss_type].aggregation]
         assert algo.rows_can_be_regrouped(loss_type) is (not agg.normalises_per_micro_batch)
-        assert algo.zero_advantage_rows_have_zero_gradient(loss_type=loss_type, importance_level=level, beta=beta) is (
-            obj.zero_gradient_at_zero_advantage and beta == 0 and not agg.normalises_per_micro_batch)
+        assert algo.zero_advantage_rows_have_zero_gradient(loss_type=loss_type, beta=beta, entropy_coef=coef) is (
+            obj.zero_gradient_at_zero_advantage and beta == 0 and coef == 0 and not agg.normalises_per_micro_batch)
     assert [k for k, a in algo.LOSS_AGGREGATIONS.items() if a.normalises_per_micro_batch] == ["bnpo"]
     assert all(o.zero_gradient_at_zero_advantage for o in algo.OBJECTIVES.values())
+    assert [k for k, o in algo.OBJECTIVES.items() if o.takes_sampler_weights] == ["vespo"]
 
 
 def test_unknown_names_are_refused():
@@ -232,7 +237,7 @@ def test_unknown_names_are_refused():
         policy_loss(x, x, torch.zeros(2, dtype=D), x + 1, n, beta=0.1)
     with pytest.raises(ValueError, match="loss_type must be one of"):
         algo.rows_can_be_regrouped("ppo")
-    with pytest.raises(ValueError, match="importance_level must be one of"):
-        algo.zero_advantage_rows_have_zero_gradient(loss_type="dapo", importance_level="seq", beta=0.0)
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        algo.zero_advantage_rows_have_zero_gradient(loss_type="gspo", beta=0.0)
     with pytest.raises(ValueError, match="scale must be one of"):
         algo.group_advantages(torch.zeros(4), 2, scale="grouped")

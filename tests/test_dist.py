@@ -101,7 +101,10 @@ DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resamp
     ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch", "algo.beta=0.04"],  # + frozen reference copy
     # LoRA: the reference is the sharded policy with its adapter off, micro-batched over uneven shares
     ["dist.strategy=fsdp", *DYNAMIC, "model.lora.r=4", "optim.micro_batch_size=4"],
-], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl"])
+    # 2 minibatches of 2 prompts (1 per rank), each its own optimizer step, mu=2; cispo with the entropy bonus and OPSM
+    ["optim.steps_per_generation=2", "algo.num_iterations=2", "algo.loss_type=cispo", "algo.epsilon_high=5.0",
+     "algo.entropy_coef=0.01", "algo.off_policy_mask_threshold=0.5"],
+], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl", "minibatches-cispo-entropy-opsm"])
 def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
     overrides = base_overrides + [x.format(parity=parity_reward) for x in extra]
     t0 = time.time()

@@ -5,13 +5,13 @@ arguments, and every variant is its own function in a registry keyed by its conf
 alone. Registry entries declare their own properties (Objective.zero_gradient_at_zero_advantage,
 Aggregation.normalises_per_micro_batch), which the trainer's fast paths query through
 zero_advantage_rows_have_zero_gradient and rows_can_be_regrouped. Adding an objective is one
-function, one OBJECTIVES entry and one test.
+function, one OBJECTIVES entry, one LOSS_TYPES entry naming it (with an aggregation) and one test.
 
     advantages.py     group advantages, reward aggregation, dynamic-sampling signal
-    objectives.py     per-token clipped surrogates (OBJECTIVES: token, sequence)
+    objectives.py     per-token objectives (OBJECTIVES: clip, cispo, sapo, vespo; IMPORTANCE_LEVELS: token, sequence)
     aggregations.py   per-token losses -> batch loss (LOSS_AGGREGATIONS, BatchNorms)
-    token_weights.py  top-entropy mask, sampler correction, truncated-completion mask
-    losses.py         policy_loss and the fast-path queries
+    token_weights.py  top-entropy mask, sampler correction, truncated-completion mask, off-policy sequence mask
+    losses.py         LOSS_TYPES (objective + aggregation), policy_loss and the fast-path queries
     kl.py             KL estimators
     logprobs.py       log-probs and entropy from logits
 """
@@ -26,16 +26,24 @@ from rlvr.algo.advantages import (
 )
 from rlvr.algo.aggregations import LOSS_AGGREGATIONS, Aggregation, BatchNorms
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
-from rlvr.algo.logprobs import selective_log_softmax, token_entropy
+from rlvr.algo.logprobs import selective_log_softmax, token_entropy, token_entropy_with_grad
 from rlvr.algo.losses import (
+    LOSS_TYPES,
+    LossType,
     PolicyLossOutput,
     masked_mean,
     policy_loss,
     rows_can_be_regrouped,
     zero_advantage_rows_have_zero_gradient,
 )
-from rlvr.algo.objectives import IMPORTANCE_LEVELS, OBJECTIVES, Objective
-from rlvr.algo.token_weights import SAMPLER_CORRECTIONS, high_entropy_mask, mask_truncated, sampler_correction
+from rlvr.algo.objectives import IMPORTANCE_LEVELS, OBJECTIVES, Objective, ObjectiveOutput
+from rlvr.algo.token_weights import (
+    SAMPLER_CORRECTIONS,
+    high_entropy_mask,
+    mask_truncated,
+    off_policy_sequence_mask,
+    sampler_correction,
+)
 
 __all__ = [
     "ADVANTAGE_SCALES",
@@ -44,11 +52,14 @@ __all__ = [
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "LOSS_TYPES",
     "OBJECTIVES",
     "SAMPLER_CORRECTIONS",
     "Aggregation",
     "BatchNorms",
+    "LossType",
     "Objective",
+    "ObjectiveOutput",
     "PolicyLossOutput",
     "combine_rewards",
     "group_advantages",
@@ -57,10 +68,12 @@ __all__ = [
     "kl_estimate",
     "mask_truncated",
     "masked_mean",
+    "off_policy_sequence_mask",
     "policy_loss",
     "rows_can_be_regrouped",
     "sampler_correction",
     "selective_log_softmax",
     "token_entropy",
+    "token_entropy_with_grad",
     "zero_advantage_rows_have_zero_gradient",
 ]

@@ -8,6 +8,8 @@ K micro-batches):
     bnpo     (1 / K) (sum_it m_it l_it) / (sum_it m_it)       token mean of the local micro-batch, micro-batches averaged
     dr_grpo  (sum_it m_it l_it) / (N_b * L_max)               (Dr. GRPO)
     dapo     (sum_it m_it l_it) / T_b                         token mean over the whole batch (DAPO)
+    luspo    (1 / N_b) sum_i sum_t m_it l_it                  per-completion sum, then mean over completions (LUSPO:
+                                                              GSPO's sequence loss scaled by the completion's length)
 
 Each entry declares:
 
@@ -33,6 +35,7 @@ class BatchNorms(NamedTuple):
     num_tokens: int  # completion tokens in the batch (sum of the loss mask)
     max_completion_length: int  # the generation length limit (max_new_tokens)
     num_micro_batches: int = 1  # how many pieces the batch is split into for accumulation
+    num_entropy_tokens: int | None = None  # tokens the entropy bonus averages over: those the top-entropy selection keeps (None: num_tokens)
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,17 @@ def aggregate_dapo(per_token: torch.Tensor, mask: torch.Tensor, norms: BatchNorm
     return (per_token * mask).sum() / max(norms.num_tokens, 1)  # []
 
 
-# Keyed by the values of `algo.loss_type`.
+def aggregate_luspo(per_token: torch.Tensor, mask: torch.Tensor, norms: BatchNorms) -> torch.Tensor:
+    """Sum over each completion's tokens, then mean over completions (LUSPO): (1 / N_b) sum_i sum_t m_it l_it.
+    With sequence-level ratios every token of completion i has the same l_i, so each completion weighs n_i l_i."""
+    return (per_token * mask).sum() / norms.num_sequences  # []
+
+
+# Keyed by the aggregation names LOSS_TYPES (losses.py) refer to.
 LOSS_AGGREGATIONS: dict[str, Aggregation] = {
     "grpo": Aggregation(aggregate_grpo, normalises_per_micro_batch=False),
     "bnpo": Aggregation(aggregate_bnpo, normalises_per_micro_batch=True),
     "dr_grpo": Aggregation(aggregate_dr_grpo, normalises_per_micro_batch=False),
     "dapo": Aggregation(aggregate_dapo, normalises_per_micro_batch=False),
+    "luspo": Aggregation(aggregate_luspo, normalises_per_micro_batch=False),
 }

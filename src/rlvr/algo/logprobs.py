@@ -33,3 +33,13 @@ def token_entropy(logits: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
         logp = lg.to(_at_least_fp32(lg.dtype)).log_softmax(-1)  # [chunk, L, V]
         out.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(out)
+
+
+def token_entropy_with_grad(logits: torch.Tensor, chunk_rows: int = 16) -> torch.Tensor:
+    """Entropy of each position's distribution, differentiable: [N, L, V] -> [N, L] (the entropy bonus).
+    Autograd keeps each chunk's log-softmax for the backward: an [N, L, V] fp32 tensor in all."""
+    out = []
+    for lg in logits.split(chunk_rows):
+        logp = lg.to(_at_least_fp32(lg.dtype)).log_softmax(-1)  # [chunk, L, V]
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(out)

@@ -8,6 +8,10 @@
                         so the update is unbiased for the trainer's policy although the tokens came from
                         the sampler's (e.g. vLLM's) slightly different distribution
     mask_truncated      m_it = 0 on completions that hit the length limit without EOS
+    off_policy_sequence_mask
+                        w_i = 0 on a completion with A_i < 0 whose mean log-ratio of the sampler to the current
+                        policy, (1 / n_i) sum_t m_it (log p_sampler(y_it) - log p_new(y_it)), exceeds a threshold
+                        delta, else 1 (DeepSeek-V3.2's off-policy sequence masking, "OPSM")
 """
 
 from __future__ import annotations
@@ -70,3 +74,20 @@ def sampler_correction(
 def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Drop completions that hit the length limit without EOS from the loss. mask [N, L], truncated [N] -> [N, L]."""
     return mask * (~truncated).unsqueeze(-1).to(mask.dtype)
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,  # [N]
+    logp: torch.Tensor,  # [N, L] the current policy's log-probs (their gradient is not used)
+    sampling_logp: torch.Tensor,  # [N, L] the sampler's log-probs of the same tokens
+    mask: torch.Tensor,  # [N, L]
+    threshold: float,
+) -> torch.Tensor:  # [N, 1]
+    """DeepSeek-V3.2's off-policy sequence mask: 1 keeps a completion, 0 drops it from the policy-gradient
+    term. Dropped: A_i < 0 and (1 / n_i) sum_t m_it (log p_sampler - log p_new) > threshold (a k1 estimate of
+    KL(sampler || policy) over the completion: it has drifted too far for a negative update to be trusted).
+    Tokens whose sampler log-prob is NaN (unscored) count 0, as TRL. Exactly TRL's get_off_policy_mask."""
+    drift = torch.nan_to_num(sampling_logp - logp.detach(), nan=0.0)  # [N, L]
+    mean_drift = (drift * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+    keep = (advantages.unsqueeze(-1) >= 0) | (mean_drift <= threshold)  # [N, 1]
+    return keep.to(mask.dtype)

@@ -179,11 +179,12 @@ class ToolsConfig:
 @dataclass
 class AlgoConfig:
     loss_type: str = "dapo"
-    """Loss aggregation: dapo (token mean over the batch), grpo, bnpo, dr_grpo. See docs/algorithms.md."""
+    """The loss, as TRL's loss_type: the clipped objective aggregated as dapo (token mean over the batch), grpo,
+    bnpo or dr_grpo; or cispo, sapo, vespo, luspo (each with TRL's aggregation). See docs/algorithms.md."""
     epsilon: float = 0.2
     """Clip range, low side (and high side unless epsilon_high is set)."""
     epsilon_high: float | None = None
-    """Clip range, high side (DAPO clip-higher, e.g. 0.28)."""
+    """Clip range, high side (DAPO clip-higher, e.g. 0.28). With loss_type=cispo: the cap of the importance weight itself (e.g. 5.0)."""
     delta: float | None = None
     """Optional upper bound on the ratio before the min (two-sided clipping, e.g. 4.0)."""
     importance_sampling_level: str = "token"
@@ -194,6 +195,9 @@ class AlgoConfig:
     """KL penalty coefficient; 0 loads no reference model at all."""
     kl_estimator: str = "k3"
     """KL estimator: k1, k2 or k3."""
+    kl_bias_correction: bool = False
+    """Multiply the KL term by the importance ratio (with its gradient): the unbiased gradient of KL(policy || ref)
+    (DeepSeek-V3.2; TRL's use_bias_correction_kl, on there by default). Off: DeepSeekMath's plain k3 term."""
     scale_rewards: str = "group"
     """Advantage scaling: group (divide by the group's std), batch, or none."""
     std_ddof: int = 0
@@ -215,6 +219,23 @@ class AlgoConfig:
     (token_truncate with the vllm engine; none with hf, whose sampler is the trained model itself)."""
     sampler_correction_cap: float = 3.0
     """The cap of those importance weights."""
+    sapo_temperature_pos: float = 1.0
+    """loss_type=sapo: temperature of the soft gate for completions with positive advantage."""
+    sapo_temperature_neg: float = 1.05
+    """loss_type=sapo: temperature of the soft gate for the others (higher: negative updates fade faster off-policy)."""
+    vespo_k_pos: float = 2.0
+    """loss_type=vespo: power k of the gamma weight w^k e^(-lambda w) for advantages >= 0 (down-weights w < 1)."""
+    vespo_lambda_pos: float = 3.0
+    """loss_type=vespo: decay lambda of the gamma weight for advantages >= 0 (down-weights w > 1)."""
+    vespo_k_neg: float = 3.0
+    """loss_type=vespo: power k for negative advantages."""
+    vespo_lambda_neg: float = 2.0
+    """loss_type=vespo: decay lambda for negative advantages."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: subtract entropy_coef x the mean entropy of the batch's loss tokens (with its gradient; 0 = off)."""
+    off_policy_mask_threshold: float | None = None
+    """Off-policy sequence masking (DeepSeek-V3.2): drop completions with negative advantage whose mean
+    log p_sampler - log p_policy over their tokens exceeds this (e.g. 0.5); null = off."""
 
 
 @dataclass
@@ -235,6 +256,10 @@ class OptimConfig:
     """Linear warm-up, in optimizer updates."""
     micro_batch_size: int = 0
     """Completions per forward/backward (gradient accumulation); 0 = the whole step at once."""
+    steps_per_generation: int = 1
+    """Optimizer steps per generated batch (per pass): the batch is split into this many minibatches of whole
+    groups, each its own optimizer step; old log-probs stay the generating policy's (TRL's steps_per_generation,
+    counted in optimizer steps; verl's ppo_mini_batch_size)."""
     skip_zero_advantage: bool = True
     """Skip forward/backward of completions with advantage exactly 0 when their gradient is zero
     (beta=0, no top-entropy selection, loss_type not bnpo). Same update; `entropy` still counts every sampled token."""

@@ -33,6 +33,14 @@ def batch_split_errors(cfg, world_size: int) -> list[str]:
             f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {per_rank} completions {where}; "
             f"set it to at most {per_rank}, or 0"
         )
+    k = o.steps_per_generation
+    if k > 1 and P % (k * W):
+        fits = [d for d in range(1, P + 1) if P % (d * W) == 0]
+        errors.append(
+            f"`optim.steps_per_generation`={k} does not split {P} prompts into {k} minibatches of whole groups"
+            + (f" over {W} ranks each" if W > 1 else "")
+            + f": set rollout.prompts_per_step to a multiple of {k * W} (e.g. {math.ceil(P / (k * W)) * k * W}), or steps_per_generation to one of {fits}"
+        )
     if W > 1 and a.top_entropy_quantile < 1:
         errors.append(
             f"`algo.top_entropy_quantile`={a.top_entropy_quantile} picks tokens by a whole-batch quantile, which is not reduced across ranks yet: "
@@ -77,6 +85,31 @@ REGISTERED = (
     "algo.loss_type", "algo.importance_sampling_level", "algo.kl_estimator", "algo.scale_rewards",
     "algo.reward_aggregation", "algo.sampler_correction", "rollout.engine", "data.task",
 )
+
+
+def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) -> None:
+    """The hyperparameters of the TRL loss types beyond the clipped one, the entropy bonus and OPSM."""
+    a = cfg.algo
+    if a.loss_type == "cispo" and (a.epsilon_high is None or a.epsilon_high <= 1):
+        errors.append(f"`algo.loss_type`=cispo caps the importance weight at algo.epsilon_high itself (not 1 + epsilon_high), "
+                      f"got {a.epsilon_high}: set algo.epsilon_high above 1, e.g. 5.0 (ScaleRL, TRL's recommendation)")
+    for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        if getattr(a, name) <= 0:
+            errors.append(f"`algo.{name}` must be positive, got {getattr(a, name)} (default {getattr(type(a)(), name)})")
+    for name in ("vespo_k_pos", "vespo_k_neg"):
+        if getattr(a, name) < 0:
+            errors.append(f"`algo.{name}` must be >= 0, got {getattr(a, name)} (default {getattr(type(a)(), name)})")
+    if not math.isfinite(a.entropy_coef):
+        errors.append(f"`algo.entropy_coef` must be a finite number (0 = off, e.g. 0.001), got {a.entropy_coef}")
+    if a.off_policy_mask_threshold is not None and not a.off_policy_mask_threshold > 0:
+        errors.append(f"`algo.off_policy_mask_threshold` must be positive (e.g. 0.5) or null (off), got {a.off_policy_mask_threshold}")
+    if a.loss_type == "luspo" and a.importance_sampling_level != "sequence":
+        warnings.append("algo.loss_type=luspo with token-level ratios: LUSPO's paper (and TRL's warning) uses algo.importance_sampling_level=sequence")
+    if a.loss_type == "vespo" and a.importance_sampling_level != "token":
+        warnings.append("algo.loss_type=vespo forms its own sequence weight: algo.importance_sampling_level=sequence only changes "
+                        "the KL bias correction's ratio; TRL expects token")
+    if a.kl_bias_correction and a.beta == 0:
+        warnings.append("algo.kl_bias_correction=true has no effect without a KL term (algo.beta=0)")
 
 
 def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
@@ -184,6 +217,7 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`algo.std_ddof` must be 0 or 1, got {a.std_ddof}")
     if not 0 < a.top_entropy_quantile <= 1:
         errors.append(f"`algo.top_entropy_quantile` must be in (0, 1], got {a.top_entropy_quantile}")
+    _validate_objectives(cfg, errors, warnings)
     if a.max_resample_rounds < 0:
         errors.append(f"`algo.max_resample_rounds` must be >= 0, got {a.max_resample_rounds}")
     if o.lr <= 0:
@@ -192,6 +226,8 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`optim.max_grad_norm` must be >= 0, got {o.max_grad_norm}")
     if o.micro_batch_size < 0:
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
+    if o.steps_per_generation < 1:
+        errors.append(f"`optim.steps_per_generation` must be >= 1 (1: one optimizer step per batch and pass), got {o.steps_per_generation}")
     _validate_scale_out(cfg, errors, choice)
     _validate_tools(cfg, errors, choice)
     if cfg.max_bad_steps < 1:

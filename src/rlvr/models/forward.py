@@ -15,13 +15,13 @@ from typing import NamedTuple
 
 import torch
 
-from rlvr.algo import selective_log_softmax, token_entropy
+from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad
 from rlvr.models.kv_cache import cache_kwarg
 
 
 class TokenLogProbs(NamedTuple):
     logp: torch.Tensor  # [N, C] log p(completion token | prefix) at the sampling temperature
-    entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad)
+    entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad unless entropy_grad)
 
 
 _DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
@@ -114,6 +114,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,  # the entropy with its gradient (an entropy bonus in the loss)
     group_ids: torch.Tensor | None = None,  # [N]: share each group's prompt forward (None: plain path)
 ) -> TokenLogProbs:
     """Log-probs of each token after the prompt, from logits divided by the sampling temperature
@@ -132,5 +133,5 @@ def completion_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     logp = selective_log_softmax(logits, completion_ids)
-    entropy = token_entropy(logits) if with_entropy else None
+    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits) if with_entropy else None
     return TokenLogProbs(logp, entropy)

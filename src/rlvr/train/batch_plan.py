@@ -24,6 +24,7 @@ class BatchPlan:
     prompts: int
     group_size: int
     micro_batch_size: int  # completions per forward/backward per rank (optim.micro_batch_size, 0 resolved)
+    steps_per_generation: int  # minibatches per batch, each its own optimizer step (optim.steps_per_generation)
     shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing)
     skip_zero_advantage: bool  # rows with advantage exactly 0 skip forward/backward (their gradient is zero)
     pack_by_length: bool  # rows may be sorted by length into micro-batches when that computes fewer tokens
@@ -47,6 +48,7 @@ class BatchPlan:
         n = sum(p.numel() for p in {id(p): p for p in params}.values())
         t = sum(p.numel() for p in {id(p): p for p in params if p.requires_grad}.values())
         per_rank = r.completions_per_step // world_size
+        minibatch = -(-per_rank // o.steps_per_generation)  # completions per rank in one optimizer step
         one_process = world_size == 1
         # Entropy selection wants every row in its quantile and (for exactness) one micro-batch as is.
         all_rows = a.top_entropy_quantile >= 1
@@ -56,10 +58,11 @@ class BatchPlan:
             world_size=world_size,
             prompts=r.prompts_per_step,
             group_size=r.group_size,
-            micro_batch_size=o.micro_batch_size or per_rank,
+            micro_batch_size=o.micro_batch_size or minibatch,
+            steps_per_generation=o.steps_per_generation,
             shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing,
             skip_zero_advantage=o.skip_zero_advantage and one_process and all_rows and algo.zero_advantage_rows_have_zero_gradient(
-                loss_type=a.loss_type, importance_level=a.importance_sampling_level, beta=a.beta),
+                loss_type=a.loss_type, beta=a.beta, entropy_coef=a.entropy_coef),
             pack_by_length=pack,
             packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,
@@ -83,11 +86,16 @@ class BatchPlan:
         return self.completions // self.world_size
 
     @property
+    def minibatch_per_rank(self) -> int:
+        """Completions per rank in one optimizer step (the whole step's unless steps_per_generation > 1)."""
+        return math.ceil(self.completions_per_rank / self.steps_per_generation)
+
+    @property
     def accumulation_steps(self) -> int:
-        """The most forward/backward passes one update runs per rank (fewer when rows are skipped)."""
+        """The most forward/backward passes one optimizer step runs per rank (fewer when rows are skipped)."""
         if self.packing_pieces:
-            return min(self.packing_pieces, self.completions_per_rank)
-        return math.ceil(self.completions_per_rank / self.micro_batch_size)
+            return min(self.packing_pieces, self.minibatch_per_rank)
+        return math.ceil(self.minibatch_per_rank / self.micro_batch_size)
 
     def memory(self) -> dict[str, float]:
         """Bytes per rank: weights, gradients, AdamW state (2 fp32 moments), activations (rough)."""
@@ -123,6 +131,8 @@ class BatchPlan:
             f"batch plan: {self.prompts} prompts x {self.group_size} completions = {self.completions} completions per step",
             f"  {self.world_size} ranks ({self.strategy}): {self.prompts // self.world_size} prompts, {self.completions_per_rank} completions per rank"
             if self.world_size > 1 else "  one process (no torch.distributed)",
+            *([f"  {self.steps_per_generation} minibatches of {self.minibatch_per_rank} completions per rank, each its own optimizer step"]
+              if self.steps_per_generation > 1 else []),
             f"  micro-batch {self.micro_batch_size} completions -> at most {self.accumulation_steps} forward/backward pass(es) per rank per update"
             + self._fast_paths(),
             f"  parameters {self.num_params / 1e6:.1f}M, trainable {self.trainable_params / 1e6:.2f}M"

@@ -17,8 +17,8 @@ from rlvr.rollout.engines import ENGINES
 def registered_choices() -> dict[str, list[str]]:
     """The valid values of every setting in rlvr.config.REGISTERED, from the registries that define them."""
     return {
-        "algo.loss_type": list(algo.LOSS_AGGREGATIONS),
-        "algo.importance_sampling_level": list(algo.OBJECTIVES),
+        "algo.loss_type": list(algo.LOSS_TYPES),
+        "algo.importance_sampling_level": list(algo.IMPORTANCE_LEVELS),
         "algo.kl_estimator": list(algo.KL_ESTIMATORS),
         "algo.scale_rewards": list(algo.ADVANTAGE_SCALES),
         "algo.reward_aggregation": list(algo.REWARD_AGGREGATIONS),

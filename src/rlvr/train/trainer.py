@@ -33,6 +33,7 @@ from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
 from rlvr.train.collect import Batch, collect, rollout_and_score
 from rlvr.train.evaluation import evaluate, held_out_for
+from rlvr.train.minibatches import minibatches
 from rlvr.train.rank_split import across_ranks, local_share
 from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import StopRequest, TrainingError, holds_a_run, lr_lambda, seed_everything, set_aside, truncate_jsonl
@@ -90,7 +91,7 @@ class Trainer:
         o = cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations)
+        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
                                scheduler=self.scheduler, dist=self.dist, device=self.device)
@@ -150,7 +151,8 @@ class Trainer:
         advantages = algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
                                           mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
         t1 = time.perf_counter()
-        result = self.updater(*_share_args(*local_share(batch, advantages, self.dist)))  # this rank's groups
+        pieces = minibatches(batch, advantages, self.cfg.optim.steps_per_generation)  # one optimizer step each
+        result = self.updater.update([_share_args(*local_share(b, adv, self.dist)) for b, adv in pieces])  # this rank's groups
         self.source.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
         t_train = time.perf_counter() - t1
         state.step += 1

@@ -1,9 +1,11 @@
-"""The update: mu passes of the clipped policy-gradient loss over one batch of episodes.
+"""The update: mu passes of the clipped policy-gradient loss over one batch of episodes (split
+into minibatches, each its own optimizer step, with optim.steps_per_generation > 1).
 
 What is fixed for the step (rows run and their order, micro-batches, padding passes that keep
 ranks in lockstep, loss normalisers, reference log-probs, top-entropy token selection) is
-prepared once (`prepare`); the loop then reads like cleanrl's minibatch loop: forward, loss,
-backward per micro-batch, one optimizer step per pass. Metrics stay on the device as float64
+prepared once per minibatch (`prepare`), before any optimizer step; the loop then reads like
+cleanrl's minibatch loop: forward, loss, backward per micro-batch, one optimizer step per pass
+and minibatch. Metrics stay on the device as float64
 sums and reach the host once per pass (the loss and gradient norm decide whether the step is
 applied) and once at the end.
 """
@@ -11,6 +13,7 @@ applied) and once at the end.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -104,14 +107,23 @@ class Updater:
         self.optimizer, self.scheduler, self.dist, self.device = optimizer, scheduler, dist, device
         self.loss_kwargs = dict(loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
                                 importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
+        self.loss_kwargs.update(  # the TRL loss types beyond the clipped one, the KL bias correction, the entropy bonus, OPSM
+            sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg, vespo_k_pos=a.vespo_k_pos,
+            vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
+            kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef, off_policy_mask_threshold=a.off_policy_mask_threshold)
         self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
-        step = self.prepare(episodes, advantages, loss_weight)
+        return self.update([(episodes, advantages, loss_weight)])
+
+    def update(self, minibatches: list[tuple[Episodes, torch.Tensor, float]]) -> UpdateResult:
+        """mu passes over the minibatches (train/minibatches.py), one optimizer step per minibatch and pass."""
+        # Minibatches after the first train after an optimizer step: their old log-probs are taken now.
+        steps = [self.prepare(e, adv, w, generating_logp=j > 0) for j, (e, adv, w) in enumerate(minibatches)]
         sums, skipped = MetricSums(self.device), False
-        for it in range(self.cfg.algo.num_iterations):
+        for it, step in itertools.product(range(self.cfg.algo.num_iterations), steps):  # each pass: every minibatch
             self.optimizer.zero_grad(set_to_none=True)
             sums.pass_loss.zero_()
             for k, (mb, w_pass) in enumerate(step.passes):
@@ -124,25 +136,27 @@ class Updater:
                 if own_old:
                     step.old_logp[j] = out.logp.detach()
                 old = step.old_logp[j]
-                w, is_w = self.token_weights(step, mb, C, out.entropy, m, old)
+                entropy = out.entropy.detach()  # out.entropy keeps its gradient for the entropy bonus
+                w, is_w = self.token_weights(step, mb, C, entropy, m, old)
                 if it == 0 and w_pass:
                     sums.add_sampler_gap(old, step.episodes.sampling_logprobs[mb, :C], m, is_w)
                     if step.entropy_from_pass1:
-                        sums.add_sampled_entropy(out.entropy, step.episodes.loss_mask[mb, :C])
+                        sums.add_sampled_entropy(entropy, step.episodes.loss_mask[mb, :C])
                 ref = None if step.ref_logp is None else step.ref_logp[mb, :C]
-                res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, **self.loss_kwargs)
+                res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, sampler_weights=is_w,
+                                       sampling_logp=step.episodes.sampling_logprobs[mb, :C], entropy=out.entropy, **self.loss_kwargs)
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
                     (res.loss * (w_pass * self.dist.loss_scale)).backward()
                 if w_pass:
-                    sums.add(res, out.entropy, m, can_clip=not own_old)
+                    sums.add(res, entropy, m, can_clip=not own_old)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
                 skipped = True
                 break
-        return UpdateResult(self.finish(sums, step), step.micro_batch_sizes, skipped)
+        return UpdateResult(self.finish(sums, steps), [n for s in steps for n in s.micro_batch_sizes], skipped)
 
     # ------------------------------------------------------------------ before the loop
 
-    def prepare(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float) -> StepInputs:
+    def prepare(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float, *, generating_logp: bool = False) -> StepInputs:
         a = self.cfg.algo
         mask = episodes.loss_mask.float()
         if a.mask_truncated_completions:
@@ -166,18 +180,26 @@ class Updater:
             passes += [(mbs[-1], 0.0)] * (int(self.dist.max(len(mbs), what="micro-batches")) - len(mbs))
         episodes = episodes.to(self.device)
         ref_logp = self.reference_logprobs(episodes, mbs) if a.beta > 0 else None
+        # Old log-probs: the generating policy's as the sampler ran it, without dropout. Without dropout,
+        # in the first minibatch, they are pass 1's own, detached: every micro-batch of pass 1 runs before
+        # the first optimizer step, so the ratio is exactly 1 there, and passes 2..mu reuse them (no extra
+        # forward). With dropout, or for a later minibatch (it trains after an optimizer step), a no-grad
+        # forward in eval mode gives them here, before any optimizer step; pass 1's ratio then can clip.
         # Top-entropy tokens (80/20): chosen once per step over the whole batch, from the sampling
         # policy's entropies, so micro-batching does not change which tokens train. With one
-        # micro-batch the first pass's own entropies serve (no extra forward; token_weights).
+        # micro-batch the first pass's own entropies serve (no extra forward; token_weights); they are
+        # chosen here for a later minibatch and for the entropy bonus, which averages over the selected
+        # tokens of the whole batch (the old log-probs' forward gives the entropies when it runs).
+        select_now = a.top_entropy_quantile < 1 and bool(mbs) and (len(mbs) > 1 or generating_logp or a.entropy_coef != 0)
+        old = None
+        if self.dropout or generating_logp:
+            old = self.fixed_forward(self.model, episodes, mbs, entropy=select_now or share.sampling_entropy is None)
         entropy_weights = None
-        if a.top_entropy_quantile < 1 and len(mbs) > 1:
-            entropy = self.fixed_logprobs(self.model, episodes, mbs, entropy=True).to(self.device)
-            entropy_weights = algo.high_entropy_mask(entropy, mask.to(self.device), a.top_entropy_quantile)
-        # Old log-probs: the generating policy's as the sampler ran it, without dropout. Without dropout
-        # they are pass 1's own, detached: every micro-batch of pass 1 runs before the first optimizer
-        # step, so the ratio is exactly 1 there, and passes 2..mu reuse them (no extra forward). With
-        # dropout a no-grad forward in eval mode gives them, and pass 1's ratio carries its dropout noise.
-        old = self.fixed_forward(self.model, episodes, mbs, entropy=share.sampling_entropy is None) if self.dropout else None
+        if select_now:
+            outs = old or self.fixed_forward(self.model, episodes, mbs, entropy=True)
+            entropy = _padded(outs, episodes.completion_ids.shape[1], entropy=True)
+            entropy_weights = algo.high_entropy_mask(entropy.to(self.device), mask.to(self.device), a.top_entropy_quantile)
+            norms = norms._replace(num_entropy_tokens=int(entropy_weights.sum()))
         sampled_entropy, from_pass1 = self.entropy_before_passes(share, keep, mb_size, episodes, old)
         return StepInputs(episodes, advantages.to(self.device, torch.float32), mask.to(self.device), passes, norms, ref_logp,
                           entropy_weights, [None] * len(mbs) if old is None else [o.logp for o in old],
@@ -187,7 +209,7 @@ class Updater:
         """`entropy` is over every token the model sampled, trained or not: ([2] entropy sum and token
         count known before the passes, whether pass 1 adds those of the rows it runs). The sampler's
         entropies when the source gives them (no forward); otherwise a forward without dropout: pass 1's
-        own (or, with dropout, the old log-probs'), and one of their own for rows the update skips."""
+        own (or the old log-probs' when prepare takes them), and one of their own for rows the update skips."""
         def sums(entropy: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
             sampled = sampled[:, : entropy.shape[1]].to(self.device, torch.float64)
             return torch.stack([(entropy.to(self.device, torch.float64) * sampled).sum(), sampled.sum()])
@@ -203,7 +225,7 @@ class Updater:
         return total, old is None
 
     def token_weights(self, step: StepInputs, mb: slice, C: int, entropy, m, old_logp):
-        """(weights of the policy-gradient term per token or None, the sampler-correction part or None)."""
+        """(the top-entropy token selection or None, the sampler-correction weights or None)."""
         a = self.cfg.algo
         if a.top_entropy_quantile < 1 and step.entropy_weights is None:  # one micro-batch: the whole batch
             step.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
@@ -211,7 +233,6 @@ class Updater:
         is_w = None
         if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
             is_w = algo.sampler_correction(old_logp, step.episodes.sampling_logprobs[mb, :C], m, self.correction, a.sampler_correction_cap)
-            w = is_w if w is None else w * is_w
         return w, is_w
 
     # ------------------------------------------------------------------ forwards
@@ -220,7 +241,8 @@ class Updater:
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
         with autocast_context(self.cfg.model.autocast, self.device):
             out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=self.cfg.rollout.temperature,
-                                      with_entropy=with_entropy, group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
+                                      with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0,
+                                      group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
         return out, c_ids.shape[1]
 
     def reference_logprobs(self, e: Episodes, mbs: list[slice]) -> torch.Tensor:
@@ -230,9 +252,7 @@ class Updater:
 
     def fixed_logprobs(self, model, e: Episodes, mbs: list[slice], *, entropy: bool = False) -> torch.Tensor:
         """Log-probs (or entropies) [N, C] of the episodes under a model that does not change during the step."""
-        C = e.completion_ids.shape[1]
-        outs = self.fixed_forward(model, e, mbs, entropy=entropy)
-        return torch.cat([torch.nn.functional.pad(o.entropy if entropy else o.logp, (0, C - o.logp.shape[1])) for o in outs])
+        return _padded(self.fixed_forward(model, e, mbs, entropy=entropy), e.completion_ids.shape[1], entropy=entropy)
 
     @torch.no_grad()
     def fixed_forward(self, model, e: Episodes, mbs: list[slice], *, entropy: bool = False) -> list:
@@ -263,14 +283,16 @@ class Updater:
         self.scheduler.step()
         return True
 
-    def finish(self, sums: MetricSums, step: StepInputs) -> dict:
+    def finish(self, sums: MetricSums, steps: list[StepInputs]) -> dict:
         fr = torch.stack(sums.fractions).tolist() if sums.fractions else []
-        sampled = step.sampled_entropy + sums.sampled_entropy
+        sampled = sum(s.sampled_entropy for s in steps) + sums.sampled_entropy
         host = torch.stack([sums.tokens, sums.tokens_first, sums.entropy, sums.kl, sums.gap, sums.is_weight, *sums.clipped,
                             *sampled, sums.gap_max]).tolist()
         tokens, tokens_first, ent, kl, gap, isw, low, high, region, s_ent, s_tokens = self.dist.sum(*host[:11], what="metrics")
-        # clip fractions: over the whole batch (skipped rows: ratio 1, never clipped), averaged over the passes
-        clip_tokens = max(float(step.norms.num_tokens), 1.0) * max(len(sums.losses), 1)
+        # clip fractions: over each pass's whole minibatch (skipped rows: ratio 1, never clipped), averaged
+        # over the passes (the optimizer steps run, minibatch after minibatch)
+        passes_run = itertools.islice(itertools.cycle(steps), len(sums.losses))
+        clip_tokens = max(float(sum(s.norms.num_tokens for s in passes_run)), 1.0)
         tokens_first = max(tokens_first, 1.0)
         metrics = {
             "loss": float(np.mean(sums.losses)),
@@ -287,7 +309,7 @@ class Updater:
             metrics["entropy"] = s_ent / s_tokens
         if tokens:
             metrics["entropy/trained"] = ent / tokens
-        if step.ref_logp is not None:
+        if self.cfg.algo.beta > 0:
             metrics["kl"] = kl / max(tokens, 1.0)
         metrics["sampler/logp_gap_mean"] = gap / tokens_first
         metrics["sampler/logp_gap_max"] = self.dist.max(host[11], what="metrics")
@@ -298,6 +320,11 @@ class Updater:
 
 def _slices(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _padded(outs: list, C: int, *, entropy: bool) -> torch.Tensor:
+    """Per-micro-batch forwards (trimmed to their own longest completion) as one [N, C] tensor."""
+    return torch.cat([torch.nn.functional.pad(o.entropy if entropy else o.logp, (0, C - o.logp.shape[1])) for o in outs])
 
 
 def _other_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
