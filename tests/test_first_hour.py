@@ -6,7 +6,6 @@ import json
 import os
 import pty
 import re
-import signal
 import time
 import types
 
