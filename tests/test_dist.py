@@ -287,7 +287,7 @@ def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides
     results = _wait(procs, timeout=90)
     for rc, o in results:
         assert rc == 0, o[-3000:]
-    assert "stopped by SIGTERM" in results[0][1] and "resume=auto" in results[0][1]
+    assert "stopped by SIGTERM" in results[0][1] and "Resume with: rlvr train --resume" in results[0][1]
     steps = len(metrics.read_text().splitlines())
     ckpt = latest_checkpoint(out / "checkpoints")
     assert ckpt is not None and ckpt.name == f"step-{steps:07d}" and (ckpt / "model.safetensors").exists()

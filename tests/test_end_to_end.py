@@ -13,6 +13,9 @@ REQUIRED_METRICS = {
     "frac_reward_zero_std", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
     "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy", "loss", "grad_norm",
     "learning_rate", "num_tokens", "time/generate", "time/reward", "time/train", "time/step",
+    # what the doctor reads to tell the causes of identical groups apart
+    "frac_reward_zero_std/top", "frac_reward_zero_std/bottom", "distinct_completions", "completions/clipped_reward_mean",
+    "completions/terminated_reward_mean", "rewards/arithmetic_correct/errors",
 }
 
 

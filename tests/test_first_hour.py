@@ -6,7 +6,6 @@ import json
 import os
 import pty
 import re
-import signal
 import time
 import types
 
@@ -225,19 +224,31 @@ def test_closing_the_terminal_saves_a_checkpoint_and_exits_zero(tmp_path, tiny_m
     (["data.path={d}/train.jsonl"], DataError, r"no prompt column 'prompt'"),
     (["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[{d}/rewards.py:nope]"], RewardError, r"has no function 'nope'"),
     (["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[arithmetic]"], ValueError, r"needs a column 'answer'"),
-    (["eval.data={d}/heldout.jsonl", "eval.prompt_column=question", "eval.reward=arithmetic"], ValueError, r"needs a column 'answer'"),
+    (["eval_before_after=true", "eval.data={d}/heldout.jsonl", "eval.prompt_column=question", "eval.reward=arithmetic"], ValueError, r"needs a column 'answer'"),
 ])
-def test_data_and_reward_mistakes_are_found_before_any_model_loads(make_trainer, own_data, monkeypatch, overrides, error, message):
-    from rlvr.train import trainer as trainer_module
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("a model was loaded before the data and rewards were checked")
-
-    monkeypatch.setattr(trainer_module, "load_tokenizer", no_model)
-    monkeypatch.setattr(trainer_module, "load_policy", no_model)
+def test_data_and_reward_mistakes_are_found_before_any_model_loads(make_trainer, own_data, no_model_load, overrides, error, message):
     d = own_data[0].parent
     with pytest.raises(error, match=message):
         make_trainer(*[o.format(d=d) for o in overrides])
+
+
+def test_a_used_output_dir_is_refused_before_any_model_loads(make_trainer, tmp_path, no_model_load):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ConfigError, match=rf"output_dir {tmp_path / 'run'} already holds a run: continue it with `rlvr train --resume"):
+        make_trainer()
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model or tokenizer in the trainer fails the test."""
+    from rlvr.train import trainer as trainer_module
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the data, rewards and output folder were checked")
+
+    monkeypatch.setattr(trainer_module, "load_tokenizer", no_model)
+    monkeypatch.setattr(trainer_module, "load_policy", no_model)
 
 
 def test_an_unreachable_hub_fails_in_seconds_with_one_line(monkeypatch):
@@ -295,3 +306,17 @@ def test_a_cached_hub_id_loads_while_the_hub_is_unreachable(tmp_path, tiny_model
     assert time.perf_counter() - t0 < 5
     assert model.state_dict().keys() == expected.keys() and all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())
     assert tok("1+2=")["input_ids"] == local_tok("1+2=")["input_ids"]
+
+
+def test_the_report_shows_a_held_out_score_of_your_own_reward(tmp_path):
+    """The report names the held-out set and the reward, with before / during / after numbers."""
+    from _runs import write_metrics
+
+    from rlvr.observe.report import make_report
+
+    run = write_metrics(tmp_path / "run", [{"step": s, "reward": 0.1 * s, **({"eval/reward": 0.5} if s == 2 else {})} for s in (1, 2, 3)])
+    (run / "summary.json").write_text(json.dumps({"eval_before": 0.25, "eval_after": 0.75, "eval_set": "test.jsonl",
+                                                  "eval_label": "mean correct", "eval_rows": 40, "train_seconds": 3.0}))
+    page = make_report([run], tmp_path / "report").read_text()
+    assert "<th>held-out score</th>" in page and "0.250 → 0.750" in page
+    assert "Held-out score" in page and "(test.jsonl), before and after training, and every eval_every steps." in page

@@ -206,7 +206,7 @@ def test_cli_run_with_no_signal_logs_the_true_entropy(rlvr_cli, tiny_model_dir, 
 def test_held_out_evaluation_uses_the_system_prompt(make_trainer):
     from rlvr.data import render_prompt
 
-    t = make_trainer("data.system_prompt=Answer with the number only.", "data.eval_size=6")
+    t = make_trainer("data.system_prompt=Answer with the number only.", "data.eval_size=6", "eval_before_after=true")
     seen, real = [], t.engine.generate
 
     def generate(prompts, params, seeds):

@@ -330,7 +330,8 @@ class Config:
     eval_before_after: bool = True
     """Evaluate on the held-out set (greedy) before and after training, when there is one (a built-in task, or eval.data)."""
     eval_every: int = 0
-    """Also evaluate on the held-out set every N steps, logged as `eval/reward` (0: only before and after)."""
+    """Also evaluate on the held-out set every N steps, logged as `eval/reward` (0: only before and after; the last
+    step's number is summary.json's eval_after)."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Dashboards besides metrics.jsonl: any of tensorboard, wandb, trackio (each when installed), or []."""
     doctor_every: int = 10

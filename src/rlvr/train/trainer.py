@@ -64,14 +64,18 @@ class Trainer:
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
         seed_everything(cfg.seed)
-        # Everything a mistake in the data or rewards would stop, before the (slow) model load.
+        # Everything a mistake in the output folder, data or rewards would stop, before the (slow) model load.
+        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+        if not cfg.resume and not force and holds_a_run(self.output_dir):
+            raise ConfigError(f"output_dir {self.output_dir} already holds a run: continue it with `rlvr train --resume {self.output_dir}`, "
+                              "choose another output_dir, or pass --force to start over (the old run is moved aside)")
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
         self.task, self.stream = self._prompts()
         check_reward_columns(self.rewards.fns, self.stream.take(1)[0], _columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
-        self.held_out = held_out_for(cfg, self.task)
+        self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
         self.eval_reward = self.held_out.runner() if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
@@ -95,7 +99,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
                                scheduler=self.scheduler, dist=self.dist, device=self.device)
-        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
                                          stream=self.stream, tokenizer=self.tokenizer, dist=self.dist)
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
@@ -117,14 +120,9 @@ class Trainer:
 
     def _prepare_output_dir(self, force: bool) -> None:
         out = self.output_dir
-        if not self.cfg.resume and holds_a_run(out):
-            if not force:
-                raise ConfigError(
-                    f"output_dir {out} already holds a run: continue it with `rlvr train --resume {out}`, "
-                    "choose another output_dir, or pass --force to start over (the old run is moved aside)"
-                )
-            if self.dist.is_main:  # nothing of the old run may be resumed into, or plotted with, the new one
-                self.warnings.append(f"--force: the run that was in {out} is now in {set_aside(out)}")
+        if not self.cfg.resume and self.dist.is_main and holds_a_run(out):  # --force (else refused above)
+            # nothing of the old run may be resumed into, or plotted with, the new one
+            self.warnings.append(f"--force: the run that was in {out} is now in {set_aside(out)}")
         if self.dist.is_main:
             remove_partial_checkpoints(out / "checkpoints")
         if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
