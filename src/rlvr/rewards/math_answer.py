@@ -78,7 +78,8 @@ def grade(prompts, completions, golds, *, fallback: str | None = None, timeout_s
         if values is None:
             out.append(0.0)
             continue
-        verdicts = [same_exactly(gold, v, asks_for_percent(ptext)) for v in values]
+        percent_question = asks_for_percent(ptext)
+        verdicts = [same_exactly(gold, v, percent_question) for v in values]
         if False in verdicts or (None in verdicts and not use_math_verify):
             out.append(0.0)
             continue
