@@ -84,7 +84,10 @@ def test_example_parses_validates_and_states_its_memory(path):
 
 @pytest.mark.parametrize("path", CPU_EXAMPLES, ids=[p.stem for p in CPU_EXAMPLES])
 def test_cpu_example_parses_and_validates(path):
-    """The examples that run here (bench/results/tools_demo.md runs them whole)."""
+    """The examples that run here (bench/results/tools_demo.md and code.md run them whole)."""
     cfg = load_config(str(path), [])
     check_config(cfg)
-    assert cfg.model.path == "tiny-tools" and cfg.tools.enabled
+    if path.stem == "code":  # SmolLM2 from `rlvr convert-gguf`, the settings of bench/code.py
+        assert cfg.data.task == "code" and [r.fn for r in cfg.rewards] == ["code", "code_compiles"] and not cfg.tools.enabled
+    else:
+        assert cfg.model.path == "tiny-tools" and cfg.tools.enabled

