@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -66,7 +67,8 @@ def load_reward_fn(spec: str) -> Callable:
 
 def _resolve(spec: str, target: str) -> Callable:
     if ":" not in target:
-        raise RewardError(f"reward {spec!r}: use a built-in name ({', '.join(sorted(BUILTIN))}), module:function or file.py:function")
+        raise RewardError(f"reward {spec!r}: use a built-in name ({', '.join(sorted(BUILTIN))}), module:function or file.py:function"
+                          + _did_you_mean(target, BUILTIN))
     where, name = target.rsplit(":", 1)
     if where.endswith(".py"):
         path = Path(where)
@@ -84,7 +86,13 @@ def _resolve(spec: str, target: str) -> Callable:
             raise RewardError(f"reward {spec!r}: cannot import module {where!r}: {e}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise RewardError(f"reward {spec!r}: {where} has no function {name!r}")
+        public = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)]
+        raise RewardError(f"reward {spec!r}: {where} has no function {name!r}" + _did_you_mean(name, public))
     return fn
+
+
+def _did_you_mean(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
