@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import sys
 import time
 from pathlib import Path
+
+from _report import reward_curve, table_row, wilson, with_ci
 
 # A one-shot example in the user turn: SmolLM2-135M-Instruct never wrote <answer> tags from a
 # system-prompt instruction alone (0/48 greedy), but copies the example's form about a third of
@@ -80,14 +81,6 @@ def problems(n: int, seed: int, exclude: set | None = None, templates=TEMPLATES,
         seen.add(q)
         out.append({"prompt": PROMPT.format(question=q), "question": q, "answer": str(a + b if op == "+" else a - b)})
     return out
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def first_answer(text: str) -> str | None:
@@ -190,26 +183,11 @@ def main() -> None:
 
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     png = args.out.with_name("smollm2_reward.png")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    steps = [m["step"] for m in metrics]
-    for key, label in [("rewards/math/mean", "correct (math)"), ("rewards/answer_tag/mean", "<answer> format")]:
-        ax.plot(steps, [m[key] for m in metrics], label=label, alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    reward_curve(png, metrics, [("rewards/math/mean", "correct (math)"), ("rewards/answer_tag/mean", "<answer> format")],
+                 ylabel="mean reward")
 
     def row(name, subset, key):
-        b, a = before[subset], after[subset]
-        return (f"| {name} | {b[key]:.3f} [{b[key + '_ci'][0]:.3f}, {b[key + '_ci'][1]:.3f}] "
-                f"| {a[key]:.3f} [{a[key + '_ci'][0]:.3f}, {a[key + '_ci'][1]:.3f}] |")
+        return table_row(name, with_ci(before[subset], key), with_ci(after[subset], key))
 
     from rlvr.observe.doctor import diagnose_run
 

@@ -22,14 +22,13 @@ import importlib.util
 import json
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from smollm2 import wilson  # noqa: E402
+from _report import reward_curve, table_row, wilson, with_ci  # noqa: E402
 
 INSTRUCTION = ("Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
                "End with the answer in <answer></answer> tags.")
@@ -239,25 +238,11 @@ def main() -> None:
 
 
 def write_result(args, settings: list[str], evals: dict, metrics: list[dict], train_s: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     png = args.out.with_name(args.out.stem + "_reward.png")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    steps = [m["step"] for m in metrics]
-    for key, label in [("rewards/correct/mean", "correct"), ("tools/call_frequency", "calculator calls per episode")]:
-        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], label=label, alpha=0.8)
-    ax.set_xlabel("step")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    reward_curve(png, metrics, [("rewards/correct/mean", "correct"), ("tools/call_frequency", "calculator calls per episode")])
 
     def cell(e):
-        lo, hi = e["accuracy_ci"]
-        return f"{e['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]"
+        return with_ci(e, "accuracy")
 
     def first_last(key, k=10):
         vals = [m[key] for m in metrics if key in m]
@@ -282,10 +267,10 @@ def write_result(args, settings: list[str], evals: dict, metrics: list[dict], tr
         "",
         "| held-out set | unaided (no tool) | with calculator, before | with calculator, after | calls before -> after |",
         "|---|---|---|---|---|",
-        f"| training phrasings | {cell(evals['unaided'])} | {cell(evals['before/same'])} | {cell(evals['after/same'])} | "
-        f"{evals['before/same']['called']:.2f} -> {evals['after/same']['called']:.2f} |",
-        f"| new phrasings (never trained) | - | {cell(evals['before/new'])} | {cell(evals['after/new'])} | "
-        f"{evals['before/new']['called']:.2f} -> {evals['after/new']['called']:.2f} |",
+        table_row("training phrasings", cell(evals["unaided"]), cell(evals["before/same"]), cell(evals["after/same"]),
+                  f"{evals['before/same']['called']:.2f} -> {evals['after/same']['called']:.2f}"),
+        table_row("new phrasings (never trained)", "-", cell(evals["before/new"]), cell(evals["after/new"]),
+                  f"{evals['before/new']['called']:.2f} -> {evals['after/new']['called']:.2f}"),
         "",
         f"Training: {len(metrics)} steps (8 prompts x 8 episodes, at most {args.max_new_tokens} tokens after the prompt) in "
         f"{train_s / 60:.1f} min; median step {step_times[len(step_times) // 2]:.1f} s. "

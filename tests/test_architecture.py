@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
-    {"rlvr", "config", "algo", "dist", "hub", "sandbox", "data", "envs"},
+    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data", "envs"},
     {"models", "rewards", "observe", "tools"},
     {"rollout"},
     {"train"},

@@ -11,6 +11,7 @@ or from a fresh forward of the same model.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 
 from rlvr import algo
 from rlvr.models.forward import completion_logprobs
-from test_trainer_variants import CONSTANT, PARITY, reward_file
+from test_trainer_variants import CHECKSUM, CONSTANT, PARITY, reward_file
 
 G = 4
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
@@ -171,6 +172,27 @@ def test_entropy_when_no_row_is_trained(make_trainer, sampler_entropy):
     m = t.updater(e, torch.zeros(len(e))).metrics
     assert m["entropy"] == pytest.approx(expected, abs=1e-5) and expected > 0.1
     assert "entropy/trained" not in m  # nothing was trained: unknown, not 0
+
+
+@pytest.mark.parametrize("sampler_entropy", [True, False])
+def test_entropy_with_minibatches_is_over_the_whole_generated_batch(make_trainer, tmp_path, sampler_entropy):
+    """optim.steps_per_generation=2 (issue 17): the logged `entropy` covers every sampled token of the
+    whole batch under the policy that generated it: not only the last minibatch's, nor measured after
+    the first minibatch's optimizer step moved the weights (lr 0.05 moves them measurably here)."""
+    t = make_trainer("model.path=tiny", "rollout.temperature=0.7", "optim.steps_per_generation=2", "optim.lr=0.05",
+                     reward_file(tmp_path, CHECKSUM, "checksum"))
+    if not sampler_entropy:  # a source that gives none (vLLM, multi-turn): the trainer's own forwards measure it
+        rollout = t.source.rollout
+        t.source.rollout = lambda rows, seeds: dataclasses.replace(rollout(rows, seeds), sampling_entropy=None)
+    generating = copy.deepcopy(t.model)
+    m = t.train_step()
+    e = t.last_step.batch.episodes
+    assert (e.sampling_entropy is not None) == sampler_entropy and t.scheduler.last_epoch == 2  # two optimizer steps
+    expected = _sampled_entropy(generating, e, temperature=0.7)
+    last_minibatch = torch.arange(len(e) // 2, len(e))  # 2 of the 4 groups
+    assert abs(expected - _sampled_entropy(generating, e, rows=last_minibatch, temperature=0.7)) > 1e-3
+    assert abs(expected - _sampled_entropy(t.model, e, temperature=0.7)) > 1e-3  # the weights after the update
+    assert m["entropy"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_hf_sampler_entropy_is_the_training_distributions(make_trainer):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlvr.rewards import RewardError, RewardFn, RewardRunner
+from rlvr.rewards import RewardError, RewardFn, RewardRunner, load_reward_fn
 
 
 def ones(prompts, completions, **kw):
@@ -115,6 +115,23 @@ def test_from_config_builds_parameterised_builtins():
     for bad in ("overlong(4)", "format_strict(x=1)", "nope", "overlong(max_length=__import__('os'))"):
         with pytest.raises(RewardError):
             RewardRunner.from_config([Spec(bad)])
+
+
+def test_a_misspelt_reward_name_gets_the_nearest_one(tmp_path, monkeypatch):
+    """A typo names the spec and the nearest name: among the built-ins for a bare name, among the
+    module's public functions for `file.py:fn` and `module:fn`; nothing close, no suggestion."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.py").write_text("import math\n\ndef correct(prompts, completions, **kw):\n    return [1.0] * len(completions)\n\n"
+                                    "def _correct_helper():\n    pass\n")
+    cases = [("mth", r"reward 'mth': use a built-in name \(.*\).* \(did you mean 'math'\?\)$"),
+             ("format_stritc(x=1)", r"reward 'format_stritc\(x=1\)': .* \(did you mean 'format_strict'\?\)$"),
+             ("my.py:corect", r"reward 'my.py:corect': my.py has no function 'corect' \(did you mean 'correct'\?\)$"),
+             ("rlvr.rewards.builtin:gessed", r"has no function 'gessed' \(did you mean 'guessed'\?\)$"),
+             ("my.py:zzz", r"reward 'my.py:zzz': my.py has no function 'zzz'$")]
+    for spec, message in cases:
+        with pytest.raises(RewardError, match=message):
+            load_reward_fn(spec)
+    assert load_reward_fn("my.py:correct")(None, ["a", "b"]) == [1.0, 1.0]
 
 
 # ------------------------------------------------------------------ TRL 1.16's calling contract

@@ -124,8 +124,22 @@ def policy_loss(
                  sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
                  vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
     out = objective.fn(log_ratio, logp, old_logp, advantages, mask, **{k: hyper[k] for k in objective.hyperparameters})
-    per_token = out.per_token  # [N, L]
+    per_token = _weighted(out.per_token, objective, advantages, logp, mask, token_weights=token_weights, sampler_weights=sampler_weights,
+                          off_policy_mask_threshold=off_policy_mask_threshold, sampling_logp=sampling_logp)  # [N, L]
+    kl = None
+    if beta != 0.0:
+        per_token_kl, kl = _kl_term(logp, ref_logp, log_ratio, mask, kl_estimator=kl_estimator, kl_bias_correction=kl_bias_correction)
+        per_token = per_token + beta * per_token_kl  # [N, L]
+    loss = aggregation.fn(per_token, mask, norms)  # []
+    if entropy_coef != 0.0:
+        loss = loss - _entropy_bonus(entropy, mask, token_weights, norms, entropy_coef=entropy_coef)
+    return PolicyLossOutput(loss, *_clip_fractions(out.low_clipped, out.high_clipped, logp, mask), kl)
 
+
+def _weighted(per_token: torch.Tensor, objective: Objective, advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, *,
+              token_weights: torch.Tensor | None, sampler_weights: torch.Tensor | None, off_policy_mask_threshold: float | None,
+              sampling_logp: torch.Tensor | None) -> torch.Tensor:
+    """objective_it * o_i * w_it * s_it: the policy-gradient term's weights. [N, L] -> [N, L]."""
     if off_policy_mask_threshold is not None:
         if sampling_logp is None:
             raise ValueError("off_policy_mask_threshold needs sampling_logp")
@@ -134,31 +148,38 @@ def policy_loss(
         per_token = per_token * token_weights  # [N, L]
     if sampler_weights is not None and not objective.takes_sampler_weights:
         per_token = per_token * sampler_weights  # [N, L]
+    return per_token
 
-    kl = None
-    if beta != 0.0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp")
-        per_token_kl = kl_estimate(logp, ref_logp, kl_estimator)  # [N, L]
-        kl = masked_mean(per_token_kl.detach(), mask)  # []
-        if kl_bias_correction:  # x r (with its gradient): the unbiased gradient of KL(policy || ref) (DeepSeek-V3.2)
-            per_token_kl = per_token_kl * torch.exp(log_ratio)  # [N, L]
-        per_token = per_token + beta * per_token_kl  # [N, L]
 
-    loss = aggregation.fn(per_token, mask, norms)  # []
+def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, log_ratio: torch.Tensor, mask: torch.Tensor, *,
+             kl_estimator: str, kl_bias_correction: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL_it [x r_it with the bias correction], the mean KL estimate over the mask []): [N, L] -> [N, L], []."""
+    if ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    per_token_kl = kl_estimate(logp, ref_logp, kl_estimator)  # [N, L]
+    kl = masked_mean(per_token_kl.detach(), mask)  # []
+    if kl_bias_correction:  # x r (with its gradient): the unbiased gradient of KL(policy || ref) (DeepSeek-V3.2)
+        per_token_kl = per_token_kl * torch.exp(log_ratio)  # [N, L]
+    return per_token_kl, kl
 
-    if entropy_coef != 0.0:
-        if entropy is None:
-            raise ValueError("entropy_coef != 0 needs entropy")
-        kept = mask if token_weights is None else mask * token_weights  # [N, L]
-        n = norms.num_tokens if norms.num_entropy_tokens is None else norms.num_entropy_tokens
-        loss = loss - entropy_coef * (entropy * kept).sum() / max(n, 1)
 
-    with torch.no_grad():
-        low = out.low_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
-        high = out.high_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
-        stats = (masked_mean(low, mask), masked_mean(high, mask), masked_mean(torch.maximum(low, high), mask))
-    return PolicyLossOutput(loss, *stats, kl)
+def _entropy_bonus(entropy: torch.Tensor | None, mask: torch.Tensor, token_weights: torch.Tensor | None, norms: BatchNorms, *,
+                   entropy_coef: float) -> torch.Tensor:
+    """entropy_coef * sum(H_it * mask_it * w_it) / (the batch's tokens that w keeps), with its gradient. [N, L] -> []."""
+    if entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy")
+    kept = mask if token_weights is None else mask * token_weights  # [N, L]
+    n = norms.num_tokens if norms.num_entropy_tokens is None else norms.num_entropy_tokens
+    return entropy_coef * (entropy * kept).sum() / max(n, 1)
+
+
+@torch.no_grad()
+def _clip_fractions(low_clipped: torch.Tensor, high_clipped: torch.Tensor, logp: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(low, high, either side): fractions of the masked tokens clipped. [N, L] or [N, 1] -> [] each."""
+    low = low_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
+    high = high_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
+    return masked_mean(low, mask), masked_mean(high, mask), masked_mean(torch.maximum(low, high), mask)
 
 
 def rows_can_be_regrouped(loss_type: str) -> bool:

@@ -149,20 +149,9 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
                         "eval.reward for before/after numbers")
 
 
-def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
-    """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
-    `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
-    if missing := [k for k in REGISTERED if k not in choices]:
-        raise ValueError(f"validate: no choices given for {missing}")
-    errors, warnings = [], []
-
-    def choice(key, value, options):
-        if value not in options:
-            close = difflib.get_close_matches(str(value), list(options), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            errors.append(f"`{key}` must be one of {sorted(options)}, got {value!r}{hint}")
-
-    r, a, o = cfg.rollout, cfg.algo, cfg.optim
+def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice, engines: Iterable[str], force: bool) -> None:
+    """rollout.*: the group, the sampling settings, the engine (and vLLM's own settings)."""
+    r = cfg.rollout
     if r.group_size < 2:
         errors.append(f"`rollout.group_size` must be at least 2 (got {r.group_size}): one completion per prompt has no group to compare with")
     elif r.group_size == 2:
@@ -179,30 +168,29 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`rollout.top_p` must be in (0, 1], got {r.top_p}")
     if r.top_k < 0:
         errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
-    choice("rollout.engine", r.engine, choices["rollout.engine"])
-    if r.engine == "vllm":
-        v = r.vllm
-        if not 0 < v.gpu_memory_utilization <= 1:
-            errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
-        if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
-            errors.append(f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}")
-        choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
-        if cfg.model.gguf_file:
-            errors.append("`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result")
-        if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
-            errors.append("`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf")
+    choice("rollout.engine", r.engine, engines)
+    if r.engine != "vllm":
+        return
+    v = r.vllm
+    if not 0 < v.gpu_memory_utilization <= 1:
+        errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
+    if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
+        errors.append(f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}")
+    choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
+    if cfg.model.gguf_file:
+        errors.append("`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result")
+    if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
+        errors.append("`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf")
+
+
+def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice, choices: Mapping[str, Iterable[str]]) -> None:
+    """algo.*: the registered names, the clipping and sampling hyperparameters, the objectives' own."""
+    a = cfg.algo
     choice("algo.sampler_correction", a.sampler_correction, ["auto", "none", *choices["algo.sampler_correction"]])
     if a.sampler_correction_cap <= 1:
         errors.append(f"`algo.sampler_correction_cap` must be > 1, got {a.sampler_correction_cap}")
-    choice("algo.loss_type", a.loss_type, choices["algo.loss_type"])
-    choice("algo.importance_sampling_level", a.importance_sampling_level, choices["algo.importance_sampling_level"])
-    choice("algo.kl_estimator", a.kl_estimator, choices["algo.kl_estimator"])
-    choice("algo.scale_rewards", a.scale_rewards, choices["algo.scale_rewards"])
-    choice("algo.reward_aggregation", a.reward_aggregation, choices["algo.reward_aggregation"])
-    choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
-    choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
-    choice("model.autocast", cfg.model.autocast, ["bf16", "none"])
-    choice("device", cfg.device, ["auto", "cpu", "cuda"])
+    for key in ("algo.loss_type", "algo.importance_sampling_level", "algo.kl_estimator", "algo.scale_rewards", "algo.reward_aggregation"):
+        choice(key, getattr(a, key.split(".", 1)[1]), choices[key])
     if not 0 < a.epsilon < 1:
         errors.append(f"`algo.epsilon` must be in (0, 1), got {a.epsilon}")
     if a.epsilon_high is not None and a.epsilon_high <= 0:
@@ -220,6 +208,15 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     _validate_objectives(cfg, errors, warnings)
     if a.max_resample_rounds < 0:
         errors.append(f"`algo.max_resample_rounds` must be >= 0, got {a.max_resample_rounds}")
+
+
+def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
+    """optim.*, and the precision and device the optimizer steps run in."""
+    o = cfg.optim
+    choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
+    choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
+    choice("model.autocast", cfg.model.autocast, ["bf16", "none"])
+    choice("device", cfg.device, ["auto", "cpu", "cuda"])
     if o.lr <= 0:
         errors.append(f"`optim.lr` must be positive, got {o.lr}")
     if o.max_grad_norm < 0:
@@ -228,8 +225,10 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
     if o.steps_per_generation < 1:
         errors.append(f"`optim.steps_per_generation` must be >= 1 (1: one optimizer step per batch and pass), got {o.steps_per_generation}")
-    _validate_scale_out(cfg, errors, choice)
-    _validate_tools(cfg, errors, choice)
+
+
+def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) -> None:
+    """The run's length and stopping rules, what scores it, where its data comes from and its logging."""
     if cfg.max_bad_steps < 1:
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
     if cfg.max_failed_reward_steps < 0:
@@ -239,15 +238,18 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     if not cfg.rewards and cfg.tools.environment is None:
         errors.append("`rewards` is empty: at least one reward function is needed (or an environment whose get_reward() scores episodes)")
     if cfg.data.task is not None:
-        choice("data.task", cfg.data.task, choices["data.task"])
+        choice("data.task", cfg.data.task, tasks)
         if cfg.data.path is not None:
             errors.append(f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
                           "to null) to train on data.path, or remove data.path to train on the built-in task")
-    _validate_eval(cfg, errors, warnings)
     for name in cfg.report_to:
         choice("report_to", name, ["tensorboard", "wandb", "trackio", "none"])
     if cfg.doctor_every < 0:
         errors.append(f"`doctor_every` must be >= 0, got {cfg.doctor_every}")
+
+
+def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) -> None:
+    r, a = cfg.rollout, cfg.algo
     if r.temperature == 0 and force and r.group_size > 1:
         warnings.append("rollout.temperature=0 forced: the G completions of a prompt will be identical, so most groups give no signal")
     if a.beta == 0:
@@ -256,6 +258,29 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
         warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)")
     else:
         warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)")
+
+
+def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
+    """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
+    `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
+    if missing := [k for k in REGISTERED if k not in choices]:
+        raise ValueError(f"validate: no choices given for {missing}")
+    errors, warnings = [], []
+
+    def choice(key, value, options):
+        if value not in options:
+            close = difflib.get_close_matches(str(value), list(options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append(f"`{key}` must be one of {sorted(options)}, got {value!r}{hint}")
+
+    _validate_rollout(cfg, errors, warnings, choice, choices["rollout.engine"], force)
+    _validate_algo(cfg, errors, warnings, choice, choices)
+    _validate_optim(cfg, errors, choice)
+    _validate_scale_out(cfg, errors, choice)
+    _validate_tools(cfg, errors, choice)
+    _validate_run(cfg, errors, choice, choices["data.task"])
+    _validate_eval(cfg, errors, warnings)
+    _kl_and_temperature_warnings(cfg, warnings, force)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
     return warnings

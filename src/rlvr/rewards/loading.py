@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import ast
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable
 
 from rlvr.rewards.factory import is_factory
+from rlvr.specs import resolve, split_params
 
 
 class RewardError(ValueError):
@@ -35,25 +31,10 @@ BUILTIN = {
 }
 
 
-def _split_params(spec: str) -> tuple[str, dict]:
-    """`name(a=1, b='x')` -> ("name", {"a": 1, "b": "x"}); literals only, nothing is evaluated."""
-    spec = spec.strip()
-    if not spec.endswith(")") or "(" not in spec:
-        return spec, {}
-    head = spec[: spec.index("(")]
-    try:
-        call = ast.parse("f" + spec[len(head):], mode="eval").body
-        if not isinstance(call, ast.Call) or call.args:
-            raise ValueError("use keyword arguments")
-        return head.strip(), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError) as e:
-        raise RewardError(f"reward {spec!r}: parameters must be keyword=literal pairs ({e})") from None
-
-
 def load_reward_fn(spec: str) -> Callable:
     """Resolve a config `fn` string to a reward function (calling factories with their params)."""
-    name, params = _split_params(spec)
-    fn = _resolve(spec, BUILTIN.get(name, name))
+    name, params = split_params(spec, setting="reward", error=RewardError)
+    fn = resolve(BUILTIN.get(name, name), setting="reward", spec=spec, builtins=BUILTIN, error=RewardError)
     if params or is_factory(fn):
         if not is_factory(fn) and params:
             raise RewardError(f"reward {spec!r}: {name} takes no parameters (it is not a reward factory)")
@@ -62,29 +43,3 @@ def load_reward_fn(spec: str) -> Callable:
         except (TypeError, ValueError, ImportError) as e:
             raise RewardError(f"reward {spec!r}: {e}") from None
     return fn
-
-
-def _resolve(spec: str, target: str) -> Callable:
-    if ":" not in target:
-        raise RewardError(f"reward {spec!r}: use a built-in name ({', '.join(sorted(BUILTIN))}), module:function or file.py:function")
-    where, name = target.rsplit(":", 1)
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise RewardError(f"reward {spec!r}: file not found: {path}")
-        mod_name = f"rlvr_user_rewards_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[mod_name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise RewardError(f"reward {spec!r}: cannot import module {where!r}: {e}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise RewardError(f"reward {spec!r}: {where} has no function {name!r}")
-    return fn
-
-

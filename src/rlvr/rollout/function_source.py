@@ -17,10 +17,6 @@ gets the model and tokenizer instead of the trainer, and seeds for reproducible 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -28,29 +24,14 @@ import torch
 from rlvr.rollout.episodes import Episodes
 from rlvr.rollout.generation import SamplingParams
 from rlvr.rollout.single_turn import as_completions
+from rlvr.specs import resolve
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 
 
 def load_function(spec: str) -> Callable:
     """`path/to/file.py:function` or `module:function`."""
-    if ":" not in spec:
-        raise ValueError(f"rollout.function: {spec!r} must be `file.py:function` or `module:function`")
-    where, name = spec.rsplit(":", 1)
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.exists():
-            raise FileNotFoundError(f"rollout.function: file {where} not found (from {spec!r})")
-        module_spec = importlib.util.spec_from_file_location(f"rlvr_rollout_fn_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"rollout.function: {where} has no function {name!r}")
-    return fn
+    return resolve(spec.strip(), setting="rollout.function", spec=spec)
 
 
 class FunctionSource:

@@ -28,70 +28,93 @@ def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingPa
                     *, cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
     """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
     params.max_new_tokens bounds each episode's tokens after the prompt (model and external)."""
+    G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
+    prompt_ids, prompt_mask, logits, cache, state = _prefill(model, tokenizer, prompts, G, T, ckw, cache_dtype)
+    device, N = prompt_ids.device, logits.shape[0]
+    start = prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
+    lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
+    gens = [torch.Generator(device=device).manual_seed((int(seeds[r // G]) * 9973 + r % G) % 2**63) for r in range(N)]
+    traces = [Trace() for _ in range(N)]
+    stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
+    while (runnable := _rows_to_run(traces, driver, T)) is not None:
+        feed = []  # (row, token) that go into the cache this step
+        for r in runnable:
+            tr = traces[r]
+            token, forced = _take_token(tr, logits[r], params, gens[r])
+            if not forced:
+                _end_turn_at_stop(tr, r, token, driver, stop, eos, ignore_eos=params.ignore_eos)
+            if len(tr.ids) >= T and tr.mode != DONE:
+                tr.truncated, tr.mode = True, DONE
+            if tr.mode != DONE:
+                feed.append((r, token))
+        if feed:
+            rows = torch.tensor([r for r, _ in feed], device=device)
+            tokens = torch.tensor([t for _, t in feed], device=device)
+            state.prepare(rows, lengths, N)
+            out = model(input_ids=tokens[:, None], position_ids=(start[rows] + lengths[rows])[:, None], use_cache=True,
+                        rlvr_episode=state, **{ckw: cache})
+            logits[rows] = out.logits[:, -1].float()
+            lengths[rows] += 1
+    return prompt_ids, prompt_mask, traces
+
+
+def _prefill(model, tokenizer, prompts: Sequence[str], G: int, T: int, ckw: str, cache_dtype: torch.dtype | None):
+    """Each prompt once, its cache then shared by its G rows, each row writing at its own position:
+    (prompt_ids [B, P], prompt_mask [B, P], each row's next-token logits [N, V], the cache, its EpisodeState)."""
     device = next(model.parameters()).device
-    G, T = params.n, params.max_new_tokens
     enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
     B, N = prompt_ids.shape[0], prompt_ids.shape[0] * G
-    cache, ckw = DynamicCache(config=model.config), cache_kwarg(model)
+    cache = DynamicCache(config=model.config)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, logits_to_keep=1, **{ckw: cache})
-    logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V] each row's next-token logits
+    logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V]
     kdtype = cache_dtype or cache.layers[0].keys.dtype
     bias = torch.zeros(B, 1, 1, prompt_ids.shape[1], dtype=kdtype, device=device).masked_fill(
         prompt_mask[:, None, None, :] == 0, torch.finfo(kdtype).min)
     state = EpisodeState(cache, G, bias)
     for i, layer in enumerate(cache.layers):
         cache.layers[i] = EpisodeLayer(layer, state, N, T, cache_dtype)
-    start = prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
-    lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
-    gens = [torch.Generator(device=device).manual_seed((int(seeds[r // G]) * 9973 + r % G) % 2**63) for r in range(N)]
-    traces = [Trace() for _ in range(N)]
-    stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
+    return prompt_ids, prompt_mask, logits, cache, state
 
-    while True:
-        waiting = [r for r in range(N) if traces[r].mode == WAIT]
-        runnable = [r for r in range(N) if traces[r].mode in (SAMPLE, FORCE)]
-        for r, ext in driver.ready(block=not runnable and bool(waiting)).items():
-            resume(traces[r], ext, T)
-        runnable = [r for r in range(N) if traces[r].mode in (SAMPLE, FORCE)]
-        if not runnable:
-            if not any(t.mode == WAIT for t in traces):
-                break
-            continue
-        feed = []  # (row, token) that go into the cache this step
-        for r in runnable:
-            tr = traces[r]
-            forced = tr.mode == FORCE
-            if forced:
-                token, logp = tr.forced.popleft(), 0.0
-                if not tr.forced:
-                    tr.mode = SAMPLE
-            else:
-                token, logp = _sample(logits[r], params, gens[r])
-            tr.ids.append(token)
-            tr.loss.append(0 if forced else 1)
-            tr.logps.append(logp)
-            if not forced:
-                tr.turn.append(token)
-                ended_eos = token in eos and not params.ignore_eos
-                if ended_eos or stop(tr.turn):
-                    turn, tr.turn = tr.turn, []
-                    tr.mode = WAIT if driver.end_turn(r, turn, ended_eos) else DONE
-            if len(tr.ids) >= T and tr.mode != DONE:
-                tr.truncated, tr.mode = True, DONE
-            if tr.mode != DONE:
-                feed.append((r, token))
-        if not feed:
-            continue
-        rows = torch.tensor([r for r, _ in feed], device=device)
-        tokens = torch.tensor([t for _, t in feed], device=device)
-        state.prepare(rows, lengths, N)
-        out = model(input_ids=tokens[:, None], position_ids=(start[rows] + lengths[rows])[:, None], use_cache=True,
-                    rlvr_episode=state, **{ckw: cache})
-        logits[rows] = out.logits[:, -1].float()
-        lengths[rows] += 1
-    return prompt_ids, prompt_mask, traces
+
+def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:
+    """The rows that feed a token this step, after resuming those whose tools have answered (waiting
+    for them when no other row can run; [] when none has answered yet); None once every episode is done."""
+    waiting = [r for r, tr in enumerate(traces) if tr.mode == WAIT]
+    runnable = [r for r, tr in enumerate(traces) if tr.mode in (SAMPLE, FORCE)]
+    for r, ext in driver.ready(block=not runnable and bool(waiting)).items():
+        resume(traces[r], ext, T)
+    runnable = [r for r, tr in enumerate(traces) if tr.mode in (SAMPLE, FORCE)]
+    if not runnable and not any(tr.mode == WAIT for tr in traces):
+        return None
+    return runnable
+
+
+def _take_token(tr: Trace, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, bool]:
+    """The row's next token, appended to its trace: its next external token (loss mask 0, no
+    log-prob) or a sample from its [V] logits. -> (token, whether it was external)."""
+    forced = tr.mode == FORCE
+    if forced:
+        token, logp = tr.forced.popleft(), 0.0
+        if not tr.forced:
+            tr.mode = SAMPLE
+    else:
+        token, logp = _sample(logits, params, gen)
+    tr.ids.append(token)
+    tr.loss.append(0 if forced else 1)
+    tr.logps.append(logp)
+    return token, forced
+
+
+def _end_turn_at_stop(tr: Trace, r: int, token: int, driver: TurnDriver, stop: StopMatcher, eos, *, ignore_eos: bool) -> None:
+    """A sampled token joins the row's turn; at EOS or a stop string the driver takes the turn and
+    the row waits for its tools, or its episode is done."""
+    tr.turn.append(token)
+    ended_eos = token in eos and not ignore_eos
+    if ended_eos or stop(tr.turn):
+        turn, tr.turn = tr.turn, []
+        tr.mode = WAIT if driver.end_turn(r, turn, ended_eos) else DONE
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:

@@ -223,6 +223,63 @@ def run_file_as_main(path, net_isolated):
     runpy.run_path(path, run_name="__main__")
 
 
+def compile_report(program):
+    """`compile` mode: whether the program compiles (nothing of it runs)."""
+    try:
+        compile(program, "solution.py", "exec")
+        return "compiled"
+    except BaseException as e:
+        return "error " + repr(type(e).__name__ + ": " + str(e)[:500])
+
+
+def run_program_and_tests(program, steps, mode):
+    """Run the program, then its test steps, in this interpreter; the "tests ..." report line.
+
+    Everything used once the program has run is captured first, as this frame's fast locals
+    (which other frames cannot rebind): the program may patch builtins, modules, globals."""
+    eval_, exec_, isinstance_ = eval, exec, isinstance
+    base_exc, memory_error, check = BaseException, MemoryError, check_values
+    import traceback
+
+    print_exc = traceback.print_exc  # diagnostics only: a patched traceback changes no verdict
+    total = len([s for s in steps if s[0] != "setup"])
+    ns = {"__name__": "solution" if mode == "assert" else "__main__", "__builtins__": builtins}
+    passed = memory_errors = 0
+    loaded = alive = True
+    try:
+        exec_(compile(program, "solution.py", "exec"), ns)
+    except base_exc as e:
+        loaded = alive = False
+        memory_errors += isinstance_(e, memory_error)
+        try:
+            print_exc(limit=-5)
+        except base_exc:
+            pass
+    # Tests get their own globals: a program function rebinding names in its module
+    # (`globals()["__rlvr_check__"] = ...`) cannot reach the tests' comparison helper.
+    scope = {**ns, "__rlvr_check__": check}
+    for step in steps:
+        if not alive:
+            break
+        try:
+            if step[0] == "assert":
+                ok = check(eval_(step[1], scope), step[2])
+            else:
+                exec_(step[1], scope)
+                ok = True
+        except base_exc as e:
+            memory_errors += isinstance_(e, memory_error)
+            ok = False
+            alive = step[0] != "setup"
+            try:
+                print_exc(limit=-2)
+            except base_exc:
+                pass
+        if ok is True and step[0] != "setup":
+            passed += 1
+    return "tests %d %d %d %d" % (passed, total, loaded, memory_errors)
+
+
 def main():
     job = load_job(sys.argv[1])
     sys.path.extend(job.get("sys_path") or [])  # the trainer's virtualenv, bound in read-only
@@ -232,62 +289,15 @@ def main():
     make_undumpable()
     install_guard(job.pop("nonce"), result_fd, block_network=not job["net_isolated"] and mode != "io",
                   protected=(is_plain, check_values))
-    # Everything used once the program has run is captured now, as this frame's fast locals
-    # (which other frames cannot rebind): the program may patch builtins, modules, globals.
-    audit, exit_, flush_out, flush_err = sys.audit, os._exit, sys.stdout.flush, sys.stderr.flush
-    eval_, exec_, isinstance_ = eval, exec, isinstance
-    base_exc, memory_error, check = BaseException, MemoryError, check_values
-    import traceback
-
-    print_exc = traceback.print_exc  # diagnostics only: a patched traceback changes no verdict
-    payload = ""
+    # What reports once the program has run is captured now, as this frame's fast locals, as
+    # run_program_and_tests captures what it uses: the program may patch builtins, modules, globals.
+    audit, exit_, flush_out, flush_err, base_exc = sys.audit, os._exit, sys.stdout.flush, sys.stderr.flush, BaseException
     if mode == "compile":
-        try:
-            compile(job["program"], "solution.py", "exec")
-            payload = "compiled"
-        except BaseException as e:
-            payload = "error " + repr(type(e).__name__ + ": " + str(e)[:500])
-    elif mode == "io":
+        payload = compile_report(job["program"])
+    elif mode == "io":  # the program runs in child processes
         payload = "io " + repr(run_io_cases(job))
     else:
-        steps = compile_tests(job["tests"]) if mode == "assert" else ()
-        total = len([s for s in steps if s[0] != "setup"])
-        ns = {"__name__": "solution" if mode == "assert" else "__main__", "__builtins__": builtins}
-        program = job["program"]
-        passed = memory_errors = 0
-        loaded = alive = True
-        try:
-            exec_(compile(program, "solution.py", "exec"), ns)
-        except base_exc as e:
-            loaded = alive = False
-            memory_errors += isinstance_(e, memory_error)
-            try:
-                print_exc(limit=-5)
-            except base_exc:
-                pass
-        # Tests get their own globals: a program function rebinding names in its module
-        # (`globals()["__rlvr_check__"] = ...`) cannot reach the tests' comparison helper.
-        scope = {**ns, "__rlvr_check__": check}
-        for step in steps:
-            if not alive:
-                break
-            try:
-                if step[0] == "assert":
-                    ok = check(eval_(step[1], scope), step[2])
-                else:
-                    exec_(step[1], scope)
-                    ok = True
-            except base_exc as e:
-                memory_errors += isinstance_(e, memory_error)
-                ok = False
-                alive = step[0] != "setup"
-                try:
-                    print_exc(limit=-2)
-                except base_exc:
-                    pass
-            if ok is True and step[0] != "setup":
-                passed += 1
-        payload = "tests %d %d %d %d" % (passed, total, loaded, memory_errors)
+        payload = run_program_and_tests(job["program"], compile_tests(job["tests"]) if mode == "assert" else (), mode)
     try:
         flush_out()
         flush_err()

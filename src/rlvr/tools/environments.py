@@ -13,15 +13,18 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from rlvr.tools.registry import Tool, ToolError, environment_tools, is_async_callable, resolve
+from rlvr.envs import ENVIRONMENTS
+from rlvr.specs import resolve
+from rlvr.tools.registry import Tool, ToolError, environment_tools, is_async_callable
 
 
 def load_environment(spec) -> type:
-    """An environment class (or zero-argument factory) by `file.py:Class` or `module:Class`."""
+    """An environment class (or zero-argument factory) by built-in name, `file.py:Class` or `module:Class`."""
     if not isinstance(spec, str):
         obj = spec
     else:
-        obj = resolve("environment", spec, spec.strip())
+        obj = resolve(ENVIRONMENTS.get(spec.strip(), spec.strip()), setting="environment", spec=spec, builtins=ENVIRONMENTS,
+                      what="function or class", error=ToolError)
     if inspect.isclass(obj) and not callable(getattr(obj, "reset", None)):
         raise ToolError(f"environment {spec!r}: class {obj.__name__} has no reset(self, **kwargs) method")
     return obj

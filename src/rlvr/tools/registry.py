@@ -12,19 +12,14 @@ Environments (TRL's `environment_factory`) are such classes plus a lifecycle: en
 
 from __future__ import annotations
 
-import ast
-import importlib
-import importlib.util
 import inspect
-import sys
-import threading
-import types as pytypes
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from transformers.utils import get_json_schema
+
+from rlvr.specs import resolve, split_params
 
 BUILTIN = {
     "calculator": "rlvr.tools.builtin:calculator",
@@ -82,66 +77,12 @@ def make_tool(fn: Callable, spec: str | None = None) -> Tool:
     )
 
 
-def _split_params(spec: str) -> tuple[str, dict]:
-    """`name(a=1, b='x')` -> ("name", {"a": 1, "b": "x"}); literals only, nothing is evaluated."""
-    spec = spec.strip()
-    if not spec.endswith(")") or "(" not in spec:
-        return spec, {}
-    head = spec[: spec.index("(")]
-    try:
-        call = ast.parse("f" + spec[len(head):], mode="eval").body
-        if not isinstance(call, ast.Call) or call.args:
-            raise ValueError("use keyword arguments")
-        return head.strip(), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-    except (SyntaxError, ValueError) as e:
-        raise ToolError(f"{spec!r}: parameters must be keyword=literal pairs ({e})") from None
-
-
-_file_modules: dict[str, pytypes.ModuleType] = {}
-_file_lock = threading.Lock()
-
-
-def resolve(kind: str, spec: str, target: str) -> Any:
-    """`module:name` or `file.py:name` -> the object; errors name the spec and what was tried."""
-    if ":" not in target:
-        raise ToolError(f"{kind} {spec!r}: use a built-in name ({', '.join(sorted(BUILTIN))}), "
-                        "module:name or path/to/file.py:name")
-    where, name = target.rsplit(":", 1)
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise ToolError(f"{kind} {spec!r}: file not found: {path} (relative to {Path.cwd()})")
-        key = str(path.resolve())
-        with _file_lock:  # one module per file, so two specs from one file share its globals
-            module = _file_modules.get(key)
-            if module is None:
-                mod_name = f"rlvr_user_tools_{abs(hash(key))}"
-                module_spec = importlib.util.spec_from_file_location(mod_name, path)
-                module = importlib.util.module_from_spec(module_spec)
-                sys.modules[mod_name] = module
-                try:
-                    module_spec.loader.exec_module(module)
-                except Exception as e:
-                    del sys.modules[mod_name]
-                    raise ToolError(f"{kind} {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from None
-                _file_modules[key] = module
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise ToolError(f"{kind} {spec!r}: cannot import module {where!r}: {e}") from None
-    obj = getattr(module, name, None)
-    if obj is None or not callable(obj):
-        raise ToolError(f"{kind} {spec!r}: {where} has no function or class {name!r}")
-    return obj
-
-
 def _target(spec) -> tuple[str, Any, dict]:
     """(label, function or class, constructor params) for a spec string or a Python object."""
     if not isinstance(spec, str):
         return getattr(spec, "__name__", repr(spec)), spec, {}
-    name, params = _split_params(spec)
-    obj = resolve("tool", spec, BUILTIN.get(name, name))
+    name, params = split_params(spec, setting="tool", error=ToolError)
+    obj = resolve(BUILTIN.get(name, name), setting="tool", spec=spec, builtins=BUILTIN, what="function or class", error=ToolError)
     if params and not inspect.isclass(obj):
         raise ToolError(f"tool {spec!r}: {name} is a function and takes no parameters in its spec")
     return spec, obj, params

@@ -1,0 +1,48 @@
+"""What the SmolLM2 benches (smollm2.py, smollm2_tools.py) share when they write their result:
+a 95 % Wilson interval, the reward-curve PNG and the cells of the markdown tables."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials (95 % for z = 1.96)."""
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def reward_curve(png: Path, metrics: list[dict], series: list[tuple[str, str]], *, ylabel: str | None = None) -> None:
+    """One line per (metrics.jsonl key, label) over the steps, saved to `png`; a step without the key is a gap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    steps = [m["step"] for m in metrics]
+    for key, label in series:
+        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], label=label, alpha=0.8)
+    ax.set_xlabel("step")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def with_ci(result: dict, key: str) -> str:
+    """`0.412 [0.351, 0.476]`: result[key] and its interval result[key + "_ci"]."""
+    lo, hi = result[key + "_ci"]
+    return f"{result[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def table_row(*cells) -> str:
+    """A markdown table row: `| a | b | c |`."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
