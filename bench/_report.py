@@ -1,4 +1,4 @@
-"""What the SmolLM2 benches (smollm2.py, smollm2_tools.py) share when they write their result:
+"""What the SmolLM2 benches (smollm2.py, smollm2_tools.py, code.py) share when they write their result:
 a 95 % Wilson interval, the reward-curve PNG and the cells of the markdown tables."""
 
 from __future__ import annotations

@@ -14,23 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 
+from _report import reward_curve, wilson
+
 REPORTED = ["model.autocast", "rollout.temperature", "rollout.group_size", "rollout.prompts_per_step", "rollout.max_new_tokens",
             "optim.lr", "algo.loss_type", "algo.beta", "algo.epsilon_high", "algo.scale_rewards"]
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def cpu() -> str:
@@ -67,7 +59,7 @@ def evaluate(trainer, rows: list[dict], *, max_new_tokens: int, batch: int = 48)
 def summary(result: dict, rows: list[dict], split: str | None = None) -> dict:
     keep = [i for i, r in enumerate(rows) if split is None or r.get("split") == split]
     k = sum(result["passed"][i] for i in keep)
-    return {"n": len(keep), "k": k, "rate": k / max(1, len(keep)), "ci": wilson(k, len(keep))}
+    return {"n": len(keep), "k": k, "rate": k / max(1, len(keep)), "ci": wilson(k, len(keep)) if keep else (0.0, 1.0)}
 
 
 def sandbox_workers() -> int:
@@ -150,23 +142,10 @@ def main() -> None:
 
 
 def write_result(args, cfg, settings, before, after, code_rows, human_rows, metrics, train_s) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from rlvr.config import to_dict
 
     png = args.out.with_name(args.out.stem + "_reward.png")
-    fig, ax = plt.subplots(figsize=(8, 4))
-    steps = [m["step"] for m in metrics]
-    for key, label in [("rewards/code/mean", "tests passed (fraction)"), ("rewards/code_compiles/mean", "compiles")]:
-        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], label=label, alpha=0.8)
-    ax.set_xlabel("step")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    reward_curve(png, metrics, [("rewards/code/mean", "tests passed (fraction)"), ("rewards/code_compiles/mean", "compiles")])
 
     def cell(s: dict) -> str:
         return f"{s['rate']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] ({s['k']}/{s['n']})"
