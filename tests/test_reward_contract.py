@@ -78,3 +78,6 @@ def test_a_reward_failing_on_every_sample_stops_the_run_naming_it(tmp_path, rlvr
     rlvr_cli("report", out, check=True, timeout=300)
     html = (out / "report" / "report.html").read_text()
     assert "<td>flaky</td><td class=num>32</td><td class=num>2 of 4</td><td class=num>100.0%</td>" in html
+    doctor = rlvr_cli("doctor", out, "--json", timeout=120)  # the doctor names the failing function first
+    findings = json.loads(doctor.stdout)["findings"]
+    assert doctor.returncode == 1 and findings[0]["rule"] == "reward_failing" and "flaky" in findings[0]["message"]
