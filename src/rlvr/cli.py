@@ -173,7 +173,8 @@ def _doctor(args) -> int:
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The `rlvr` command line: one subcommand per job, every option with its help."""
     ap = argparse.ArgumentParser(prog="rlvr", description="GRPO fine-tuning on tasks whose answers a program can check.")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -218,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     dr.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
     dr.add_argument("--correctness", help="name of the reward function that measures correctness (default: guessed)")
     dr.add_argument("--json", action="store_true", help="one JSON object per run instead of text")
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args, extra = ap.parse_known_args(argv)
     if args.command == "train" and not any(a.startswith("-") for a in extra):
         args.overrides += extra  # key=value overrides after a flag (`rlvr train my.yaml --force steps=3`)
