@@ -45,11 +45,22 @@ def test_unknown_yaml_key(tmp_path):
         ("optim.lr=0", "optim.lr` must be positive"),
         ("algo.loss_type=dapoo", "algo.loss_type.*did you mean 'dapo'"),
         ("optim.micro_batch_size=1000", "optim.micro_batch_size`=1000 is larger"),
+        ("optim.compile=of", "optim.compile.*did you mean 'off'"),
     ],
 )
 def test_validation_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         check_config(load_config(None, [override]))
+
+
+def test_on_and_off_unquoted_are_the_strings(tmp_path):
+    """YAML reads on/off unquoted as booleans: a string setting gets them back as written."""
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  compile: on\n")
+    assert load_config(f).optim.compile == "on"
+    assert load_config(f, ["optim.compile=off"]).optim.compile == "off"
+    with pytest.raises(ConfigError, match="optim.compile`=on is not supported with nproc > 1.*optim.compile=off"):
+        check_config(load_config(f, ["nproc=2"]))
 
 
 def test_registered_settings_are_checked_against_the_choices_given():

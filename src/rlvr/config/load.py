@@ -116,7 +116,9 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
                     pass
         raise ConfigError(f"`{key}` must be {what}, got {value!r}")
     if t is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no unquoted as booleans: `optim.compile: on`
+            return "on" if value else "off"
+        if isinstance(value, (str, int, float)):
             return str(value)
         raise ConfigError(f"`{key}` must be a string, got {value!r}")
     return value

@@ -267,6 +267,12 @@ class OptimConfig:
     """Training forward runs each group's prompt once and shares its KV cache (with gradient) across the group."""
     pack_by_length: bool = True
     """Sort completions by length into micro-batches (each trimmed to its own longest) when that computes fewer tokens; same update."""
+    compile: str = "auto"
+    """torch.compile the training forward+backward: `on`, `off`, or `auto` (on where measured to win within a run's
+    first steps: nowhere yet; on CPU a compile costs more than a hundred steps save, on CUDA it is unmeasured;
+    bench/results/compile.md). Lengths are padded to buckets (multiples of 16, then 4 per doubling) with masked
+    tokens, so a run compiles once per bucket it meets; same update. Single process; the shared-prefix forward
+    is then off. `compile/count` and `time/compile` in the metrics."""
 
 
 @dataclass

@@ -225,6 +225,10 @@ def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
     if o.steps_per_generation < 1:
         errors.append(f"`optim.steps_per_generation` must be >= 1 (1: one optimizer step per batch and pass), got {o.steps_per_generation}")
+    choice("optim.compile", o.compile, ["auto", "on", "off"])
+    if o.compile == "on" and cfg.nproc > 1:
+        errors.append("`optim.compile`=on is not supported with nproc > 1 yet (compiling a DDP/FSDP-wrapped model is untested here): "
+                      "set optim.compile=off (or auto), or nproc=1")
 
 
 def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) -> None:

@@ -68,13 +68,12 @@ def group_runs(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return starts, ends - starts
 
 
-def _logits_plain(model, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    C = completion_ids.shape[1]
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
-    attn = torch.cat([prompt_mask, completion_mask], dim=1)
+def logits_plain(model, ids: torch.Tensor, attn: torch.Tensor, C: int) -> torch.Tensor:
+    """Logits [N, C, V] of the last C tokens of ids [N, L] (prompt + completion; attention mask
+    attn): position t predicts completion token t. Logits only for those positions (logits_to_keep)."""
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
-    return logits[:, :-1]  # [N, C, V]: position t predicts completion token t
+    return logits[:, :-1]
 
 
 def _repeat_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -127,11 +126,18 @@ def completion_logprobs(
         if len(starts) == prompt_ids.shape[0]:
             starts = None  # nothing shared
     if starts is None:
-        logits = _logits_plain(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
+        logits = logits_plain(model, ids, torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.shape[1])
     else:
         logits = _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts)
+    return logprobs_from_logits(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def logprobs_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, *, temperature: float, with_entropy: bool,
+                         entropy_grad: bool, chunk_rows: int | None = 16) -> TokenLogProbs:
+    """Log-probs (and entropies) of completion_ids [N, C] from logits [N, C, V] at the sampling temperature."""
     if temperature != 1.0:
         logits = logits / temperature
-    logp = selective_log_softmax(logits, completion_ids)
-    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits) if with_entropy else None
+    logp = selective_log_softmax(logits, completion_ids, chunk_rows)
+    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits, chunk_rows) if with_entropy else None
     return TokenLogProbs(logp, entropy)

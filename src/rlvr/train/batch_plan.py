@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from rlvr import algo
+from rlvr.models.compiled import COMPILE_WINS_ON
 
 GiB = 1024**3
 
@@ -25,7 +26,8 @@ class BatchPlan:
     group_size: int
     micro_batch_size: int  # completions per forward/backward per rank (optim.micro_batch_size, 0 resolved)
     steps_per_generation: int  # minibatches per batch, each its own optimizer step (optim.steps_per_generation)
-    shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing)
+    shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing, not compiled)
+    compiled_forward: bool  # training forward+backward under torch.compile at bucketed lengths (optim.compile)
     skip_zero_advantage: bool  # rows with advantage exactly 0 skip forward/backward (their gradient is zero)
     pack_by_length: bool  # rows may be sorted by length into micro-batches when that computes fewer tokens
     packing_pieces: int | None  # micro-batches packing cuts a whole-step batch into (None: micro_batch_size rows each)
@@ -54,13 +56,16 @@ class BatchPlan:
         all_rows = a.top_entropy_quantile >= 1
         regroupable = one_process and all_rows and algo.rows_can_be_regrouped(a.loss_type)
         pack = o.pack_by_length and regroupable
+        device = params[0].device.type if params else "cpu"
+        compiled = one_process and (o.compile == "on" or (o.compile == "auto" and device in COMPILE_WINS_ON))
         return cls(
             world_size=world_size,
             prompts=r.prompts_per_step,
             group_size=r.group_size,
             micro_batch_size=o.micro_batch_size or minibatch,
             steps_per_generation=o.steps_per_generation,
-            shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing,
+            shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing and not compiled,
+            compiled_forward=compiled,
             skip_zero_advantage=o.skip_zero_advantage and one_process and all_rows and algo.zero_advantage_rows_have_zero_gradient(
                 loss_type=a.loss_type, beta=a.beta, entropy_coef=a.entropy_coef),
             pack_by_length=pack,
@@ -122,6 +127,8 @@ class BatchPlan:
             notes.append("rows with advantage 0 skipped")
         if self.shared_prefix:
             notes.append("each prompt's forward shared by its group")
+        if self.compiled_forward:
+            notes.append("forward+backward compiled (torch.compile), lengths padded to buckets")
         return f" ({'; '.join(notes)})" if notes else ""
 
     def describe(self) -> str:

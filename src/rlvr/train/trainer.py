@@ -218,6 +218,9 @@ class Trainer:
                         metrics["eval/reward"] = score
                     t0 += time.time() - t_eval  # evaluating is not training
                 log.log(metrics)
+                if metrics.get("time/compile"):
+                    log.info(f"[compile] step {state.step}: torch.compile built the training forward's graphs for a new length bucket "
+                             f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
                 if cfg.log_completions_every and self._completions_due(stop):
                     r = self.last_step
                     log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))

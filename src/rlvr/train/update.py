@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlvr import algo
+from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
@@ -114,6 +115,8 @@ class Updater:
         self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
+        self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
+        self.compile_clock = CompileClock()
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
         return self.update([(episodes, advantages, loss_weight)])
@@ -122,7 +125,17 @@ class Updater:
         """mu passes over the minibatches (train/minibatches.py), one optimizer step per minibatch and pass."""
         # Minibatches after the first train after an optimizer step: their old log-probs are taken now.
         steps = [self.prepare(e, adv, w, generating_logp=j > 0) for j, (e, adv, w) in enumerate(minibatches)]
-        sums, skipped = MetricSums(self.device), False
+        sums = MetricSums(self.device)
+        compile_seconds = self.compile_clock.seconds
+        with self.compile_clock.measuring() if self.compiled else contextlib.nullcontext():
+            skipped = self.passes(steps, sums)
+        metrics = self.finish(sums, steps)
+        if self.compiled:
+            metrics.update({"compile/count": self.compile_clock.graphs, "time/compile": self.compile_clock.seconds - compile_seconds})
+        return UpdateResult(metrics, [n for s in steps for n in s.micro_batch_sizes], skipped)
+
+    def passes(self, steps: list[StepInputs], sums: MetricSums) -> bool:
+        """mu passes over every minibatch; True when one was skipped (a non-finite loss or gradient)."""
         for it, step in itertools.product(range(self.cfg.algo.num_iterations), steps):  # each pass: every minibatch
             self.optimizer.zero_grad(set_to_none=True)
             sums.pass_loss.zero_()
@@ -130,7 +143,7 @@ class Updater:
                 j = min(k, len(step.old_logp) - 1)  # padding passes repeat the last micro-batch
                 last = k == len(step.passes) - 1  # gradients are reduced across ranks on the last backward only
                 with self.dist.no_grad_sync(self.train_model, skip=not last):
-                    out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True)
+                    out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True, compiled=self.compiled)
                 m = step.loss_mask[mb, :C]
                 own_old = step.old_logp[j] is None  # old log-probs from this very forward: ratio exactly 1, nothing clips
                 if own_old:
@@ -150,9 +163,8 @@ class Updater:
                 if w_pass:
                     sums.add(res, entropy, m, can_clip=not own_old)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
-                skipped = True
-                break
-        return UpdateResult(self.finish(sums, steps), [n for s in steps for n in s.micro_batch_sizes], skipped)
+                return True
+        return False
 
     # ------------------------------------------------------------------ before the loop
 
@@ -237,12 +249,15 @@ class Updater:
 
     # ------------------------------------------------------------------ forwards
 
-    def forward(self, model, e: Episodes, mb: slice, *, with_entropy: bool):
+    def forward(self, model, e: Episodes, mb: slice, *, with_entropy: bool, compiled: CompiledForward | None = None):
+        """(log-probs and entropies of micro-batch mb, its completion width); `compiled`: through the compiled forward."""
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
+        kw = dict(temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0)
         with autocast_context(self.cfg.model.autocast, self.device):
-            out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=self.cfg.rollout.temperature,
-                                      with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0,
-                                      group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
+            if compiled is not None:
+                out = compiled(model, p_ids, p_mask, c_ids, c_mask, **kw)
+            else:
+                out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, **kw, group_ids=e.group_ids[mb] if self.plan.shared_prefix else None)
         return out, c_ids.shape[1]
 
     def reference_logprobs(self, e: Episodes, mbs: list[slice]) -> torch.Tensor:
