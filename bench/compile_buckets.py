@@ -309,10 +309,12 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
         "",
         "## What optim.compile=auto does with this",
         "",
-        f"With an empty inductor cache the bucketed compile pays for its two graphs after ~{after_steps['bucketed', 'cold']:.0f} steps "
-        f"of config B (~{after_steps['bucketed', 'warm']:.0f} with a warm cache, which a first run on a machine does not have; "
-        "an EOS run whose packed micro-batches meet all four buckets of max_new_tokens=64 compiles twice as much). "
-        + ("A run's first steps do not recover it, so `auto` is off on CPU (`COMPILE_WINS_ON` in src/rlvr/models/compiled.py). "
+        (f"With an empty inductor cache the bucketed compile pays for its two graphs after ~{after_steps['bucketed', 'cold']:.0f} steps "
+         f"of config B (~{after_steps['bucketed', 'warm']:.0f} with a warm cache, which a first run on a machine does not have; "
+         "an EOS run whose packed micro-batches meet all four buckets of max_new_tokens=64 compiles twice as much). "
+         if after_steps["bucketed", "cold"] < float("inf") else
+         "The compiled step is not faster than rlvr's eager step here, so its compiles never pay. ")
+        + ("A run's first steps do not recover them, so `auto` is off on CPU (`COMPILE_WINS_ON` in src/rlvr/models/compiled.py). "
            if after_steps["bucketed", "cold"] > 20 else
            "**That is within a run's first steps: `COMPILE_WINS_ON` in src/rlvr/models/compiled.py should include cpu.** ")
         + "On CUDA it is unmeasured (no GPU was lent), so `auto` is off there; `optim.compile=on` turns it on anywhere (single process).",

@@ -31,8 +31,9 @@ from rlvr.config import ConfigError
 from rlvr.models.forward import TokenLogProbs, logits_plain, logprobs_from_logits
 
 # Device types where the compiled forward is measured to win within a run's first steps (optim.compile=auto).
-# None yet: on CPU (AMD EPYC, 2 threads, fp32) a compile costs more than a hundred steps' savings; on CUDA
-# it is unmeasured. bench/results/compile.md
+# None yet: on CPU (AMD EPYC, 2 threads, fp32, config B) a compiled step is within ~10% of eager, either way,
+# and each bucket's first compile takes 50-80 s with an empty inductor cache; on CUDA it is unmeasured.
+# bench/results/compile.md
 COMPILE_WINS_ON: frozenset[str] = frozenset()
 BUCKET_STEP = 16  # the finest bucket step (lengths up to 128)
 RECOMPILE_LIMIT = 64  # graphs of the compiled forward before torch.compile falls back to eager (its default: 8)
