@@ -243,7 +243,7 @@ def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_d
     tok, _ = load_tokenizer(path)
     model = load_model(path)
     prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a much longer prompt than the others: 99+99="]]
-    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=20, ignore_eos=ignore_eos)
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=20, ignore_eos=ignore_eos)
     a = HFEngine(model, tok, shared_prefix=False, drop_finished_fraction=drop, lean=False).generate(prompts, params, seeds=[4, 5, 6])
     b = HFEngine(model, tok, shared_prefix=True, drop_finished_fraction=drop, lean=False).generate(prompts, params, seeds=[4, 5, 6])
     assert (a.prompt_mask == 0).any()

@@ -59,7 +59,7 @@ def count_lean_steps(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
 @pytest.mark.parametrize("layout", ["repeated", "shared"])
-@pytest.mark.parametrize("ignore_eos, drop, temperature", [(True, 0.0, 1.0), (False, 0.25, 1.0), (False, 0.25, 0.0)],
+@pytest.mark.parametrize("ignore_eos, drop, temperature", [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
                          ids=["fixed", "eos-drop-finished", "greedy"])
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
@@ -72,7 +72,7 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
     assert count_lean_steps and set(count_lean_steps) == {layout == "shared"}  # the lean step ran, in the layout asked
     assert (plain.prompt_mask == 0).any()  # left padding of different widths
     if not ignore_eos and temperature > 0:
-        assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 3  # rows ended early and left the batch
+        assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 2  # rows ended early (and left the batch: drop 0.01)
     _same(lean, plain)
 
 

@@ -16,7 +16,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.generation import Generation, SamplingParams, filter_logits
+from rlvr.rollout.generation import Generation, SamplingParams, sample_tokens
 from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.episode_cache import episode_attention
 from rlvr.rollout.hf_episodes import decode_episodes
@@ -242,24 +242,11 @@ class HFEngine:
 
     @staticmethod
     def _sample(logits, params: SamplingParams, gens, active, G):
-        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy);
-        noise for row r comes from its prompt's generator."""
+        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy).
+        Row r's random number comes from its prompt's generator, which draws one for each of its G
+        rows every step: a row's sample does not depend on which rows have left the batch."""
         if params.temperature == 0:
             token = logits.argmax(-1)
             return token, torch.zeros_like(token, dtype=torch.float32), None
-        scaled = logits / params.temperature
-        logp_all = filter_logits(scaled, params.top_k, params.top_p).log_softmax(-1)  # [n_active, V]
-        p = logp_all.exp()
-        # Exponential race (Gumbel-max in disguise): argmax p / E, E ~ Exp(1), samples from p.
-        # Noise is drawn for all G rows of each prompt every step, so a row's noise does not
-        # depend on which rows have left the batch.
-        noise = torch.cat([torch.empty((G, logits.shape[-1]), device=logits.device).exponential_(generator=g) for g in gens])
-        token = (p / noise[active]).argmax(-1)
-        # The entropy the training forward computes: of the whole distribution at this temperature,
-        # not of the top-k/top-p part sampled from (free when nothing is filtered)
-        if params.top_k or params.top_p < 1.0:
-            logp_full = scaled.log_softmax(-1)
-            entropy = -(logp_full.exp() * logp_full).nansum(-1)
-        else:
-            entropy = -(p * logp_all).nansum(-1)  # nansum: 0 * log 0 = 0 for logits at -inf
-        return token, logp_all.gather(-1, token[:, None]).squeeze(-1), entropy
+        uniforms = torch.cat([torch.rand(G, generator=g, device=logits.device) for g in gens])  # [B x G]
+        return sample_tokens(logits, uniforms[active], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
