@@ -123,18 +123,23 @@ def test_the_cache_key_tells_models_and_shapes_apart(make_trainer, tiny_model_di
 @pytest.mark.parametrize("bail_ratio", [0.0, math.inf])
 def test_real_timing_of_the_tiny_model_leaves_the_run_as_it_was(tiny_model_dir, monkeypatch, bail_ratio):
     """Both estimates come out positive; with bf16 judged too slow on the matmul probe (ratio 0) it
-    is estimated from the probe, else timed on the model. Weights, gradients, mode and the random
-    stream are untouched."""
+    is estimated from the probe, else timed on the model. Weights, gradients, mode, the random
+    stream and torch's thread count are as before."""
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setattr(precision_timing, "BAIL_RATIO", bail_ratio)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    rng = torch.get_rng_state()
-    times = measure_step(model, SHAPES)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    torch.set_num_threads(2)  # timed on one, restored after
+    try:
+        times = measure_step(model, SHAPES)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     assert set(times.seconds) == {"none", "bf16"} and all(0 < s < 60 for s in times.seconds.values())
     assert ("not timed on the model" in times.note) == (bail_ratio == 0.0)
-    assert re.fullmatch(r"[1-8] rows x 16 tokens, decode \d+ rows", times.measured_at), times.measured_at
+    assert re.fullmatch(r"1 thread, [1-8] rows x 16 tokens, decode \d+ rows", times.measured_at), times.measured_at
     assert torch.equal(torch.get_rng_state(), rng) and model.training
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())

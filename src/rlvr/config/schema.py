@@ -44,9 +44,9 @@ class ModelConfig:
     """LoRA / QLoRA adapters (through peft); off while lora.r = 0."""
     autocast: str = "auto"
     """`bf16`: bf16 autocast for generation and training forwards (weights and optimizer stay in `dtype`); `none`: no
-    autocast; `auto`: whichever is faster here: on CUDA bf16 where the GPU supports it, on the CPU the faster of the two
-    for one step of this model, timed at start-up (a second or two) and cached per model, machine and shapes in
-    ~/.cache/rlvr/precision.json (RLVR_PRECISION_CACHE). The choice and both estimates are printed at start-up."""
+    autocast; `auto`: whichever is faster here: on CUDA bf16 where the GPU supports it, on the CPU the faster of the
+    two for one step of this model, timed at start-up (a few seconds for a ~100M model) and cached per model, machine
+    and shapes in ~/.cache/rlvr/precision.json (RLVR_PRECISION_CACHE); printed at start-up with both estimates."""
 
 
 @dataclass

@@ -45,7 +45,7 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
     """`bf16` / `none` as set, nothing timed. `auto`: on CUDA bf16 where the GPU supports it
     (torch.cuda.is_bf16_supported(); there it is the faster, so nothing is timed), else none;
     weights not in float32 run in their own dtype (none); on the CPU the faster of fp32 and bf16
-    autocast for one training step of this model at these shapes, timed (a second or two for a
+    autocast for one training step of this model at these shapes, timed (a few seconds for a
     ~100M model) unless the cache already holds the answer for this model, machine and shapes."""
     if setting != "auto":
         return PrecisionChoice(setting, f"model.autocast={setting}")
