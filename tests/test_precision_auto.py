@@ -68,7 +68,7 @@ def test_the_choice_is_printed_and_recorded_and_a_second_run_reads_the_cache(mak
     summary = first.train()
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("precision:"))
     assert line == f"precision: fp32 (step estimate fp32 0.75 s, bf16 2.50 s; measured at stub sizes; cached in {cache_file})"
-    assert summary["precision"] == {"autocast": "none", "reason": line[len("precision: fp32 ("):-1],
+    assert summary["precision"] == {"name": "fp32", "autocast": "none", "reason": line[len("precision: fp32 ("):-1],
                                     "step_seconds": {"none": 0.75, "bf16": 2.5}}
     assert json.loads((first.output_dir / "summary.json").read_text())["precision"] == summary["precision"]
 
@@ -86,6 +86,7 @@ def test_forced_precision_and_low_precision_weights_are_never_timed(make_trainer
     monkeypatch.setattr(precision_choice, "measure_step", timer)
     t = make_trainer(*overrides)
     assert t.precision.autocast == t.updater.precision == expected
+    assert t.precision.name == {"bf16": "bf16", "none": "bfloat16" if "model.dtype=bfloat16" in overrides else "fp32"}[expected]
     assert timer.calls == [] and not cache_file.exists()
 
 

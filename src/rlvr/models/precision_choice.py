@@ -27,18 +27,20 @@ class PrecisionChoice:
 
     autocast: str  # "bf16" or "none": what rlvr.models.precision.autocast_context runs under
     reason: str  # the console line's explanation
+    weights: str = "fp32"  # the weights' dtype: what `none` runs in
     step_seconds: dict[str, float] = field(default_factory=dict)  # auto, timed: estimated seconds per step by precision
 
     @property
     def name(self) -> str:
-        return "bf16" if self.autocast == "bf16" else "fp32"
+        return "bf16" if self.autocast == "bf16" else self.weights
 
     def describe(self) -> str:
         return f"precision: {self.name} ({self.reason})"
 
     def summary(self) -> dict:
         """What summary.json records."""
-        return {"autocast": self.autocast, "reason": self.reason, **({"step_seconds": self.step_seconds} if self.step_seconds else {})}
+        timed = {"step_seconds": self.step_seconds} if self.step_seconds else {}
+        return {"name": self.name, "autocast": self.autocast, "reason": self.reason, **timed}
 
 
 def choose_precision(setting: str, model, device: torch.device, shapes: StepShapes) -> PrecisionChoice:
@@ -47,15 +49,16 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
     weights not in float32 run in their own dtype (none); on the CPU the faster of fp32 and bf16
     autocast for one training step of this model at these shapes, timed (a few seconds for a
     ~100M model) unless the cache already holds the answer for this model, machine and shapes."""
+    dtype = next(model.parameters()).dtype
+    weights = "fp32" if dtype == torch.float32 else str(dtype).removeprefix("torch.")
     if setting != "auto":
-        return PrecisionChoice(setting, f"model.autocast={setting}")
+        return PrecisionChoice(setting, f"model.autocast={setting}", weights)
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
-            return PrecisionChoice("bf16", "model.autocast=auto: this GPU supports bf16")
-        return PrecisionChoice("none", "model.autocast=auto: this GPU has no bf16")
-    dtype = next(model.parameters()).dtype
+            return PrecisionChoice("bf16", "model.autocast=auto: this GPU supports bf16", weights)
+        return PrecisionChoice("none", "model.autocast=auto: this GPU has no bf16", weights)
     if dtype != torch.float32:
-        return PrecisionChoice("none", f"model.autocast=auto: the weights are {str(dtype).removeprefix('torch.')}, run as they are")
+        return PrecisionChoice("none", f"model.autocast=auto: the weights are {weights}, run as they are", weights)
     path, key = precision_cache_path(), cache_key(model, device, shapes)
     cache = _read(path)
     if _is_entry(cache.get(key)):
@@ -68,7 +71,7 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
         how = f"cached in {path}"
     s = entry["step_seconds"]
     details = "; ".join(filter(None, [f"measured at {entry['measured_at']}", entry["note"], how]))
-    return PrecisionChoice(entry["autocast"], f"step estimate fp32 {s['none']:.2f} s, bf16 {s['bf16']:.2f} s; {details}", s)
+    return PrecisionChoice(entry["autocast"], f"step estimate fp32 {s['none']:.2f} s, bf16 {s['bf16']:.2f} s; {details}", weights, s)
 
 
 def precision_cache_path() -> Path:

@@ -87,7 +87,7 @@ class Trainer:
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
         self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model,
                                     prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt))
-        # 'bf16' or 'none' (model.autocast=auto resolved, by timing when it must): every forward runs under it
+        # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
