@@ -58,6 +58,7 @@ LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 t
 )
 
 RLVR_PYTHON = ""  # --rlvr-python: run the rlvr worker in another virtualenv
+WORKER_TIMEOUT = 0.0  # --worker-timeout
 
 CONFIGS = {
     "A": dict(model="tiny", reward="arithmetic", max_new_tokens=16, long_prompt=False, trl_defaults=False),
@@ -310,8 +311,14 @@ def run_worker(kind: str, spec: dict, log) -> dict:
     t = time.perf_counter()
     python = RLVR_PYTHON if kind == "rlvr" and RLVR_PYTHON else sys.executable
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # rollout.engine=vllm on CPU: a small KV cache is plenty here
-    p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
-                       capture_output=True, text=True)
+    try:
+        p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
+                           capture_output=True, text=True, timeout=WORKER_TIMEOUT or None)
+    except subprocess.TimeoutExpired:  # e.g. TRL's bf16 default on a CPU that emulates bf16: a lower bound, not a time
+        log(f"  {kind:5s} killed after {WORKER_TIMEOUT:.0f} s (--worker-timeout) before finishing "
+            f"{spec.get('warmup', 0)} + {spec.get('steps', 0)} steps")
+        return {"timed_out": WORKER_TIMEOUT, "steps": [], "peak_rss_mb": float("nan"), "settings": ["killed at the time limit"],
+                "load_before": before, "load_after": load_average(), "busy_before": busy, "wall": WORKER_TIMEOUT}
     wall = time.perf_counter() - t
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not lines:
@@ -326,6 +333,11 @@ def run_worker(kind: str, spec: dict, log) -> dict:
 
 def summarize(rec: dict) -> dict:
     s = rec["steps"]
+    if not s:  # killed at --worker-timeout: every step took at least timeout / steps run
+        bound = rec["timed_out"] / max(1, rec["steps_asked"])
+        nan = float("nan")
+        return {"median": bound, "min": bound, "max": nan, "n": 0, "lower_bound": True, "generate": nan, "reward": nan, "train": nan,
+                "tokens": nan, "tok_per_s": nan, "rss": nan, "min_len": "-", "max_len": "-", "prompt_tokens": nan}
     times = [x["step"] for x in s]
     med = statistics.median(times)
     tokens = statistics.median(x["completion_tokens"] for x in s)
@@ -350,11 +362,13 @@ def main() -> None:
     ap.add_argument("--rlvr-extra", default="", help="extra rlvr overrides for every config, comma-separated")
     ap.add_argument("--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)")
     ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
+    ap.add_argument("--worker-timeout", type=float, default=0,
+                    help="kill a library's run after this many seconds and report its step time as a lower bound (0: no limit)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    global RLVR_PYTHON
-    RLVR_PYTHON = a.rlvr_python
+    global RLVR_PYTHON, WORKER_TIMEOUT
+    RLVR_PYTHON, WORKER_TIMEOUT = a.rlvr_python, a.worker_timeout
     if a.worker:
         {"rlvr": worker_rlvr, "trl": worker_trl, "peak": worker_peak}[a.worker](json.loads(a.spec))
         return
@@ -407,7 +421,8 @@ def main() -> None:
                         runs[lib].append(run_worker(lib, {**spec, "out": out, "extra": extra}, log))
             merged = {}
             for lib, recs in runs.items():
-                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs)}
+                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
+                       "timed_out": max(r.get("timed_out", 0) for r in recs), "steps_asked": a.warmup + a.steps}
                 merged[lib] = summarize(rec) | {"settings": recs[0]["settings"], "load": [(r["load_before"], r["load_after"]) for r in recs],
                                                 "busy": [b for r in recs for b in r["busy_before"]]}
             rl = merged["rlvr"]
@@ -465,8 +480,10 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
     for r in results:
         for lib in ("trl", "rlvr"):
             x = r[lib]
-            ratio = f"**{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
-            L.append(f"| {r['config']} | {r['variant']} | {lib} | {x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f}) | {x['generate']:.3f} | "
+            bound = "> " if r["trl"].get("lower_bound") else ""  # TRL killed at --worker-timeout: its time and the ratio are lower bounds
+            ratio = f"**{bound}{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
+            step = f"> {x['median']:.0f} (killed)" if x.get("lower_bound") else f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})"
+            L.append(f"| {r['config']} | {r['variant']} | {lib} | {step} | {x['generate']:.3f} | "
                      f"{x['reward']:.3f} | {x['train']:.3f} | {x['tok_per_s']:.0f} | {x['min_len']}-{x['max_len']} | {x['rss']:.0f} | {ratio} |")
     L += ["", "## Compute floor", "",
           "FLOPs = 6 x params x trained tokens + 2 x params x generated tokens (params without the input embedding; trained tokens = "
