@@ -3,10 +3,11 @@
 Each prompt is prefilled once; its G rows then decode with rlvr.rollout.episode_cache, where
 every row writes at its own position. A row's model turn ends at EOS or when its text ends with
 one of the driver's stop strings (e.g. `</calc>`); the driver then either ends the episode or
-starts the tools and the row waits, out of the forward, while the others go on. When the
-driver hands back the row's external tokens (tool results, template glue), they are fed one per
-step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
-next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
+starts the tools (they run in the background) and the row waits, out of the forward, while the
+others go on. Every step first asks the driver which rows' tools have answered; only when no row
+can run does the loop block, until one has. When the driver hands back the row's external tokens
+(tool results, template glue), they are fed one per step, as sampled tokens are, but with loss
+mask 0 and no log-prob, and the row then samples its next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
 Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
 episode does not depend on when the other rows' tools finished.
 """
