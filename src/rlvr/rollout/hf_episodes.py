@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg
 from rlvr.rollout.episode_cache import EpisodeLayer, EpisodeState
-from rlvr.rollout.generation import SamplingParams, filter_logits
+from rlvr.rollout.generation import SamplingParams, sample_tokens
 from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, eos_ids, resume
 
 @torch.no_grad()
@@ -121,13 +121,13 @@ def _end_turn_at_stop(tr: Trace, r: int, token: int, driver: TurnDriver, stop: S
 
 def _sample(logits: torch.Tensor, rows: list[int], params: SamplingParams, gens: list[torch.Generator]) -> dict[int, tuple[int, float]]:
     """(token, its log-prob) for each of `rows`, from their logits (logits [N, V]), together; each
-    row's noise comes from its own generator, drawn only when it samples."""
+    row's random number comes from its own generator, drawn only when it samples (inverse-CDF:
+    rlvr.rollout.generation.sample_tokens)."""
     if not rows:
         return {}
     x = logits[rows]  # [n, V]
     if params.temperature == 0:
         return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
-    logp = filter_logits(x / params.temperature, params.top_k, params.top_p).log_softmax(-1)  # [n, V]
-    noise = torch.stack([torch.empty_like(logp[0]).exponential_(generator=gens[r]) for r in rows])  # [n, V]
-    token = (logp.exp() / noise).argmax(-1)  # [n] exponential race: a sample from softmax(logp)
-    return dict(zip(rows, zip(token.tolist(), logp.gather(-1, token[:, None])[:, 0].tolist())))
+    uniforms = torch.cat([torch.rand(1, generator=gens[r], device=x.device) for r in rows])  # [n]
+    token, logp, _ = sample_tokens(x, uniforms, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    return dict(zip(rows, zip(token.tolist(), logp.tolist())))
