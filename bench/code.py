@@ -44,7 +44,7 @@ def evaluate(trainer, rows: list[dict], *, max_new_tokens: int, batch: int = 48)
 
     grade = load_reward_fn("code(all_or_nothing=True)")
     source = make_source(trainer.cfg, trainer.engine, trainer.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
-                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device)
+                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device, precision=trainer.precision.autocast)
     passed, texts = [], []
     t0 = time.time()
     for i in range(0, len(rows), batch):

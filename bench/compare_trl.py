@@ -5,16 +5,21 @@
 
 Both libraries get the same model files, prompts (chat messages rendered by the same template),
 group size (G=8), prompts per step (8), max new tokens, AdamW (lr 1e-6, betas 0.9/0.999, constant
-schedule, grad-norm clip 1.0), precision, beta=0, mu=1, temperature 1, dapo loss, group-std
-scaling (ddof=1, as TRL). Every library runs in its own subprocess (peak RSS is separable), with
-exactly 2 threads, strictly one after the other, alternating which goes first from round to round.
+schedule, grad-norm clip 1.0), beta=0, mu=1, temperature 1, dapo loss, group-std scaling (ddof=1,
+as TRL). Every library runs in its own subprocess (peak RSS is separable), with exactly 2 threads,
+strictly one after the other, alternating which goes first from round to round.
+
+Precision: each library at its best on this machine unless the config says otherwise: rlvr with
+model.autocast=auto (it times fp32 and bf16 on the model at start-up and runs the faster; the
+choice is in the log), TRL with bf16=True only where this machine's bf16 matmul peak beats fp32's
+(measured first; CPUs without native bf16 emulate it, many times slower).
 
 Configs (8 prompts x G=8 per step):
-  A  bundled `tiny` model on arithmetic, 16 new tokens, arithmetic reward (0/1)
-  B  25M Llama (hidden 512, 8 layers, 8 heads, intermediate 1376), char tokenizer, 64 new tokens
-  C  as B with ~256-token prompts (a long fixed instruction before each question)
+  A  bundled `tiny` model on arithmetic, 16 new tokens, arithmetic reward (0/1); each at its best precision
+  B  25M Llama (hidden 512, 8 layers, 8 heads, intermediate 1376), char tokenizer, 64 new tokens; each at its best
+  C  as B with ~256-token prompts (a long fixed instruction before each question); each at its best
   D  as B, TRL at its own defaults (bf16 autocast on CPU + gradient checkpointing) vs rlvr's best
-     (bf16 autocast, micro-batches of 16)
+     (model.autocast=auto, micro-batches of 16)
   B16 (extra) as B with both in bf16 autocast, no checkpointing: what bf16 alone gives each library
 B-D use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
 applies there). Variant `fixed`: EOS ignored, every completion exactly max_new_tokens long in
@@ -53,6 +58,7 @@ LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 t
 )
 
 RLVR_PYTHON = ""  # --rlvr-python: run the rlvr worker in another virtualenv
+WORKER_TIMEOUT = 0.0  # --worker-timeout
 
 CONFIGS = {
     "A": dict(model="tiny", reward="arithmetic", max_new_tokens=16, long_prompt=False, trl_defaults=False),
@@ -64,10 +70,11 @@ CONFIGS = {
     "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),
 }
 # rlvr's fast paths that change no math are on by default (zero-advantage skip, shared-prefix
-# training forward, preallocated KV cache). Config D ("best") adds bf16 autocast and micro-batches
-# of 16 completions (so that its peak RSS stays under TRL's with gradient checkpointing; about as
-# fast as the whole batch at once); B16 runs both libraries in bf16 autocast, nothing else changed.
-RLVR_BEST = ["model.autocast=bf16", "optim.micro_batch_size=16"]
+# training forward, preallocated KV cache), and so is its precision by measurement
+# (model.autocast=auto). Config D ("best") adds micro-batches of 16 completions (so that its peak
+# RSS stays under TRL's with gradient checkpointing; about as fast as the whole batch at once);
+# B16 runs both libraries in bf16 autocast, nothing else changed.
+RLVR_BEST = ["optim.micro_batch_size=16"]
 RLVR_BF16 = ["model.autocast=bf16"]
 
 
@@ -202,7 +209,8 @@ def worker_rlvr(spec: dict) -> None:
             "min_len": int(e.lengths.min()), "max_len": int(e.lengths.max()),
             "frac_zero_std": m.get("frac_reward_zero_std"),
         })
-    _finish({"lib": "rlvr", "steps": steps[spec["warmup"]:], "settings": overrides[-len(spec["extra"]):] if spec["extra"] else []})
+    settings = (overrides[-len(spec["extra"]):] if spec["extra"] else []) + [f"precision={trainer.precision.name}"]
+    _finish({"lib": "rlvr", "steps": steps[spec["warmup"]:], "settings": settings, "precision": trainer.precision.describe()})
 
 
 def worker_trl(spec: dict) -> None:
@@ -219,8 +227,8 @@ def worker_trl(spec: dict) -> None:
     rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines()]
     total = spec["warmup"] + spec["steps"]
     kwargs = {}
-    if not spec["trl_defaults"]:  # same precision as rlvr, no checkpointing
-        kwargs.update(bf16=spec.get("bf16", False), gradient_checkpointing=False)
+    if not spec["trl_defaults"]:  # its best precision here (or bf16 in B16), no checkpointing
+        kwargs.update(bf16=spec["bf16"], gradient_checkpointing=False)
     args = GRPOConfig(
         output_dir=spec["out"], per_device_train_batch_size=G * PROMPTS, gradient_accumulation_steps=1,
         num_generations=G, max_completion_length=T, max_steps=total, learning_rate=LR, lr_scheduler_type="constant",
@@ -281,8 +289,8 @@ def worker_peak(spec: dict) -> None:
         t = time.perf_counter()
         a @ b
         first = time.perf_counter() - t
-        # CPUs without native bf16 (no avx512_bf16/amx) take seconds per product: fewer repetitions
-        reps = 8 if first < 0.5 else 2
+        # CPUs without native bf16 (no avx512_bf16/amx) take seconds, or a minute, per product: fewer repetitions
+        reps = 8 if first < 0.5 else 2 if first < 5 else 0
         best = 2 * n**3 / first
         for _ in range(reps):
             t = time.perf_counter()
@@ -303,8 +311,14 @@ def run_worker(kind: str, spec: dict, log) -> dict:
     t = time.perf_counter()
     python = RLVR_PYTHON if kind == "rlvr" and RLVR_PYTHON else sys.executable
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # rollout.engine=vllm on CPU: a small KV cache is plenty here
-    p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
-                       capture_output=True, text=True)
+    try:
+        p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
+                           capture_output=True, text=True, timeout=WORKER_TIMEOUT or None)
+    except subprocess.TimeoutExpired:  # e.g. TRL's bf16 default on a CPU that emulates bf16: a lower bound, not a time
+        log(f"  {kind:5s} killed after {WORKER_TIMEOUT:.0f} s (--worker-timeout) before finishing "
+            f"{spec.get('warmup', 0)} + {spec.get('steps', 0)} steps")
+        return {"timed_out": WORKER_TIMEOUT, "steps": [], "peak_rss_mb": float("nan"), "settings": ["killed at the time limit"],
+                "load_before": before, "load_after": load_average(), "busy_before": busy, "wall": WORKER_TIMEOUT}
     wall = time.perf_counter() - t
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not lines:
@@ -312,11 +326,18 @@ def run_worker(kind: str, spec: dict, log) -> dict:
     rec = json.loads(lines[-1][7:])
     rec.update(load_before=before, load_after=load_average(), busy_before=busy, wall=wall)
     log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}" + (f"  BUSY: {busy}" if busy else ""))
+    if "precision" in rec:
+        log(f"        {rec['precision']}")
     return rec
 
 
 def summarize(rec: dict) -> dict:
     s = rec["steps"]
+    if not s:  # killed at --worker-timeout: every step took at least timeout / steps run
+        bound = rec["timed_out"] / max(1, rec["steps_asked"])
+        nan = float("nan")
+        return {"median": bound, "min": bound, "max": nan, "n": 0, "lower_bound": True, "generate": nan, "reward": nan, "train": nan,
+                "tokens": nan, "tok_per_s": nan, "rss": nan, "min_len": "-", "max_len": "-", "prompt_tokens": nan}
     times = [x["step"] for x in s]
     med = statistics.median(times)
     tokens = statistics.median(x["completion_tokens"] for x in s)
@@ -341,11 +362,13 @@ def main() -> None:
     ap.add_argument("--rlvr-extra", default="", help="extra rlvr overrides for every config, comma-separated")
     ap.add_argument("--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)")
     ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
+    ap.add_argument("--worker-timeout", type=float, default=0,
+                    help="kill a library's run after this many seconds and report its step time as a lower bound (0: no limit)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    global RLVR_PYTHON
-    RLVR_PYTHON = a.rlvr_python
+    global RLVR_PYTHON, WORKER_TIMEOUT
+    RLVR_PYTHON, WORKER_TIMEOUT = a.rlvr_python, a.worker_timeout
     if a.worker:
         {"rlvr": worker_rlvr, "trl": worker_trl, "peak": worker_peak}[a.worker](json.loads(a.spec))
         return
@@ -375,7 +398,8 @@ def main() -> None:
     start_load, start_busy = load_average(), busy_processes(2.0)
     log(f"load average at start {start_load:.2f}; busy processes: {start_busy or 'none'}")
     peak = run_worker("peak", {}, log)["flops"]
-    log(f"matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+    log(f"matmul peak: fp32 {_gflops(peak['fp32'])} GFLOP/s, bf16 {_gflops(peak['bf16'])} GFLOP/s; TRL's best precision here: "
+        f"{_trl_best(peak)} (bf16=True only where the bf16 peak is the higher)")
 
     results = []
     for name in names:
@@ -385,7 +409,8 @@ def main() -> None:
         variants = a.variants.split(",") + (["eos"] if name in a.eos_configs.split(",") and "eos" not in a.variants else [])
         for variant in variants:
             spec = dict(model_path=mp, data=paths[f"data_{c['long_prompt']}"], reward=c["reward"], max_new_tokens=c["max_new_tokens"],
-                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False), steps=a.steps, warmup=a.warmup)
+                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False) or _trl_best(peak) == "bf16",
+                        steps=a.steps, warmup=a.warmup)
             extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else RLVR_BF16 if c.get("bf16") else [])
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
@@ -396,7 +421,8 @@ def main() -> None:
                         runs[lib].append(run_worker(lib, {**spec, "out": out, "extra": extra}, log))
             merged = {}
             for lib, recs in runs.items():
-                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs)}
+                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
+                       "timed_out": max(r.get("timed_out", 0) for r in recs), "steps_asked": a.warmup + a.steps}
                 merged[lib] = summarize(rec) | {"settings": recs[0]["settings"], "load": [(r["load_before"], r["load_after"]) for r in recs],
                                                 "busy": [b for r in recs for b in r["busy_before"]]}
             rl = merged["rlvr"]
@@ -410,6 +436,17 @@ def main() -> None:
     end_load, end_busy = load_average(), busy_processes(2.0)
     log(f"load average at end {end_load:.2f}; busy processes: {end_busy or 'none'}")
     save(results, peak, versions, cpu, isa, (start_load, start_busy, end_load, end_busy), log_lines, a)
+
+
+def _gflops(flops: float) -> str:
+    """FLOP/s as GFLOP/s, two significant digits below 10 (emulated bf16 runs at well under 1)."""
+    g = flops / 1e9
+    return f"{g:.0f}" if g >= 10 else f"{g:.2g}"
+
+
+def _trl_best(peak: dict) -> str:
+    """The precision TRL runs fastest in on this machine, by the matmul peaks: bf16 or fp32."""
+    return "bf16" if peak["bf16"] > peak["fp32"] else "fp32"
 
 
 def save(results, peak, versions, cpu, isa, loads, log_lines, a) -> None:
@@ -429,7 +466,9 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
     L.append(f"Machine: {cpu}, {os.cpu_count()} cpus ({' '.join(isa)}), {THREADS} threads per run, runs strictly one after another.  ")
     L.append(f"Steps: {a.warmup} warm-up + {a.steps} measured per run, {a.rounds} round(s) per library (alternating order).  ")
     L.append(f"Load average: {start_load:.2f} at start, " + (f"{end_load:.2f} at end.  " if end_load is not None else "(run still in progress: partial results).  "))
-    L.append(f"Matmul peak (2048^3, {THREADS} threads): fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s.")
+    L.append(f"Matmul peak (2048^3, {THREADS} threads): fp32 {_gflops(peak['fp32'])} GFLOP/s, bf16 {_gflops(peak['bf16'])} GFLOP/s.  ")
+    L.append(f"Precision, unless the config sets it (D: TRL's defaults, B16: both bf16): each library at its best here: "
+             f"TRL {_trl_best(peak)} (by the peaks), rlvr model.autocast=auto (its choice per config under Settings and in the log).")
     L.append("")
     if busy_any:
         L.append("> **WARNING: the machine was not idle during (part of) this run.** Other busy processes:")
@@ -441,8 +480,10 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
     for r in results:
         for lib in ("trl", "rlvr"):
             x = r[lib]
-            ratio = f"**{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
-            L.append(f"| {r['config']} | {r['variant']} | {lib} | {x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f}) | {x['generate']:.3f} | "
+            bound = "> " if r["trl"].get("lower_bound") else ""  # TRL killed at --worker-timeout: its time and the ratio are lower bounds
+            ratio = f"**{bound}{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
+            step = f"> {x['median']:.0f} (killed)" if x.get("lower_bound") else f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})"
+            L.append(f"| {r['config']} | {r['variant']} | {lib} | {step} | {x['generate']:.3f} | "
                      f"{x['reward']:.3f} | {x['train']:.3f} | {x['tok_per_s']:.0f} | {x['min_len']}-{x['max_len']} | {x['rss']:.0f} | {ratio} |")
     L += ["", "## Compute floor", "",
           "FLOPs = 6 x params x trained tokens + 2 x params x generated tokens (params without the input embedding; trained tokens = "

@@ -147,7 +147,7 @@ def evaluate(trainer, rows: list[dict], rewards, *, tools: bool, max_new_tokens:
 
     cfg = trainer.cfg if tools else _without_tools(trainer.cfg)
     source = make_source(cfg, trainer.engine, trainer.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
-                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device)
+                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device, precision=trainer.precision.autocast)
     correct, tagged, calls, examples = 0, 0, 0, []
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]

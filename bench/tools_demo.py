@@ -81,7 +81,7 @@ def sampled_success(config: str, model_path: str, samples: int = 16) -> tuple[fl
     t = Trainer(cfg, force=True, logger_live=False)
     rows = t.task.eval_rows()
     src = make_source(cfg, t.engine, t.tokenizer, SamplingParams(n=samples, temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens),
-                      context_length=t.model.config.max_position_embeddings, device=t.device)
+                      context_length=t.model.config.max_position_embeddings, device=t.device, precision=t.precision.autocast)
     e = src.rollout(rows, list(range(len(rows))))
     runner = RewardRunner.from_config([RewardConfig(fn=t.task.reward, name="eval")])
     ok = score(runner, rows, e)[:, 0]

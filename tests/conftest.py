@@ -16,6 +16,22 @@ import sys
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def precision_cache(tmp_path_factory):
+    """model.autocast=auto remembers its timings in this session's file (also for `rlvr` subprocesses),
+    never in the user's ~/.cache/rlvr/precision.json."""
+    from rlvr.models.precision_choice import CACHE_ENV
+
+    path = tmp_path_factory.mktemp("precision") / "precision.json"
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     import torch
@@ -38,10 +54,12 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def trainer_defaults(model_path: str, output_dir) -> list[str]:
-    """Fast defaults for an in-process Trainer: a few short steps, nothing but metrics.jsonl written."""
+    """Fast defaults for an in-process Trainer: a few short steps, nothing but metrics.jsonl written,
+    fp32 (the tests compare numbers at fp32 tolerances, whichever precision this machine runs fastest;
+    tests/test_precision_auto.py tests model.autocast=auto)."""
     return [
         f"model.path={model_path}", "eval_before_after=false", "steps=3", "rollout.group_size=4", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", f"output_dir={output_dir}", "log_completions_every=0", "report_to=[]",
+        "rollout.max_new_tokens=4", f"output_dir={output_dir}", "log_completions_every=0", "report_to=[]", "model.autocast=none",
     ]
 
 

@@ -204,7 +204,7 @@ def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
     prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a longer prompt: 99+99="]]
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=24, ignore_eos=ignore_eos)
     a = HFEngine(model, tok, static_cache=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
-    b = HFEngine(model, tok, static_cache=True, shared_prefix=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
+    b = HFEngine(model, tok, static_cache=True, shared_prefix=False, drop_finished_fraction=0.0, lean=False).generate(prompts, params, seeds=[1, 2, 3])
     if not ignore_eos:
         assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
@@ -243,9 +243,9 @@ def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_d
     tok, _ = load_tokenizer(path)
     model = load_model(path)
     prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a much longer prompt than the others: 99+99="]]
-    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=20, ignore_eos=ignore_eos)
-    a = HFEngine(model, tok, shared_prefix=False, drop_finished_fraction=drop).generate(prompts, params, seeds=[4, 5, 6])
-    b = HFEngine(model, tok, shared_prefix=True, drop_finished_fraction=drop).generate(prompts, params, seeds=[4, 5, 6])
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=20, ignore_eos=ignore_eos)
+    a = HFEngine(model, tok, shared_prefix=False, drop_finished_fraction=drop, lean=False).generate(prompts, params, seeds=[4, 5, 6])
+    b = HFEngine(model, tok, shared_prefix=True, drop_finished_fraction=drop, lean=False).generate(prompts, params, seeds=[4, 5, 6])
     assert (a.prompt_mask == 0).any()
     if not ignore_eos:
         assert (b.completion_mask.sum(-1) < 20).sum() >= 2  # rows did finish early

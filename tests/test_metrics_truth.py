@@ -65,10 +65,11 @@ class LossSpy:
 def test_clip_fractions_are_means_over_the_passes_and_min_max_over_what_can_clip(make_trainer, monkeypatch, micro_batch):
     mu = 3
     t = make_trainer("optim.lr=0.05", "optim.max_grad_norm=0", f"algo.num_iterations={mu}", f"optim.micro_batch_size={micro_batch}",
-                     "optim.skip_zero_advantage=false")
+                     "optim.skip_zero_advantage=false", "rollout.ignore_eos=true")  # no 1-token micro-batch that cannot clip
     spy = LossSpy(monkeypatch)
     episodes = t.collect().episodes
-    adv = torch.randn(len(episodes), generator=torch.Generator().manual_seed(5))
+    # signs alternate: every micro-batch has completions pushed down (the ones that can clip low)
+    adv = torch.randn(len(episodes), generator=torch.Generator().manual_seed(5)).abs() * (-1) ** torch.arange(len(episodes))
     m = t.updater(episodes, adv).metrics
     T = spy.calls[0]["num_tokens"]
     for k, name in enumerate(("low_mean", "high_mean", "region_mean")):

@@ -15,7 +15,7 @@ import torch
 
 from rlvr.models.forward import completion_logprobs
 from rlvr.models.loading import load_model, load_tokenizer
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, episode_cache
 from rlvr.rollout.hf import HFEngine
 
 
@@ -60,9 +60,13 @@ def tiny():
     return load_model("tiny"), tok
 
 
-@pytest.mark.parametrize("delays", [False, True])
-def test_sampler_logprobs_equal_a_full_forward(tiny, delays):
+@pytest.mark.parametrize("delays, in_place_share", [(False, None), (True, None), (True, 0.0), (True, 2.0)])
+def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, monkeypatch):
+    """in_place_share: the share of rows from which a forward reads the cache in place (0: always,
+    2: never; None: the default, where a run has forwards of each kind)."""
     model, tok = tiny
+    if in_place_share is not None:
+        monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     random.seed(0)
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
                for q in ("12+34=", "5-3=", "87+9=")]  # different lengths: left padding

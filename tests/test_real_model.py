@@ -107,7 +107,7 @@ def test_a_merged_stop_token_episode_reads_as_written(smollm2_dir, make_trainer,
     t = make_trainer(f"model.path={smollm2_dir}", "data.task=null", f"data.path={data}", "tools.functions=[calculator]",
                      "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "rewards=[final_answer]")
     source = make_source(t.cfg, t.engine, t.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
-                         context_length=None, device=t.device)
+                         context_length=None, device=t.device, precision=t.precision.autocast)
     shot = [{"role": "user", "content": "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
                                         "End with the answer in <answer></answer> tags.\n\nA box holds 24 pencils. How many pencils are in 13 boxes?"},
             {"role": "assistant", "content": "<calc>24*13</calc><result>312</result> <answer>312</answer>"},

@@ -432,6 +432,33 @@ def test_a_hung_tool_is_cut_at_its_timeout_and_the_runner_keeps_working():
         runner.close()
 
 
+def test_the_pool_grows_to_the_calls_a_batch_expects_unless_its_size_was_given():
+    """40 calls that each wait for all 40 to be running (a barrier): they pass only if 40 run at once,
+    past the 32 threads a runner starts with; a runner given max_workers keeps it."""
+    n = 40
+    barrier = threading.Barrier(n, timeout=20)
+
+    def meet(x: int) -> str:
+        """Wait until all calls run.
+
+        Args:
+            x: Ignored.
+        """
+        barrier.wait()
+        return "met"
+
+    with ToolRunner(timeout_s=30) as runner:
+        assert runner.max_workers == 32 < n
+        runner.expect(n)
+        results = runner.run([ToolCall("meet", {"x": i}, "") for i in range(n)], tools_of(meet))
+        assert [r.text for r in results] == ["met"] * n and runner.max_workers == n
+        runner.expect(8)  # never shrinks
+        assert runner.max_workers == n
+    with ToolRunner(timeout_s=30, max_workers=4) as runner:
+        runner.expect(n)
+        assert runner.max_workers == 4
+
+
 # ------------------------------------------------------------------------------ built-in tools
 
 

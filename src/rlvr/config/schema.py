@@ -42,8 +42,11 @@ class ModelConfig:
     """Recompute each layer's activations in the backward pass: less memory, about a third more compute."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / QLoRA adapters (through peft); off while lora.r = 0."""
-    autocast: str = "none"
-    """`bf16`: bf16 autocast for generation and training forwards (weights and optimizer stay in `dtype`); `none`."""
+    autocast: str = "auto"
+    """`bf16`: bf16 autocast for generation and training forwards (weights and optimizer stay in `dtype`); `none`: no
+    autocast; `auto`: whichever is faster here: on CUDA bf16 where the GPU supports it, on the CPU the faster of the
+    two for one step of this model, timed at start-up (a few seconds for a ~100M model) and cached per model, machine
+    and shapes in ~/.cache/rlvr/precision.json (RLVR_PRECISION_CACHE); printed at start-up with both estimates."""
 
 
 @dataclass

@@ -215,7 +215,7 @@ def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
     o = cfg.optim
     choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
     choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
-    choice("model.autocast", cfg.model.autocast, ["bf16", "none"])
+    choice("model.autocast", cfg.model.autocast, ["auto", "bf16", "none"])
     choice("device", cfg.device, ["auto", "cpu", "cuda"])
     if o.lr <= 0:
         errors.append(f"`optim.lr` must be positive, got {o.lr}")

@@ -1,4 +1,4 @@
-"""Mixed precision: bf16 autocast, and whether this CPU runs bf16 matmuls fast."""
+"""Mixed precision: bf16 autocast, and whether this CPU runs bf16 matmuls fast (natively)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import torch
 
 
 def autocast_context(kind: str, device: torch.device):
-    """`bf16`: bf16 autocast (matmuls in bf16, weights and optimizer state stay fp32); `none`: nothing."""
+    """`bf16`: bf16 autocast (matmuls in bf16, weights and optimizer state stay fp32); `none`: nothing.
+    `model.autocast=auto` is resolved before any forward (rlvr.models.precision_choice), never here."""
     if kind == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    if kind == "none":
+        return contextlib.nullcontext()
+    raise ValueError(f"autocast_context takes a resolved precision, 'bf16' or 'none', got {kind!r}")
 
 
 def cpu_has_fast_bf16() -> bool:

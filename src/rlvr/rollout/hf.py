@@ -16,12 +16,13 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.generation import Generation, SamplingParams, filter_logits
+from rlvr.rollout.generation import Generation, SamplingParams, sample_tokens
 from rlvr.rollout.attention import sdpa_cache_dtype
 from rlvr.rollout.episode_cache import episode_attention
 from rlvr.rollout.hf_episodes import decode_episodes
 from rlvr.rollout.turns import Trace, TurnDriver
 from rlvr.rollout.kv_buffers import BufferedLayer
+from rlvr.rollout.lean_decode import DecodeState, LeanDecoder, lean_decoder_for
 from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
 
 
@@ -36,6 +37,12 @@ AttentionInterface.register("rlvr_episode", episode_attention)
 AttentionMaskInterface.register("rlvr_episode", sdpa_mask)
 
 
+# Below this many prompt tokens the lean decode repeats the prompt's KV into every row's buffer:
+# one attention call over [prompt + own] costs less than two calls and a merge (each fused call has
+# ~150 us of fixed cost on CPU; 10-token prompts, 64 rows: 370 vs 520 us per layer and token).
+SHARED_PREFIX_MIN_PROMPT = 32
+
+
 def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | None, dtype=None) -> None:
     """Repeat every row `repeats` times; with a capacity, plain full-attention layers become buffered
     ones, in `dtype` when given (others, e.g. sliding-window layers, are repeated and keep concatenating)."""
@@ -46,15 +53,51 @@ def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | N
             layer.batch_repeat_interleave(repeats)
 
 
+class _TransformersDecode:
+    """The decode step through the model's own forward and a transformers cache (any architecture)."""
+
+    def __init__(self, model, cache, attn_mask, extra: dict):
+        self.model, self.cache, self.attn_mask, self.extra, self.ckw = model, cache, attn_mask, extra, cache_kwarg(model)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        if self.attn_mask is not None:
+            self.attn_mask = self.attn_mask[keep]
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if self.attn_mask is not None:
+            self.attn_mask = torch.cat([self.attn_mask, torch.ones_like(self.attn_mask[:, :1])], dim=1)
+        if "rlvr_prefix" in self.extra:
+            self.extra["rlvr_prefix"].rows = rows
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.attn_mask, position_ids=positions[:, None],
+                         **{self.ckw: self.cache}, use_cache=True, **self.extra)
+        return out.logits[:, -1].float()
+
+
+class _LeanDecode:
+    """The decode step of rlvr.rollout.lean_decode (Llama-family models)."""
+
+    def __init__(self, decoder: LeanDecoder, state: DecodeState):
+        self.decoder, self.state = decoder, state
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.state.select(keep)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.decoder.step(tokens, positions, self.state)
+
+
 class HFEngine:
     """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
 
-    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True, shared_prefix: bool = True):
+    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True, shared_prefix: bool = True,
+                 lean: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished_fraction = drop_finished_fraction
         self.static_cache = static_cache
         self.shared_prefix = shared_prefix  # decode reads each prompt's KV once per group (rollout/shared_prefix.py)
+        self.lean = lean  # Llama-family models decode with rollout/lean_decode.py (static_cache only)
 
     def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
         pass
@@ -98,51 +141,59 @@ class HFEngine:
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
         G, T = params.n, params.max_new_tokens
-
         enc = tok(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
         prompt_ids = enc["input_ids"].to(device)  # [B, P]
         prompt_mask = enc["attention_mask"].to(device)  # [B, P]
-        B = prompt_ids.shape[0]
-        N = B * G
+        decoder, logits = self._prefill(prompt_ids, prompt_mask, G, T)  # logits [B x G, V]
+        gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        completion, logprobs, entropies = self._decode(decoder, logits, prompt_mask.sum(-1).repeat_interleave(G, 0), params, gens)
+        return self._generation(prompt_ids, prompt_mask, completion, logprobs, entropies, params)
+
+    def _prefill(self, prompt_ids, prompt_mask, G: int, T: int):
+        """Run the prompts once; (the decoder that continues them, the first logits [B x G, V])."""
+        model, device = self.model, prompt_ids.device
+        B, P = prompt_ids.shape
         cache, ckw = DynamicCache(config=model.config), cache_kwarg(model)
         # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see rlvr.rollout.attention)
         fp32_cache = self.static_cache and device.type == "cpu" and torch.is_autocast_enabled("cpu") \
             and torch.get_autocast_dtype("cpu") == torch.bfloat16 and model.config._attn_implementation == "sdpa"
         cache_dtype = torch.float32 if fp32_cache else None
-        shared = self.static_cache and self.shared_prefix and G > 1 and supports_shared_prefix(model.config)
+        lean = lean_decoder_for(model) if self.static_cache and self.lean else None
+        shared = lean is None and self.static_cache and self.shared_prefix and G > 1 and supports_shared_prefix(model.config)
         if shared:
             model.config._attn_implementation = "rlvr_prefix"
         elif fp32_cache:
             model.config._attn_implementation = "rlvr_sdpa"
-        out = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-            **{ckw: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+                    **{ckw: cache}, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # [N, V]
+        if lean is not None:
+            layout_shared = self.shared_prefix and G > 1 and P >= SHARED_PREFIX_MIN_PROMPT
+            return _LeanDecode(lean, lean.start(cache, prompt_mask, G, T, cache_dtype, shared=layout_shared)), logits
         extra = {}
         if shared:  # prompt K/V stay once per prompt; each sample's tokens get their own buffer
             for i, layer in enumerate(cache.layers):
                 cache.layers[i] = SharedPrefixLayer(layer, G, T, cache_dtype)
             kdtype = cache.layers[0].prefix_keys.dtype
-            bias = torch.zeros(B, 1, 1, prompt_ids.shape[1], dtype=kdtype, device=device)
+            bias = torch.zeros(B, 1, 1, P, dtype=kdtype, device=device)
             bias = bias.masked_fill(prompt_mask[:, None, None, :] == 0, torch.finfo(kdtype).min)
-            extra["rlvr_prefix"] = PrefixState(cache, torch.arange(N, device=device), G, bias)
+            extra["rlvr_prefix"] = PrefixState(cache, torch.arange(B * G, device=device), G, bias)
         else:
-            _repeat_and_preallocate(cache, G, prompt_ids.shape[1] + T if self.static_cache else None, cache_dtype)
-        attn = prompt_mask.repeat_interleave(G, 0)  # [N, P + t]
-        next_pos = prompt_mask.sum(-1).repeat_interleave(G, 0)  # [N]
-        gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+            _repeat_and_preallocate(cache, G, P + T if self.static_cache else None, cache_dtype)
+        # shared: the prefix bias and lockstep decode need no mask
+        return _TransformersDecode(model, cache, None if shared else prompt_mask.repeat_interleave(G, 0), extra), logits
 
-        eos, pad = tok.eos_token_id, tok.pad_token_id
-        completion = torch.full((N, T), pad, dtype=torch.long, device=device)
+    def _decode(self, decoder, logits, next_pos, params: SamplingParams, gens):
+        """Sample up to T tokens per row: (completion ids, their log-probs, entropies or None), each [N, T].
+        Finished rows keep their shape until a quarter of the rows still decoding have finished,
+        then leave the batch together: a few compactions per decode, not one per token."""
+        N, T, G, device = logits.shape[0], params.max_new_tokens, params.n, logits.device
+        completion = torch.full((N, T), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((N, T), dtype=torch.float32, device=device)
         entropies = torch.zeros((N, T), dtype=torch.float32, device=device) if params.temperature > 0 else None
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         active = torch.arange(N, device=device)  # rows still in the decode batch
+        eos = self.tokenizer.eos_token_id
         for t in range(T):
             token, logp, entropy = self._sample(logits, params, gens, active, G)
             completion[active, t] = token
@@ -153,42 +204,31 @@ class HFEngine:
                 finished[active] |= token == eos
             if t == T - 1 or bool(finished.all()):
                 break
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             live = ~finished[active]
             if live.numel() - int(live.sum()) >= max(1, int(self.drop_finished_fraction * live.numel())):
                 keep = live.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                active, token, attn, next_pos = active[keep], token[keep], attn[keep], next_pos[keep]
-                if shared:
-                    extra["rlvr_prefix"].rows = active
-            out = model(
-                input_ids=token[:, None],
-                attention_mask=None if shared else attn,  # shared: the prefix bias and lockstep decode need no mask
-                position_ids=next_pos[:, None],
-                **{ckw: cache},
-                use_cache=True,
-                **extra,
-            )
-            logits = out.logits[:, -1].float()
+                decoder.select(keep)
+                active, token, next_pos = active[keep], token[keep], next_pos[keep]
+            logits = decoder.step(token, next_pos, active)
             next_pos = next_pos + 1
+        return completion, logprobs, entropies
 
+    def _generation(self, prompt_ids, prompt_mask, completion, logprobs, entropies, params: SamplingParams) -> Generation:
+        G, T, eos, pad = params.n, params.max_new_tokens, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         mask = self._completion_mask(completion, eos, params.ignore_eos)
         completion = completion.masked_fill(mask == 0, pad)
-        logprobs = logprobs * mask
-        entropies = None if entropies is None else entropies * mask
         truncated = mask.sum(-1) == T
         if not params.ignore_eos:
             truncated &= completion[:, -1] != eos
-        texts = tok.batch_decode(completion, skip_special_tokens=True)
         return Generation(
             prompt_ids=prompt_ids.repeat_interleave(G, 0),
             prompt_mask=prompt_mask.repeat_interleave(G, 0),
             completion_ids=completion,
             completion_mask=mask,
-            sampling_logprobs=logprobs,
+            sampling_logprobs=logprobs * mask,
             truncated=truncated,
-            texts=texts,
-            sampling_entropy=entropies,
+            texts=self.tokenizer.batch_decode(completion, skip_special_tokens=True),
+            sampling_entropy=None if entropies is None else entropies * mask,
         )
 
     @staticmethod
@@ -202,24 +242,11 @@ class HFEngine:
 
     @staticmethod
     def _sample(logits, params: SamplingParams, gens, active, G):
-        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy);
-        noise for row r comes from its prompt's generator."""
+        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy).
+        Row r's random number comes from its prompt's generator, which draws one for each of its G
+        rows every step: a row's sample does not depend on which rows have left the batch."""
         if params.temperature == 0:
             token = logits.argmax(-1)
             return token, torch.zeros_like(token, dtype=torch.float32), None
-        scaled = logits / params.temperature
-        logp_all = filter_logits(scaled, params.top_k, params.top_p).log_softmax(-1)  # [n_active, V]
-        p = logp_all.exp()
-        # Exponential race (Gumbel-max in disguise): argmax p / E, E ~ Exp(1), samples from p.
-        # Noise is drawn for all G rows of each prompt every step, so a row's noise does not
-        # depend on which rows have left the batch.
-        noise = torch.cat([torch.empty((G, logits.shape[-1]), device=logits.device).exponential_(generator=g) for g in gens])
-        token = (p / noise[active]).argmax(-1)
-        # The entropy the training forward computes: of the whole distribution at this temperature,
-        # not of the top-k/top-p part sampled from (free when nothing is filtered)
-        if params.top_k or params.top_p < 1.0:
-            logp_full = scaled.log_softmax(-1)
-            entropy = -(logp_full.exp() * logp_full).nansum(-1)
-        else:
-            entropy = -(p * logp_all).nansum(-1)  # nansum: 0 * log 0 = 0 for logits at -inf
-        return token, logp_all.gather(-1, token[:, None]).squeeze(-1), entropy
+        uniforms = torch.cat([torch.rand(G, generator=g, device=logits.device) for g in gens])  # [B x G]
+        return sample_tokens(logits, uniforms[active], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)

@@ -3,10 +3,11 @@
 Each prompt is prefilled once; its G rows then decode with rlvr.rollout.episode_cache, where
 every row writes at its own position. A row's model turn ends at EOS or when its text ends with
 one of the driver's stop strings (e.g. `</calc>`); the driver then either ends the episode or
-starts the tools and the row waits, out of the forward, while the others go on. When the
-driver hands back the row's external tokens (tool results, template glue), they are fed one per
-step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
-next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
+starts the tools (they run in the background) and the row waits, out of the forward, while the
+others go on. Every step first asks the driver which rows' tools have answered; only when no row
+can run does the loop block, until one has. When the driver hands back the row's external tokens
+(tool results, template glue), they are fed one per step, as sampled tokens are, but with loss
+mask 0 and no log-prob, and the row then samples its next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
 Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
 episode does not depend on when the other rows' tools finished.
 """
@@ -20,7 +21,7 @@ from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg
 from rlvr.rollout.episode_cache import EpisodeLayer, EpisodeState
-from rlvr.rollout.generation import SamplingParams, filter_logits
+from rlvr.rollout.generation import SamplingParams, sample_tokens
 from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, eos_ids, resume
 
 @torch.no_grad()
@@ -37,10 +38,11 @@ def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingPa
     traces = [Trace() for _ in range(N)]
     stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
     while (runnable := _rows_to_run(traces, driver, T)) is not None:
+        sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, gens)
         feed = []  # (row, token) that go into the cache this step
         for r in runnable:
             tr = traces[r]
-            token, forced = _take_token(tr, logits[r], params, gens[r])
+            token, forced = _take_token(tr, sampled.get(r))
             if not forced:
                 _end_turn_at_stop(tr, r, token, driver, stop, eos, ignore_eos=params.ignore_eos)
             if len(tr.ids) >= T and tr.mode != DONE:
@@ -91,16 +93,16 @@ def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] |
     return runnable
 
 
-def _take_token(tr: Trace, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, bool]:
+def _take_token(tr: Trace, sample: tuple[int, float] | None) -> tuple[int, bool]:
     """The row's next token, appended to its trace: its next external token (loss mask 0, no
-    log-prob) or a sample from its [V] logits. -> (token, whether it was external)."""
+    log-prob) or its `sample` (token, log-prob). -> (token, whether it was external)."""
     forced = tr.mode == FORCE
     if forced:
         token, logp = tr.forced.popleft(), 0.0
         if not tr.forced:
             tr.mode = SAMPLE
     else:
-        token, logp = _sample(logits, params, gen)
+        token, logp = sample
     tr.ids.append(token)
     tr.loss.append(0 if forced else 1)
     tr.logps.append(logp)
@@ -117,11 +119,15 @@ def _end_turn_at_stop(tr: Trace, r: int, token: int, driver: TurnDriver, stop: S
         tr.mode = WAIT if driver.end_turn(r, turn, ended_eos) else DONE
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[int, float]:
-    """One token from a row's [V] logits; the noise comes from the row's own generator."""
+def _sample(logits: torch.Tensor, rows: list[int], params: SamplingParams, gens: list[torch.Generator]) -> dict[int, tuple[int, float]]:
+    """(token, its log-prob) for each of `rows`, from their logits (logits [N, V]), together; each
+    row's random number comes from its own generator, drawn only when it samples (inverse-CDF:
+    rlvr.rollout.generation.sample_tokens)."""
+    if not rows:
+        return {}
+    x = logits[rows]  # [n, V]
     if params.temperature == 0:
-        return int(logits.argmax()), 0.0
-    logp = filter_logits((logits / params.temperature)[None], params.top_k, params.top_p)[0].log_softmax(-1)  # [V]
-    noise = torch.empty_like(logp).exponential_(generator=gen)
-    token = int((logp.exp() / noise).argmax())  # exponential race: a sample from softmax(logp)
-    return token, float(logp[token])
+        return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
+    uniforms = torch.cat([torch.rand(1, generator=gens[r], device=x.device) for r in rows])  # [n]
+    token, logp, _ = sample_tokens(x, uniforms, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    return dict(zip(rows, zip(token.tolist(), logp.tolist())))

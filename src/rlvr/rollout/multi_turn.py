@@ -88,6 +88,7 @@ class MultiTurnSource:
         prompts = [self._render(s.prompt) for s in states]
         check_prompt_lengths(prompts, self.tokenizer, self.context_length, self.sampling.max_new_tokens)
         driver = _Driver(self, states)
+        self.runner.expect(len(states))  # each episode's calls run while the others decode, none queued behind another's
         grouped = all(prompts[i] == prompts[i - i % G] for i in range(len(prompts)))
         with autocast_context(self.autocast, self.device):
             if grouped:  # the G episodes of a row share their prompt: prefilled once
@@ -230,8 +231,10 @@ class _Driver:
 
     def ready(self, block: bool) -> dict[int, list[int] | None]:
         waiting = [i for i, s in enumerate(self.states) if s.row.pending]
-        if block and waiting and not any(p.done() for i in waiting for p in self.states[i].row.pending):
-            self.source.runner.wait_any([p for i in waiting for p in self.states[i].row.pending])
+        # A row resumes once all its calls are done; while blocked, wait for the next call to finish
+        # until some row is whole (waking on any done call would spin while a row's slower call runs).
+        while block and waiting and not any(all(p.done() for p in self.states[i].row.pending) for i in waiting):
+            self.source.runner.wait_any([p for i in waiting for p in self.states[i].row.pending if not p.done()])
         out = {}
         for i in waiting:
             r = self.states[i].row

@@ -9,10 +9,11 @@ from rlvr.rollout.single_turn import SingleTurnSource
 
 
 def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingParams, *, context_length: int | None,
-                device: torch.device, tool_runner=None):
-    """`cfg` is an rlvr.config.Config; `sampling` its sampling (or greedy, for evaluation).
+                device: torch.device, precision: str, tool_runner=None):
+    """`cfg` is an rlvr.config.Config; `sampling` its sampling (or greedy, for evaluation); `precision`
+    the run's resolved model.autocast, `bf16` or `none` (rlvr.models.precision_choice).
     `tool_runner`: share one rlvr.tools.ToolRunner (its threads) between sources."""
-    common = dict(system_prompt=cfg.data.system_prompt, context_length=context_length, autocast=cfg.model.autocast, device=device)
+    common = dict(system_prompt=cfg.data.system_prompt, context_length=context_length, autocast=precision, device=device)
     t = cfg.tools
     if cfg.rollout.function:
         from rlvr.rollout.function_source import FunctionSource, load_function

@@ -118,17 +118,34 @@ class PendingCall:
         self._runner.sweep()
 
 
+DEFAULT_WORKERS = 32
+
+
 class ToolRunner:
     """Runs tool calls concurrently, each bounded by `timeout_s`; results capped at
-    `max_result_chars`; at most `max_workers` sync calls run at once (abandoned ones excluded)."""
+    `max_result_chars`; at most `max_workers` sync calls run at once (abandoned ones excluded).
+    max_workers=None: DEFAULT_WORKERS, raised by `expect` to the calls a batch may have pending."""
 
-    def __init__(self, timeout_s: float = 10.0, max_result_chars: int = 1000, max_workers: int = 32):
+    def __init__(self, timeout_s: float = 10.0, max_result_chars: int = 1000, max_workers: int | None = None):
         self.timeout_s = float(timeout_s)
         self.max_result_chars = int(max_result_chars)
-        self._pool = DaemonPool(max_workers)
+        self._sized_by_batch = max_workers is None
+        self._pool = DaemonPool(DEFAULT_WORKERS if max_workers is None else max_workers)
         self._loop: LoopThread | None = None
         self._loop_lock = threading.Lock()
         self._cond = threading.Condition()
+
+    @property
+    def max_workers(self) -> int:
+        return self._pool.max_workers
+
+    def expect(self, calls: int) -> None:
+        """Up to `calls` calls may be pending at once (e.g. one per episode of a batch). Unless
+        max_workers was given, the pool grows so that they all run at once: a call that queues
+        loses time from its timeout, and the episode waiting on it falls behind. Threads are
+        started on demand and exit when idle; CPU-heavy tools are bounded by rlvr.sandbox's own gate."""
+        if self._sized_by_batch:
+            self._pool.grow(calls)
 
     @property
     def abandoned(self) -> int:

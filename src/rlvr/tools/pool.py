@@ -48,6 +48,12 @@ class DaemonPool:
             self._start_workers_locked()
             self._cond.notify()
 
+    def grow(self, max_workers: int) -> None:
+        """Raise the cap to `max_workers` (never lowers it); queued jobs start at once."""
+        with self._cond:
+            self.max_workers = max(self.max_workers, int(max_workers))
+            self._start_workers_locked()
+
     def sweep(self) -> None:
         """Abandon running jobs past their deadline, starting replacements for queued work."""
         with self._cond:

@@ -37,7 +37,7 @@ from rlvr.train.minibatches import minibatches
 from rlvr.train.rank_split import across_ranks, local_share
 from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import StopRequest, TrainingError, holds_a_run, lr_lambda, seed_everything, set_aside, truncate_jsonl
-from rlvr.train.setup import check_config
+from rlvr.train.setup import check_config, prompt_tokens, run_precision
 from rlvr.train.state import Checkpointer, TrainState
 from rlvr.train.step_metrics import batch_metrics, completion_rows
 from rlvr.train.update import Updater
@@ -73,7 +73,8 @@ class Trainer:
         self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
         self.task, self.stream = self._prompts()
-        check_reward_columns(self.rewards.fns, self.stream.take(1)[0], _columns_the_rollout_adds(cfg, source))
+        first_row = self.stream.take(1)[0]
+        check_reward_columns(self.rewards.fns, first_row, _columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
         self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
         self.eval_reward = self.held_out.runner() if self.held_out is not None else None
@@ -84,8 +85,11 @@ class Trainer:
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
+        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model,
+                                    prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt))
+        # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
+        self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
-        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model)
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
         r = cfg.rollout
         sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -98,7 +102,7 @@ class Trainer:
         schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
-                               scheduler=self.scheduler, dist=self.dist, device=self.device)
+                               scheduler=self.scheduler, dist=self.dist, device=self.device, precision=self.precision.autocast)
         self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
                                          stream=self.stream, tokenizer=self.tokenizer, dist=self.dist)
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
@@ -107,7 +111,8 @@ class Trainer:
     def _source(self, sampling: SamplingParams):
         """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling."""
         context = getattr(self.model.config, "max_position_embeddings", None)
-        return make_source(self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device)
+        return make_source(self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device,
+                           precision=self.precision.autocast)
 
     def _prompts(self):
         """(the built-in task or None, the stream of training rows)."""
@@ -204,7 +209,8 @@ class Trainer:
         for w in self.warnings:
             log.info(f"[note] {w}")
         log.info(self.plan.describe())
-        summary: dict = {"output_dir": str(out)}
+        log.info(self.precision.describe())
+        summary: dict = {"output_dir": str(out), "precision": self.precision.summary()}
         stop = StopRequest()
         try:
             if cfg.eval_before_after and state.step == 0:

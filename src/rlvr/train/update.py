@@ -102,10 +102,11 @@ class MetricSums:
 class Updater:
     """Runs the update of one step on this rank's share of the batch."""
 
-    def __init__(self, cfg, plan: BatchPlan, *, policy, train_model, optimizer, scheduler, dist, device):
+    def __init__(self, cfg, plan: BatchPlan, *, policy, train_model, optimizer, scheduler, dist, device, precision: str):
+        """`precision`: the run's resolved model.autocast, `bf16` or `none` (rlvr.models.precision_choice)."""
         a = cfg.algo
         self.cfg, self.plan, self.policy, self.model, self.train_model = cfg, plan, policy, policy.model, train_model
-        self.optimizer, self.scheduler, self.dist, self.device = optimizer, scheduler, dist, device
+        self.optimizer, self.scheduler, self.dist, self.device, self.precision = optimizer, scheduler, dist, device, precision
         self.loss_kwargs = dict(loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
                                 importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
         self.loss_kwargs.update(  # the TRL loss types beyond the clipped one, the KL bias correction, the entropy bonus, OPSM
@@ -253,7 +254,7 @@ class Updater:
         """(log-probs and entropies of micro-batch mb, its completion width); `compiled`: through the compiled forward."""
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
         kw = dict(temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0)
-        with autocast_context(self.cfg.model.autocast, self.device):
+        with autocast_context(self.precision, self.device):
             if compiled is not None:
                 out = compiled(model, p_ids, p_mask, c_ids, c_mask, **kw)
             else:

@@ -1,0 +1,185 @@
+"""The decode step of Llama-family models without transformers' per-token machinery.
+
+transformers' forward is general: per token it builds masks, dispatches attention through
+registries, updates a cache object layer by layer, wraps outputs in dataclasses. For one new token
+per row that Python work was more than a third of the hf engine's decode on CPU (config B of
+bench/compare_trl.py: 64 rows of a 25M Llama, 3.2 s for 64 tokens against 1.7 s of matmuls). Here
+the step is the model's own modules (projections, MLPs and embeddings are called as they are, so
+LoRA-wrapped or quantised layers work), with three things done directly:
+  * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
+  * rotary embedding from the model's own rotary module, once per step for all layers;
+  * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
+    rlvr.rollout.shared_prefix), each part one fused SDPA call that also returns its log-sum-exp,
+    merged exactly; keys and values are written in place into buffers allocated once.
+Rows keep one shape for the whole decode except at the few points where the engine compacts
+finished rows out (DecodeState.select).
+
+Only architectures whose layers are exactly pre-norm attention + MLP with rotary embeddings
+(llama, mistral without a window, qwen2, qwen3) take it; anything else keeps the transformers path.
+tests/test_lean_decode.py checks tokens and log-probs against that plain path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.rollout.shared_prefix import attend_prefix_and_own, supports_shared_prefix
+
+ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
+# norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (F.rms_norm computes the same)
+PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def _causal_lm(model):
+    """The transformers CausalLM inside a peft wrapper (or the model itself)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base
+
+
+def lean_decoder_for(model) -> "LeanDecoder | None":
+    """A LeanDecoder when the model's architecture is one this step reproduces exactly, else None."""
+    lm = _causal_lm(model)
+    config = getattr(lm, "config", None)
+    if config is None or config.model_type not in ARCHITECTURES or not supports_shared_prefix(config):
+        return None
+    inner = getattr(lm, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return None
+    for layer in inner.layers:
+        children = {name for name, _ in layer.named_children()}
+        if children != _LAYER_PARTS or not all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return None
+    return LeanDecoder(lm)
+
+
+def _rms_norm(norm, x):
+    if type(norm).__name__ in PLAIN_RMS_NORMS and x.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+    return norm(x)
+
+
+def _rotate(x, cos, sin):  # x [n, H, D]; cos/sin [n, 1, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class DecodeState:
+    """The KV cache of one decode. Shared layout (long prompts): each prompt's keys/values once
+    (prefix_*), each row's own tokens in buffers. Repeated layout (short prompts, where reading
+    the prompt G times costs less than a second attention call): prefix_* is None and each row's
+    buffer starts with its prompt's keys/values."""
+
+    own_keys: list  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots
+    own_values: list
+    bias: torch.Tensor  # shared: [B, 1, 1, P] over the prefix; repeated: [n, 1, 1, S]; 0 or -inf (left padding)
+    rows: torch.Tensor  # [n] which of the B x G rows are still decoding
+    group_size: int
+    written: int  # slots of own_* in use (rows decode in lockstep)
+    prefix_keys: list | None = None  # shared layout: per layer [B, Hkv, P, D]
+    prefix_values: list | None = None
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (indices into the current n): the few compaction points of a decode."""
+        self.own_keys = [k[keep] for k in self.own_keys]
+        self.own_values = [v[keep] for v in self.own_values]
+        self.rows = self.rows[keep]
+        if self.prefix_keys is None:
+            self.bias = self.bias[keep]
+
+
+class LeanDecoder:
+    def __init__(self, lm):
+        self.lm = lm
+        inner = lm.model
+        self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.kv_heads = lm.config.num_key_value_heads
+        self.q_heads = lm.config.num_attention_heads
+
+    def start(self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None,
+              shared: bool = True) -> DecodeState:
+        """State from the prefill's DynamicCache (keys/values [B, Hkv, P, D] per layer): buffers for
+        `capacity` new tokens per row, in `dtype` when given (fp32 under bf16 autocast on CPU)."""
+        keys = [layer.keys.to(dtype) if dtype else layer.keys for layer in cache.layers]
+        values = [layer.values.to(dtype) if dtype else layer.values for layer in cache.layers]
+        B, Hkv, P, D = keys[0].shape
+        G, device, N = group_size, keys[0].device, B * group_size
+        rows = torch.arange(N, device=device)
+        pad = prompt_mask[:, None, None, :] == 0  # [B, 1, 1, P]
+        if shared:
+            own_k = [k.new_empty(N, Hkv, capacity, D) for k in keys]
+            own_v = [v.new_empty(N, Hkv, capacity, D) for v in values]
+            bias = torch.zeros(B, 1, 1, P, dtype=keys[0].dtype, device=device).masked_fill(pad, float("-inf"))
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values)
+
+        def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + capacity, D], prompt in the first P slots
+            buf = x.new_empty(B, G, Hkv, P + capacity, D)
+            buf[..., :P, :] = x[:, None]
+            return buf.view(N, Hkv, P + capacity, D)
+
+        bias = torch.zeros(B, 1, 1, P + capacity, dtype=keys[0].dtype, device=device)
+        bias[..., :P] = bias[..., :P].masked_fill(pad, float("-inf"))
+        return DecodeState([repeated(k) for k in keys], [repeated(v) for v in values], bias.repeat_interleave(G, 0), rows, G, P)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
+        """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
+        n, D, t = tokens.shape[0], self.head_dim, state.written
+        x = self.embed(tokens)  # [n, hidden]
+        cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = _rms_norm(layer.input_layernorm, x)
+            q = attn.q_proj(h).view(n, self.q_heads, D)
+            k = attn.k_proj(h).view(n, self.kv_heads, D)
+            v = attn.v_proj(h).view(n, self.kv_heads, D)
+            if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            own_k, own_v = state.own_keys[i], state.own_values[i]
+            own_k[:, :, t] = k
+            own_v[:, :, t] = v
+            o = self._attend(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, attn.scaling)  # [n, Hq x D]
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(_rms_norm(layer.post_attention_layernorm, x))
+        state.written = t + 1
+        return self.lm.lm_head(_rms_norm(self.norm, x)).float()
+
+    def _attend(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
+        """One query per row against (its prompt, once per group) + (its own tokens); [n, Hq x D]."""
+        n, Hkv, D = q.shape[0], self.kv_heads, self.head_dim
+        rep, G = self.q_heads // Hkv, state.group_size
+        q = q.to(own_k.dtype)
+        if state.prefix_keys is None:  # repeated layout: prompt and own tokens in one buffer
+            with torch.autocast(q.device.type, enabled=False):
+                out = F.scaled_dot_product_attention(q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]],
+                                                     scale=scale, enable_gqa=rep > 1)
+            return out.reshape(n, Hkv * rep * D)
+        pk, pv = state.prefix_keys[i], state.prefix_values[i]
+        B = pk.shape[0]
+        if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.shared_prefix)
+            out = attend_prefix_and_own(q.view(n, Hkv * rep, 1, D), own_k, own_v, pk, pv, rows=state.rows,
+                                        group_size=G, prefix_bias=state.bias, scaling=scale)
+            return out.reshape(n, Hkv * rep * D)
+        with torch.autocast("cpu", enabled=False):
+            qr = q.view(n, Hkv, rep, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
+            o_own, lse_own = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qr, own_k, own_v, 0.0, False, scale=scale)
+            full = n == B * G
+            qf = qr if full else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, state.rows, qr)
+            qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
+            o_p, lse_p = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, pk, pv, 0.0, False,
+                                                                                   attn_mask=state.bias, scale=scale)
+            o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)
+            lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)
+            if not full:
+                o_p, lse_p = o_p[state.rows], lse_p[state.rows]
+            # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_own), normalised
+            w = torch.sigmoid(lse_p - lse_own)[..., None]
+            out = torch.lerp(o_own, o_p, w)
+        return out.reshape(n, Hkv * rep * D)

@@ -1,0 +1,107 @@
+"""The lean decode step (rlvr.rollout.lean_decode) against the plain path: transformers' own forward
+with a concatenating DynamicCache. Same tokens, and log-probs and entropies to 1e-5 in fp32, for
+Llama (multi-head and grouped-query), Qwen2 (projection biases) and Qwen3 (per-head q/k norms),
+in both KV layouts (prompt repeated per row / read once per group), with left padding of several
+widths, rows finishing early and leaving the batch, greedy and sampled, and a LoRA-wrapped model."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import rlvr.rollout.hf as hf
+from rlvr.data import render_prompt
+from rlvr.models.tokenizer import build_char_tokenizer
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.hf import HFEngine
+from rlvr.rollout.lean_decode import LeanDecoder, lean_decoder_for
+
+QUESTIONS = ["12+34=", "7-5=", "a much longer prompt than the others, long enough to share: 99+99="]
+
+
+def _model(kind: str):
+    tok = build_char_tokenizer()
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=256, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id, attn_implementation="sdpa")
+    torch.manual_seed(11)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **common))
+    elif kind == "llama-gqa":
+        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, **common))
+    elif kind == "qwen2":  # q/k/v projections with bias
+        model = Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, use_sliding_window=False, **common))
+    else:  # qwen3: RMSNorm on each head's q and k
+        model = Qwen3ForCausalLM(Qwen3Config(num_key_value_heads=2, head_dim=8, use_sliding_window=False, **common))
+    with torch.no_grad():  # random weights near 0 give near-uniform samples: sharpen them so EOS comes early
+        model.lm_head.weight.mul_(8)
+    return tok, model.eval()
+
+
+def _generate(model, tok, params, **engine):
+    prompts = [render_prompt(q, tok) for q in QUESTIONS]
+    return HFEngine(model, tok, **engine).generate(prompts, params, seeds=[4, 5, 6])
+
+
+def _same(lean, plain):
+    assert torch.equal(lean.completion_ids, plain.completion_ids) and torch.equal(lean.completion_mask, plain.completion_mask)
+    torch.testing.assert_close(lean.sampling_logprobs, plain.sampling_logprobs, rtol=0, atol=1e-5)
+    if plain.sampling_entropy is not None:
+        torch.testing.assert_close(lean.sampling_entropy, plain.sampling_entropy, rtol=0, atol=1e-5)
+
+
+@pytest.fixture
+def count_lean_steps(monkeypatch):
+    calls = []
+    step = LeanDecoder.step
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append(a[2].prefix_keys is not None) or step(self, *a))
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("layout", ["repeated", "shared"])
+@pytest.mark.parametrize("ignore_eos, drop, temperature", [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
+                         ids=["fixed", "eos-drop-finished", "greedy"])
+def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    monkeypatch.setattr(hf, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
+    params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
+    plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
+    assert not count_lean_steps
+    lean = _generate(model, tok, params, drop_finished_fraction=drop)
+    assert count_lean_steps and set(count_lean_steps) == {layout == "shared"}  # the lean step ran, in the layout asked
+    assert (plain.prompt_mask == 0).any()  # left padding of different widths
+    if not ignore_eos and temperature > 0:
+        assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 2  # rows ended early (and left the batch: drop 0.01)
+    _same(lean, plain)
+
+
+def test_lean_decode_with_lora_adapters(count_lean_steps):
+    """peft wraps the projections: the lean step calls them as modules, so the adapters apply."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.set_num_threads(1)
+    tok, model = _model("llama-gqa")
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # non-zero adapters, so that ignoring them would change the samples
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
+    plain = _generate(model, tok, params, static_cache=False)
+    lean = _generate(model, tok, params)
+    assert count_lean_steps
+    _same(lean, plain)
+    with model.disable_adapter():
+        assert not torch.equal(_generate(model, tok, params).sampling_logprobs, lean.sampling_logprobs)
+
+
+def test_lean_decode_only_for_architectures_it_reproduces():
+    from transformers import Gemma2Config, Gemma2ForCausalLM, MistralConfig, MistralForCausalLM
+
+    _, llama = _model("llama")
+    assert isinstance(lean_decoder_for(llama), LeanDecoder)
+    small = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    assert lean_decoder_for(Gemma2ForCausalLM(Gemma2Config(head_dim=8, **small))) is None  # extra norms, soft-capping
+    assert lean_decoder_for(MistralForCausalLM(MistralConfig(sliding_window=8, attn_implementation="sdpa", **small))) is None
+    assert lean_decoder_for(LlamaForCausalLM(LlamaConfig(attn_implementation="eager", **small))) is None
