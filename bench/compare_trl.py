@@ -391,7 +391,9 @@ def main() -> None:
                                 "try:\n import vllm; v.append(vllm.__version__)\nexcept ImportError: v.append('-')\nprint(*v)"],
                                capture_output=True, text=True).stdout.split()
         versions += f"; rlvr ran in {a.rlvr_python}: torch {other[0]}, transformers {other[1]}, vllm {other[2]}"
-    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name")), "?")
+    from rlvr.models.precision_choice import cpu_model
+
+    cpu = cpu_model()
     flags = Path("/proc/cpuinfo").read_text()
     isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
     log(f"{versions}; {cpu} ({os.cpu_count()} cpus, {' '.join(isa)}); {THREADS} threads")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -183,10 +182,6 @@ def load_average() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), platform.processor())
-
 
 def steady(steps: list[dict], variant: str, C: int, key: str = "seconds") -> float:
     """Median of `key` over the steps of this variant at length C that compiled nothing."""
@@ -239,6 +234,8 @@ def main() -> None:
 
 def render(a, res, counts, shapes, started, load_before, load_after, wall) -> str:
     import torch
+
+    from rlvr.models.precision_choice import cpu_model
 
     from rlvr.models.compiled import bucket_length
 

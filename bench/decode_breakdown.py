@@ -19,23 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
+from rlvr.models.precision_choice import cpu_model
+
 HERE = Path(__file__).resolve().parent
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def matmul_peak(dtype=torch.float32, n=2048, reps=8) -> float:

@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,13 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from math_grading_cases import CASES  # noqa: E402
 
+from rlvr.models.precision_choice import cpu_model  # noqa: E402
 from rlvr.rewards import symbolic  # noqa: E402
 from rlvr.rewards.math_answer import grade  # noqa: E402
 
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), platform.processor())
 
 
 def run_builtin(case) -> float:

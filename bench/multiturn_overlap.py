@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +34,7 @@ import torch
 from rlvr.data import guess_number as gn
 from rlvr.envs.guess_number import GuessNumber
 from rlvr.models.loading import load_model, load_tokenizer
+from rlvr.models.precision_choice import cpu_model
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.hf import HFEngine
 from rlvr.rollout.multi_turn import MultiTurnSource, make_format
@@ -144,13 +143,6 @@ def same_tokens(a, b) -> tuple[bool, float]:
         and a.completions == b.completions
     return same, float((a.sampling_logprobs - b.sampling_logprobs).abs().max())
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def timing_table(runs: dict, label: dict) -> list[str]:
