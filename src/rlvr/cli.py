@@ -45,9 +45,17 @@ def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, 
 
 
 def _train(args) -> int:
+    try:
+        return _run_training(args)
+    except KeyboardInterrupt:  # before the loop took over the signals: nothing was written yet
+        print("rlvr: interrupted before training started; nothing was written", file=sys.stderr)
+        return 130
+
+
+def _run_training(args) -> int:
     import torch
 
-    from rlvr.train import Trainer, TrainingError
+    from rlvr.train import RunFinished, StopAtOnce, Trainer, TrainingError
     from rlvr.train.setup import check_config
 
     cfg = _train_config(args)
@@ -60,7 +68,11 @@ def _train(args) -> int:
         return subprocess.call(launch_command(cfg.nproc, sys.argv[1:] if args.raw_argv is None else args.raw_argv))
     if cfg.threads:  # process-wide, so set here and not by the library
         torch.set_num_threads(cfg.threads)
-    trainer = Trainer(cfg, force=args.force)
+    try:
+        trainer = Trainer(cfg, force=args.force)
+    except RunFinished as e:  # --resume of a run already at its steps: said, and nothing touched
+        print(f"rlvr: {e}")
+        return 0
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its "Writing model shards" bars would break into the live display
@@ -70,6 +82,13 @@ def _train(args) -> int:
         print(f"rlvr: training stopped: {e}", file=sys.stderr)
         trainer.dist.close()
         return 1
+    except StopAtOnce:  # a third stop signal: no traceback; checkpoints are whole or absent
+        from rlvr.train.checkpoint import latest_checkpoint
+
+        newest = latest_checkpoint(trainer.output_dir / "checkpoints")
+        how = f"resume with: rlvr train --resume {trainer.output_dir}" if newest else "no checkpoint was written yet"
+        print(f"rlvr: stopped at once; newest complete checkpoint: {newest or 'none'}; {how}", file=sys.stderr)
+        return 130
     trainer.dist.close()
     if not trainer.dist.is_main or "interrupted_at" in summary:  # the trainer said where it stopped and how to resume
         return 0

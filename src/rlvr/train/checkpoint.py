@@ -63,18 +63,29 @@ def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: d
     if hook.split(":", 1)[0] == str(step):
         Path(hook.split(":", 1)[1]).write_text(str(step))
         time.sleep(60)
-    if final.exists():
-        shutil.rmtree(final)
+    old = root / f".old-step-{step:07d}"
+    if final.exists():  # the same step written again: the old one stays whole until the new one is in place
+        os.replace(final, old)
     os.replace(tmp, final)
     _fsync_tree(root)
+    shutil.rmtree(old, ignore_errors=True)
     for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def remove_partial_checkpoints(root: Path) -> list[Path]:
-    """Delete temporary folders left by a write that was killed; they were never complete."""
-    stale = sorted(root.glob(".tmp-step-*")) if root.is_dir() else []
+    """Delete temporary folders left by a write that was killed (they were never complete); a checkpoint
+    that was being replaced by one of the same step goes back in place if the new one never arrived."""
+    if not root.is_dir():
+        return []
+    for old in sorted(root.glob(".old-step-*")):
+        current = root / old.name[len(".old-"):]
+        if current.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(old, current)
+    stale = sorted(root.glob(".tmp-step-*"))
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
     return stale

@@ -1,56 +1,88 @@
-"""Run control around the loop: stop requests, a used output folder, the learning-rate schedule,
-seeding, log truncation."""
+"""Run control around the loop: stop requests, the learning-rate schedule, seeding."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import signal
 import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-from rlvr.train.checkpoint import latest_checkpoint
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. repeated non-finite losses); the last good checkpoint is kept."""
 
 
-# What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "samples.parquet", "summary.json", "config.yaml", "checkpoints", "tb",
-             "final", "final-merged", "report", "wandb")
+class AbandonStep(BaseException):
+    """A second stop signal during a phase that changes nothing lasting (generation, evaluation): drop it."""
+
+
+class StopAtOnce(BaseException):
+    """A third stop signal: exit now; the newest complete checkpoint is what is left."""
 
 
 class StopRequest:
-    """SIGINT, SIGTERM and SIGHUP (the terminal closed) ask the loop to finish the current step, save
-    a checkpoint and exit cleanly; a second signal stops at once."""
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) stop a run without losing it, each said at once on stderr:
+
+    1st: the step under way finishes, a checkpoint is written, the run exits cleanly.
+    2nd: the step is abandoned where that changes nothing lasting (its generation, an evaluation) and the last
+         complete step is checkpointed; during the update or a write it finishes first (one process only: ranks
+         must stop together).
+    3rd: exit at once; checkpoints are written whole or not at all, so the newest complete one is kept.
+
+    The loop tells it where it is: `step` (the step under way), `phase` and `abandonable`."""
 
     SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
     def __init__(self):
         self.requested: str | None = None
+        self.count = 0
+        self.step, self.phase, self.abandonable = 0, "starting", False
         self._previous = {}
         self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]  # known now: a hung-up terminal no longer says it is one
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
 
+    def at(self, step: int, phase: str, *, abandonable: bool = False) -> None:
+        self.step, self.phase, self.abandonable = step, phase, abandonable
+
     def _handle(self, signum, frame):
-        if self.requested:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        self.count += 1
         if signum == getattr(signal, "SIGHUP", None):
             _detach_from_closed_terminal(self._terminal_fds)
+        if self.count == 1:
+            self.requested = name
+            if self.phase == "end":
+                _say(f"[stop] {name}: the run is writing its end (checkpoint, final model, evaluation) and stops when done")
+            else:
+                _say(f"[stop] {name}: finishing step {self.step} ({self.phase}), then writing a checkpoint and exiting; "
+                     f"{name} again to stop sooner")
+        elif self.count == 2 and self.abandonable:
+            _say(f"[stop] second {name}: abandoning step {self.step}'s {self.phase}; checkpointing step {self.step - 1} and exiting")
+            raise AbandonStep
+        elif self.count == 2:
+            _say(f"[stop] second {name}: step {self.step}'s {self.phase} must finish for a consistent checkpoint; "
+                 f"{name} a third time exits at once, keeping the newest complete checkpoint")
+        else:
+            _say(f"[stop] {name} again: exiting at once")
+            raise StopAtOnce
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _say(line: str) -> None:
+    """One line on stderr from a signal handler: a raw write (no locks a handler could deadlock on)."""
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:  # the terminal is gone
+        pass
 
 
 def _detach_from_closed_terminal(fds: list[int]) -> None:
@@ -62,29 +94,6 @@ def _detach_from_closed_terminal(fds: list[int]) -> None:
     for fd in fds:
         os.dup2(devnull, fd)
     os.close(devnull)
-
-
-def holds_a_run(output_dir: Path) -> bool:
-    """Whether the folder holds (part of) a run: logged steps, a checkpoint or a final model."""
-    metrics = output_dir / "metrics.jsonl"
-    return ((metrics.is_file() and metrics.stat().st_size > 0) or latest_checkpoint(output_dir / "checkpoints") is not None
-            or (output_dir / "final").exists())
-
-
-def set_aside(output_dir: Path) -> Path:
-    """Move every file of the run in `output_dir` to a new sibling folder `<name>.replaced-<time>`
-    (outside the folder, so neither resume=auto nor TensorBoard finds it there); returns that folder."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = output_dir.with_name(f"{output_dir.name}.replaced-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = output_dir.with_name(f"{output_dir.name}.replaced-{stamp}-{n}")
-    target.mkdir(parents=True)
-    for name in RUN_FILES:
-        if (output_dir / name).exists():
-            os.replace(output_dir / name, target / name)
-    return target
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -99,16 +108,6 @@ def lr_lambda(schedule: str, warmup: int, total: int):
         return 1.0
 
     return f
-
-
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only the lines of steps <= last_step (written atomically)."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
 
 
 def seed_everything(seed: int) -> None:

@@ -30,13 +30,23 @@ from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.function_source import FunctionSource
 from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
-from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints
+from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
 from rlvr.train.collect import Batch, collect, rollout_and_score
 from rlvr.train.evaluation import evaluate, held_out_for
 from rlvr.train.minibatches import minibatches
 from rlvr.train.rank_split import across_ranks, local_share
 from rlvr.train.reward_health import RewardHealth
-from rlvr.train.run_control import StopRequest, TrainingError, holds_a_run, lr_lambda, seed_everything, set_aside, truncate_jsonl
+from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, lr_lambda, seed_everything
+from rlvr.train.run_folder import (
+    check_resume,
+    holds_a_run,
+    keep_before_resume,
+    recover_final,
+    replace_final,
+    set_aside,
+    truncate_jsonl,
+    write_atomically,
+)
 from rlvr.train.setup import check_config, prompt_tokens, run_precision
 from rlvr.train.state import Checkpointer, TrainState
 from rlvr.train.step_metrics import batch_metrics, completion_rows
@@ -69,6 +79,12 @@ class Trainer:
         if not cfg.resume and not force and holds_a_run(self.output_dir):
             raise ConfigError(f"output_dir {self.output_dir} already holds a run: continue it with `rlvr train --resume {self.output_dir}`, "
                               "choose another output_dir, or pass --force to start over (the old run is moved aside)")
+        if self.dist.is_main and self.output_dir.is_dir():  # what a kill left half-written goes before the folder is read
+            remove_partial_checkpoints(self.output_dir / "checkpoints")
+            recover_final(self.output_dir)
+        self.dist.barrier("output folder")
+        # a resume that would undo, redo or replace finished work is refused (or, the run being done, a no-op) here
+        self.resume_plan = check_resume(self.output_dir, cfg.steps, force=force, checkpoint=_explicit(cfg.resume)) if cfg.resume else None
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
@@ -106,6 +122,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
                                          stream=self.stream, tokenizer=self.tokenizer, dist=self.dist)
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
+        self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
         self._prepare_output_dir(force)
 
     def _source(self, sampling: SamplingParams):
@@ -128,11 +145,17 @@ class Trainer:
         if not self.cfg.resume and self.dist.is_main and holds_a_run(out):  # --force (else refused above)
             # nothing of the old run may be resumed into, or plotted with, the new one
             self.warnings.append(f"--force: the run that was in {out} is now in {set_aside(out)}")
-        if self.dist.is_main:
-            remove_partial_checkpoints(out / "checkpoints")
+        if self.dist.is_main and self.resume_plan is not None and (kept := keep_before_resume(out, self.resume_plan)):
+            self.warnings.append(self.resume_plan.describe(kept))
+        self.dist.barrier("output folder")
         if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
             self.state, self.resumed_from = resumed
             self.source.sync_weights()
+            planned = yaml.safe_load((self.resumed_from / "config.yaml").read_text()).get("steps")
+            if planned != self.cfg.steps and self.cfg.optim.lr_schedule != "constant":
+                self.warnings.append(f"optim.lr_schedule={self.cfg.optim.lr_schedule} was laid out for {planned} steps; from step "
+                                     f"{self.state.step + 1} it follows the one for steps={self.cfg.steps}, so the learning rates "
+                                     "differ from a straight run of that length")
 
     # ------------------------------------------------------------------ one step
 
@@ -149,7 +172,9 @@ class Trainer:
         t0 = time.perf_counter()
         rs = self.rewards.state  # what TRL reward functions see as trainer_state
         rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
+        self._phase("generation", abandonable=True)  # nothing lasting changes until the update
         batch = self.collect()
+        self._phase("update")
         t_collect = time.perf_counter() - t0
         advantages = algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
                                           mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
@@ -201,8 +226,8 @@ class Trainer:
         cfg, out, main, state = self.cfg, self.output_dir, self.dist.is_main, self.state  # rank 0 writes logs, samples, checkpoints
         if main:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-            # Resuming: steps after the checkpoint (all of them when there is none yet) are done again.
+            write_atomically(out / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+            # Steps logged after the checkpoint resumed from are done again (their lines were kept aside first).
             truncate_jsonl(out / "metrics.jsonl", state.step)
             truncate_jsonl(out / "samples.jsonl", state.step)
         log = RunLogger(out, cfg.steps, state.step, live=self.logger_live, config=cfg) if main else NullLogger()
@@ -211,48 +236,96 @@ class Trainer:
         log.info(self.plan.describe())
         log.info(self.precision.describe())
         summary: dict = {"output_dir": str(out), "precision": self.precision.summary()}
-        stop = StopRequest()
+        self.stop = stop = StopRequest()
         try:
             if cfg.eval_before_after and state.step == 0:
-                state.eval_before = self._evaluate_and_say("before training", log)
+                self._phase("evaluation before training", abandonable=True)
+                try:
+                    state.eval_before = self._evaluate_and_say("before training", log)
+                except AbandonStep:
+                    return self._stopped(log, summary)
             while state.step < cfg.steps:
-                t0 = time.time()
-                metrics = self.train_step()
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and not (state.step == cfg.steps and cfg.eval_before_after):
-                    t_eval = time.time()
-                    if (score := self._evaluate_and_say(f"at step {state.step}", log)) is not None:
-                        metrics["eval/reward"] = score
-                    t0 += time.time() - t_eval  # evaluating is not training
-                log.log(metrics)
-                if metrics.get("time/compile"):
-                    log.info(f"[compile] step {state.step}: torch.compile built the training forward's graphs for a new length bucket "
-                             f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
-                if cfg.log_completions_every and self._completions_due(stop):
-                    r = self.last_step
-                    log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))
-                state.train_seconds += time.time() - t0
-                self.reward_health.check(out / "checkpoints")  # a reward failing on every sample: stop, naming it
-                if state.bad_steps_in_a_row:
-                    self._after_bad_step(log)
-                    continue  # never checkpoint right after a bad step
-                if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
-                    path = self.save_checkpoint()
-                    log.info(f"stopped by {stop.requested} at step {state.step}; checkpoint {path}. Resume with: rlvr train --resume {out}")
-                    summary["interrupted_at"] = state.step
-                    return summary
-                if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
-                    self.save_checkpoint()
-            summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
-            self._save_final()
-            if cfg.eval_before_after:
-                summary.update(self._held_out_summary(self._evaluate_and_say("after training", log)))
-            if main:
-                (out / "summary.json").write_text(json.dumps(summary, indent=2))
-            self.dist.barrier("end of training")
+                if self._one_step(log) == "stop":
+                    return self._stopped(log, summary)
+            self._phase("end")
+            self._finish(log, summary)
         finally:
             stop.restore()
+            self.stop = None
             log.close()
         return summary
+
+    def _one_step(self, log) -> str:
+        """One step, logged; "stop" when a stop signal (or an abandoned step) ends the run here."""
+        cfg, state, stop = self.cfg, self.state, self.stop
+        t0 = time.time()
+        before = (self.stream.state_dict(), rng_state())  # where an abandoned step's generation started
+        try:
+            metrics = self.train_step()
+        except AbandonStep:  # its generation changed nothing lasting but the prompt position and the RNG
+            self.stream.load_state_dict(before[0])
+            set_rng_state(before[1])
+            return "stop"
+        if cfg.eval_every and state.step % cfg.eval_every == 0 and not (state.step == cfg.steps and cfg.eval_before_after):
+            t_eval = time.time()
+            self._phase("evaluation", abandonable=True)
+            try:
+                if (score := self._evaluate_and_say(f"at step {state.step}", log)) is not None:
+                    metrics["eval/reward"] = score
+            except AbandonStep:
+                log.info(f"[stop] step {state.step}: evaluation abandoned; the step itself is kept")
+            t0 += time.time() - t_eval  # evaluating is not training
+        self._phase("logging")
+        log.log(metrics)
+        if metrics.get("time/compile"):
+            log.info(f"[compile] step {state.step}: torch.compile built the training forward's graphs for a new length bucket "
+                     f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
+        if cfg.log_completions_every and self._completions_due(stop):
+            r = self.last_step
+            log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))
+        state.train_seconds += time.time() - t0
+        self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
+        if state.bad_steps_in_a_row:
+            self._after_bad_step(log)
+            return "next"  # never checkpoint right after a bad step
+        if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
+            return "stop"
+        if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
+            self._phase("checkpoint")
+            self.save_checkpoint()
+        return "next"
+
+    def _stopped(self, log, summary: dict) -> dict:
+        """A stop signal ended the run after step `state.step`: checkpoint it (unless that checkpoint exists) and say how to go on."""
+        self._phase("checkpoint")
+        out, step = self.output_dir, self.state.step
+        newest = latest_checkpoint(out / "checkpoints")
+        path = newest if newest is not None and newest.name == f"step-{step:07d}" else self.save_checkpoint()
+        log.info(f"stopped by {self.stop.requested} at step {step}; checkpoint {path}. Resume with: rlvr train --resume {out}")
+        summary["interrupted_at"] = step
+        return summary
+
+    def _finish(self, log, summary: dict) -> None:
+        """The end of the run, each part a resumable state: the end checkpoint (so `--resume ... steps=N` continues
+        from here), final/ swapped in whole, the held-out score, then summary.json, whose `steps` marks the run finished."""
+        cfg, state, out = self.cfg, self.state, self.output_dir
+        newest = latest_checkpoint(out / "checkpoints")
+        if self.reward_health.may_checkpoint and (newest is None or newest.name != f"step-{state.step:07d}"):
+            self.save_checkpoint()
+        summary["steps"] = state.step
+        summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
+        self._save_final()
+        if cfg.eval_before_after:
+            summary.update(self._held_out_summary(self._evaluate_and_say("after training", log)))
+        if self.dist.is_main:
+            write_atomically(out / "summary.json", json.dumps(summary, indent=2))
+        self.dist.barrier("end of training")
+
+    def _phase(self, phase: str, *, abandonable: bool = False) -> None:
+        """Tell the stop handler where the loop is (a second signal abandons only generation or evaluation,
+        and only in one process: several ranks must stop at the same point)."""
+        if self.stop is not None:
+            self.stop.at(self.state.step + 1, phase, abandonable=abandonable and self.dist.world_size == 1)
 
     def _evaluate_and_say(self, when: str, log) -> float | None:
         """Evaluate (every rank), and print rank 0's score."""
@@ -291,11 +364,18 @@ class Trainer:
         if not self.dist.is_main:
             return
         out = self.output_dir
-        self.policy.save(out / "final", full)
-        self.tokenizer.save_pretrained(out / "final")
+
+        def final(folder: Path) -> None:
+            self.policy.save(folder, full)
+            self.tokenizer.save_pretrained(folder)
+
+        def merged(folder: Path) -> None:
+            self.policy.save_merged(folder)
+            self.tokenizer.save_pretrained(folder)
+
+        replace_final(out, "final", final)  # whole or not at all: a kill mid-write leaves the previous final/
         if self.cfg.model.lora.save_merged:
-            self.policy.save_merged(out / "final-merged")
-            self.tokenizer.save_pretrained(out / "final-merged")
+            replace_final(out, "final-merged", merged)
 
 
 def _columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
@@ -303,6 +383,11 @@ def _columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
     if source is not None:
         return getattr(source, "reward_columns", frozenset())
     return FunctionSource.reward_columns if cfg.rollout.function else frozenset()
+
+
+def _explicit(resume: str | None) -> Path | None:
+    """The checkpoint folder `resume` names, or None for `auto` (the newest in output_dir)."""
+    return None if resume in (None, "auto") else Path(resume)
 
 
 def _share_args(batch: Batch, advantages: torch.Tensor):
