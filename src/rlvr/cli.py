@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="run despite settings refused as mistakes (e.g. temperature 0); start over in a used output_dir "
                          "(the old run is moved aside); resume despite changed settings")
     tr.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with its own config.yaml "
-                                                       "(overrides allowed where they do not change the math, e.g. steps=500)")
+                                                       "(overrides allowed where they do not change the math, e.g. steps=500); a "
+                                                       "finished run continues from its end, or, at the same steps, is left as it is")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
 
     ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward")
