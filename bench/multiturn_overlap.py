@@ -124,7 +124,8 @@ class TimedEngine:
 def one_batch(model, tok, mode: str, args) -> dict:
     calls = Calls()
     env = EnvironmentFactory(slow_game(mode, args.delay, calls))
-    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"))
+    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"),
+                      describe=False)  # tiny-tools learnt the tags without a description
     engine = TimedEngine(HFEngine(model, tok))
     with ToolRunner(timeout_s=30) as runner:
         source = MultiTurnSource(engine, tok, SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.max_new_tokens),

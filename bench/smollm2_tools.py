@@ -203,6 +203,7 @@ def main() -> None:
     settings = [
         f"model.path={model_dir}", "data.task=null", f"data.path={args.work / 'train.jsonl'}",
         "tools.functions=[calculator]", "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "tools.timeout_s=5",
+        "tools.describe=false",  # the prompts explain the tag themselves (as when the results were measured)
         f"rewards=[{args.work / 'rewards.py'}:correct, {args.work / 'rewards.py'}:answer_tag]", "rewards.1.weight=0.25",
         "rollout.group_size=8", "rollout.prompts_per_step=8", f"rollout.max_new_tokens={args.max_new_tokens}",
         f"rollout.temperature={args.temperature}", f"optim.lr={args.lr}", "optim.micro_batch_size=16", f"model.autocast={'bf16' if native_bf16() else 'none'}",

@@ -118,6 +118,7 @@ def _tag_trainer(make_trainer, path, tool, *overrides, G=4):
     return make_trainer(
         f"model.path={path}", "data.task=null", f"data.path={path / 'data.jsonl'}", "rewards=[final_answer]",
         f"tools.functions=[{path / 'tools.py'}:{tool}]", f"tools.tags=[{tool}=calc]", "tools.format=tags",
+        "tools.describe=false",  # the caller learnt its episodes after the bare prompt
         "tools.timeout_s=0.5", f"rollout.group_size={G}", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64",
         "optim.skip_zero_advantage=false", "algo.scale_rewards=none", *overrides, run=tool)
 
@@ -330,7 +331,7 @@ def test_trl_style_environment_trains_through_the_cli(rlvr_cli, tag_caller, tmp_
     out = tmp_path / "run"
     rlvr_cli("train", f"output_dir={out}", f"model.path={tag_caller}", "data.task=null", f"data.path={tag_caller / 'data.jsonl'}",
              "rewards=[final_answer]", f"tools.environment={tmp_path / 'env.py'}:CalcEnv", "tools.tags=[multiply=calc]",
-             "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64", "steps=2",
+             "tools.describe=false", "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64", "steps=2",
              "eval_before_after=false", "threads=1", "report_to=[]", "log_completions_every=1", check=True, timeout=300)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2

@@ -116,7 +116,8 @@ class Logged:
 def rollout(tiny_tools, env_class, runner, targets, *, G, temperature, max_turns=6, on_event=None):
     model, tok = tiny_tools
     env = EnvironmentFactory(env_class)
-    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"))
+    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"),
+                      describe=False)  # tiny-tools learnt the tags without a description
     engine = Logged(HFEngine(model, tok), on_event)
     # 270 new tokens fit the model's 320 positions after the 30-token prompt: no episode is cut short
     source = MultiTurnSource(engine, tok, SamplingParams(n=G, temperature=temperature, max_new_tokens=270), fmt=fmt,

@@ -105,7 +105,8 @@ def test_a_merged_stop_token_episode_reads_as_written(smollm2_dir, make_trainer,
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"prompt": "x", "answer": "1"}) + "\n")
     t = make_trainer(f"model.path={smollm2_dir}", "data.task=null", f"data.path={data}", "tools.functions=[calculator]",
-                     "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "rewards=[final_answer]")
+                     "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "tools.describe=false",
+                     "rewards=[final_answer]")  # the few-shot prompt below shows the tag
     source = make_source(t.cfg, t.engine, t.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
                          context_length=None, device=t.device, precision=t.precision.autocast)
     shot = [{"role": "user", "content": "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "

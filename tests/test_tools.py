@@ -541,9 +541,9 @@ def test_tag_format():
     assert fmt.result_text([ok]) == "<result>408</result>"
     assert fmt.result_text([bad]) == "<result>error: calculator raised ZeroDivisionError: division by zero</result>"
     assert TagFormat({"a": "t"}, "<out>", "</out>").result_text([ok]) == "<out>408</out>"
-    assert fmt.instructions(ToolSet(["calculator"]).schemas) == (
-        "You can use tools. Write a tool's tag around its input; the result comes back as <result>...</result>.\n"
-        "- <calc>expression</calc>: Evaluate an arithmetic expression and return the result.")
+    schemas = ToolSet(["calculator", add]).schemas
+    assert [fmt.call_example(schemas[0]), TagFormat({"add": "add"}).call_example(schemas[1])] == [
+        "<calc>expression</calc>", '<add>{"a": ..., "b": ...}</add>']
     with pytest.raises(ToolError, match=r"tools 'a' and 'b' share the tag 'x'"):
         TagFormat({"a": "x", "b": "x"})
     with pytest.raises(ToolError, match=r"tag '</x>' must be a plain name"):

@@ -161,12 +161,16 @@ class ToolsConfig:
     `module:Class`; one instance per episode, `reset(**row)`, public methods as tools, optional `get_reward()`."""
     format: str = "auto"
     """How the model calls tools: `tags` (<calc>12*34</calc> answered by <result>408</result>), `chat_template`
-    (the tokenizer's tool template, Hermes/Qwen <tool_call>{json}</tool_call>, results as role: tool messages),
-    or `auto` (chat_template when the template supports tools, else tags)."""
+    (the tokenizer's tool template, Hermes/Qwen <tool_call>{json}</tool_call>, results as role: tool messages;
+    refused for a template that cannot render tools=), or `auto` (chat_template when the template renders tools=,
+    else tags; the choice and why is printed at start)."""
     tags: list[str] = field(default_factory=list)
     """tags format: `tool=tag` pairs, e.g. [calculator=calc]; a tool without one uses its own name as tag."""
     result_tags: list[str] = field(default_factory=lambda: ["<result>", "</result>"])
     """tags format: the opening and closing text around each tool result."""
+    describe: bool = True
+    """tags format: describe the tools in the system prompt (each tool's JSON schema, as chat templates show
+    tools=, and its tag call), after data.system_prompt; false for a model trained on the tags without it."""
     max_turns: int = 4
     """Most model turns per episode; a call made in the last one is not run."""
     timeout_s: float = 10.0

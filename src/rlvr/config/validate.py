@@ -132,6 +132,18 @@ def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
         errors.append("`tools` with nproc > 1 is not supported yet: set nproc=1")
 
 
+def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
+    """tools.* settings that change nothing: any of them without tools, a max_turns that leaves no turn to read a result.
+    (Those that depend on the format auto chooses are checked with the tokenizer, in rlvr.rollout.sources.)"""
+    t, defaults = cfg.tools, type(cfg.tools)()
+    if not t.enabled:
+        changed = [k for k in ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
+                   if getattr(t, k) != getattr(defaults, k)]
+        warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
+    elif t.max_turns == 1:
+        warnings.append("tools.max_turns=1: a call made in the last turn is not run, so no tool ever runs; set it to 2 or more")
+
+
 def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
     e = cfg.eval
     if cfg.eval_every < 0:
@@ -282,6 +294,7 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     _validate_optim(cfg, errors, choice)
     _validate_scale_out(cfg, errors, choice)
     _validate_tools(cfg, errors, choice)
+    _tools_without_effect(cfg, warnings)
     _validate_run(cfg, errors, choice, choices["data.task"])
     _validate_eval(cfg, errors, warnings)
     _kl_and_temperature_warnings(cfg, warnings, force)

@@ -1,7 +1,7 @@
 """The multi-turn rollout source: episodes in which the model calls tools or acts in an environment.
 
 The model writes a turn; when the turn calls tools (rlvr.tools formats: the tag protocol
-`<calc>12*34</calc>` -> `<result>408</result>`, or the chat template's Hermes/Qwen
+`<calc>12*34</calc>` -> `<result>408</result>`, its tools described in the system prompt, or the chat template's Hermes/Qwen
 `<tool_call>{json}</tool_call>` with results as `role: tool` messages), its row waits while the
 calls run concurrently (rlvr.tools.ToolRunner, each bounded by a timeout), then the results (and
 the template's glue) are appended as external tokens (loss mask 0) and the model continues, up to
@@ -33,8 +33,8 @@ from rlvr.tools import (
     ToolRunner,
     ToolSet,
     check_prefix_preserving,
+    choose_format,
     glue_after_turn,
-    template_supports_tools,
 )
 
 
@@ -72,6 +72,9 @@ class MultiTurnSource:
         self.max_turns, self.system_prompt, self.context_length = max_turns, system_prompt, context_length
         self.autocast, self.device = autocast, torch.device(device)
         self.schemas = (tools.schemas if tools else []) + (environment.schemas if environment else [])
+        # the tags format shows the tools in the system prompt, from the schemas the chat template would get as tools=
+        self.description = fmt.describe(self.schemas) if getattr(fmt, "describe_tools", False) else ""
+        self.notes: list[str] = []  # what the run should print at start (how tools.format was chosen, ...)
 
     @property
     def group_size(self) -> int:
@@ -86,7 +89,7 @@ class MultiTurnSource:
         G = self.group_size
         states = [self._start(row) for row in rows for _ in range(G)]
         prompts = [self._render(s.prompt) for s in states]
-        check_prompt_lengths(prompts, self.tokenizer, self.context_length, self.sampling.max_new_tokens)
+        self._check_lengths(prompts)
         driver = _Driver(self, states)
         self.runner.expect(len(states))  # each episode's calls run while the others decode, none queued behind another's
         grouped = all(prompts[i] == prompts[i - i % G] for i in range(len(prompts)))
@@ -122,7 +125,19 @@ class MultiTurnSource:
         if isinstance(self.fmt, HermesFormat):
             return self.tokenizer.apply_chat_template(_messages(prompt, self.system_prompt), tools=self.schemas,
                                                       add_generation_prompt=True, tokenize=False)
+        if self.description:
+            return render_prompt(_with_system_text(_messages(prompt, self.system_prompt), self.description), self.tokenizer)
         return render_prompt(prompt, self.tokenizer, self.system_prompt)
+
+    def _check_lengths(self, prompts: list[str]) -> None:
+        try:
+            check_prompt_lengths(prompts, self.tokenizer, self.context_length, self.sampling.max_new_tokens)
+        except ValueError as e:
+            if not self.description:
+                raise
+            n = len(self.tokenizer(self.description, add_special_tokens=False)["input_ids"])
+            raise ValueError(f"{e}; {n} of its tokens are the tools' description in the system prompt: set tools.describe=false "
+                             "for a model trained on the tags without it, or use a model with a longer context") from None
 
     def _episodes(self, rows, states, p_ids, p_mask, traces) -> Episodes:
         N, G = len(traces), self.group_size
@@ -275,6 +290,14 @@ def _messages(prompt, system_prompt: str | None) -> list[dict]:
     return messages
 
 
+def _with_system_text(messages: list[dict], text: str) -> list[dict]:
+    """The tools' description after the system prompt's own text (where Qwen-style templates put tools=), or as the system prompt."""
+    if messages[0]["role"] == "system":
+        own = messages[0]["content"]
+        return [{**messages[0], "content": f"{own}\n\n{text}" if own else text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
 def _append_to_prompt(prompt, text: str | None):
     """An environment's reset text goes after the prompt (it is the prompt when the row has none)."""
     if not text:
@@ -290,12 +313,12 @@ def _append_to_prompt(prompt, text: str | None):
 
 
 def make_format(kind: str, tokenizer, *, tool_names: list[str], schemas: list[dict], tags: dict[str, str],
-                result_tags: tuple[str, str]):
-    """The call format `tools.format` names; `auto`: the chat template's when it supports tools, else
-    tags. A chat template that rewrites earlier turns when a tool message is added is refused here."""
-    if kind == "auto":
-        kind = "chat_template" if getattr(tokenizer, "chat_template", None) and template_supports_tools(tokenizer) else "tags"
+                result_tags: tuple[str, str], describe: bool = True, model: str = "the model"):
+    """The call format `tools.format` names (`auto`: rlvr.tools.chat_template.choose_format). `describe`: the
+    tags format shows the tools in the system prompt. A template that cannot render tools, or rewrites earlier
+    turns when a tool message is added, is refused for chat_template here."""
+    kind, _ = choose_format(kind, tokenizer, model)
     if kind == "tags":
-        return TagFormat({n: tags.get(n, n) for n in tool_names}, *result_tags)
+        return TagFormat({n: tags.get(n, n) for n in tool_names}, *result_tags, describe=describe)
     check_prefix_preserving(tokenizer, schemas)
     return HermesFormat()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.config import ConfigError
 from rlvr.rollout.generation import GenerationEngine, SamplingParams
 from rlvr.rollout.single_turn import SingleTurnSource
+from rlvr.specs import did_you_mean
 
 
 def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingParams, *, context_length: int | None,
@@ -23,7 +25,7 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
         return SingleTurnSource(engine, tokenizer, sampling, **common)
     from rlvr.envs import ENVIRONMENTS
     from rlvr.rollout.multi_turn import MultiTurnSource, make_format
-    from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet
+    from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet, choose_format
 
     tools = ToolSet(t.functions) if t.functions else None
     env = EnvironmentFactory(ENVIRONMENTS.get(t.environment, t.environment)) if t.environment else None
@@ -32,8 +34,37 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
                          "add a reward function (e.g. rewards: [final_answer])")
     names = (tools.names if tools else []) + (env.names if env else [])
     schemas = (tools.schemas if tools else []) + (env.schemas if env else [])
-    fmt = make_format(t.format, tokenizer, tool_names=names, schemas=schemas, tags=dict(p.split("=", 1) for p in t.tags),
-                      result_tags=tuple(t.result_tags))
+    tags = tag_map(t.tags, names)
+    kind, note = choose_format(t.format, tokenizer, cfg.model.path)
+    fmt = make_format(kind, tokenizer, tool_names=names, schemas=schemas, tags=tags, result_tags=tuple(t.result_tags),
+                      describe=t.describe, model=cfg.model.path)
     runner = tool_runner or ToolRunner(timeout_s=t.timeout_s, max_result_chars=t.max_result_chars)
-    return MultiTurnSource(engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner,
-                           max_turns=t.max_turns, **common)
+    source = MultiTurnSource(engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner,
+                             max_turns=t.max_turns, **common)
+    source.notes = ([note] if note else []) + unused_with_format(t, kind)
+    return source
+
+
+def tag_map(pairs: list[str], names: list[str]) -> dict[str, str]:
+    """`tools.tags` as {tool: tag}; ConfigError (with the nearest name) for a pair naming no tool of the run."""
+    tags = {name.strip(): tag.strip() for name, tag in (p.split("=", 1) for p in pairs)}
+    unknown = [n for n in tags if n not in names]
+    if unknown:
+        listed = "; ".join(f"{n}={tags[n]}{did_you_mean(n, names)}" for n in unknown)
+        raise ConfigError(f"`tools.tags` names {'a tool' if len(unknown) == 1 else 'tools'} this run does not have: {listed}; "
+                          f"its tools are {', '.join(names) or 'none'}")
+    return tags
+
+
+def unused_with_format(t, kind: str) -> list[str]:
+    """Warnings for the tags format's settings when the chosen format is the chat template's (`t`: a ToolsConfig)."""
+    if kind != "chat_template":
+        return []
+    why = f"with tools.format={t.format}" + (" (which chose chat_template)" if t.format == "auto" else "")
+    defaults, out = type(t)(), []
+    for key in ("tags", "result_tags"):
+        if getattr(t, key) != getattr(defaults, key):
+            out.append(f"tools.{key} has no effect {why}: the model calls tools in its chat template's format")
+    if not t.describe:
+        out.append(f"tools.describe=false has no effect {why}: the chat template shows the tools itself")
+    return out

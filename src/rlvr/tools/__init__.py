@@ -10,8 +10,9 @@ episode, with `reset(**row)`, public methods as tools and optionally `get_reward
     binding.py       arguments -> keyword arguments of the tool's annotated types
     pool.py          daemon worker threads and the event loop the runner uses
     builtin.py       calculator, PythonSession (the `python` tool, sandboxed)
-    formats.py       TagFormat (<calc>..</calc> -> <result>..</result>), HermesFormat (<tool_call>{json})
-    chat_template.py template_supports_tools, check_prefix_preserving, glue_after_turn
+    formats.py       TagFormat (<calc>..</calc> -> <result>..</result>, its tools described in the system prompt),
+                     HermesFormat (<tool_call>{json})
+    chat_template.py tools_problem / choose_format (tools.format), check_prefix_preserving, glue_after_turn
 
 This package sits below `rollout` (which drives episodes with it) and uses only `sandbox`.
 """
@@ -19,7 +20,7 @@ This package sits below `rollout` (which drives episodes with it) and uses only 
 from rlvr.tools.binding import BindError, bind, convert
 from rlvr.tools.builtin import PythonSession, calculator
 from rlvr.tools.calling import ERRORS, PendingCall, ToolCall, ToolResult, ToolRunner, to_text
-from rlvr.tools.chat_template import check_prefix_preserving, glue_after_turn, template_supports_tools
+from rlvr.tools.chat_template import check_prefix_preserving, choose_format, glue_after_turn, template_supports_tools, tools_problem
 from rlvr.tools.environments import EnvironmentFactory, load_environment
 from rlvr.tools.formats import HermesFormat, TagFormat
 from rlvr.tools.registry import BUILTIN, Tool, ToolError, ToolSet, environment_tools, load_tool, make_tool
@@ -29,5 +30,6 @@ __all__ = [
     "EnvironmentFactory", "load_environment",
     "ToolCall", "ToolResult", "ToolRunner", "PendingCall", "ERRORS", "to_text", "BindError", "bind", "convert",
     "calculator", "PythonSession",
-    "TagFormat", "HermesFormat", "template_supports_tools", "check_prefix_preserving", "glue_after_turn",
+    "TagFormat", "HermesFormat", "template_supports_tools", "tools_problem", "choose_format", "check_prefix_preserving",
+    "glue_after_turn",
 ]

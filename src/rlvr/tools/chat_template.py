@@ -40,20 +40,52 @@ def _probe_conversation(name: str) -> tuple[list[dict], list[dict]]:
             [{"role": "tool", "name": name, "content": "result_4d2a"}])
 
 
-def template_supports_tools(tokenizer, **template_kwargs) -> bool:
-    """The template shows tool schemas when given `tools=` and renders a whole tool exchange
-    (the call's name and arguments, the tool message's content)."""
+def tools_problem(tokenizer, **template_kwargs) -> str | None:
+    """Why the chat template cannot carry tool calls (None when it can): it must show tool schemas
+    given `tools=` (rendered with and without them, the prompts differ and name the tool) and
+    render a whole tool exchange (the call's name and arguments, the tool message's content)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        return False
+        return "it has no chat template"
     messages, results = _probe_conversation("probe_tool_7f3a")
     try:
         plain = _render(tokenizer, messages[:1], None, True, template_kwargs)
         with_tools = _render(tokenizer, messages[:1], [_PROBE], True, template_kwargs)
         exchange = _render(tokenizer, messages + results, [_PROBE], True, template_kwargs)
-    except Exception:  # templates reject tool roles in many ways (TemplateError, TypeError, ...)
-        return False
-    return (with_tools != plain and "probe_tool_7f3a" in with_tools
-            and all(s in exchange for s in ("value_2b8d", "result_4d2a")))
+    except Exception as e:  # templates reject tool roles in many ways (TemplateError, TypeError, ...)
+        return f"it fails on a tool call and its result ({type(e).__name__}: {e})"
+    if with_tools == plain:
+        return "it ignores the tools argument: the prompt is the same with and without tools"
+    if "probe_tool_7f3a" not in with_tools:
+        return "it does not show the tools' names"
+    lost = [what for what, s in (("the tool call's arguments", "value_2b8d"), ("the tool message's content", "result_4d2a"))
+            if s not in exchange]
+    if lost:
+        return f"it drops {' and '.join(lost)}"
+    return None
+
+
+def template_supports_tools(tokenizer, **template_kwargs) -> bool:
+    """The template shows tool schemas when given `tools=` and renders a whole tool exchange (see tools_problem)."""
+    return tools_problem(tokenizer, **template_kwargs) is None
+
+
+def choose_format(kind: str, tokenizer, model: str) -> tuple[str, str | None]:
+    """(`tags` or `chat_template`, a note saying why) for `tools.format=kind`; the note is None when
+    the user chose. ToolError when `chat_template` is asked of a template that cannot render tools."""
+    if kind == "tags":
+        return kind, None
+    problem = tools_problem(tokenizer)
+    if kind == "chat_template":
+        if problem:
+            raise ToolError(f"`tools.format=chat_template`: the chat template of {model} cannot render tools= ({problem}), "
+                            "so the model would be offered no tools: set tools.format=tags (the tools are then described in the "
+                            "system prompt and called as <tag>input</tag>), or tools.format=auto, which chooses tags for this model")
+        return kind, None
+    if problem:
+        return "tags", (f"tools.format=auto -> tags: the chat template of {model} cannot render tools= ({problem}); "
+                        "the tools are described in the system prompt and called as <tag>input</tag>")
+    return "chat_template", (f"tools.format=auto -> chat_template: the chat template of {model} renders tools= and tool calls "
+                             "(its own call format, results as role: tool messages)")
 
 
 def glue_after_turn(tokenizer, messages: list[dict], tools_schemas: list[dict] | None,

@@ -5,7 +5,8 @@ Both have `stop_strings` (where generation of a turn pauses for tool calls) and
 
 - `TagFormat` (models without a tool-calling chat template): `<calc>12*34</calc>`; generation
   pauses at a closing tag, the call runs, `<result>408</result>` is appended to the same text
-  and generation resumes. Only a call whose closing tag ends the turn counts.
+  and generation resumes. Only a call whose closing tag ends the turn counts. `describe` gives
+  the tools' text for the system prompt (their JSON schemas as chat templates render `tools=`).
 - `HermesFormat` (chat templates with tools, e.g. Qwen2.5/Qwen3): the assistant turn holds one
   or more `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks and ends at
   the end-of-turn token; results go back as `role: tool` messages (see chat_template.py for
@@ -30,7 +31,8 @@ _NAME = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
 class TagFormat:
     """`tags`: tool name -> tag. A call is `<tag>arguments</tag>`; its result `<result>text</result>`."""
 
-    def __init__(self, tags: dict[str, str], result_open: str = "<result>", result_close: str = "</result>"):
+    def __init__(self, tags: dict[str, str], result_open: str = "<result>", result_close: str = "</result>", *,
+                 describe: bool = True):
         for name, tag in tags.items():
             if not isinstance(tag, str) or not _TAG.fullmatch(tag):
                 raise ToolError(f"tool {name!r}: tag {tag!r} must be a plain name (letters, digits, _ . -)")
@@ -42,6 +44,7 @@ class TagFormat:
         self.tags = dict(tags)
         self._by_tag = by_tag
         self.result_open, self.result_close = result_open, result_close
+        self.describe_tools = describe  # False for a model trained on the tags without a description
 
     @property
     def stop_strings(self) -> list[str]:
@@ -64,18 +67,27 @@ class TagFormat:
         """What is appended after the call (error messages appear the same way as results)."""
         return "".join(f"{self.result_open}{r.text}{self.result_close}" for r in results)
 
-    def instructions(self, schemas: list[dict]) -> str:
-        """A description of the tags for the prompt (for models that know no tool format)."""
-        lines = [f"You can use tools. Write a tool's tag around its input; the result comes back as "
-                 f"{self.result_open}...{self.result_close}."]
-        for schema in schemas:
-            fn = schema["function"]
-            if fn["name"] not in self.tags:
-                continue
-            tag, params = self.tags[fn["name"]], list(fn.get("parameters", {}).get("properties", {}))
-            arg = params[0] if len(params) == 1 else "{" + ", ".join(f'"{p}": ...' for p in params) + "}"
-            desc = (fn.get("description") or "").split("\n")[0]
-            lines.append(f"- <{tag}>{arg}</{tag}>: {desc}")
+    def call_example(self, schema: dict) -> str:
+        """How to call the tool of `schema` in this format: its single input as text, several as a JSON object."""
+        fn = schema["function"]
+        tag, params = self.tags[fn["name"]], list(fn.get("parameters", {}).get("properties", {}))
+        if len(params) == 1:
+            return f"<{tag}>{params[0]}</{tag}>"
+        args = "{" + ", ".join(f'"{p}": ...' for p in params) + "}" if params else ""
+        return f"<{tag}>{args}</{tag}>"
+
+    def describe(self, schemas: list[dict]) -> str:
+        """The tools for the system prompt, shaped as Qwen2.5-style chat templates render `tools=`
+        (each JSON schema on a line inside <tools></tools>), then how this format calls each tool."""
+        shown = [s for s in schemas if s["function"]["name"] in self.tags]
+        if not shown:
+            return ""
+        lines = ["# Tools", "", "You may call one or more functions to assist with the user query.", "",
+                 "You are provided with function signatures within <tools></tools> XML tags:", "<tools>"]
+        lines += [json.dumps(s, ensure_ascii=False) for s in shown]  # what transformers' `tojson` writes
+        lines += ["</tools>", "", f"To call a function, write its arguments between its tags; the result comes back within "
+                  f"{self.result_open}{self.result_close}:"]
+        lines += [f"{s['function']['name']}: {self.call_example(s)}" for s in shown]
         return "\n".join(lines)
 
 

@@ -111,6 +111,7 @@ class Trainer:
         sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                   max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
         self.source = source or self._source(sampling)
+        self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
 
         o = cfg.optim
         params = [p for p in self.model.parameters() if p.requires_grad]
