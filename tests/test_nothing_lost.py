@@ -244,3 +244,22 @@ def test_a_second_signal_during_the_update_waits_and_a_third_exits_at_once(capfd
             stop._handle(signal.SIGTERM, None)
     finally:
         stop.restore()
+
+
+def test_a_run_written_before_a_field_existed_resumes_as_it_ran(tmp_path, rlvr_cli):
+    """A tools run whose config.yaml predates `tools.describe` ran without the description: it resumes so,
+    instead of being refused as a change of the math or silently starting to describe its tools."""
+    import yaml
+
+    run = tmp_path / "run"
+    small = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=24", "eval_before_after=false",
+             "threads=1", "report_to=[]", "log_completions_every=0"]
+    rlvr_cli("train", "examples/tools-calculator.yaml", *small, "steps=1", f"output_dir={run}", check=True, timeout=300)
+    for path in [run / "config.yaml", *run.glob("checkpoints/step-*/config.yaml")]:
+        cfg = yaml.safe_load(path.read_text())
+        del cfg["tools"]["describe"]  # as the run's files were written before the field existed
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    resumed = rlvr_cli("train", "--resume", run, "steps=2", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert yaml.safe_load((run / "config.yaml").read_text())["tools"]["describe"] is False
+    assert _steps(run) == [1, 2]

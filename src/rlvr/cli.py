@@ -24,7 +24,7 @@ def _train_config(args) -> Config:
 
 
 def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, force: bool) -> Config:
-    from rlvr.train.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes
+    from rlvr.train.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes, old_run_overrides
 
     saved = run / "config.yaml"
     if config_path is not None:
@@ -34,8 +34,11 @@ def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, 
     if latest_checkpoint(run / "checkpoints") is None:
         raise ConfigError(f"--resume {run}: the run has no checkpoint to resume from (one is written every save_every steps, "
                           "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)")
-    before = load_config(saved)
-    cfg = load_config(saved, [*overrides, f"output_dir={run}", "resume=auto"])
+    import yaml
+
+    old = old_run_overrides(yaml.safe_load(saved.read_text()) or {})  # fields added since it was written: as it ran
+    before = load_config(saved, old)
+    cfg = load_config(saved, [*old, *overrides, f"output_dir={run}", "resume=auto"])
     changes = math_changes(to_dict(before), to_dict(cfg))
     if changes and not force:
         allowed = ", ".join(sorted(k for k in RESUMABLE_CHANGES if k != "resume"))

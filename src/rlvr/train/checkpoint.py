@@ -139,6 +139,41 @@ RESUMABLE_CHANGES = {
 }
 
 
+# Fields added after runs were written whose default changes what a run does: a saved config without one ran
+# with this value, and resumes with it (every other field it lacks ran as today's default). Each applies only
+# where its setting matters (`tools.describe`: a run with tools).
+OLD_RUN_VALUES = {"tools.describe": (False, lambda saved: bool((saved.get("tools") or {}).get("functions"))
+                                     or (saved.get("tools") or {}).get("environment") is not None)}
+
+
+def _lacks(tree: dict, dotted: str) -> bool:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return not isinstance(tree, dict) or leaf not in tree
+
+
+def old_run_overrides(saved: dict) -> list[str]:
+    """`key=value` overrides that make a config.yaml written before OLD_RUN_VALUES's fields existed run as it ran."""
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, (value, applies) in OLD_RUN_VALUES.items()
+            if _lacks(saved, key) and applies(saved)]
+
+
+def complete_saved_config(saved: dict) -> dict:
+    """A checkpoint's config.yaml with every field it lacks filled (OLD_RUN_VALUES, else today's default), so a
+    field added since it was written is not mistaken for a change of the math."""
+    from rlvr.config import load_config, to_dict
+
+    return _fill(saved, to_dict(load_config(None, old_run_overrides(saved))))
+
+
+def _fill(saved: dict, defaults: dict) -> dict:
+    out = dict(defaults)
+    for key, value in saved.items():
+        out[key] = _fill(value, defaults[key]) if isinstance(value, dict) and isinstance(defaults.get(key), dict) else value
+    return out
+
+
 def math_changes(saved: dict, current: dict, prefix: str = "") -> list[str]:
     """Dotted keys whose value differs between two configs, ignoring RESUMABLE_CHANGES."""
     changed = []

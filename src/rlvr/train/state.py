@@ -11,6 +11,7 @@ import yaml
 
 from rlvr.config import ConfigError, to_dict
 from rlvr.train.checkpoint import (
+    complete_saved_config,
     latest_checkpoint,
     load_trainer_state,
     load_weights,
@@ -73,7 +74,7 @@ class Checkpointer:
             return None  # resume=auto with nothing saved yet: a fresh start
         if not (path / "trainer_state.pt").exists():
             raise FileNotFoundError(f"resume: {path} is not a complete checkpoint (no trainer_state.pt)")
-        saved_cfg = yaml.safe_load((path / "config.yaml").read_text())
+        saved_cfg = complete_saved_config(yaml.safe_load((path / "config.yaml").read_text()))
         changes = math_changes(saved_cfg, to_dict(self.cfg))
         if changes and not force:
             raise ConfigError(
