@@ -39,7 +39,8 @@ def test_eval_data_hub_id_offline_names_eval_data(tmp_path, rlvr_cli):
                     env=_env(tmp_path), timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("rlvr: error: eval.data: someone/held-out is not a local file or folder nor in the `datasets` cache")
-    assert "(datasets.load_dataset('someone/held-out', split='test').to_json('held-out.jsonl')) and set eval.data=held-out.jsonl" in proc.stderr
+    assert ("(datasets.load_dataset('someone/held-out', split='test').to_json('held-out.jsonl')) and set eval.data=held-out.jsonl"
+            in proc.stderr)
 
 
 def _cache_a_dataset(cache: Path, repo: str, config: str, rows: list[dict]) -> None:
@@ -76,6 +77,7 @@ def test_a_cached_hub_dataset_loads_offline_without_retries(tmp_path, monkeypatc
     assert time.perf_counter() - t0 < 10
     assert rows == [{"prompt": f"q{i}", "answer": str(i)} for i in range(3)]
     assert datasets.config.HF_HUB_OFFLINE is False  # offline mode only for that call
-    with pytest.raises(DataError, match=r"^data.path: someone/other is not a local file or folder nor in the `datasets` cache, "
-                                        rf"and the Hugging Face hub cannot be reached \({REFUSED.replace('(', '[(]').replace(')', '[)]')}\)"):
+    with pytest.raises(DataError) as refused:
         load_rows("someone/other")
+    assert str(refused.value).startswith("data.path: someone/other is not a local file or folder nor in the `datasets` cache, and the "
+                                         f"Hugging Face hub cannot be reached ({REFUSED})")
