@@ -10,6 +10,7 @@ import difflib
 import math
 from typing import Iterable, Mapping
 
+from rlvr.config.no_effect import no_effect_warnings
 from rlvr.config.schema import Config, ConfigError
 
 
@@ -296,6 +297,7 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     _kl_and_temperature_warnings(cfg, warnings, force)
     if cfg.nproc >= 1 and (note := micro_batch_note(cfg, cfg.nproc)):
         warnings.append(note)
+    warnings += no_effect_warnings(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
     return warnings
