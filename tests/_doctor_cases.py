@@ -147,7 +147,7 @@ def synthetic_cases() -> list[Case]:
                      distinct_completions=lambda s: 0.6), {"prompts_too_easy"}),
         Case("mixed_difficulty_exploring", "half the identical groups solved, half failed, the policy explores: a bimodal prompt set",
              history(n, **identical(lambda s: 0.8, lambda s: 0.5), reward=lambda s: 0.5, entropy=lambda s: 0.9),
-             {"prompts_too_easy", "prompts_too_hard"}),
+             {"prompts_split"}),
         Case("no_signal_from_start", "a model that never solves a prompt: every group all zero from step 1 (early: 4 steps)",
              history(4, **ALL_ONE_VALUE, reward=lambda s: 0.0, entropy=lambda s: 2.5,
                      distinct_completions=lambda s: 1.0, **{"rewards/correct/mean": lambda s: 0.0}), {"prompts_too_hard"}),

@@ -44,7 +44,7 @@ def test_unknown_yaml_key(tmp_path):
         ("rollout.max_new_tokens=0", "rollout.max_new_tokens` must be positive"),
         ("optim.lr=0", "optim.lr` must be positive"),
         ("algo.loss_type=dapoo", "algo.loss_type.*did you mean 'dapo'"),
-        ("optim.micro_batch_size=1000", "optim.micro_batch_size`=1000 is larger"),
+        ("optim.micro_batch_size=-1", "optim.micro_batch_size` must be >= 0"),
         ("optim.compile=of", "optim.compile.*did you mean 'off'"),
     ],
 )

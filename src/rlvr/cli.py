@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, describe, load_config, to_dict
+from rlvr.config import Config, ConfigError, describe, load_config, to_dict, trl_table
 
 
 def _train_config(args) -> Config:
@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.help_config:
                 for key, default, doc in describe():
                     print(f"{key} = {default}\n    {doc}")
+                print("\nTRL's names -> rlvr's (GRPOConfig, TrainingArguments, GRPOTrainer's arguments, the trl CLI; "
+                      "(none): no equivalent, and why):")
+                print("\n".join(trl_table()))
                 return 0
             return _train(args)
         if args.command == "convert-gguf":

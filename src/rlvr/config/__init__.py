@@ -18,10 +18,11 @@ from rlvr.config.schema import (
     ToolsConfig,
     VllmConfig,
 )
+from rlvr.config.trl_names import TRL_NAMES, trl_hint, trl_table
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
 
 __all__ = [
     "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "EvalConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "REGISTERED", "RewardConfig", "RolloutConfig", "ToolsConfig", "VllmConfig", "batch_split_errors", "describe", "field_docs",
-    "load_config", "to_dict", "validate",
+    "REGISTERED", "RewardConfig", "RolloutConfig", "TRL_NAMES", "ToolsConfig", "VllmConfig", "batch_split_errors", "describe",
+    "field_docs", "load_config", "to_dict", "trl_hint", "trl_table", "validate",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from rlvr.config.schema import Config, ConfigError, RewardConfig
+from rlvr.config.trl_names import trl_hint
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,9 +65,25 @@ def _valid_keys(cls=Config, prefix: str = "") -> list[str]:
     return keys
 
 
+def _first_unknown(generic: str, valid: set[str]) -> str:
+    """The first part of a dotted key (list indexes written N) that does not name a valid key."""
+    parts = generic.split(".")
+    for i, part in enumerate(parts):
+        if ".".join(parts[: i + 1]) not in valid:
+            return part
+    return parts[-1]
+
+
 def _unknown_key(key: str, where: str) -> ConfigError:
-    generic = re.sub(r"\.\d+\.", ".N.", key)
-    close = difflib.get_close_matches(generic, _valid_keys(), n=1, cutoff=0.6)
+    """The error for a key no field has: TRL's name for a setting gets rlvr's (wherever it was written),
+    a known field under the wrong section gets its place, anything else the closest valid key."""
+    generic = re.sub(r"\.\d+(\.|$)", r".N\1", key)
+    valid = _valid_keys()
+    part = _first_unknown(generic, set(valid))
+    if trl := trl_hint(part):
+        return ConfigError(f"unknown config key `{key}`{where}: {trl}")
+    same_name = [k for k in valid if k.rsplit(".", 1)[-1] == part]
+    close = same_name if len(same_name) == 1 else difflib.get_close_matches(generic, valid, n=1, cutoff=0.6)
     hint = f"; did you mean `{close[0].replace('.N.', '.0.')}`?" if close else ""
     return ConfigError(f"unknown config key `{key}`{where}{hint}")
 
@@ -95,8 +112,9 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
     if dataclasses.is_dataclass(t):
         if isinstance(value, str) and t is RewardConfig:
             value = {"fn": value}  # `rewards: [arithmetic, my.py:fn]` shorthand
-        if not isinstance(value, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {value!r}")
+        if not isinstance(value, dict):  # `model: Qwen/...`, `tools: [calculator]`: TRL's meaning of the name
+            trl = trl_hint(key) if "." not in key else None
+            raise ConfigError(f"`{key}` must be a mapping, got {value!r}" + (f": {trl}" if trl else ""))
         return _from_dict(t, value, key + ".")
     if t is bool:
         if isinstance(value, bool):

@@ -262,7 +262,7 @@ class OptimConfig:
     warmup_steps: int = 0
     """Linear warm-up, in optimizer updates."""
     micro_batch_size: int = 0
-    """Completions per forward/backward (gradient accumulation); 0 = the whole step at once."""
+    """Completions per forward/backward (gradient accumulation); 0, or more than an update has (per rank): all of them at once."""
     steps_per_generation: int = 1
     """Optimizer steps per generated batch (per pass): the batch is split into this many minibatches of whole
     groups, each its own optimizer step; old log-probs stay the generating policy's (TRL's steps_per_generation,

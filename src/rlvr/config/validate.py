@@ -10,6 +10,7 @@ import difflib
 import math
 from typing import Iterable, Mapping
 
+from rlvr.config.no_effect import no_effect_warnings
 from rlvr.config.schema import Config, ConfigError
 
 
@@ -26,13 +27,6 @@ def batch_split_errors(cfg, world_size: int) -> list[str]:
             f"`rollout.prompts_per_step`={P} does not split over {W} ranks (each group of {G} completions stays whole on one rank): "
             f"set rollout.prompts_per_step to a multiple of {W} (e.g. {up}), or nproc to {down}"
         )
-    per_rank = P * G // W if P % W == 0 else math.ceil(P / W) * G
-    if o.micro_batch_size > 0 and o.micro_batch_size > per_rank:
-        where = f"per rank ({P} prompts x {G} completions / {W} ranks)" if W > 1 else "per step (rollout.prompts_per_step x rollout.group_size)"
-        errors.append(
-            f"`optim.micro_batch_size`={o.micro_batch_size} is larger than the {per_rank} completions {where}; "
-            f"set it to at most {per_rank}, or 0"
-        )
     k = o.steps_per_generation
     if k > 1 and P % (k * W):
         fits = [d for d in range(1, P + 1) if P % (d * W) == 0]
@@ -47,6 +41,22 @@ def batch_split_errors(cfg, world_size: int) -> list[str]:
             "set it to 1.0, or nproc to 1"
         )
     return errors
+
+
+def micro_batch_note(cfg, world_size: int) -> str | None:
+    """A micro-batch larger than the completions one update has per rank is those completions, in one forward/backward:
+    say so (shrinking rollout.prompts_per_step below a pinned micro_batch_size is no mistake)."""
+    P, G, W = cfg.rollout.prompts_per_step, cfg.rollout.group_size, world_size
+    k, m = cfg.optim.steps_per_generation, cfg.optim.micro_batch_size
+    if m <= 0 or P < 1 or G < 1 or k < 1 or P % W:
+        return None
+    minibatch = math.ceil(P * G // W / k)
+    if m <= minibatch:
+        return None
+    what = "per step (rollout.prompts_per_step x rollout.group_size)" if W == 1 else f"per rank ({P} prompts x {G} completions / {W} ranks)"
+    if k > 1:
+        what = f"{'per rank ' if W > 1 else ''}per update (a step's {P * G // W} / optim.steps_per_generation={k})"
+    return f"optim.micro_batch_size={m} is larger than the {minibatch} completions {what}: each update runs them as one micro-batch"
 
 
 def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
@@ -298,6 +308,9 @@ def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool =
     _validate_run(cfg, errors, choice, choices["data.task"])
     _validate_eval(cfg, errors, warnings)
     _kl_and_temperature_warnings(cfg, warnings, force)
+    if cfg.nproc >= 1 and (note := micro_batch_note(cfg, cfg.nproc)):
+        warnings.append(note)
+    warnings += no_effect_warnings(cfg)
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
     return warnings

@@ -9,6 +9,8 @@ import csv
 import json
 from pathlib import Path
 
+from rlvr.hub import looks_like_hub_id, offline_reason
+
 
 class DataError(ValueError):
     """A dataset problem; the message names the file, line or column."""
@@ -58,11 +60,11 @@ def _read_csv(path: Path) -> list[dict]:
 READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
 
 
-def _read_datasets(source: str, split: str, subset: str | None = None) -> list[dict]:
+def _read_datasets(source: str, split: str, subset: str | None, what: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"data.path={source!r} is not a file; loading `datasets` needs: pip install 'rlvr[data]'") from None
+        raise DataError(f"{what}={source!r} is not a file; loading `datasets` needs: pip install 'rlvr[data]'") from None
     p = Path(source)
     if p.is_dir() and any((p / f).exists() for f in ("dataset_dict.json", "state.json")):
         ds = datasets.load_from_disk(str(p))  # written by save_to_disk
@@ -70,13 +72,34 @@ def _read_datasets(source: str, split: str, subset: str | None = None) -> list[d
             if split not in ds:
                 raise DataError(f"{p}: no split {split!r}; splits: {sorted(ds)}")
             ds = ds[split]
+    elif not p.exists() and looks_like_hub_id(source) and (why := offline_reason()):
+        ds = _cached_hub_dataset(datasets, source, split, subset, what, why)
     else:
         ds = datasets.load_dataset(source, subset, split=split)
     return ds.to_list()
 
 
-def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None) -> list[dict]:
-    """Rows with the prompt under `prompt`; every other column kept as is."""
+def _cached_hub_dataset(datasets, source: str, split: str, subset: str | None, what: str, why: str):
+    """A hub dataset while the hub cannot be reached: from `datasets`' own cache (where an earlier load
+    left it), asked in offline mode so that a dataset not there fails at once, not after a minute of
+    huggingface_hub's retries."""
+    was = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True
+    try:
+        return datasets.load_dataset(source, subset, split=split)
+    except ConnectionError:  # not in the cache (OfflineModeIsEnabled is a ConnectionError too)
+        args = ", ".join([repr(source), *([repr(subset)] if subset else []), f"split={split!r}"])
+        local = source.rsplit("/", 1)[-1] + ".jsonl"
+        raise DataError(f"{what}: {source} is not a local file or folder nor in the `datasets` cache, and the Hugging Face hub cannot "
+                        f"be reached ({why}): load it once where there is network, or save it to a file there "
+                        f"(datasets.load_dataset({args}).to_json({local!r})) and set {what}={local}") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = was
+
+
+def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None,
+              what: str = "data.path") -> list[dict]:
+    """Rows with the prompt under `prompt`; every other column kept as is. `what`: the setting that named `source`, for errors."""
     p = Path(source)
     if p.is_file():
         reader = READERS.get(p.suffix.lower())
@@ -84,9 +107,9 @@ def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train
             raise DataError(f"{p}: unsupported file type {p.suffix!r}; use one of {sorted(READERS)}")
         rows = reader(p)
     elif p.suffix.lower() in READERS:
-        raise DataError(f"data.path: file not found: {p}")
+        raise DataError(f"{what}: file not found: {p}")
     else:
-        rows = _read_datasets(source, split, subset)
+        rows = _read_datasets(source, split, subset, what)
     if not rows:
         raise DataError(f"{source}: the dataset is empty")
     if prompt_column not in rows[0]:

@@ -7,11 +7,12 @@ training every `doctor_every` steps (as warnings) and after it (`rlvr doctor RUN
 A finding names the metric, the evidence (steps and values) and the setting to change. Thresholds
 live in `Thresholds`, so a test or a user can tighten or loosen any of them.
 
-Identical rewards within groups (no learning signal) are a symptom, not a cause. Five rules name
-its causes, each checking the facts that rule out the others (rlvr.observe.signals): a reward
+Identical rewards within groups (no learning signal) are a symptom, not a cause. The rules in CAUSES
+name its causes, each checking the facts that rule out the others (rlvr.observe.signals): a reward
 function failing (`reward_failing`) comes first; completions cut at the token limit
 (`truncation`); a policy that stopped exploring (`entropy_collapse`); and only while the policy
-still explores, prompts too easy or too hard. When two causes fit, each finding says so.
+still explores, prompts too easy or too hard, or both at once (`prompts_split`). When two causes
+fit, each finding says so.
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ Rule = Callable[[list[dict], Context], "Finding | None"]
 RULES: dict[str, Rule] = {}
 
 # The rules that name a cause of identical rewards within groups; diagnose() tells each finding
-# which others fit too (too easy and too hard together are one mixed prompt set, not rivals).
-CAUSES = ("reward_failing", "truncation", "entropy_collapse", "reward_collapse", "prompts_too_easy", "prompts_too_hard")
+# which others fit too (too easy and too hard together are one split prompt set: prompts_split).
+CAUSES = ("reward_failing", "truncation", "entropy_collapse", "reward_collapse", "prompts_too_easy", "prompts_too_hard", "prompts_split")
 
 
 def rule(name: str):
@@ -383,17 +384,46 @@ def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
     return Finding(rule_name, "frac_reward_zero_std", message, fmt(g.steps, g.zero), fix + _sampling_fix(ctx), g.steps, g.zero)
 
 
+def _split(history: list[dict], ctx: Context) -> tuple[Finding, Finding] | None:
+    """(too easy, too hard) when both fit: then the set is split and neither finding alone is right."""
+    easy, hard = _difficulty(history, ctx, "top"), _difficulty(history, ctx, "bottom")
+    return (easy, hard) if easy is not None and hard is not None else None
+
+
 @rule("prompts_too_easy")
 def prompts_too_easy(history: list[dict], ctx: Context) -> Finding | None:
     """Most groups all right (identical at the step's top reward) while the policy still explores."""
-    return _difficulty(history, ctx, "top")
+    return None if _split(history, ctx) else _difficulty(history, ctx, "top")
 
 
 @rule("prompts_too_hard")
 def prompts_too_hard(history: list[dict], ctx: Context) -> Finding | None:
     """Most groups all wrong (identical at the step's lowest reward) while the policy still explores,
     every reward function works and completions are not cut short."""
-    return _difficulty(history, ctx, "bottom")
+    return None if _split(history, ctx) else _difficulty(history, ctx, "bottom")
+
+
+@rule("prompts_split")
+def prompts_split(history: list[dict], ctx: Context) -> Finding | None:
+    """Prompts too easy and too hard at once: a split set, some always solved and others never. Harder
+    or easier prompts would each fix one half; keeping the prompts in between fixes both."""
+    if (both := _split(history, ctx)) is None:
+        return None
+    g, explores = _groups(history, ctx), _exploration(history, ctx)
+    if ctx.setting("algo.dynamic_sampling", False) is True:
+        sampling = "; dynamic sampling is on: raise algo.max_resample_rounds" + ctx.now("algo.max_resample_rounds")
+    else:
+        sampling = ("; or set algo.dynamic_sampling=true, which drops groups whose rewards are all equal (both kinds) "
+                    "and draws fresh prompts in their place")
+    return Finding(
+        "prompts_split", "frac_reward_zero_std",
+        f"{g.describe()}, and give no gradient: the prompt set is split, some prompts always solved and others never "
+        f"(not too easy or too hard as a whole); the policy still explores ({explores.describe()})",
+        both[0].evidence,
+        "keep the prompts in between: filter the data by difficulty (sample a few completions per prompt, drop the prompts "
+        "that all or none of them solve) or order it as a curriculum" + sampling,
+        both[0].steps, both[0].values,
+    )
 
 
 @rule("clip_high")
@@ -564,7 +594,7 @@ def diagnose(history: list[dict], ctx: Context | None = None, *, rules: list[str
                 out.append(f)
     causes = [f.rule for f in out if f.rule in CAUSES]
     for f in out:
-        rivals = [c for c in causes if c != f.rule and {c, f.rule} != {"prompts_too_easy", "prompts_too_hard"}]
+        rivals = [c for c in causes if c != f.rule]
         if f.rule in CAUSES and rivals:
             f.message += f" [another cause fits too: {', '.join(rivals)}; see that finding]"
     return sorted(out, key=lambda f: f.severity != "error")

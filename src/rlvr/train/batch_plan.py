@@ -62,7 +62,7 @@ class BatchPlan:
             world_size=world_size,
             prompts=r.prompts_per_step,
             group_size=r.group_size,
-            micro_batch_size=o.micro_batch_size or minibatch,
+            micro_batch_size=min(o.micro_batch_size, minibatch) if o.micro_batch_size else minibatch,  # larger: one pass, noted
             steps_per_generation=o.steps_per_generation,
             shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing and not compiled,
             compiled_forward=compiled,

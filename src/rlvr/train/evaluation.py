@@ -41,9 +41,9 @@ def task_held_out(task: Task, reward: str | None = None) -> HeldOut:
 
 
 def dataset_held_out(source: str, *, reward: str, prompt_column: str = "prompt", split: str = "test",
-                     subset: str | None = None, size: int = 0) -> HeldOut:
-    """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all)."""
-    rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset)
+                     subset: str | None = None, size: int = 0, what: str = "--data") -> HeldOut:
+    """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all); `what` names the setting in errors."""
+    rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset, what=what)
     return HeldOut(source, rows[:size] if size else rows, reward, _mean_of(reward))
 
 
@@ -57,7 +57,7 @@ def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
     e = cfg.eval
     if e.data is not None:
         return dataset_held_out(e.data, reward=e.reward or cfg.rewards[0].fn, prompt_column=e.prompt_column or cfg.data.prompt_column,
-                                split=e.split, subset=e.subset, size=e.size)
+                                split=e.split, subset=e.subset, size=e.size, what="eval.data")
     return task_held_out(task, e.reward) if task is not None else None
 
 

@@ -13,6 +13,7 @@ import torch
 
 from rlvr import algo
 from rlvr.config import Config, validate
+from rlvr.config.no_effect import changed
 from rlvr.data import TASKS, render_prompt
 from rlvr.dist import Dist
 from rlvr.models.precision import cpu_has_fast_bf16
@@ -36,9 +37,23 @@ def registered_choices() -> dict[str, list[str]]:
     }
 
 
+def unused_objective_settings(cfg: Config) -> list[str]:
+    """Changed hyperparameters of objectives that algo.loss_type does not use (sapo_* with dapo, epsilon with vespo, ...)."""
+    users: dict[str, list[str]] = {}
+    for loss_type, (objective, _) in algo.LOSS_TYPES.items():
+        for name in algo.OBJECTIVES[objective].hyperparameters:
+            users.setdefault(name, []).append(loss_type)
+    used = algo.OBJECTIVES[algo.LOSS_TYPES[cfg.algo.loss_type].objective].hyperparameters
+    names = [n for n in users if hasattr(cfg.algo, n) and n not in used]
+    return [f"algo.{n}={getattr(cfg.algo, n)} has no effect: algo.loss_type={cfg.algo.loss_type} does not use it "
+            f"(used by: {', '.join(users[n])})" for n in changed(cfg.algo, names)]
+
+
 def check_config(cfg: Config, *, force: bool = False) -> list[str]:
     """Raise ConfigError naming every invalid setting; return the warnings to print."""
     warnings = validate(cfg, choices=registered_choices(), force=force)
+    if cfg.algo.loss_type in algo.LOSS_TYPES:
+        warnings += unused_objective_settings(cfg)
     if cfg.model.autocast == "bf16" and cfg.device != "cuda" and not cpu_has_fast_bf16():
         warnings.append("model.autocast=bf16 on a CPU without avx512_bf16/AMX: bf16 matmuls are emulated there and usually slower than fp32")
     return warnings
