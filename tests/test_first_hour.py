@@ -127,11 +127,13 @@ def test_force_starts_over_with_flags_anywhere_and_leaves_nothing_to_resume(tmp_
                      "eval_before_after=false", check=True)  # --force between overrides
     (aside,) = tmp_path.glob("run.replaced-*")
     assert f"the run that was in {out} is now in {aside}" in again.stdout
-    assert latest_checkpoint(aside / "checkpoints").name == "step-0000001" and _steps(aside / "metrics.jsonl") == [1, 2]
-    assert not (out / "checkpoints").exists() and _steps(out / "metrics.jsonl") == [1]
+    assert latest_checkpoint(aside / "checkpoints").name == "step-0000002" and _steps(aside / "metrics.jsonl") == [1, 2]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000001"]  # the new run's end, nothing of the old
+    assert _steps(out / "metrics.jsonl") == [1]
     assert {json.loads(x)["step"] for x in (out / "samples.jsonl").read_text().splitlines()} == {1}
-    resumed = rlvr_cli("train", "--resume", out, "steps=3")
-    assert resumed.returncode == 2 and "the run has no checkpoint to resume from" in resumed.stderr
+    resumed = rlvr_cli("train", "--resume", out, "steps=2", check=True)  # the new run continues from its own end
+    assert _steps(out / "metrics.jsonl") == [1, 2] and _steps(aside / "metrics.jsonl") == [1, 2]
+    assert "now in" not in resumed.stdout
 
 
 @pytest.mark.parametrize("argv, config, overrides, force", [
@@ -152,12 +154,17 @@ def test_flags_and_overrides_in_any_order(monkeypatch, argv, config, overrides, 
 def test_resume_from_the_run_folder_alone(tmp_path, tiny_model_dir, rlvr_cli):
     """`rlvr train --resume RUN_DIR steps=N` continues with the run's own config.yaml; a setting that
     changes the math is refused; TensorBoard holds each step once after resuming from a checkpoint
-    older than the last logged step; train_seconds covers both segments."""
+    older than the last logged step (a run killed between checkpoints); train_seconds covers both segments."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
     rlvr_cli("train", f"model.path={tiny_model_dir}", *FAST, f"output_dir={out}", "steps=3", "save_every=1", "eval_before_after=false",
              "report_to=[tensorboard]", check=True)
+    import shutil
+
+    for done in (out / "final", out / "checkpoints" / "step-0000003"):  # as a kill after step 3 was logged leaves it
+        shutil.rmtree(done)
+    (out / "summary.json").unlink()
     ckpt = latest_checkpoint(out / "checkpoints")
     assert ckpt.name == "step-0000002"  # the run logged step 3 after it
     refused = rlvr_cli("train", "--resume", out, "algo.epsilon=0.3")
