@@ -64,8 +64,6 @@ def eval_config(target: Target, args) -> Config:
         cfg = load_config(target.config, overrides)
     except ConfigError as e:
         raise ConfigError(f"rlvr eval: {e}") from None
-    if target.config is None:
-        cfg.model.path = target.model
     if args.task is not None and not cfg.tools.enabled and args.task in EVAL_TASKS:
         task_tools = get_task(args.task, seed=0).tools  # a tool task is played with its tools, unless tools are set
         if task_tools:
@@ -188,6 +186,8 @@ def describe(cfg: Config, target: Target) -> str:
     """One line saying how the model is evaluated: whose config, single- or multi-turn and with what."""
     t = cfg.tools
     whose = f"with {target.config}" if target.config is not None else "with rlvr's defaults"
+    if cfg.rollout.function:
+        return f"evaluating {target.model} {whose}: episodes from rollout.function {cfg.rollout.function}"
     if not t.enabled:
         return f"evaluating {target.model} {whose}: single-turn"
     what = ([f"tools {', '.join(t.functions)}"] if t.functions else []) + ([f"environment {t.environment}"] if t.environment else [])
