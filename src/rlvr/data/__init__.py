@@ -7,7 +7,7 @@ reward functions as keyword arguments (TRL's convention).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from rlvr.data.loaders import load_rows
@@ -22,6 +22,8 @@ class Task:
     eval_rows: Callable[[], list[dict]]
     reward: str  # built-in reward name that scores this task's answers (0 or 1)
     max_new_tokens: int = 8  # what a held-out answer needs (rlvr eval's default)
+    # the tools.* settings the task is played with (`rlvr eval --task` uses them where nothing else sets tools)
+    tools: dict = field(default_factory=dict)
 
 
 TASKS = ("arithmetic", "multiplication", "guess_number", "code")  # built-in tasks (data.task)
@@ -53,6 +55,8 @@ def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", ev
             train_row=lambda i: mul.problem_at(i, "train", seed=seed).row(),
             eval_rows=lambda: [p.row() for p in mul.eval_problems(eval_size)],
             reward="final_answer",
+            max_new_tokens=64,  # a call, its result and the answer
+            tools={"functions": ["calculator"], "tags": ["calculator=calc"], "format": "tags", "max_turns": 2},
         )
     if name == "guess_number":  # 1..30 in 5 guesses; evaluation plays every target once (at most eval_size, evenly spread)
         from rlvr.data import guess_number as gn
@@ -62,6 +66,8 @@ def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", ev
             train_row=lambda i: gn.train_row(i, seed=seed),
             eval_rows=lambda: gn.eval_rows(eval_size),
             reward="guessed",
+            max_new_tokens=240,  # five guesses and their replies
+            tools={"environment": "guess_number", "format": "tags", "max_turns": 6},
         )
     if name == "code":  # write one function; hidden tests; held out: whole families and new parameters of known ones
         from rlvr.data import code

@@ -9,8 +9,9 @@ the template's glue) are appended as external tokens (loss mask 0) and the model
 (rlvr.rollout.hf_episodes). Every failure a tool can have becomes a message the model sees and
 is counted. With an environment (TRL's environment_factory contract) each episode gets its own
 instance: `reset(**row)` may return text appended to the prompt, its public methods are tools,
-and `get_reward()` is an extra reward named after the class. An episode whose `reset` raises is
-left out (no reward, no loss) and counted.
+`get_reward()` is an extra reward named after the class, and reward functions get the instances
+as `environments` (one per completion, as TRL 1.16 passes them). An episode whose `reset` raises
+is left out (no reward, no loss) and counted.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class MultiTurnSource:
         # the tags format shows the tools in the system prompt, from the schemas the chat template would get as tools=
         self.description = fmt.describe(self.schemas) if getattr(fmt, "describe_tools", False) else ""
         self.notes: list[str] = []  # what the run should print at start (how tools.format was chosen, ...)
+        # what reward functions get besides the dataset's columns: TRL's `environments`, the episodes' instances
+        self.reward_columns = frozenset({"environments"}) if environment is not None else frozenset()
+        self.first_env_error: str | None = None  # the first reset()/get_reward() failure, `Type: message`
 
     @property
     def group_size(self) -> int:
@@ -115,8 +119,9 @@ class MultiTurnSource:
                 text = self.environment.reset(r.env, {k: v for k, v in row.items() if k != "prompt"})
                 r.tools.update(self.environment.tools(r.env))
                 st.prompt = _append_to_prompt(st.prompt, text)
-            except Exception:  # the environment's own code failed: this episode is left out
+            except Exception as e:  # the environment's own code failed: this episode is left out
                 r.valid, r.env, r.tools, r.env_error = False, None, {}, True
+                self._env_failed("reset()", e)
         if st.prompt is None:
             raise ValueError("a row has no `prompt` and its environment's reset() returned no text to use as one")
         return st
@@ -163,9 +168,10 @@ class MultiTurnSource:
             **{f"calls/{name}": torch.tensor([float(s.row.per_tool.get(name, 0)) for s in states]) for name in self._tool_names()},
         }
         texts = self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True)
+        columns = {"environments": [s.row.env for s in states]} if self.environment is not None else {}
         return Episodes(p_ids.cpu(), p_mask.cpu(), ids, attn, loss, logp, torch.tensor([t.truncated for t in traces]),
                         torch.arange(len(rows)).repeat_interleave(G), G, [s.row.messages for s in states], texts,
-                        info=info, extra_rewards=extra, valid=valid)
+                        info=info, extra_rewards=extra, valid=valid, columns=columns)
 
     def _tool_names(self) -> list[str]:
         return (self.tools.names if self.tools else []) + (self.environment.names if self.environment else [])
@@ -176,10 +182,15 @@ class MultiTurnSource:
             return float("nan")
         try:
             value = self.environment.get_reward(r.env)
-        except Exception:
+        except Exception as e:
             r.env_error = True
+            self._env_failed("get_reward()", e)
             return float("nan")
         return float("nan") if value is None else value
+
+    def _env_failed(self, where: str, error: Exception) -> None:
+        if self.first_env_error is None:
+            self.first_env_error = f"{self.environment.name}.{where}: {type(error).__name__}: {error}"
 
     # ------------------------------------------------------------------ metrics
 

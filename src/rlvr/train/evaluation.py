@@ -1,22 +1,33 @@
-"""Held-out evaluation: greedy episodes of a held-out set, scored by one reward function.
+"""Held-out evaluation: greedy episodes of a held-out set, scored by one reward.
 
 A `HeldOut` is rows plus the reward that scores them. A built-in task brings both (`task_held_out`:
 its held-out split and its verifier, e.g. arithmetic's exact answer); a dataset brings the rows
-and names the reward (`dataset_held_out`, e.g. a JSONL file scored by `math` or `my.py:fn`).
-`rlvr eval` and the trainer evaluate the same way; a new task (code, ...) plugs in by giving its
-`rlvr.data.Task` an `eval_rows` and a `reward`.
+and names the reward (`dataset_held_out`, e.g. a JSONL file scored by `math` or `my.py:fn`), or,
+in a run with an environment and no reward function, leaves the scoring to the environment's own
+`get_reward()`. `rlvr eval` and the trainer evaluate the same way; a new task (code, ...) plugs in
+by giving its `rlvr.data.Task` an `eval_rows` and a `reward`.
+
+A failed evaluation is never a score: when the reward fails (raises, times out, returns garbage)
+on every row, `evaluate` raises EvaluationError naming the reward and its first error; when it
+fails on some rows, the outcome says how many (they count as 0 in the mean).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.config import Config
+import torch
+
+from rlvr.config import Config, ConfigError
 from rlvr.data import Task, load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
 from rlvr.rollout.episodes import RolloutSource
-from rlvr.train.collect import score
+from rlvr.train.collect import reward_columns, score
+
+
+class EvaluationError(RuntimeError):
+    """A held-out evaluation that produced no score: its reward failed on every row."""
 
 
 @dataclass
@@ -25,13 +36,23 @@ class HeldOut:
 
     name: str  # what was evaluated: the task's name, or the dataset as given
     rows: list[dict]
-    reward: str  # reward spec (built-in name, module:function, file.py:function)
+    reward: str | None  # reward spec (built-in name, module:function, file.py:function); None: the environment's get_reward()
     label: str  # what the number is: `accuracy` (a task's 0/1 verifier) or `mean <reward>`
+    environment: str | None = None  # with reward None: the class name of the environment whose get_reward() scores
 
-    def runner(self) -> RewardRunner:
-        """The reward as a one-function runner (loading it here names a missing file or function)."""
-        runner = RewardRunner([RewardFn("eval", load_reward_fn(self.reward), 1.0)])
-        check_reward_columns(runner.fns, self.rows[0])
+    @property
+    def column(self) -> str | None:
+        """The reward column the score is the mean of: None for the runner's (only) function, else the environment's."""
+        return self.environment if self.reward is None else None
+
+    def runner(self, provided: frozenset[str] | None = frozenset()) -> RewardRunner:
+        """The reward as a one-function runner (loading it here names a missing file or function); no
+        function when the environment scores. `provided`: columns the rollout adds (check_reward_columns)."""
+        if self.reward is None:
+            return RewardRunner([])
+        fn = load_reward_fn(self.reward)
+        runner = RewardRunner([RewardFn(getattr(fn, "__name__", self.reward), fn, 1.0)])
+        check_reward_columns(runner.fns, self.rows[0], provided)
         return runner
 
 
@@ -40,11 +61,29 @@ def task_held_out(task: Task, reward: str | None = None) -> HeldOut:
     return HeldOut(task.name, task.eval_rows(), reward or task.reward, "accuracy" if reward is None else _mean_of(reward))
 
 
-def dataset_held_out(source: str, *, reward: str, prompt_column: str = "prompt", split: str = "test",
-                     subset: str | None = None, size: int = 0, what: str = "--data") -> HeldOut:
-    """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all); `what` names the setting in errors."""
+def dataset_held_out(source: str, *, reward: str | None, prompt_column: str = "prompt", split: str = "test",
+                     subset: str | None = None, size: int = 0, environment: str | None = None, what: str = "--data") -> HeldOut:
+    """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all); `what` names the setting
+    in errors. `reward` None: scored by the get_reward() of `environment` (a tools.environment spec)."""
+    scorer = environment_reward_name(environment) if reward is None else None
     rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset, what=what)
-    return HeldOut(source, rows[:size] if size else rows, reward, _mean_of(reward))
+    rows = rows[:size] if size else rows
+    return HeldOut(source, rows, reward, _mean_of(reward or scorer), environment=scorer)
+
+
+def environment_reward_name(spec: str | None) -> str:
+    """The name of the reward column an environment's get_reward() fills (its class name); an error
+    when there is no environment, or it has no get_reward()."""
+    from rlvr.envs import ENVIRONMENTS
+    from rlvr.tools import EnvironmentFactory
+
+    if spec is None:
+        raise ConfigError("nothing scores the held-out rows: name a reward (eval.reward, or rlvr eval --reward)")
+    env = EnvironmentFactory(ENVIRONMENTS.get(spec, spec))
+    if not env.has_reward:
+        raise ConfigError(f"nothing scores the held-out rows: no reward is named and the environment {env.name} has no "
+                          "get_reward(); set eval.reward (rlvr eval --reward), or give the environment a get_reward() method")
+    return env.name
 
 
 def _mean_of(reward: str) -> str:
@@ -53,22 +92,56 @@ def _mean_of(reward: str) -> str:
 
 
 def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
-    """The held-out set a training config describes: `eval.data`, else the built-in task's split, else none."""
+    """The held-out set a training config describes: `eval.data`, else the built-in task's split, else none.
+    `eval.data` is scored by eval.reward, else rewards.0.fn, else (rewards: []) the environment's get_reward()."""
     e = cfg.eval
     if e.data is not None:
-        return dataset_held_out(e.data, reward=e.reward or cfg.rewards[0].fn, prompt_column=e.prompt_column or cfg.data.prompt_column,
-                                split=e.split, subset=e.subset, size=e.size, what="eval.data")
+        reward = e.reward or (cfg.rewards[0].fn if cfg.rewards else None)
+        return dataset_held_out(e.data, reward=reward, prompt_column=e.prompt_column or cfg.data.prompt_column,
+                                split=e.split, subset=e.subset, size=e.size, environment=cfg.tools.environment, what="eval.data")
     return task_held_out(task, e.reward) if task is not None else None
 
 
-def evaluate(source: RolloutSource, rows: list[dict], reward: RewardRunner, *, batch_size: int = 128) -> float:
-    """Mean of the (first) reward over the source's episodes of `rows` (one per row; greedy
-    sampling is the caller's choice): accuracy for 0/1 verifiers."""
+@dataclass
+class EvalOutcome:
+    """A held-out score and what went wrong on the way."""
+
+    score: float  # mean of the reward over the rows (a failed row counts 0)
+    rows: int
+    failed: int  # rows the reward failed on (raised, timed out, returned garbage; an environment: reset/get_reward raised)
+    reward: str  # the reward column: the function's name, or the environment's
+    first_error: str | None  # the first failure, `ValueError: message (at file:line in fn)`
+
+    def failure_note(self) -> str:
+        """`the reward 'x' failed on 2 of 5 held-out rows (counted as 0): ValueError: ...`."""
+        first = f"; its first error: {self.first_error}" if self.first_error else ""
+        return f"the reward {self.reward!r} failed on {self.failed} of {self.rows} held-out rows (counted as 0){first}"
+
+
+def evaluate(source: RolloutSource, rows: list[dict], reward: RewardRunner, *, column: str | None = None,
+             batch_size: int = 128) -> EvalOutcome:
+    """Mean of one reward over the source's episodes of `rows` (one per row; greedy sampling is the
+    caller's choice): accuracy for 0/1 verifiers. `column`: the reward column to average (an
+    environment's); None: the runner's first function. Raises EvaluationError when it failed on every row."""
     if source.group_size != 1:
         raise ValueError(f"evaluate: the source must make one episode per row, not {source.group_size}")
-    total = 0.0
+    total, failed, name = 0.0, 0, column
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
         episodes = source.rollout(chunk, list(range(len(chunk))))
-        total += float(score(reward, chunk, episodes)[:, 0].nansum())
-    return total / len(rows)
+        rewards = score(reward, chunk, episodes)
+        names, _ = reward_columns(reward, episodes)
+        name = column or names[0]
+        if name not in names:
+            raise ValueError(f"evaluate: no reward column {name!r} among {names}")
+        total += float(rewards[:, names.index(name)].nansum())
+        if name in reward.last_errors:
+            failed += reward.last_errors[name]
+        else:  # the rollout's own reward (an environment's get_reward): its failures are the episodes' environment errors
+            failed += int(episodes.info.get("env_errors", torch.zeros(0)).sum())
+    first = reward.first_error.get(name) or getattr(source, "first_env_error", None)
+    outcome = EvalOutcome(total / len(rows), len(rows), failed, str(name), first)
+    if failed and failed >= len(rows):
+        raise EvaluationError(f"no held-out score: the reward {outcome.reward!r} failed on every one of the {len(rows)} rows; "
+                              f"its first error: {first or 'unknown'}")
+    return outcome

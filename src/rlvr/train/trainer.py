@@ -32,7 +32,7 @@ from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
 from rlvr.train.collect import Batch, collect, rollout_and_score
-from rlvr.train.evaluation import evaluate, held_out_for
+from rlvr.train.evaluation import EvaluationError, evaluate, held_out_for
 from rlvr.train.minibatches import minibatches
 from rlvr.train.rank_split import across_ranks, local_share
 from rlvr.train.reward_health import RewardHealth
@@ -63,6 +63,8 @@ class StepRecord:
 
 
 class Trainer:
+    eval_failures: str | None = None  # the last held-out evaluation's note on the rows its reward failed on, if any
+
     def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None, source=None):
         """`source`: a RolloutSource to learn from instead of the single-turn one the config describes."""
         self.cfg, self.logger_live = cfg, logger_live
@@ -93,7 +95,7 @@ class Trainer:
         check_reward_columns(self.rewards.fns, first_row, _columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
         self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
-        self.eval_reward = self.held_out.runner() if self.held_out is not None else None
+        self.eval_reward = self.held_out.runner(_columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
@@ -213,10 +215,19 @@ class Trainer:
         if self.held_out is None:
             return None
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
+        outcome, error = None, None
         with self.dist.full_weights_for_generation(self.model):
-            if not self.dist.is_main:
-                return None
-            return evaluate(greedy, self.held_out.rows, self.eval_reward)
+            if self.dist.is_main:
+                try:
+                    outcome = evaluate(greedy, self.held_out.rows, self.eval_reward, column=self.held_out.column)
+                except EvaluationError as e:  # a failure is never a score: stop rather than record 0
+                    error = str(e)
+        if self.dist.max(float(error is not None), what="held-out evaluation"):
+            raise TrainingError(f"held-out evaluation of {self.held_out.name}: {error or 'failed on rank 0 (its log says why)'}")
+        if outcome is None:
+            return None
+        self.eval_failures = outcome.failure_note() if outcome.failed else None
+        return outcome.score
 
     def save_checkpoint(self) -> Path:
         return self.checkpointer.save(self.state)
@@ -333,6 +344,8 @@ class Trainer:
         score = self.evaluate()
         if score is not None:
             log.info(f"held-out {self.held_out.label} {when}: {score:.3f}")
+            if self.eval_failures:
+                log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")
         return score
 
     def _held_out_summary(self, after: float | None) -> dict:
@@ -380,10 +393,13 @@ class Trainer:
 
 
 def _columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
-    """Columns the rollout gives reward functions besides the dataset's (None: unknown until it has run)."""
+    """Columns the rollout gives reward functions besides the dataset's (None: unknown until it has run). `source`
+    None: the config's own source, the one held-out evaluation always runs (Trainer.evaluate)."""
     if source is not None:
         return getattr(source, "reward_columns", frozenset())
-    return FunctionSource.reward_columns if cfg.rollout.function else frozenset()
+    if cfg.rollout.function:
+        return FunctionSource.reward_columns
+    return frozenset({"environments"}) if cfg.tools.environment else frozenset()  # TRL's: the episodes' environment instances
 
 
 def _explicit(resume: str | None) -> Path | None:
