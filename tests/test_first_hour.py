@@ -167,6 +167,7 @@ def test_resume_from_the_run_folder_alone(tmp_path, tiny_model_dir, rlvr_cli):
     (out / "summary.json").unlink()
     ckpt = latest_checkpoint(out / "checkpoints")
     assert ckpt.name == "step-0000002"  # the run logged step 3 after it
+    earlier = load_trainer_state(ckpt)["train_seconds"]  # read now: the resumed run's checkpoints prune it
     refused = rlvr_cli("train", "--resume", out, "algo.epsilon=0.3")
     assert refused.returncode == 2 and "algo.epsilon: 0.2 -> 0.3" in refused.stderr
     rlvr_cli("train", "--resume", out, "steps=4", check=True)
@@ -175,7 +176,6 @@ def test_resume_from_the_run_folder_alone(tmp_path, tiny_model_dir, rlvr_cli):
     events.Reload()
     assert [e.step for e in events.Scalars("reward")] == [1, 2, 3, 4]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    earlier = load_trainer_state(ckpt)["train_seconds"]
     assert earlier >= metrics[0]["time/step"] + metrics[1]["time/step"]
     assert json.loads((out / "summary.json").read_text())["train_seconds"] >= earlier + metrics[2]["time/step"] + metrics[3]["time/step"]
 
