@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.data import EVAL_TASKS, Task, get_task
-from rlvr.train.checkpoint import latest_checkpoint
+from rlvr.train.checkpoint import latest_checkpoint, old_run_overrides
 from rlvr.train.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out
 from rlvr.train.setup import check_config
 
@@ -60,6 +61,8 @@ def locate(model: str) -> Target:
 def eval_config(target: Target, args) -> Config:
     """The run's config (defaults for any other model), with the command line's system prompt and tools.* settings."""
     overrides = tool_overrides(args)
+    if target.config is not None:  # a run written before a field existed is evaluated as it ran
+        overrides = old_run_overrides(yaml.safe_load(target.config.read_text()) or {}) + overrides
     try:
         cfg = load_config(target.config, overrides)
     except ConfigError as e:
