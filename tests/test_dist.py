@@ -185,8 +185,8 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, rlvr_cl
                     f"output_dir={out}", *base_overrides, *(["model.lora.r=4"] if lora else []), env={"OMP_NUM_THREADS": "1"}, check=True)
     assert "2 ranks (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
-    ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1: written after step 1, whole, as final/ is
-    assert ckpt is not None and ckpt.name == "step-0000001"
+    ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1 after step 1, then the end (step 2), whole, as final/ is
+    assert ckpt is not None and ckpt.name == "step-0000002" and (out / "checkpoints" / "step-0000001" / "COMPLETE").exists()
     assert (ckpt / ("adapter_model.safetensors" if lora else "model.safetensors")).exists()
     if lora:
         from peft import PeftModel
