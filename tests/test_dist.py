@@ -82,7 +82,7 @@ def base_overrides(tiny_model_dir, tmp_path_factory):
     reward.write_text(DENSE_REWARD)
     return [f"model.path={tiny_model_dir}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
             "rollout.max_new_tokens=6", "optim.lr=0.001", f"rewards.0.fn={reward}:digit_share", "doctor_every=0",
-            "report_to=[]"]
+            "report_to=[]", "model.autocast=none"]  # fp32 in both: autocast=auto times each shape, and a loaded machine may pick bf16
 
 
 def _max_diff(a: dict, b: dict) -> float:

@@ -13,7 +13,8 @@ from _calc_caller import save_calc_caller, write_rows
 from rlvr.cli import main
 
 FAST = ["rollout.group_size=4", "rollout.prompts_per_step=2", "threads=1", "report_to=[]", "model.autocast=none"]
-TOOLS = ["rewards=[final_answer]", "tools.functions=[calculator]", "tools.tags=[calculator=calc]", "tools.format=tags"]
+# the caller learnt the bare tags: no description of the tools in its prompts (its context is 256 positions)
+TOOLS = ["rewards=[final_answer]", "tools.functions=[calculator]", "tools.tags=[calculator=calc]", "tools.format=tags", "tools.describe=false"]
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +79,19 @@ def test_a_run_without_final_points_to_its_newest_checkpoint(tools_run, capsys, 
     status, _, err = rlvr(capsys, "eval", unfinished)
     assert status == 2 and err.strip() == (
         f"rlvr: error: rlvr eval {unfinished}: the run has no final/ model (it has not finished); "
-        f"evaluate its newest checkpoint: rlvr eval {unfinished / 'checkpoints' / 'step-0000001'}")
+        f"evaluate its newest checkpoint: rlvr eval {unfinished / 'checkpoints' / 'step-0000002'}")
 
 
 def test_a_tool_task_is_evaluated_with_its_tools_and_any_model_takes_tool_flags(caller, rlvr_cli, capsys, tmp_path):
-    proc = rlvr_cli("eval", caller, "--task", "multiplication", "--n", "3", check=True)
+    proc = rlvr_cli("eval", caller, "--task", "multiplication", "--n", "3", "tools.describe=false", check=True)
     assert proc.stdout.splitlines() == [
         f"[note] evaluating {caller} with rlvr's defaults: multi-turn with tools calculator (tools.format=tags, max_turns=2)",
         "multiplication held-out accuracy (3 problems, greedy): 1.000"]
-    status, out, _ = rlvr(capsys, "eval", caller, "--task", "multiplication", "--n", "3", "--tools", "")
+    status, out, _ = rlvr(capsys, "eval", caller, "--task", "multiplication", "--n", "3", "--tools", "", "tools.describe=false")
     assert status == 0 and "multiplication held-out accuracy (3 problems, greedy): 0.000" in out
     held = write_rows(tmp_path / "held.jsonl", ["408", "999"])
     status, out, _ = rlvr(capsys, "eval", caller, "--data", held, "--reward", "final_answer", "--max-new-tokens", "64", "--tools",
-                          "calculator", "--tool-tags", "calculator=calc", "--tool-format", "tags", "--max-turns", "2")
+                          "calculator", "--tool-tags", "calculator=calc", "--tool-format", "tags", "--max-turns", "2", "tools.describe=false")
     assert status == 0 and f"{held} held-out mean final_answer (2 rows, greedy): 0.500" in out
     status, _, err = rlvr(capsys, "eval", caller, "--task", "multiplication", "--tool-format", "tagz")
     assert status == 2 and "`tools.format` must be one of ['auto', 'chat_template', 'tags'], got 'tagz' (did you mean 'tags'?)" in err

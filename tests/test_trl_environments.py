@@ -63,7 +63,7 @@ def env_setup(tmp_path_factory):
 
 def _run(caller, env, held, out, *more) -> list[str]:
     return [f"output_dir={out}", f"model.path={caller}", f"data.path={caller / 'data.jsonl'}", f"eval.data={held}",
-            f"tools.environment={env}:CalcEnv", "tools.tags=[multiply=calc]", "tools.format=tags", *FAST, *more]
+            f"tools.environment={env}:CalcEnv", "tools.tags=[multiply=calc]", "tools.format=tags", "tools.describe=false", *FAST, *more]
 
 
 def rlvr(capsys, *args) -> tuple[int, str, str]:
@@ -94,10 +94,10 @@ def test_an_environments_get_reward_scores_eval_data_in_training_and_in_rlvr_eva
                                                 f"environment {env}:CalcEnv (tools.format=tags, max_turns=4)\n"
                                                 f"{held} held-out mean CalcEnv (5 rows, greedy): 0.600\n")
     status, stdout, _ = rlvr(capsys, "eval", caller, "--data", held, "--environment", f"{env}:CalcEnv", "--tool-tags", "multiply=calc",
-                             "--tool-format", "tags", "--max-new-tokens", "64")  # any model, no reward named: the environment scores
+                             "--tool-format", "tags", "--max-new-tokens", "64", "tools.describe=false")  # any model; the environment scores
     assert status == 0 and f"{held} held-out mean CalcEnv (5 rows, greedy): 0.600" in stdout
     status, _, err = rlvr(capsys, "eval", caller, "--data", held, "--environment", f"{env}:BrokenEnv", "--tool-tags", "multiply=calc",
-                          "--tool-format", "tags", "--max-new-tokens", "64")
+                          "--tool-format", "tags", "--max-new-tokens", "64", "tools.describe=false")
     assert status == 1 and err.strip().splitlines()[-1] == (
         "rlvr: error: no held-out score: the reward 'BrokenEnv' failed on every one of the 5 rows; "
         "its first error: BrokenEnv.get_reward(): ZeroDivisionError: division by zero")
