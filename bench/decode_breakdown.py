@@ -80,7 +80,7 @@ def main() -> None:
     from rlvr.data import render_prompt
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.rollout import SamplingParams
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(a.threads)
     B, G = (int(x) for x in a.rows.split("x"))

@@ -44,7 +44,7 @@ def _imports(name: str, path: Path, known: set[str]) -> list[tuple[str, list[str
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             names = [a.name for a in node.names]
-            # `from rlvr.rollout import hf` imports the module rlvr.rollout.hf
+            # `from rlvr.rollout import episodes` imports the module rlvr.rollout.episodes
             subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
             out += [(s, [], node.lineno) for s in subs] or [(base, names, node.lineno)]
     return out

@@ -1,6 +1,6 @@
 """Multi-turn decode for transformers models: episodes continue from their KV cache.
 
-Each prompt is prefilled once; its G rows then decode with rlvr.rollout.episode_cache, where
+Each prompt is prefilled once; its G rows then decode with rlvr.rollout.engines.hf.episode_cache, where
 every row writes at its own position. A row's model turn ends at EOS or when its text ends with
 one of the driver's stop strings (e.g. `</calc>`); the driver then either ends the episode or
 starts the tools (they run in the background) and the row waits, out of the forward, while the
@@ -20,9 +20,9 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.episode_cache import EpisodeLayer, EpisodeState
-from rlvr.rollout.generation import SamplingParams, sample_tokens
-from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, eos_ids, resume
+from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
+from rlvr.rollout.engines.protocols import SamplingParams, sample_tokens
+from rlvr.rollout.engines.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, eos_ids, resume
 
 @torch.no_grad()
 def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver,
@@ -122,7 +122,7 @@ def _end_turn_at_stop(tr: Trace, r: int, token: int, driver: TurnDriver, stop: S
 def _sample(logits: torch.Tensor, rows: list[int], params: SamplingParams, gens: list[torch.Generator]) -> dict[int, tuple[int, float]]:
     """(token, its log-prob) for each of `rows`, from their logits (logits [N, V]), together; each
     row's random number comes from its own generator, drawn only when it samples (inverse-CDF:
-    rlvr.rollout.generation.sample_tokens)."""
+    rlvr.rollout.engines.protocols.sample_tokens)."""
     if not rows:
         return {}
     x = logits[rows]  # [n, V]

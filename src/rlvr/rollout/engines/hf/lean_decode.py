@@ -9,7 +9,7 @@ LoRA-wrapped or quantised layers work), with three things done directly:
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
-    rlvr.rollout.shared_prefix), each part one fused SDPA call that also returns its log-sum-exp,
+    rlvr.rollout.engines.hf.shared_prefix), each part one fused SDPA call that also returns its log-sum-exp,
     merged exactly; keys and values are written in place into buffers allocated once.
 Rows keep one shape for the whole decode except at the few points where the engine compacts
 finished rows out (DecodeState.select).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.shared_prefix import attend_prefix_and_own, supports_shared_prefix
+from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (F.rms_norm computes the same)
@@ -163,7 +163,7 @@ class LeanDecoder:
             return out.reshape(n, Hkv * rep * D)
         pk, pv = state.prefix_keys[i], state.prefix_values[i]
         B = pk.shape[0]
-        if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.shared_prefix)
+        if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.engines.hf.shared_prefix)
             out = attend_prefix_and_own(q.view(n, Hkv * rep, 1, D), own_k, own_v, pk, pv, rows=state.rows,
                                         group_size=G, prefix_bias=state.bias, scaling=scale)
             return out.reshape(n, Hkv * rep * D)

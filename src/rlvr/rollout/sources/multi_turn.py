@@ -6,7 +6,7 @@ The model writes a turn; when the turn calls tools (rlvr.tools formats: the tag 
 calls run concurrently (rlvr.tools.ToolRunner, each bounded by a timeout), then the results (and
 the template's glue) are appended as external tokens (loss mask 0) and the model continues, up to
 `max_turns` model turns or the token budget. The decode continues from the KV cache
-(rlvr.rollout.hf_episodes). Every failure a tool can have becomes a message the model sees and
+(rlvr.rollout.engines.hf.episode_decode). Every failure a tool can have becomes a message the model sees and
 is counted. With an environment (TRL's environment_factory contract) each episode gets its own
 instance: `reset(**row)` may return text appended to the prompt, its public methods are tools,
 `get_reward()` is an extra reward named after the class, and reward functions get the instances
@@ -25,8 +25,8 @@ from rlvr.data import render_prompt
 from rlvr.data.checks import check_prompt_lengths
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
-from rlvr.rollout.generation import SamplingParams
-from rlvr.rollout.turns import cut_after_stop
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.engines.turns import cut_after_stop
 from rlvr.tools import (
     EnvironmentFactory,
     HermesFormat,
@@ -223,7 +223,7 @@ class _Start:
 
 
 class _Driver:
-    """rlvr.rollout.hf_episodes.TurnDriver for one batch: parses turns, runs calls, hands back results."""
+    """rlvr.rollout.engines.hf.episode_decode.TurnDriver for one batch: parses turns, runs calls, hands back results."""
 
     def __init__(self, source: MultiTurnSource, states: list[_Start]):
         self.source, self.states, self.tok, self.fmt = source, states, source.tokenizer, source.fmt

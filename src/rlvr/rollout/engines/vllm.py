@@ -21,8 +21,8 @@ from typing import Sequence
 
 import torch
 
-from rlvr.rollout.generation import Generation, SamplingParams
-from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume
+from rlvr.rollout.engines.protocols import Generation, SamplingParams
+from rlvr.rollout.engines.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "
@@ -163,7 +163,7 @@ class VLLMEngine:
 
     def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
                           driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
-        """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.hf_episodes): each
+        """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.engines.hf.episode_decode): each
         model turn is one vLLM request over the episode so far (prefix caching makes the repeated
         prefix cheap), external tokens are appended as ids. vLLM stops at EOS or at a token that may
         complete a stop string (whose text holds a stop string's last character); a stop that is

@@ -16,14 +16,14 @@ from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.generation import Generation, SamplingParams, sample_tokens
-from rlvr.rollout.attention import sdpa_cache_dtype
-from rlvr.rollout.episode_cache import episode_attention
-from rlvr.rollout.hf_episodes import decode_episodes
-from rlvr.rollout.turns import Trace, TurnDriver
-from rlvr.rollout.kv_buffers import BufferedLayer
-from rlvr.rollout.lean_decode import DecodeState, LeanDecoder, lean_decoder_for
-from rlvr.rollout.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
+from rlvr.rollout.engines.protocols import Generation, SamplingParams, sample_tokens
+from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.episode_cache import episode_attention
+from rlvr.rollout.engines.hf.episode_decode import decode_episodes
+from rlvr.rollout.engines.turns import Trace, TurnDriver
+from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
+from rlvr.rollout.engines.hf.lean_decode import DecodeState, LeanDecoder, lean_decoder_for
+from rlvr.rollout.engines.hf.shared_prefix import PrefixState, SharedPrefixLayer, shared_prefix_attention, supports_shared_prefix
 
 
 AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
@@ -75,7 +75,7 @@ class _TransformersDecode:
 
 
 class _LeanDecode:
-    """The decode step of rlvr.rollout.lean_decode (Llama-family models)."""
+    """The decode step of rlvr.rollout.engines.hf.lean_decode (Llama-family models)."""
 
     def __init__(self, decoder: LeanDecoder, state: DecodeState):
         self.decoder, self.state = decoder, state
@@ -119,7 +119,7 @@ class HFEngine:
     @torch.no_grad()
     def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
                           driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
-        """Multi-turn episodes (rlvr.rollout.hf_episodes): params.n per prompt, each continuing from
+        """Multi-turn episodes (rlvr.rollout.engines.hf.episode_decode): params.n per prompt, each continuing from
         its KV cache between turns. Needs plain causal full attention (supports_shared_prefix)."""
         model = self.model
         if not supports_shared_prefix(model.config):
@@ -154,7 +154,7 @@ class HFEngine:
         model, device = self.model, prompt_ids.device
         B, P = prompt_ids.shape
         cache, ckw = DynamicCache(config=model.config), cache_kwarg(model)
-        # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see rlvr.rollout.attention)
+        # bf16 autocast on CPU: keep the decode's KV cache in fp32 (see rlvr.rollout.engines.hf.attention)
         fp32_cache = self.static_cache and device.type == "cpu" and torch.is_autocast_enabled("cpu") \
             and torch.get_autocast_dtype("cpu") == torch.bfloat16 and model.config._attn_implementation == "sdpa"
         cache_dtype = torch.float32 if fp32_cache else None

@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 
 from rlvr.rollout.episodes import Episodes
-from rlvr.rollout.generation import SamplingParams
-from rlvr.rollout.single_turn import as_completions
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.sources.single_turn import as_completions
 from rlvr.specs import resolve
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
