@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-import rlvr.rollout.engines.hf.engine as hf
+import rlvr.rollout.engines.hf.steps as steps
 from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
@@ -64,7 +64,7 @@ def count_lean_steps(monkeypatch):
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(hf, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps

@@ -210,6 +210,9 @@ class TwoCalls:
     def __init__(self, tok):
         self.tok, self.blocked = tok, []
 
+    def sync_weights(self):
+        pass
+
     def generate_episodes(self, prompts, params, seeds, driver):
         turn = ('<tool_call>{"name": "slow", "arguments": {"x": "a"}}</tool_call>'
                 '<tool_call>{"name": "fast", "arguments": {"x": "b"}}</tool_call><|im_end|>')

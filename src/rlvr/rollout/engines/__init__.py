@@ -1,4 +1,12 @@
-"""The generation engines `rollout.engine` names, each imported only when chosen."""
+"""Generation engines: what samples the model's tokens for the rollout sources.
+
+    protocols.py  GenerationEngine (single-turn) and MultiTurnEngine (episodes with tools), SamplingParams, Generation
+    sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
+    turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
+    hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
+    vllm.py       colocated vLLM
+    __init__.py   ENGINES and make_engine: the engine `rollout.engine` names, imported only when chosen
+"""
 
 from __future__ import annotations
 

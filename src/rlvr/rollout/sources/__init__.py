@@ -1,4 +1,10 @@
-"""The rollout source a config describes: single-turn, or multi-turn with tools / an environment."""
+"""Rollout sources: what makes a batch's Episodes (rlvr.rollout.episodes.RolloutSource) from dataset rows.
+
+    single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
+    multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
+    function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
+    __init__.py     make_source: the source a config describes
+"""
 
 from __future__ import annotations
 
