@@ -5,7 +5,7 @@
 
 Config B of bench/compare_trl.py by default (25M Llama at /tmp/rlvr_bench/llama25m, built by
 compare_trl.py; 8 prompts x 8 samples, 64 new tokens, EOS ignored, temperature 1). It times, in one
-process and alternating: the lean decode step (rollout/lean_decode.py, the default) and the
+process and alternating: the lean decode step (rollout/engines/hf/lean_decode.py, the default) and the
 transformers-forward decode it replaced (`HFEngine(lean=False)`), then profiles one lean generation
 and sorts the time into matmuls, attention, sampling and the rest. Two reference points:
   * floor: 2 x params (without the input embedding) x generated tokens / the 2048^3 matmul peak

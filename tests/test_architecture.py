@@ -5,6 +5,7 @@ import pointing down the layers (a step flows down the tree and never back up)."
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -196,6 +197,24 @@ def test_no_engine_capability_is_found_by_hasattr():
     assert not _engine_capability_probes(SRC), "\n".join(_engine_capability_probes(SRC))
 
 
+def _untrue_file_lists(package: Path) -> list[str]:
+    """What the __init__ docstrings of `package` and its subpackages get wrong: a module or subpackage they
+    do not name, or a `name.py` they name that is not there."""
+    out = []
+    for init in sorted(package.rglob("__init__.py")):
+        here, doc = init.parent, ast.get_docstring(ast.parse(init.read_text())) or ""
+        children = [p.name for p in here.glob("*.py") if p.name != "__init__.py"]
+        children += [f"{p.name}/" for p in here.iterdir() if (p / "__init__.py").is_file()]
+        out += [f"{here.relative_to(package.parent)}: {c} not listed" for c in sorted(children) if not re.search(rf"(^|\s){re.escape(c)}", doc)]
+        out += [f"{here.relative_to(package.parent)}: lists {m}, which is not there" for m in re.findall(r"[\w/]+\.py\b", doc)
+                if not (here / m).is_file()]
+    return out
+
+
+def test_rollout_package_docstrings_list_their_files():
+    assert not _untrue_file_lists(ROLLOUT), "\n".join(_untrue_file_lists(ROLLOUT))
+
+
 def test_rollout_functions_and_files_are_short():
     assert not _long_functions(ROLLOUT, 50), "functions over 50 lines:\n" + "\n".join(_long_functions(ROLLOUT, 50))
     assert not _long_files(ROLLOUT, 400), "files over 400 lines:\n" + "\n".join(_long_files(ROLLOUT, 400))
@@ -212,3 +231,6 @@ def test_the_rollout_checks_see_a_stray_module_a_probe_and_long_code(tmp_path):
     assert _engine_capability_probes(tmp_path) == ["helpers.py:2 hasattr(self.engine, 'generate_episodes')"]
     assert _long_functions(tmp_path, 50) == ["long.py:1 f (51 lines)"]
     assert _long_files(tmp_path, 400) == ["long.py (401 lines)"]
+    (tmp_path / "__init__.py").write_text('"""episodes.py  the seam\n    gone.py  a file since removed"""\n')
+    assert _untrue_file_lists(tmp_path) == [f"{tmp_path.name}: helpers.py not listed", f"{tmp_path.name}: long.py not listed",
+                                            f"{tmp_path.name}: lists gone.py, which is not there"]
