@@ -219,7 +219,7 @@ class _Start:
 
 
 class _Driver:
-    """rlvr.rollout.engines.hf.episode_decode.TurnDriver for one batch: parses turns, runs calls, hands back results."""
+    """rlvr.rollout.engines.turns.TurnDriver for one batch: parses turns, runs calls, hands back results."""
 
     def __init__(self, source: MultiTurnSource, states: list[_Start]):
         self.source, self.states, self.tok, self.fmt = source, states, source.tokenizer, source.fmt
