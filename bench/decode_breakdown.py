@@ -5,7 +5,7 @@
 
 Config B of bench/compare_trl.py by default (25M Llama at /tmp/rlvr_bench/llama25m, built by
 compare_trl.py; 8 prompts x 8 samples, 64 new tokens, EOS ignored, temperature 1). It times, in one
-process and alternating: the lean decode step (rollout/lean_decode.py, the default) and the
+process and alternating: the lean decode step (rollout/engines/hf/lean_decode.py, the default) and the
 transformers-forward decode it replaced (`HFEngine(lean=False)`), then profiles one lean generation
 and sorts the time into matmuls, attention, sampling and the rest. Two reference points:
   * floor: 2 x params (without the input embedding) x generated tokens / the 2048^3 matmul peak
@@ -80,7 +80,7 @@ def main() -> None:
     from rlvr.data import render_prompt
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.rollout import SamplingParams
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(a.threads)
     B, G = (int(x) for x in a.rows.split("x"))

@@ -36,8 +36,8 @@ from rlvr.envs.guess_number import GuessNumber
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.models.precision_choice import cpu_model
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.hf import HFEngine
-from rlvr.rollout.multi_turn import MultiTurnSource, make_format
+from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
 from rlvr.tools import EnvironmentFactory, ToolRunner
 
 

@@ -67,7 +67,7 @@ def encode_batch(tok, rows: list[tuple[str, str]]):
 
 @torch.no_grad()
 def greedy_accuracy(model, tok, probs, batch=250) -> float:
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
     from rlvr.rollout import SamplingParams
 
     engine = HFEngine(model, tok)

@@ -5,6 +5,7 @@ import pointing down the layers (a step flows down the tree and never back up)."
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def _imports(name: str, path: Path, known: set[str]) -> list[tuple[str, list[str
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
             names = [a.name for a in node.names]
-            # `from rlvr.rollout import hf` imports the module rlvr.rollout.hf
+            # `from rlvr.rollout import episodes` imports the module rlvr.rollout.episodes
             subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
             out += [(s, [], node.lineno) for s in subs] or [(base, names, node.lineno)]
     return out
@@ -149,3 +150,87 @@ def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
         test_no_private_names_across_packages()
     with pytest.raises(AssertionError, match="layer"):
         test_imports_point_down_the_layers()
+
+
+ROLLOUT = SRC / "rollout"
+
+
+def _stray_rollout_modules(rollout: Path) -> list[str]:
+    """Modules of rollout/ that are neither a source nor an engine part (episodes.py, the seam, and the package inits may be)."""
+    allowed = {Path("episodes.py"), Path("__init__.py")}
+    return sorted(str(p.relative_to(rollout)) for p in rollout.rglob("*.py")
+                  if p.relative_to(rollout).parts[0] not in ("sources", "engines") and p.relative_to(rollout) not in allowed)
+
+
+def _engine_capability_probes(root: Path) -> list[str]:
+    """hasattr(<something engine>, ...) calls: a capability found by probing instead of a declared Protocol."""
+    bad = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr" and node.args \
+                    and "engine" in ast.unparse(node.args[0]).lower():
+                bad.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return bad
+
+
+def _long_functions(root: Path, limit: int) -> list[str]:
+    out = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def _long_files(root: Path, limit: int) -> list[str]:
+    return [f"{p.relative_to(root)} ({n} lines)" for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > limit]
+
+
+def test_rollout_is_sources_and_engines():
+    """rollout/ holds the Episodes seam, sources/ and engines/: nothing else."""
+    assert (ROLLOUT / "sources" / "__init__.py").is_file() and (ROLLOUT / "engines" / "hf" / "__init__.py").is_file()
+    assert not _stray_rollout_modules(ROLLOUT), _stray_rollout_modules(ROLLOUT)
+
+
+def test_no_engine_capability_is_found_by_hasattr():
+    """What an engine can do is a declared Protocol (rlvr.rollout.engines.protocols), checked with isinstance."""
+    assert not _engine_capability_probes(SRC), "\n".join(_engine_capability_probes(SRC))
+
+
+def _untrue_file_lists(package: Path) -> list[str]:
+    """What the __init__ docstrings of `package` and its subpackages get wrong: a module or subpackage they
+    do not name, or a `name.py` they name that is not there."""
+    out = []
+    for init in sorted(package.rglob("__init__.py")):
+        here, doc = init.parent, ast.get_docstring(ast.parse(init.read_text())) or ""
+        children = [p.name for p in here.glob("*.py") if p.name != "__init__.py"]
+        children += [f"{p.name}/" for p in here.iterdir() if (p / "__init__.py").is_file()]
+        out += [f"{here.relative_to(package.parent)}: {c} not listed" for c in sorted(children) if not re.search(rf"(^|\s){re.escape(c)}", doc)]
+        out += [f"{here.relative_to(package.parent)}: lists {m}, which is not there" for m in re.findall(r"[\w/]+\.py\b", doc)
+                if not (here / m).is_file()]
+    return out
+
+
+def test_rollout_package_docstrings_list_their_files():
+    assert not _untrue_file_lists(ROLLOUT), "\n".join(_untrue_file_lists(ROLLOUT))
+
+
+def test_rollout_functions_and_files_are_short():
+    assert not _long_functions(ROLLOUT, 50), "functions over 50 lines:\n" + "\n".join(_long_functions(ROLLOUT, 50))
+    assert not _long_files(ROLLOUT, 400), "files over 400 lines:\n" + "\n".join(_long_files(ROLLOUT, 400))
+
+
+def test_the_rollout_checks_see_a_stray_module_a_probe_and_long_code(tmp_path):
+    """The checks above can fail: a helper module loose in rollout/, hasattr on an engine, a 51-line function, a 401-line file."""
+    (tmp_path / "sources").mkdir()
+    (tmp_path / "episodes.py").write_text('"""e"""\n')
+    (tmp_path / "sources" / "a.py").write_text('"""a"""\n')
+    (tmp_path / "helpers.py").write_text('"""h"""\nif hasattr(self.engine, "generate_episodes"):\n    pass\n')
+    (tmp_path / "long.py").write_text("def f():\n" + "    x = 1\n" * 50 + "\n" * 350)
+    assert _stray_rollout_modules(tmp_path) == ["helpers.py", "long.py"]
+    assert _engine_capability_probes(tmp_path) == ["helpers.py:2 hasattr(self.engine, 'generate_episodes')"]
+    assert _long_functions(tmp_path, 50) == ["long.py:1 f (51 lines)"]
+    assert _long_files(tmp_path, 400) == ["long.py (401 lines)"]
+    (tmp_path / "__init__.py").write_text('"""episodes.py  the seam\n    gone.py  a file since removed"""\n')
+    assert _untrue_file_lists(tmp_path) == [f"{tmp_path.name}: helpers.py not listed", f"{tmp_path.name}: long.py not listed",
+                                            f"{tmp_path.name}: lists gone.py, which is not there"]

@@ -196,7 +196,7 @@ def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
     from rlvr.data import render_prompt
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.rollout import SamplingParams
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(1)
     tok, _ = load_tokenizer(tiny_model_dir)
@@ -236,7 +236,7 @@ def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_d
     from rlvr.data import render_prompt
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.rollout import SamplingParams
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
 
     torch.set_num_threads(1)
     path = tiny_model_dir if which == "tiny" else gqa_model_dir
@@ -258,7 +258,7 @@ def test_shared_prefix_decode_same_as_repeated_cache(tiny_model_dir, gqa_model_d
 
 
 def test_shared_prefix_decode_is_used_only_where_it_is_exact():
-    from rlvr.rollout.shared_prefix import supports_shared_prefix
+    from rlvr.rollout.engines.hf.shared_prefix import supports_shared_prefix
 
     def cfg(attn_implementation="sdpa"):
         return LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

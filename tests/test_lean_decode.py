@@ -1,4 +1,4 @@
-"""The lean decode step (rlvr.rollout.lean_decode) against the plain path: transformers' own forward
+"""The lean decode step (rlvr.rollout.engines.hf.lean_decode) against the plain path: transformers' own forward
 with a concatenating DynamicCache. Same tokens, and log-probs and entropies to 1e-5 in fp32, for
 Llama (multi-head and grouped-query), Qwen2 (projection biases) and Qwen3 (per-head q/k norms),
 in both KV layouts (prompt repeated per row / read once per group), with left padding of several
@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-import rlvr.rollout.hf as hf
+import rlvr.rollout.engines.hf.steps as steps
 from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.hf import HFEngine
-from rlvr.rollout.lean_decode import LeanDecoder, lean_decoder_for
+from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.engines.hf.lean_decode import LeanDecoder, lean_decoder_for
 
 QUESTIONS = ["12+34=", "7-5=", "a much longer prompt than the others, long enough to share: 99+99="]
 
@@ -64,7 +64,7 @@ def count_lean_steps(monkeypatch):
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(hf, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps

@@ -1,4 +1,4 @@
-"""The multi-turn decode (rlvr.rollout.hf_episodes) is exact: with external tokens in the middle
+"""The multi-turn decode (rlvr.rollout.engines.hf.episode_decode) is exact: with external tokens in the middle
 of episodes, left-padded prompts of different lengths, rows waiting different times and finishing
 at different turns, the sampler's log-prob of every model token equals a fresh full forward over
 the whole episode, and the external tokens are exactly the ones handed in."""
@@ -15,8 +15,9 @@ import torch
 
 from rlvr.models.forward import completion_logprobs
 from rlvr.models.loading import load_model, load_tokenizer
-from rlvr.rollout import SamplingParams, episode_cache
-from rlvr.rollout.hf import HFEngine
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.engines.hf import episode_cache
+from rlvr.rollout.engines.hf import HFEngine
 
 
 class ScriptedDriver:

@@ -20,9 +20,9 @@ from rlvr.data import guess_number as gn
 from rlvr.envs.guess_number import GuessNumber
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.hf import HFEngine
-from rlvr.rollout.multi_turn import MultiTurnSource, make_format
-from rlvr.rollout.turns import Trace
+from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
+from rlvr.rollout.engines.turns import Trace
 from rlvr.tools import EnvironmentFactory, HermesFormat, ToolRunner, ToolSet
 
 RELEASE = threading.Event()  # set at the end of the module: frees the threads of tools that "hang"
@@ -209,6 +209,9 @@ class TwoCalls:
 
     def __init__(self, tok):
         self.tok, self.blocked = tok, []
+
+    def sync_weights(self):
+        pass
 
     def generate_episodes(self, prompts, params, seeds, driver):
         turn = ('<tool_call>{"name": "slow", "arguments": {"x": "a"}}</tool_call>'

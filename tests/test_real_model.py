@@ -76,7 +76,7 @@ def test_gsm8k_format_rows_and_math_grader(tmp_path):
 def test_a_tag_call_ends_inside_a_merged_token(smollm2_dir):
     """SmolLM2's BPE writes `</calc><` as `</`, `calc`, `><`: the turn must end at `><` (the call
     parsed up to `</calc>`), not run on with the model writing the result itself."""
-    from rlvr.rollout.turns import StopMatcher, cut_after_stop
+    from rlvr.rollout.engines.turns import StopMatcher, cut_after_stop
     from rlvr.tools.formats import TagFormat
 
     tok = AutoTokenizer.from_pretrained(smollm2_dir)

@@ -7,7 +7,7 @@ from rlvr.data import render_prompt
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.models.forward import completion_logprobs
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.hf import HFEngine
+from rlvr.rollout.engines.hf import HFEngine
 
 
 def _setup():

@@ -1,11 +1,11 @@
-"""rlvr.rollout.generation.sample_tokens, the hf engine's sampler: inverse-CDF with one uniform per
+"""rlvr.rollout.engines.sampling.sample_tokens, the hf engine's sampler: inverse-CDF with one uniform per
 row, against a float64 loop over the cumulative probabilities, and in distribution."""
 
 import math
 
 import torch
 
-from rlvr.rollout.generation import filter_logits, sample_tokens
+from rlvr.rollout.engines.sampling import filter_logits, sample_tokens
 
 
 def _reference(logits, u, temperature, top_k, top_p):

@@ -58,7 +58,7 @@ def test_errors_name_the_setting_the_spec_and_the_nearest_name(tmp_path, monkeyp
 
 def test_rewards_tools_environments_and_the_rollout_function_load_through_it(tmp_path, monkeypatch):
     from rlvr.rewards import RewardError, load_reward_fn
-    from rlvr.rollout.function_source import load_function
+    from rlvr.rollout.sources.function import load_function
     from rlvr.tools import ToolError, load_tool
     from rlvr.tools.environments import load_environment
 

@@ -194,7 +194,7 @@ class _ScriptedDriver:
 def test_multi_turn_episodes_have_the_hf_engines_layout(make):
     """Greedy multi-turn episodes with external text in the middle: the vllm engine feeds the same
     tokens with the same loss masks as the hf engine, and its log-probs match the trainer's."""
-    from rlvr.rollout.hf import HFEngine
+    from rlvr.rollout.engines.hf import HFEngine
 
     t = make()
     tok = t.tokenizer

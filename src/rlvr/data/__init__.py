@@ -132,6 +132,17 @@ class PromptStream:
 
 def render_prompt(prompt, tokenizer, system_prompt: str | None = None) -> str:
     """Prompt text as the model sees it: chat template applied when the tokenizer has one."""
+    messages = prompt_messages(prompt, system_prompt)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if isinstance(prompt, str) and not system_prompt:
+        return prompt
+    return "".join(f"{m['content']}\n" for m in messages)
+
+
+def prompt_messages(prompt, system_prompt: str | None = None) -> list[dict]:
+    """A row's prompt (text, or a list of {role, content} messages) as chat messages, the system prompt first
+    unless the prompt has its own."""
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
@@ -140,11 +151,7 @@ def render_prompt(prompt, tokenizer, system_prompt: str | None = None) -> str:
         raise ValueError(f"a prompt must be text or a list of {{role, content}} messages, got {type(prompt).__name__}")
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}, *messages]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    if isinstance(prompt, str) and not system_prompt:
-        return prompt
-    return "".join(f"{m['content']}\n" for m in messages)
+    return messages
 
 
-__all__ = ["EVAL_TASKS", "TASKS", "PromptStream", "Task", "get_task", "load_rows", "render_prompt"]
+__all__ = ["EVAL_TASKS", "TASKS", "PromptStream", "Task", "get_task", "load_rows", "prompt_messages", "render_prompt"]

@@ -6,5 +6,8 @@ import inspect
 
 
 def cache_kwarg(model) -> str:
-    """transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """transformers >= 5.2x names the KV-cache argument `cache` (`past_key_values` is deprecated there);
+    older releases `past_key_values`. A peft wrapper's forward takes **kwargs and hands them to the
+    model it wraps, so that model's forward is the one asked."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

@@ -11,7 +11,7 @@ RolloutSource, and nothing in rlvr.train changes for it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
@@ -143,3 +143,18 @@ class RolloutSource(Protocol):
     def metrics(self, episodes: Episodes) -> dict[str, float]:
         """Metrics of one step's episodes that only this kind of rollout knows (e.g. tool calls); may be {}."""
         ...
+
+
+def pad_rows(rows: Sequence[Sequence], value: float, *, left: bool = False, min_width: int = 0,
+             dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lists of different lengths (token ids, log-probs, masks) as one tensor [N, W], W the longest
+    (at least min_width), each row padded with `value` on the right (left=True: on the left, as
+    prompts are), and the mask [N, W] (long) that is 1 on the lists' own entries."""
+    W = max([min_width, *(len(r) for r in rows)])
+    out = torch.full((len(rows), W), value, dtype=dtype)
+    mask = torch.zeros(len(rows), W, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            cols = slice(W - len(r), W) if left else slice(0, len(r))
+            out[i, cols], mask[i, cols] = torch.as_tensor(r, dtype=dtype), 1
+    return out, mask

@@ -27,8 +27,8 @@ from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
-from rlvr.rollout.function_source import FunctionSource
 from rlvr.rollout.sources import make_source
+from rlvr.rollout.sources.function import FunctionSource
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
 from rlvr.train.collect import Batch, collect, rollout_and_score

@@ -1,8 +1,16 @@
-"""The generation engines `rollout.engine` names, each imported only when chosen."""
+"""Generation engines: what samples the model's tokens for the rollout sources.
+
+    protocols.py  GenerationEngine (single-turn) and MultiTurnEngine (episodes with tools), SamplingParams, Generation
+    sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
+    turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
+    hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
+    vllm.py       colocated vLLM
+    __init__.py   ENGINES and make_engine: the engine `rollout.engine` names, imported only when chosen
+"""
 
 from __future__ import annotations
 
-from rlvr.rollout.generation import GenerationEngine
+from rlvr.rollout.engines.protocols import GenerationEngine
 
 
 ENGINES = ("hf", "torch", "vllm")  # `torch` is an alias of `hf`
@@ -12,12 +20,12 @@ def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> Gen
     """The engine `rollout.engine` names; `cfg` (rlvr.config.Config) configures vllm, and with
     LoRA `save_adapter(path)` writes the adapter it loads."""
     if name in ("hf", "torch"):
-        from rlvr.rollout.hf import HFEngine
+        from rlvr.rollout.engines.hf import HFEngine
 
         return HFEngine(model, tokenizer)
     if name == "vllm":
         from rlvr.models.loading import resolve_existing
-        from rlvr.rollout.vllm_engine import VLLMEngine
+        from rlvr.rollout.engines.vllm import VLLMEngine
 
         if cfg is None:
             raise ValueError("make_engine('vllm', ...) needs the run's config")

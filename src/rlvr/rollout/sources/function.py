@@ -21,9 +21,9 @@ from typing import Callable
 
 import torch
 
-from rlvr.rollout.episodes import Episodes
-from rlvr.rollout.generation import SamplingParams
-from rlvr.rollout.single_turn import as_completions
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.episodes import Episodes, pad_rows
+from rlvr.rollout.sources.single_turn import as_completions
 from rlvr.specs import resolve
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
@@ -66,16 +66,11 @@ class FunctionSource:
         for i, (c, lp, m) in enumerate(zip(comp, lps, mask)):
             if not len(c) == len(lp) == len(m):
                 raise ValueError(f"rollout.function: episode {i} has {len(c)} completion ids, {len(lp)} logprobs, {len(m)} env_mask values")
-        P, C = max(len(p) for p in out["prompt_ids"]), max(1, max(len(c) for c in comp))
         pad = self.tokenizer.pad_token_id
-        prompt_ids, prompt_mask = torch.full((N, P), pad, dtype=torch.long), torch.zeros(N, P, dtype=torch.long)
-        ids, attn = torch.full((N, C), pad, dtype=torch.long), torch.zeros(N, C, dtype=torch.long)
-        loss, logp = torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C)
-        for i, (p, c, lp, m) in enumerate(zip(out["prompt_ids"], comp, lps, mask)):
-            prompt_ids[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p, dtype=torch.long), 1
-            if c:
-                ids[i, : len(c)], attn[i, : len(c)] = torch.tensor(c, dtype=torch.long), 1
-                loss[i, : len(c)], logp[i, : len(c)] = torch.tensor(m, dtype=torch.long), torch.tensor(lp, dtype=torch.float32)
+        prompt_ids, prompt_mask = pad_rows(out["prompt_ids"], pad, left=True)
+        ids, attn = pad_rows(comp, pad, min_width=1)
+        loss, _ = pad_rows(mask, 0, min_width=1)
+        logp, _ = pad_rows(lps, 0.0, min_width=1, dtype=torch.float32)
         texts = self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True)
         completions = out.get("completions") or as_completions([p for p in prompts for _ in range(G)], texts)
         truncated = torch.tensor([len(c) >= self.sampling.max_new_tokens and (not c or c[-1] != self.tokenizer.eos_token_id) for c in comp])

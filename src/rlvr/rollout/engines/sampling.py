@@ -1,53 +1,21 @@
-"""The generation-engine Protocol and what crosses it.
-
-An engine turns prompts (text with the chat template already applied) into G sampled
-completions each, and reports the token ids, masks, and the log-prob of each sampled token
-under the sampling distribution. Rollout sources (rlvr.rollout.episodes) build episodes on it;
-the engines are listed in rlvr.rollout.engines.
-"""
+"""Sampling shared by the engines: top-k/top-p filtering, the hf engines' inverse-CDF sampler,
+and the seed of each episode's noise."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
-
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1  # completions per prompt (the group size G)
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables
-    max_new_tokens: int = 16
-    ignore_eos: bool = False  # fixed-length generation (benchmarks)
+SEED_RANGE = 2**63  # torch.Generator and vLLM take seeds below this
 
 
-@dataclass
-class Generation:
-    """An engine's output: G completions per prompt, prompt-major (rows [i*G, (i+1)*G) are prompt i's)."""
-
-    prompt_ids: torch.Tensor  # [B x G, P] left-padded
-    prompt_mask: torch.Tensor  # [B x G, P]
-    completion_ids: torch.Tensor  # [B x G, C] right-padded with pad_token_id
-    completion_mask: torch.Tensor  # [B x G, C] 1 up to and including EOS
-    sampling_logprobs: torch.Tensor  # [B x G, C] log p_sample(token), 0 on padding
-    truncated: torch.Tensor  # [B x G] bool: hit max_new_tokens without EOS
-    texts: list[str]  # [B x G] decoded completions, special tokens removed
-    # [B x G, C] entropy of each sampled token's distribution (at the temperature, before top-k/top-p: the
-    # training forward's), 0 on padding; None when the engine does not compute it (vLLM, greedy)
-    sampling_entropy: torch.Tensor | None = None
-
-
-class GenerationEngine(Protocol):
-    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
-        """Sample params.n completions for each prompt; prompt i's randomness comes from seeds[i] alone."""
-        ...
-
-    def sync_weights(self) -> None:
-        """Make generation use the trainer's current weights (a no-op when they are shared)."""
-        ...
+def row_seed(seed: int, sample: int, request: int | None = None) -> int:
+    """The seed of sample `sample` of a prompt seeded `seed` (and of its `request`-th generation request,
+    for an engine that makes one per model turn): the G samples of a prompt draw apart, and none
+    depends on the batch it is in."""
+    s = int(seed) * 9973 + sample
+    if request is not None:
+        s = s * 1009 + request
+    return s % SEED_RANGE
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

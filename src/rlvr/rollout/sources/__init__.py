@@ -1,12 +1,18 @@
-"""The rollout source a config describes: single-turn, or multi-turn with tools / an environment."""
+"""Rollout sources: what makes a batch's Episodes (rlvr.rollout.episodes.RolloutSource) from dataset rows.
+
+    single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
+    multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
+    function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
+    __init__.py     make_source: the source a config describes
+"""
 
 from __future__ import annotations
 
 import torch
 
 from rlvr.config import ConfigError
-from rlvr.rollout.generation import GenerationEngine, SamplingParams
-from rlvr.rollout.single_turn import SingleTurnSource
+from rlvr.rollout.engines.protocols import GenerationEngine, SamplingParams
+from rlvr.rollout.sources.single_turn import SingleTurnSource
 from rlvr.specs import did_you_mean
 
 
@@ -18,13 +24,13 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
     common = dict(system_prompt=cfg.data.system_prompt, context_length=context_length, autocast=precision, device=device)
     t = cfg.tools
     if cfg.rollout.function:
-        from rlvr.rollout.function_source import FunctionSource, load_function
+        from rlvr.rollout.sources.function import FunctionSource, load_function
 
         return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
     if not t.enabled:
         return SingleTurnSource(engine, tokenizer, sampling, **common)
     from rlvr.envs import ENVIRONMENTS
-    from rlvr.rollout.multi_turn import MultiTurnSource, make_format
+    from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
     from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet, choose_format
 
     tools = ToolSet(t.functions) if t.functions else None

@@ -2,14 +2,14 @@
 
 transformers' forward is general: per token it builds masks, dispatches attention through
 registries, updates a cache object layer by layer, wraps outputs in dataclasses. For one new token
-per row that Python work was more than a third of the hf engine's decode on CPU (config B of
-bench/compare_trl.py: 64 rows of a 25M Llama, 3.2 s for 64 tokens against 1.7 s of matmuls). Here
-the step is the model's own modules (projections, MLPs and embeddings are called as they are, so
-LoRA-wrapped or quantised layers work), with three things done directly:
+per row that Python work is a large share of the hf engine's decode of a small model on CPU
+(bench/decode_breakdown.py measures it). Here the step is the model's own modules (projections,
+MLPs and embeddings are called as they are, so LoRA-wrapped or quantised layers work), with
+three things done directly:
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
-    rlvr.rollout.shared_prefix), each part one fused SDPA call that also returns its log-sum-exp,
+    shared_prefix.py), each part one fused SDPA call that also returns its log-sum-exp,
     merged exactly; keys and values are written in place into buffers allocated once.
 Rows keep one shape for the whole decode except at the few points where the engine compacts
 finished rows out (DecodeState.select).
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlvr.rollout.shared_prefix import attend_prefix_and_own, supports_shared_prefix
+from rlvr.rollout.engines.hf.forward import padding_bias
+from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (F.rms_norm computes the same)
@@ -112,11 +113,10 @@ class LeanDecoder:
         B, Hkv, P, D = keys[0].shape
         G, device, N = group_size, keys[0].device, B * group_size
         rows = torch.arange(N, device=device)
-        pad = prompt_mask[:, None, None, :] == 0  # [B, 1, 1, P]
+        bias = padding_bias(prompt_mask, keys[0].dtype, float("-inf"))  # [B, 1, 1, P]
         if shared:
             own_k = [k.new_empty(N, Hkv, capacity, D) for k in keys]
             own_v = [v.new_empty(N, Hkv, capacity, D) for v in values]
-            bias = torch.zeros(B, 1, 1, P, dtype=keys[0].dtype, device=device).masked_fill(pad, float("-inf"))
             return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values)
 
         def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + capacity, D], prompt in the first P slots
@@ -124,8 +124,7 @@ class LeanDecoder:
             buf[..., :P, :] = x[:, None]
             return buf.view(N, Hkv, P + capacity, D)
 
-        bias = torch.zeros(B, 1, 1, P + capacity, dtype=keys[0].dtype, device=device)
-        bias[..., :P] = bias[..., :P].masked_fill(pad, float("-inf"))
+        bias = torch.nn.functional.pad(bias, (0, capacity))  # the rows' own slots: 0
         return DecodeState([repeated(k) for k in keys], [repeated(v) for v in values], bias.repeat_interleave(G, 0), rows, G, P)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
@@ -163,7 +162,7 @@ class LeanDecoder:
             return out.reshape(n, Hkv * rep * D)
         pk, pv = state.prefix_keys[i], state.prefix_values[i]
         B = pk.shape[0]
-        if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.shared_prefix)
+        if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.engines.hf.shared_prefix)
             out = attend_prefix_and_own(q.view(n, Hkv * rep, 1, D), own_k, own_v, pk, pv, rows=state.rows,
                                         group_size=G, prefix_bias=state.bias, scaling=scale)
             return out.reshape(n, Hkv * rep * D)

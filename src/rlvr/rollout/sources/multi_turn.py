@@ -5,8 +5,9 @@ The model writes a turn; when the turn calls tools (rlvr.tools formats: the tag 
 `<tool_call>{json}</tool_call>` with results as `role: tool` messages), its row waits while the
 calls run concurrently (rlvr.tools.ToolRunner, each bounded by a timeout), then the results (and
 the template's glue) are appended as external tokens (loss mask 0) and the model continues, up to
-`max_turns` model turns or the token budget. The decode continues from the KV cache
-(rlvr.rollout.hf_episodes). Every failure a tool can have becomes a message the model sees and
+`max_turns` model turns or the token budget. The engine decodes the episodes (a MultiTurnEngine:
+the hf engine continues each from its KV cache, rlvr.rollout.engines.hf.episode_decode) and asks
+this source's TurnDriver between turns. Every failure a tool can have becomes a message the model sees and
 is counted. With an environment (TRL's environment_factory contract) each episode gets its own
 instance: `reset(**row)` may return text appended to the prompt, its public methods are tools,
 `get_reward()` is an extra reward named after the class, and reward functions get the instances
@@ -21,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.data import render_prompt
+from rlvr.data import prompt_messages, render_prompt
 from rlvr.data.checks import check_prompt_lengths
 from rlvr.models.precision import autocast_context
-from rlvr.rollout.episodes import Episodes
-from rlvr.rollout.generation import SamplingParams
-from rlvr.rollout.turns import cut_after_stop
+from rlvr.rollout.engines.protocols import MultiTurnEngine, SamplingParams
+from rlvr.rollout.engines.turns import cut_after_stop
+from rlvr.rollout.episodes import Episodes, pad_rows
 from rlvr.tools import (
     EnvironmentFactory,
     HermesFormat,
@@ -61,11 +62,11 @@ class _Row:
 class MultiTurnSource:
     """RolloutSource: G episodes per row, each a conversation of model turns and tool results."""
 
-    def __init__(self, engine, tokenizer, sampling: SamplingParams, *, fmt, tools: ToolSet | None = None,
+    def __init__(self, engine: MultiTurnEngine, tokenizer, sampling: SamplingParams, *, fmt, tools: ToolSet | None = None,
                  environment: EnvironmentFactory | None = None, runner: ToolRunner | None = None, max_turns: int = 4,
                  system_prompt: str | None = None, context_length: int | None = None, autocast: str = "none",
                  device: torch.device | str = "cpu"):
-        if not hasattr(engine, "generate_episodes"):
+        if not isinstance(engine, MultiTurnEngine):
             raise ValueError(f"{type(engine).__name__} cannot run multi-turn episodes; use rollout.engine=hf")
         self.engine, self.tokenizer, self.sampling, self.fmt = engine, tokenizer, sampling, fmt
         self.tools, self.environment = tools, environment
@@ -128,10 +129,10 @@ class MultiTurnSource:
 
     def _render(self, prompt) -> str:
         if isinstance(self.fmt, HermesFormat):
-            return self.tokenizer.apply_chat_template(_messages(prompt, self.system_prompt), tools=self.schemas,
+            return self.tokenizer.apply_chat_template(prompt_messages(prompt, self.system_prompt), tools=self.schemas,
                                                       add_generation_prompt=True, tokenize=False)
         if self.description:
-            return render_prompt(_with_system_text(_messages(prompt, self.system_prompt), self.description), self.tokenizer)
+            return render_prompt(_with_system_text(prompt_messages(prompt, self.system_prompt), self.description), self.tokenizer)
         return render_prompt(prompt, self.tokenizer, self.system_prompt)
 
     def _check_lengths(self, prompts: list[str]) -> None:
@@ -145,17 +146,12 @@ class MultiTurnSource:
                              "for a model trained on the tags without it, or use a model with a longer context") from None
 
     def _episodes(self, rows, states, p_ids, p_mask, traces) -> Episodes:
-        N, G = len(traces), self.group_size
-        C = max(1, max(len(t.ids) for t in traces))
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((N, C), pad, dtype=torch.long)
-        attn, loss, logp = torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C)
-        for i, (t, s) in enumerate(zip(traces, states)):
-            n = len(t.ids)
-            if n:
-                ids[i, :n], attn[i, :n], logp[i, :n] = torch.tensor(t.ids), 1, torch.tensor(t.logps)
-                loss[i, :n] = torch.tensor(t.loss) * int(s.row.valid)
+        G, pad = self.group_size, self.tokenizer.pad_token_id
+        ids, attn = pad_rows([t.ids for t in traces], pad, min_width=1)
+        loss, _ = pad_rows([t.loss for t in traces], 0, min_width=1)
+        logp, _ = pad_rows([t.logps for t in traces], 0.0, min_width=1, dtype=torch.float32)
         valid = torch.tensor([s.row.valid for s in states])
+        loss = loss * valid[:, None]  # an episode that failed to start is not trained
         extra = {}
         if self.environment is not None and self.environment.has_reward:
             extra[self.environment.name] = torch.tensor([self._env_reward(s.row) for s in states], dtype=torch.float32)
@@ -223,7 +219,7 @@ class _Start:
 
 
 class _Driver:
-    """rlvr.rollout.hf_episodes.TurnDriver for one batch: parses turns, runs calls, hands back results."""
+    """rlvr.rollout.engines.turns.TurnDriver for one batch: parses turns, runs calls, hands back results."""
 
     def __init__(self, source: MultiTurnSource, states: list[_Start]):
         self.source, self.states, self.tok, self.fmt = source, states, source.tokenizer, source.fmt
@@ -280,7 +276,7 @@ class _Driver:
                 text = text[len(r.after_stop):]
         else:
             tool_msgs = fmt.result_messages(results)
-            text = glue_after_turn(self.tok, _messages(s.prompt, self.source.system_prompt) + r.messages, self.source.schemas,
+            text = glue_after_turn(self.tok, prompt_messages(s.prompt, self.source.system_prompt) + r.messages, self.source.schemas,
                                    tool_msgs, end_of_turn=r.end_of_turn)
             r.messages += tool_msgs
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -292,13 +288,6 @@ class _Driver:
             text = self.tok.decode(unfinished, skip_special_tokens=True)
         if text is not None:
             self.states[row].row.messages.append({"role": "assistant", "content": text})
-
-
-def _messages(prompt, system_prompt: str | None) -> list[dict]:
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return messages
 
 
 def _with_system_text(messages: list[dict], text: str) -> list[dict]:

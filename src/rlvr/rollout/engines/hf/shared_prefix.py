@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from rlvr.rollout.attention import sdpa_cache_dtype
-from rlvr.rollout.kv_buffers import BufferedLayer
+from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 
 
 class SharedPrefixLayer(BufferedLayer):
@@ -75,7 +75,7 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
     layer = None if rlvr_prefix is None else rlvr_prefix.cache.layers[module.layer_idx]
     if query.shape[2] != 1 or not isinstance(layer, SharedPrefixLayer):
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see rlvr.rollout.attention)
+    dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see rlvr.rollout.engines.hf.attention)
     with torch.autocast(query.device.type, enabled=False):
         out = attend_prefix_and_own(query.to(dtype), key, value, layer.prefix_keys, layer.prefix_values, rows=rlvr_prefix.rows,
                                     group_size=rlvr_prefix.group_size, prefix_bias=rlvr_prefix.prefix_bias, scaling=scaling)

@@ -1,4 +1,4 @@
-"""Attention for the decode under bf16 autocast (registered by rlvr.rollout.hf as `rlvr_sdpa`)."""
+"""Attention for the decode under bf16 autocast (registered by rlvr.rollout.engines.hf.engine as `rlvr_sdpa`)."""
 
 from __future__ import annotations
 

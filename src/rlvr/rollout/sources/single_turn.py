@@ -11,7 +11,7 @@ import torch
 from rlvr.data import render_prompt
 from rlvr.data.checks import check_prompt_lengths
 from rlvr.models.precision import autocast_context
-from rlvr.rollout.generation import GenerationEngine, SamplingParams
+from rlvr.rollout.engines.protocols import GenerationEngine, SamplingParams
 from rlvr.rollout.episodes import Episodes
 
 

@@ -1,5 +1,7 @@
 """What every engine's multi-turn decode shares: the driver Protocol the rollout source
-implements, the per-episode trace, stop-string matching and how a waiting episode resumes."""
+implements, the per-episode trace, and how a turn ends (EOS or a stop string, then the row waits
+for its tools or its episode is done; the token budget cuts it), how a waiting row resumes and
+how its external tokens join the trace."""
 
 from __future__ import annotations
 
@@ -78,6 +80,51 @@ def eos_ids(model, tokenizer) -> set[int]:
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids |= set(gen) if isinstance(gen, (list, tuple)) else ({gen} if gen is not None else set())
     return {i for i in ids if i is not None}
+
+
+def take_sampled(tr: Trace, row: int, tokens: list[int], logps: list[float], *, driver: TurnDriver, stop: StopMatcher,
+                 eos: set[int], ignore_eos: bool, budget: int) -> None:
+    """The model sampled `tokens` (with their log-probs) for row `row`: they join its trace (trained)
+    and its turn. A turn ends at EOS or at a stop string: the driver takes it, and the row waits for
+    its tools or its episode is done. An episode whose tokens fill the budget ends truncated."""
+    tr.ids += tokens
+    tr.loss += [1] * len(tokens)
+    tr.logps += logps
+    tr.turn += tokens
+    if tokens:
+        ended_eos = tokens[-1] in eos and not ignore_eos
+        if ended_eos or stop(tr.turn):
+            turn, tr.turn = tr.turn, []
+            tr.mode = WAIT if driver.end_turn(row, turn, ended_eos) else DONE
+    _cut_at_budget(tr, budget)
+
+
+def take_external(tr: Trace, budget: int, count: int | None = None) -> list[int]:
+    """The row's next `count` (all, by default) waiting external tokens join its trace (loss mask 0, no
+    log-prob); once none is left the row samples again. -> those tokens."""
+    n = len(tr.forced) if count is None else count
+    tokens = [tr.forced.popleft() for _ in range(n)]
+    tr.ids += tokens
+    tr.loss += [0] * n
+    tr.logps += [0.0] * n
+    if not tr.forced:
+        tr.mode = SAMPLE
+    _cut_at_budget(tr, budget)
+    return tokens
+
+
+def _cut_at_budget(tr: Trace, budget: int) -> None:
+    if tr.mode != DONE and len(tr.ids) >= budget:
+        tr.truncated, tr.mode = True, DONE
+
+
+def resume_ready(traces: list[Trace], driver: TurnDriver, budget: int) -> None:
+    """Ask the driver which waiting rows' external tokens are ready (blocking when no row can run but
+    some wait) and resume those rows."""
+    runnable = any(tr.mode in (SAMPLE, FORCE) for tr in traces)
+    waiting = any(tr.mode == WAIT for tr in traces)
+    for r, ext in driver.ready(block=waiting and not runnable).items():
+        resume(traces[r], ext, budget)
 
 
 def resume(tr: Trace, ext: list[int] | None, budget: int) -> None:

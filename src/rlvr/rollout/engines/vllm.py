@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from rlvr.rollout.generation import Generation, SamplingParams
-from rlvr.rollout.turns import DONE, FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume
+from rlvr.rollout.engines.protocols import Generation, SamplingParams
+from rlvr.rollout.engines.sampling import SEED_RANGE, row_seed
+from rlvr.rollout.engines.turns import FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume_ready, take_external, take_sampled
+from rlvr.rollout.episodes import pad_rows
 
 INSTALL_HINT = (
     "rollout.engine=vllm needs vLLM, which is not installed: `pip install vllm` on a CUDA machine "
@@ -39,7 +42,7 @@ def import_vllm():
 
 
 class VLLMEngine:
-    """GenerationEngine on a colocated `vllm.LLM`. `model` is the trainer's; with LoRA (lora_rank > 0)
+    """GenerationEngine and MultiTurnEngine on a colocated `vllm.LLM`. `model` is the trainer's; with LoRA (lora_rank > 0)
     `save_adapter(path)` writes its adapter (peft's save_pretrained) for vLLM to load."""
 
     def __init__(self, model, tokenizer, *, model_path: str | Path, dtype: str = "auto", gpu_memory_utilization: float = 0.3,
@@ -150,7 +153,7 @@ class VLLMEngine:
                 ignore_eos=params.ignore_eos,
                 stop_token_ids=[] if params.ignore_eos else self.stop_ids,
                 logprobs=0,  # the sampled token's log-prob only
-                seed=None if greedy else int(seeds[i]) % 2**63,  # prompt i's noise from seeds[i] alone
+                seed=None if greedy else int(seeds[i]) % SEED_RANGE,  # prompt i's noise from seeds[i] alone
                 detokenize=False,
             )
             for i in range(len(prompts))
@@ -163,74 +166,52 @@ class VLLMEngine:
 
     def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
                           driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
-        """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.hf_episodes): each
-        model turn is one vLLM request over the episode so far (prefix caching makes the repeated
+        """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.engines.hf.episode_decode):
+        each model turn is one vLLM request over the episode so far (prefix caching makes the repeated
         prefix cheap), external tokens are appended as ids. vLLM stops at EOS or at a token that may
         complete a stop string (whose text holds a stop string's last character); a stop that is
         not one is continued in the next request."""
-        from vllm.inputs import TokensPrompt
-
         self._wake()
-        G, T = params.n, params.max_new_tokens
         prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        N = len(prompts) * G
-        traces = [Trace() for _ in range(N)]
-        stop, candidates = StopMatcher(self.tokenizer, driver.stop_strings), self._stop_candidates(driver.stop_strings)
-        requests = [0] * N  # requests made per row: part of each request's seed
+        run = _EpisodeRun(prompt_ids, [Trace() for _ in range(len(prompts) * params.n)], params, seeds, driver,
+                          StopMatcher(self.tokenizer, driver.stop_strings), self._stop_candidates(driver.stop_strings))
         while True:
-            rows = [r for r in range(N) if traces[r].mode == SAMPLE]
-            if rows:
-                outs = self.llm.generate(
-                    [TokensPrompt(prompt_token_ids=prompt_ids[r // G] + traces[r].ids) for r in rows],
-                    [self._turn_params(params, T - len(traces[r].ids), candidates, (int(seeds[r // G]) * 9973 + r % G) * 1009 + requests[r])
-                     for r in rows],
-                    lora_request=self._lora_request, use_tqdm=False)
-                for r, out in zip(rows, outs):
-                    requests[r] += 1
-                    self._take_turn(traces[r], r, out.outputs[0], T, stop, candidates, params.ignore_eos, driver)
-            waiting = any(t.mode == WAIT for t in traces)
-            for r, ext in driver.ready(block=waiting and not any(t.mode == SAMPLE for t in traces)).items():
-                resume(traces[r], ext, T)
-                tr = traces[r]
+            self._sample_turns(run)
+            resume_ready(run.traces, driver, params.max_new_tokens)
+            for tr in run.traces:
                 if tr.mode == FORCE:  # vLLM prefills them with the next request
-                    tr.ids += list(tr.forced)
-                    tr.loss += [0] * len(tr.forced)
-                    tr.logps += [0.0] * len(tr.forced)
-                    tr.forced.clear()
-                    tr.mode = DONE if len(tr.ids) >= T else SAMPLE
-            if not any(t.mode in (SAMPLE, WAIT) for t in traces):
+                    take_external(tr, params.max_new_tokens)
+            if not any(t.mode in (SAMPLE, WAIT) for t in run.traces):
                 break
         if self.sleep_between:
             self._sleep()
-        P = max(map(len, prompt_ids))
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids, mask = torch.full((len(prompts), P), pad, dtype=torch.long), torch.zeros(len(prompts), P, dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            ids[i, P - len(p):], mask[i, P - len(p):] = torch.tensor(p), 1
-        return ids, mask, traces
+        ids, mask = pad_rows(prompt_ids, self._pad_id(), left=True)
+        return ids, mask, run.traces
+
+    def _sample_turns(self, run: "_EpisodeRun") -> None:
+        """One request for each row that samples: its next model turn, which ends it or makes it wait for tools."""
+        from vllm.inputs import TokensPrompt
+
+        params, traces, G, T = run.params, run.traces, run.params.n, run.params.max_new_tokens
+        rows = [r for r, tr in enumerate(traces) if tr.mode == SAMPLE]
+        if not rows:
+            return
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=run.prompt_ids[r // G] + traces[r].ids) for r in rows],
+            [self._turn_params(params, T - len(traces[r].ids), run.candidates, row_seed(run.seeds[r // G], r % G, run.requests[r]))
+             for r in rows],
+            lora_request=self._lora_request, use_tqdm=False)
+        for r, out in zip(rows, outs):
+            run.requests[r] += 1
+            sample = out.outputs[0]
+            take_sampled(traces[r], r, list(sample.token_ids), _logprobs(sample), driver=run.driver, stop=run.stop,
+                         eos=set(self.stop_ids), ignore_eos=params.ignore_eos, budget=T)
 
     def _turn_params(self, params: SamplingParams, budget: int, candidates: list[int], seed: int):
         return self._vllm.SamplingParams(
             n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, max_tokens=budget,
             ignore_eos=params.ignore_eos, stop_token_ids=([] if params.ignore_eos else self.stop_ids) + candidates,
-            logprobs=0, seed=None if params.temperature == 0 else seed % 2**63, detokenize=False)
-
-    def _take_turn(self, tr: Trace, r: int, sample, budget: int, stop: StopMatcher, candidates: list[int], ignore_eos: bool, driver) -> None:
-        toks = list(sample.token_ids)
-        lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob for t, d in zip(toks, sample.logprobs)]
-        tr.ids += toks
-        tr.loss += [1] * len(toks)
-        tr.logps += lps
-        tr.turn += toks
-        last = toks[-1] if toks else None
-        if last is not None and last in self.stop_ids and not ignore_eos:
-            turn, tr.turn = tr.turn, []
-            tr.mode = WAIT if driver.end_turn(r, turn, True) else DONE
-        elif last is not None and last in candidates and stop(tr.turn):
-            turn, tr.turn = tr.turn, []
-            tr.mode = WAIT if driver.end_turn(r, turn, False) else DONE
-        if tr.mode != DONE and len(tr.ids) >= budget:
-            tr.truncated, tr.mode = True, DONE
+            logprobs=0, seed=None if params.temperature == 0 else seed, detokenize=False)
 
     def _stop_candidates(self, stops: Sequence[str]) -> list[int]:
         """Token ids whose text holds the last character of a stop string (decoded once per set of stops)."""
@@ -243,29 +224,45 @@ class VLLMEngine:
         return self._candidates[1]
 
     def _to_rollout(self, prompt_ids: list[list[int]], outputs, params: SamplingParams) -> Generation:
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         rows_p, rows_c, rows_lp, truncated = [], [], [], []
         for ids, out in zip(prompt_ids, outputs):
             # vLLM returns the n samples in request order; sort by index for a fixed layout
             for sample in sorted(out.outputs, key=lambda s: s.index):
-                toks = list(sample.token_ids)
-                lps = [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob for t, d in zip(toks, sample.logprobs)]
                 rows_p.append(ids)
-                rows_c.append(toks)
-                rows_lp.append(lps)
+                rows_c.append(list(sample.token_ids))
+                rows_lp.append(_logprobs(sample))
                 truncated.append(sample.finish_reason == "length")
-        N, P, C = len(rows_p), max(len(p) for p in rows_p), max(1, max(len(c) for c in rows_c))
-        prompt = torch.full((N, P), pad, dtype=torch.long)
-        prompt_mask = torch.zeros((N, P), dtype=torch.long)
-        comp = torch.full((N, C), pad, dtype=torch.long)
-        comp_mask = torch.zeros((N, C), dtype=torch.long)
-        logp = torch.zeros((N, C), dtype=torch.float32)
-        for i, (p, c, lp) in enumerate(zip(rows_p, rows_c, rows_lp)):
-            prompt[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p), 1
-            if c:
-                comp[i, : len(c)], comp_mask[i, : len(c)], logp[i, : len(c)] = torch.tensor(c), 1, torch.tensor(lp)
-        texts = self.tokenizer.batch_decode([c for c in rows_c], skip_special_tokens=True)
+        pad = self._pad_id()
+        prompt, prompt_mask = pad_rows(rows_p, pad, left=True)
+        comp, comp_mask = pad_rows(rows_c, pad, min_width=1)
+        logp, _ = pad_rows(rows_lp, 0.0, min_width=1, dtype=torch.float32)
+        texts = self.tokenizer.batch_decode(rows_c, skip_special_tokens=True)
         return Generation(prompt, prompt_mask, comp, comp_mask, logp, torch.tensor(truncated), texts)
+
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+
+@dataclass
+class _EpisodeRun:
+    """One generate_episodes call: its rows' traces and what each request needs."""
+
+    prompt_ids: list[list[int]]
+    traces: list[Trace]
+    params: SamplingParams
+    seeds: Sequence[int]
+    driver: TurnDriver
+    stop: StopMatcher
+    candidates: list[int]  # token ids that may complete a stop string: vLLM stops at them, the StopMatcher decides
+    requests: list[int] = field(init=False)  # requests made per row: part of each request's seed
+
+    def __post_init__(self):
+        self.requests = [0] * len(self.traces)
+
+
+def _logprobs(sample) -> list[float]:
+    """The sampled tokens' log-probs from a vLLM completion (logprobs=0: the sampled token's, perhaps beside a top one)."""
+    return [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob for t, d in zip(sample.token_ids, sample.logprobs)]
 
 
 def _has_reload(worker) -> bool:

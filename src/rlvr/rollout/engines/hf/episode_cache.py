@@ -4,7 +4,7 @@ In a single-turn decode every row writes one token per step (lockstep). In an ep
 wait for a tool while the others go on, then take the tool's result one token per step, so rows
 reach different lengths. Here each row writes its own tokens at its own position into buffers
 allocated once ([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
-rlvr.rollout.shared_prefix, whose exact two-part attention (prompt once per group + the row's
+rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
 own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots.
 A row that waits is simply left out of the forward: it never leaves holes in its own cache.
 When most rows are in a forward, the attention reads every row's buffer in place and drops the
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from rlvr.rollout.attention import sdpa_cache_dtype
-from rlvr.rollout.shared_prefix import attend_prefix_and_own
+from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
 
 # A forward of at least this share of the rows reads every row's buffer in place (the rows not in
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
-# more than the extra rows from about a quarter of them (measured, 64 rows of 200 tokens).
+# more than the extra rows from about a quarter of them (measured on CPU).
 READ_IN_PLACE_SHARE = 0.25
 
 

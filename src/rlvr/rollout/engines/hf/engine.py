@@ -1,0 +1,146 @@
+"""Generation with any Hugging Face causal LM, on CPU or GPU, without `generate()`.
+
+A lean decode loop: each prompt is prefilled once (forward.py) and its KV cache shared by its G
+samples (the prompt is never run G times; the step and its KV layout: steps.py), rows that have
+finished leave the decode batch, and the sampling noise of prompt i comes from a generator seeded
+by seeds[i] alone, so a completion does not depend on which other prompts share the batch.
+Multi-turn episodes decode in episode_decode.py.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.episode_cache import episode_attention
+from rlvr.rollout.engines.hf.episode_decode import decode_episodes
+from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, generation_mode, prefill
+from rlvr.rollout.engines.hf.shared_prefix import shared_prefix_attention, supports_shared_prefix
+from rlvr.rollout.engines.hf.steps import LeanStep, TransformersStep, choose_layout, start_decode
+from rlvr.rollout.engines.protocols import Generation, SamplingParams
+from rlvr.rollout.engines.sampling import sample_tokens
+from rlvr.rollout.engines.turns import Trace, TurnDriver
+
+AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
+# transformers builds no attention mask at all for an attention name it has no mask function for:
+# without this line the left padding of shorter prompts was attended to (found by
+# tests/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
+AttentionMaskInterface.register("rlvr_sdpa", sdpa_mask)
+AttentionInterface.register("rlvr_prefix", shared_prefix_attention)
+AttentionMaskInterface.register("rlvr_prefix", sdpa_mask)  # the prefill is plain masked SDPA
+AttentionInterface.register("rlvr_episode", episode_attention)
+AttentionMaskInterface.register("rlvr_episode", sdpa_mask)
+
+
+class HFEngine:
+    """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
+
+    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True, shared_prefix: bool = True,
+                 lean: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.drop_finished_fraction = drop_finished_fraction
+        self.static_cache = static_cache
+        self.shared_prefix = shared_prefix  # decode reads each prompt's KV once per group (shared_prefix.py)
+        self.lean = lean  # Llama-family models decode with lean_decode.py (static_cache only)
+
+    def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
+        pass
+
+    @torch.no_grad()  # not inference_mode: the trainer's forward reuses these ids under autograd
+    def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
+        if len(seeds) != len(prompts):
+            raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
+        G, T = params.n, params.max_new_tokens
+        layout = choose_layout(self.model, G, static=self.static_cache, shared_prefix=self.shared_prefix, lean=self.lean)
+        with generation_mode(self.model, layout.attention):
+            pre = prefill(self.model, self.tokenizer, prompts, G)
+            step = start_decode(self.model, pre, layout, G, T)
+            gens = [torch.Generator(device=pre.prompt_ids.device).manual_seed(int(s)) for s in seeds]
+            completion, logprobs, entropies = self._decode(step, pre.logits, pre.prompt_mask.sum(-1).repeat_interleave(G, 0), params, gens)
+        return self._generation(pre.prompt_ids, pre.prompt_mask, completion, logprobs, entropies, params)
+
+    @torch.no_grad()
+    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
+                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+        """MultiTurnEngine: episodes continue from their KV cache between turns (rlvr.rollout.engines.hf.episode_decode).
+        Needs plain causal full attention (supports_shared_prefix)."""
+        model = self.model
+        if not supports_shared_prefix(model.config):
+            raise ValueError("multi-turn episodes with the hf engine need a model with plain full causal attention and "
+                             f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)")
+        cache_dtype = torch.float32 if cpu_bf16_autocast(model) else None
+        with generation_mode(model, "rlvr_episode"):
+            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype)
+
+    def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens):
+        """Sample up to T tokens per row: (completion ids, their log-probs, entropies or None), each [N, T].
+        Finished rows keep their shape until a quarter of the rows still decoding have finished,
+        then leave the batch together: a few compactions per decode, not one per token."""
+        N, T, G, device = logits.shape[0], params.max_new_tokens, params.n, logits.device
+        completion = torch.full((N, T), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((N, T), dtype=torch.float32, device=device)
+        entropies = torch.zeros((N, T), dtype=torch.float32, device=device) if params.temperature > 0 else None
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        active = torch.arange(N, device=device)  # rows still in the decode batch
+        eos = self.tokenizer.eos_token_id
+        for t in range(T):
+            token, logp, entropy = self._sample(logits, params, gens, active, G)
+            completion[active, t] = token
+            logprobs[active, t] = logp
+            if entropies is not None:
+                entropies[active, t] = entropy
+            if not params.ignore_eos:
+                finished[active] |= token == eos
+            if t == T - 1 or bool(finished.all()):
+                break
+            live = ~finished[active]
+            if live.numel() - int(live.sum()) >= max(1, int(self.drop_finished_fraction * live.numel())):
+                keep = live.nonzero().squeeze(-1)
+                step.select(keep)
+                active, token, next_pos = active[keep], token[keep], next_pos[keep]
+            logits = step.step(token, next_pos, active)
+            next_pos = next_pos + 1
+        return completion, logprobs, entropies
+
+    def _generation(self, prompt_ids, prompt_mask, completion, logprobs, entropies, params: SamplingParams) -> Generation:
+        G, T, eos, pad = params.n, params.max_new_tokens, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        mask = self._completion_mask(completion, eos, params.ignore_eos)
+        completion = completion.masked_fill(mask == 0, pad)
+        truncated = mask.sum(-1) == T
+        if not params.ignore_eos:
+            truncated &= completion[:, -1] != eos
+        return Generation(
+            prompt_ids=prompt_ids.repeat_interleave(G, 0),
+            prompt_mask=prompt_mask.repeat_interleave(G, 0),
+            completion_ids=completion,
+            completion_mask=mask,
+            sampling_logprobs=logprobs * mask,
+            truncated=truncated,
+            texts=self.tokenizer.batch_decode(completion, skip_special_tokens=True),
+            sampling_entropy=None if entropies is None else entropies * mask,
+        )
+
+    @staticmethod
+    def _completion_mask(completion: torch.Tensor, eos: int, ignore_eos: bool) -> torch.Tensor:
+        """1 on every token up to and including the first EOS."""  # [N, C]
+        if ignore_eos:
+            return torch.ones_like(completion)
+        is_eos = completion == eos
+        after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
+        return (~after_eos).long()
+
+    @staticmethod
+    def _sample(logits, params: SamplingParams, gens, active, G):
+        """(token, its log-prob, the entropy of the distribution) per active row (entropy None when greedy).
+        Row r's random number comes from its prompt's generator, which draws one for each of its G
+        rows every step: a row's sample does not depend on which rows have left the batch."""
+        if params.temperature == 0:
+            token = logits.argmax(-1)
+            return token, torch.zeros_like(token, dtype=torch.float32), None
+        uniforms = torch.cat([torch.rand(G, generator=g, device=logits.device) for g in gens])  # [B x G]
+        return sample_tokens(logits, uniforms[active], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)

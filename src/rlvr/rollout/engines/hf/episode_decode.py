@@ -1,0 +1,110 @@
+"""Multi-turn decode for transformers models: episodes continue from their KV cache.
+
+Each prompt is prefilled once; its G rows then decode with episode_cache.py, where every row
+writes at its own position. A row's model turn ends at EOS or when its text ends with one of the
+driver's stop strings (e.g. `</calc>`; rlvr.rollout.engines.turns, shared with the vllm engine);
+the driver then either ends the episode or starts the tools (they run in the background) and the
+row waits, out of the forward, while the others go on. Every step first asks the driver which
+rows' tools have answered; only when no row can run does the loop block, until one has. When the
+driver hands back the row's external tokens (tool results, template glue), they are fed one per
+step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
+next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
+Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
+episode does not depend on when the other rows' tools finished.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.models.kv_cache import cache_kwarg
+from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
+from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.engines.sampling import row_seed, sample_tokens
+from rlvr.rollout.engines.turns import (
+    DONE,
+    FORCE,
+    SAMPLE,
+    WAIT,
+    StopMatcher,
+    Trace,
+    TurnDriver,
+    eos_ids,
+    resume_ready,
+    take_external,
+    take_sampled,
+)
+
+
+@torch.no_grad()
+def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver,
+                    *, cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+    """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
+    params.max_new_tokens bounds each episode's tokens after the prompt (model and external)."""
+    G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
+    pre = prefill(model, tokenizer, prompts, G)
+    cache, state = _episode_cache(pre, G, T, cache_dtype)
+    logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
+    start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
+    lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
+    gens = [torch.Generator(device=device).manual_seed(row_seed(seeds[r // G], r % G)) for r in range(N)]
+    traces = [Trace() for _ in range(N)]
+    stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
+    while (runnable := _rows_to_run(traces, driver, T)) is not None:
+        sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, gens)
+        feed = []  # (row, token) that go into the cache this step
+        for r in runnable:
+            tr = traces[r]
+            if tr.mode == FORCE:
+                (token,) = take_external(tr, T, count=1)
+            else:
+                token, logp = sampled[r]
+                take_sampled(tr, r, [token], [logp], driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos, budget=T)
+            if tr.mode != DONE:
+                feed.append((r, token))
+        if feed:
+            rows = torch.tensor([r for r, _ in feed], device=device)
+            tokens = torch.tensor([t for _, t in feed], device=device)
+            state.prepare(rows, lengths, N)
+            out = model(input_ids=tokens[:, None], position_ids=(start[rows] + lengths[rows])[:, None], use_cache=True,
+                        rlvr_episode=state, **{ckw: cache})
+            logits[rows] = out.logits[:, -1].float()
+            lengths[rows] += 1
+    return pre.prompt_ids, pre.prompt_mask, traces
+
+
+def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None) -> tuple[DynamicCache, EpisodeState]:
+    """The prefill's cache, each prompt's keys/values then shared by its G rows, each row writing at its own position."""
+    cache, N = pre.cache, pre.prompt_ids.shape[0] * G
+    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, cache_dtype or cache.layers[0].keys.dtype))
+    for i, layer in enumerate(cache.layers):
+        cache.layers[i] = EpisodeLayer(layer, state, N, T, cache_dtype)
+    return cache, state
+
+
+def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:
+    """The rows that feed a token this step, after resuming those whose tools have answered (waiting
+    for them when no other row can run; [] when none has answered yet); None once every episode is done."""
+    resume_ready(traces, driver, T)
+    runnable = [r for r, tr in enumerate(traces) if tr.mode in (SAMPLE, FORCE)]
+    if not runnable and not any(tr.mode == WAIT for tr in traces):
+        return None
+    return runnable
+
+
+def _sample(logits: torch.Tensor, rows: list[int], params: SamplingParams, gens: list[torch.Generator]) -> dict[int, tuple[int, float]]:
+    """(token, its log-prob) for each of `rows`, from their logits (logits [N, V]), together; each
+    row's random number comes from its own generator, drawn only when it samples (inverse-CDF:
+    rlvr.rollout.engines.sampling.sample_tokens)."""
+    if not rows:
+        return {}
+    x = logits[rows]  # [n, V]
+    if params.temperature == 0:
+        return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
+    uniforms = torch.cat([torch.rand(1, generator=gens[r], device=x.device) for r in rows])  # [n]
+    token, logp, _ = sample_tokens(x, uniforms, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    return dict(zip(rows, zip(token.tolist(), logp.tolist())))

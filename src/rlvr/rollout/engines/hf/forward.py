@@ -1,0 +1,64 @@
+"""The model's forward as the hf decodes use it: the generation mode, the prefill that starts every
+decode, and the prompt's left padding as an attention bias."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.models.forward import eval_mode
+from rlvr.models.kv_cache import cache_kwarg
+
+
+@contextlib.contextmanager
+def generation_mode(model, attention: str | None = None) -> Iterator[None]:
+    """The model in eval mode inside the block, with the attention function registered as `attention`
+    (rlvr.rollout.engines.hf.engine registers the decode's; None: the model's own); both as they were after it."""
+    impl = model.config._attn_implementation
+    with eval_mode(model):
+        if attention is not None:
+            model.config._attn_implementation = attention
+        try:
+            yield
+        finally:
+            model.config._attn_implementation = impl
+
+
+@dataclass
+class Prefill:
+    """The prompts run once: what every decode continues from."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    cache: DynamicCache  # the prompts' keys/values, [B, H, P, D] per layer
+    logits: torch.Tensor  # [B x G, V] fp32: each of the G rows of a prompt starts from its prompt's next-token logits
+
+
+def prefill(model, tokenizer, prompts: Sequence[str], group_size: int) -> Prefill:
+    """Tokenize the prompts (left-padded, no special tokens added: the chat template wrote them) and run
+    each once, whatever the number of samples it gets."""
+    device = next(model.parameters()).device
+    enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+    return Prefill(prompt_ids, prompt_mask, cache, out.logits[:, -1].float().repeat_interleave(group_size, 0))
+
+
+def padding_bias(prompt_mask: torch.Tensor, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:
+    """[B, 1, 1, P] added to the attention scores over the prompt: 0 on its tokens, `fill` (default the
+    dtype's lowest finite value) on its left padding."""
+    bias = torch.zeros(*prompt_mask.shape[:1], 1, 1, prompt_mask.shape[1], dtype=dtype, device=prompt_mask.device)
+    return bias.masked_fill(prompt_mask[:, None, None, :] == 0, torch.finfo(dtype).min if fill is None else fill)
+
+
+def cpu_bf16_autocast(model) -> bool:
+    """The model runs on CPU under bf16 autocast: the decodes then keep their KV cache in fp32
+    (rlvr.rollout.engines.hf.attention says why)."""
+    return next(model.parameters()).device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
