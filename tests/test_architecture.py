@@ -149,3 +149,30 @@ def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
         test_no_private_names_across_packages()
     with pytest.raises(AssertionError, match="layer"):
         test_imports_point_down_the_layers()
+
+
+def _too_long(package: str, *, function_lines: int, file_lines: int) -> list[str]:
+    """Functions over `function_lines` lines (def to last line) and files over `file_lines` lines in src/rlvr/`package`."""
+    bad = []
+    for path in sorted((SRC / package).rglob("*.py")):
+        text = path.read_text()
+        if (n := len(text.splitlines())) > file_lines:
+            bad.append(f"{path.relative_to(SRC)}: {n} lines (at most {file_lines})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (n := node.end_lineno - node.lineno + 1) > function_lines:
+                bad.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {n} lines (at most {function_lines})")
+    return bad
+
+
+def test_train_has_no_function_over_50_lines_and_no_file_over_400():
+    """The loop and the update read in one sitting: small functions, small files."""
+    bad = _too_long("train", function_lines=50, file_lines=400)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_size_check_sees_a_long_function_and_a_long_file(tmp_path, monkeypatch):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "long.py").write_text('"""long"""\n\n\ndef f():\n' + "    x = 1\n" * 50 + "\n" * 350)
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    assert _too_long("train", function_lines=50, file_lines=400) == [
+        "train/long.py: 404 lines (at most 400)", "train/long.py:4 f: 51 lines (at most 50)"]
