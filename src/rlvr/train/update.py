@@ -9,8 +9,9 @@
 What every epoch of a minibatch reads is prepared once, before its first optimizer step, and never changed
 (`MinibatchInputs`; `prepare`, split by what it prepares): the rows run and their order, the micro-batches
 (with the repeats that keep ranks in lockstep), the loss normalisers, the reference log-probs, the old
-log-probs, the top-entropy token selection. Two of them a first epoch gives for free from its own forwards,
-and then they are left to it rather than paid with a forward of their own (`FirstEpoch`). Metrics stay on the
+log-probs, the top-entropy token selection. Where the first epoch's own forwards give the last two exactly
+(no optimizer step before them), they are left unset rather than paid with a forward of their own; the first
+epoch hands them on explicitly (`FirstEpoch`, `MinibatchInputs.after_first_epoch`). Metrics stay on the
 device as float64 sums (update_metrics.py).
 """
 
@@ -127,7 +128,7 @@ class Updater:
         sums = MetricSums(self.device)
         compile_seconds = self.compile_clock.seconds
         with self.compile_clock.measuring() if self.compiled else contextlib.nullcontext():
-            skipped = self.epochs(inputs, sums)
+            skipped = self.run_epochs(inputs, sums)
         metrics = sums.metrics(inputs, self.dist, beta=self.cfg.algo.beta, correction=self.correction)
         if self.compiled:
             metrics.update({"compile/count": self.compile_clock.graphs, "time/compile": self.compile_clock.seconds - compile_seconds})
@@ -135,7 +136,7 @@ class Updater:
 
     # ------------------------------------------------------------------ the loop
 
-    def epochs(self, minibatches: list[MinibatchInputs], sums: MetricSums) -> bool:
+    def run_epochs(self, minibatches: list[MinibatchInputs], sums: MetricSums) -> bool:
         """Every epoch, one optimizer step per minibatch; True when one was skipped (a non-finite loss or gradient)."""
         minibatches = list(minibatches)
         for epoch in range(self.cfg.algo.num_iterations):
