@@ -129,6 +129,7 @@ def main() -> None:
     while time.time() - t_train < args.minutes * 60:
         m = trainer.train_step()
         log.log(m)
+        log.run_doctor_when_due(m["step"])
         print(f"step {m['step']} reward {m['reward']:.3f} code {m.get('rewards/code/mean', float('nan')):.3f} "
               f"({time.time() - t_train:.0f}s)", flush=True)
     log.close()

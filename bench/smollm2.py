@@ -174,7 +174,9 @@ def main() -> None:
     log = RunLogger(run_dir, cfg.steps, 0, live=False, config=cfg)
     t_train = time.time()
     while time.time() - t_train < args.minutes * 60:
-        log.log(trainer.train_step())
+        m = trainer.train_step()
+        log.log(m)
+        log.run_doctor_when_due(m["step"])
     log.close()
     train_s = time.time() - t_train
     after = {"in": evaluate(trainer, held_out, args.max_new_tokens), "new": evaluate(trainer, new_phrasing, args.max_new_tokens)}

@@ -225,6 +225,7 @@ def main() -> None:
     while time.time() - t_train < args.minutes * 60:
         m = trainer.train_step()
         log.log(m)
+        log.run_doctor_when_due(m["step"])
         print(f"step {m['step']} reward {m['reward']:.3f} calls {m.get('tools/call_frequency', 0):.2f} "
               f"({time.time() - t_train:.0f}s)", flush=True)
     log.close()

@@ -129,7 +129,7 @@ def _conversations(batch):
 
 def test_tag_episode_layout_exactness_and_zero_gradient_on_tool_tokens(make_trainer, tag_caller, monkeypatch):
     t = _tag_trainer(make_trainer, tag_caller, "multiply")
-    batch = t.collect()
+    batch = t.collector.collect(t.state)
     e = batch.episodes
     tok = t.tokenizer
     for i in range(len(e)):
@@ -232,7 +232,7 @@ def test_hermes_chat_template_path(make_trainer, hermes_caller):
     path, schemas = hermes_caller
     t = _hermes_trainer(make_trainer, path, "12*34=", "hermes")
     tok = t.tokenizer
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     conv = e.completions[0]
     assert conv[0]["tool_calls"] == [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}]
     assert conv[1] == {"role": "tool", "name": "calculator", "content": "408"}

@@ -234,3 +234,9 @@ def test_the_rollout_checks_see_a_stray_module_a_probe_and_long_code(tmp_path):
     (tmp_path / "__init__.py").write_text('"""episodes.py  the seam\n    gone.py  a file since removed"""\n')
     assert _untrue_file_lists(tmp_path) == [f"{tmp_path.name}: helpers.py not listed", f"{tmp_path.name}: long.py not listed",
                                             f"{tmp_path.name}: lists gone.py, which is not there"]
+
+
+def test_train_has_no_function_over_50_lines_and_no_file_over_400():
+    """The loop and the update read in one sitting: small functions, small files."""
+    assert not _long_functions(SRC / "train", 50), "functions over 50 lines:\n" + "\n".join(_long_functions(SRC / "train", 50))
+    assert not _long_files(SRC / "train", 400), "files over 400 lines:\n" + "\n".join(_long_files(SRC / "train", 400))

@@ -59,8 +59,9 @@ def test_plain_lines_when_not_a_terminal(tmp_path, capsys):
 
 def test_doctor_warns_during_training(tmp_path, capsys):
     log = RunLogger(tmp_path, total_steps=20, config={"report_to": [], "doctor_every": 5})
-    for s in range(1, 11):
+    for s in range(1, 11):  # as the training loop does: log the step, then ask the doctor
         log.log(_metrics(s, frac_reward_zero_std=1.0, reward=0.0))
+        log.run_doctor_when_due(s)
     log.close()
     out = capsys.readouterr().out
     assert out.count("[warning] doctor: every group had identical rewards") == 1  # once, after step 3

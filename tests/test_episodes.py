@@ -87,7 +87,7 @@ def test_tokens_outside_the_loss_mask_get_exactly_zero_gradient(make_trainer, tm
     for overrides in ([], ["optim.micro_batch_size=4", "algo.num_iterations=2", "algo.beta=0.04"]):
         seen.clear()
         t, _ = _trainer(make_trainer, tmp_path, *overrides, "optim.skip_zero_advantage=false", "optim.max_grad_norm=0")
-        batch = t.collect()
+        batch = t.collector.collect(t.state)
         e = batch.episodes
         adv = algo.combine_rewards(batch.rewards, t.rewards.weights, G)
         assert adv.abs().max() > 0
@@ -109,7 +109,7 @@ def test_tokens_outside_the_loss_mask_get_exactly_zero_gradient(make_trainer, tm
 def test_external_tokens_stay_in_context(make_trainer, tmp_path):
     """A model token's log-prob depends on the external tokens before it: they are attended to."""
     t, source = _trainer(make_trainer, tmp_path)
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     mb = slice(0, len(e))
     base = t.updater.forward(t.model, e.to(t.device), mb, with_entropy=False)[0].logp
     changed = e.completion_ids.clone()

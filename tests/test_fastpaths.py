@@ -112,7 +112,7 @@ def _close(ga, gb):
                                    ["algo.importance_sampling_level=sequence"]])
 def test_zero_advantage_skip_same_loss_and_gradients(make_trainer, extra):
     t = make_trainer(*FP)
-    episodes = t.collect().episodes
+    episodes = t.collector.collect(t.state).episodes
     adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.2, -0.4, 0.0, -0.8, 0.5, 0.5, -1.0, 0.0])  # a whole group and single rows at 0
     g_plain, m_plain, _ = _update_grads(make_trainer, episodes, adv, "optim.skip_zero_advantage=false", *extra)
     g_skip, m_skip, _ = _update_grads(make_trainer, episodes, adv, *extra)
@@ -124,7 +124,7 @@ def test_zero_advantage_skip_same_loss_and_gradients(make_trainer, extra):
 
 def test_all_zero_advantages_still_step_the_optimizer(make_trainer):
     t = make_trainer(*FP)
-    episodes = t.collect().episodes
+    episodes = t.collector.collect(t.state).episodes
     adv = torch.zeros(12)
     g_plain, _, a = _update_grads(make_trainer, episodes, adv, "optim.skip_zero_advantage=false")
     g_skip, m, b = _update_grads(make_trainer, episodes, adv)
@@ -163,7 +163,7 @@ def test_skip_is_off_when_rows_are_needed():
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"]])  # 5: groups split across micro-batches
 def test_shared_prefix_update_same_as_plain(make_trainer, extra):
     t = make_trainer(*FP)
-    episodes = t.collect().episodes
+    episodes = t.collector.collect(t.state).episodes
     adv = torch.randn(12, generator=torch.Generator().manual_seed(3))
     g_plain, m_plain, _ = _update_grads(make_trainer, episodes, adv, "optim.shared_prefix=false", *extra)
     g_fast, m_fast, fast = _update_grads(make_trainer, episodes, adv, *extra)
@@ -175,7 +175,7 @@ def test_shared_prefix_update_same_as_plain(make_trainer, extra):
 
 def test_bf16_autocast_trains_fp32_weights_close_to_fp32(make_trainer):
     t = make_trainer(*FP, "model.autocast=bf16")
-    e = t.collect().episodes  # generation under autocast too
+    e = t.collector.collect(t.state).episodes  # generation under autocast too
     with torch.no_grad():
         ref = completion_logprobs(t.model, e.prompt_ids, e.prompt_mask, e.completion_ids, e.attention_mask).logp
     out, C = t.updater.forward(t.model, e, slice(0, len(e)), with_entropy=False)
@@ -278,7 +278,7 @@ def test_length_sorted_micro_batches_same_update(make_trainer, extra):
     from rlvr.train.fast_paths import length_sorted_order
 
     t = make_trainer(*FP, "rollout.max_new_tokens=12")
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])  # very uneven: sorting pays
     e.attention_mask = (torch.arange(12)[None] < lengths[:, None]).long()
     e.loss_mask = e.attention_mask.clone()  # single-turn: every token after the prompt is the model's

@@ -63,7 +63,7 @@ def test_lora_reference_equals_base_model(make, tiny_model_dir):
     with torch.no_grad():
         for p in (p for n, p in t.model.named_parameters() if "lora_B" in n):
             p.add_(0.5)  # move the adapter away from zero
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     size = t.plan.micro_batch_size
     mbs = [slice(i, min(i + size, len(e))) for i in range(0, len(e), size)]
     ref = t.updater.reference_logprobs(e, mbs)

@@ -67,7 +67,7 @@ def test_clip_fractions_are_means_over_the_passes_and_min_max_over_what_can_clip
     t = make_trainer("optim.lr=0.05", "optim.max_grad_norm=0", f"algo.num_iterations={mu}", f"optim.micro_batch_size={micro_batch}",
                      "optim.skip_zero_advantage=false", "rollout.ignore_eos=true")  # no 1-token micro-batch that cannot clip
     spy = LossSpy(monkeypatch)
-    episodes = t.collect().episodes
+    episodes = t.collector.collect(t.state).episodes
     # signs alternate: every micro-batch has completions pushed down (the ones that can clip low)
     adv = torch.randn(len(episodes), generator=torch.Generator().manual_seed(5)).abs() * (-1) ** torch.arange(len(episodes))
     m = t.updater(episodes, adv).metrics
@@ -87,7 +87,7 @@ def test_clip_fractions_are_means_over_the_passes_and_min_max_over_what_can_clip
 def test_clip_min_max_with_one_pass_are_zero(make_trainer):
     """mu = 1: the ratio is exactly 1 everywhere, nothing can clip, and every clip metric is 0."""
     t = make_trainer("optim.skip_zero_advantage=false")
-    episodes = t.collect().episodes
+    episodes = t.collector.collect(t.state).episodes
     m = t.updater(episodes, torch.randn(len(episodes), generator=torch.Generator().manual_seed(1))).metrics
     assert [m[f"clip_ratio/{k}"] for k in ("low_mean", "low_min", "high_mean", "high_max", "region_mean")] == [0.0] * 5
 
@@ -150,7 +150,7 @@ def test_without_dynamic_sampling_no_kept_view(make_trainer, tmp_path):
 def test_entropy_is_over_every_sampled_token(make_trainer, sampler_entropy, skip):
     # the bundled model: its entropies differ from token to token (the random one's are all near ln V)
     t = make_trainer("model.path=tiny", "rollout.temperature=0.7", f"optim.skip_zero_advantage={str(skip).lower()}")
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     assert (e.sampling_entropy is not None) and e.sampling_entropy.shape == e.loss_mask.shape
     if not sampler_entropy:
         e = dataclasses.replace(e, sampling_entropy=None)
@@ -166,7 +166,7 @@ def test_entropy_is_over_every_sampled_token(make_trainer, sampler_entropy, skip
 @pytest.mark.parametrize("sampler_entropy", [True, False])
 def test_entropy_when_no_row_is_trained(make_trainer, sampler_entropy):
     t = make_trainer()
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     if not sampler_entropy:
         e = dataclasses.replace(e, sampling_entropy=None)
     expected = _sampled_entropy(t.model, e)
@@ -200,7 +200,7 @@ def test_hf_sampler_entropy_is_the_training_distributions(make_trainer):
     """The sampler's entropies are those of the unfiltered distribution at the sampling
     temperature (the training forward's), also when top-k/top-p filter what is sampled."""
     t = make_trainer("rollout.temperature=0.8", "rollout.top_k=5", "rollout.top_p=0.9")
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     with torch.no_grad():
         out = completion_logprobs(t.model, e.prompt_ids, e.prompt_mask, e.completion_ids, e.attention_mask, temperature=0.8,
                                   with_entropy=True)
@@ -306,7 +306,7 @@ def test_old_logprobs_are_the_policy_without_dropout(make_trainer, dropout_model
     assert t.updater.dropout
     spy, real = [], algo.policy_loss
     monkeypatch.setattr(algo, "policy_loss", lambda logp, old, *a, **k: spy.append((logp.detach(), old)) or real(logp, old, *a, **k))
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     expected_old = _eval_logp(t.model, e)
     m = t.updater(e, torch.randn(len(e), generator=torch.Generator().manual_seed(2))).metrics
     mask = e.loss_mask.bool()
@@ -318,7 +318,7 @@ def test_old_logprobs_are_the_policy_without_dropout(make_trainer, dropout_model
 
 def test_reference_logprobs_without_dropout(make_trainer, dropout_model_dir):
     t = make_trainer(f"model.path={dropout_model_dir}", "model.lora.r=4", "algo.beta=0.04")
-    e = t.collect().episodes.to(t.device)
+    e = t.collector.collect(t.state).episodes.to(t.device)
     ref = t.updater.reference_logprobs(e, [slice(0, len(e))])
     with t.policy.reference() as model:
         expected = _eval_logp(model, e)
@@ -331,7 +331,7 @@ def test_without_dropout_no_extra_forward(make_trainer):
     """The default tiny model has no dropout: old log-probs are pass 1's own (one forward per pass)."""
     t = make_trainer("algo.num_iterations=2", "optim.skip_zero_advantage=false", "optim.shared_prefix=false")
     assert not t.updater.dropout
-    e = t.collect().episodes
+    e = t.collector.collect(t.state).episodes
     calls = []
     hook = t.model.register_forward_hook(lambda *a: calls.append(1))
     t.updater(e, torch.randn(len(e), generator=torch.Generator().manual_seed(2)))

@@ -78,7 +78,7 @@ def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_pat
     for name, overrides in (("plain", ["algo.sampler_correction=none"]),
                             ("corrected", [f"algo.sampler_correction={mode}", f"algo.sampler_correction_cap={cap}"])):
         t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0", *overrides, run=name)
-        batch = t.collect()
+        batch = t.collector.collect(t.state)
         ep = batch.episodes
         ep.sampling_logprobs = ep.sampling_logprobs - math.log(2.0) * ep.loss_mask
         adv = advantages_of(t, batch)

@@ -83,7 +83,7 @@ def _prompts_the_engine_receives(t) -> list[str]:
         return real(prompts, *args, **kwargs)
 
     t.source.engine.generate_episodes = record
-    t.collect()
+    t.collector.collect(t.state)
     return seen
 
 
@@ -218,4 +218,4 @@ def test_a_description_too_long_for_the_model_names_tools_describe(make_trainer)
     t = make_trainer("model.path=tiny", "tools.functions=[calculator]", "rollout.max_new_tokens=8")
     with pytest.raises(ValueError, match=r"does not fit the model's context of 128 tokens.*; \d+ of its tokens are the tools' "
                                          r"description in the system prompt: set tools.describe=false"):
-        t.collect()
+        t.collector.collect(t.state)

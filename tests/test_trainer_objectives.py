@@ -9,7 +9,7 @@ import torch
 from rlvr import algo
 from rlvr.config import ConfigError, load_config
 from rlvr.models.forward import completion_logprobs, trim_padding
-from rlvr.train.minibatches import minibatches
+from rlvr.train.minibatches import Minibatch, minibatches
 from rlvr.train.setup import check_config
 from test_trainer_variants import CHECKSUM, CONSTANT, PARITY, advantages_of, reward_file
 
@@ -44,13 +44,13 @@ def test_steps_per_generation_equals_k_separate_optimizer_steps_on_the_minibatch
     The trainer's fast paths (rows with advantage 0 skipped, micro-batches packed by length) run on
     its side; micro-batches of 2 give the same update (gradient accumulation inside each minibatch)."""
     t = _float64_trainer(make_trainer, tmp_path, "optim.steps_per_generation=3", run="k3")
-    batch = t.collect()
+    batch = t.collector.collect(t.state)
     adv = advantages_of(t, batch)
     pieces = minibatches(batch, adv, 3)
     assert [len(b.rows) for b, _ in pieces] == [2, 2, 2]
     assert (adv == 0).any() and adv.abs().max() > 0  # some rows are skipped, the others learn
     start = _params(t.model)
-    result = t.updater.update([(b.episodes, a, 1.0) for b, a in pieces])
+    result = t.updater.update([Minibatch(b.episodes, a) for b, a in pieces])
     assert not result.skipped and t.scheduler.last_epoch == 6
     ours = _params(t.model)
 
@@ -81,7 +81,7 @@ def test_steps_per_generation_equals_k_separate_optimizer_steps_on_the_minibatch
 
     # gradient accumulation inside each minibatch: micro-batches of 2 rows, the same update
     mb = _float64_trainer(make_trainer, tmp_path, "optim.steps_per_generation=3", "optim.micro_batch_size=2", run="mb2")
-    mb_result = mb.updater.update([(b.episodes, a, 1.0) for b, a in pieces])
+    mb_result = mb.updater.update([Minibatch(b.episodes, a) for b, a in pieces])
     assert len(mb_result.micro_batch_sizes) > len(result.micro_batch_sizes)
     for a, b in zip(ours, mb.model.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=0, atol=1e-9)
@@ -89,7 +89,7 @@ def test_steps_per_generation_equals_k_separate_optimizer_steps_on_the_minibatch
 
 def test_minibatches_are_whole_groups_in_order(make_trainer, tmp_path):
     t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.prompts_per_step=5")
-    batch = t.collect()
+    batch = t.collector.collect(t.state)
     adv = advantages_of(t, batch)
     for k, sizes in [(1, [5]), (2, [2, 3]), (5, [1] * 5), (8, [1] * 5)]:  # 8 > 5 groups (dynamic sampling short): 5 steps
         pieces = minibatches(batch, adv, k)

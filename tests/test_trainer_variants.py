@@ -80,7 +80,7 @@ def test_micro_batches_give_the_full_batch_update(make_trainer, tmp_path):
                          "optim.shared_prefix=false", run=f"mb{mbs}")
         t.model.double()  # float64 so that the comparison can be tight
         t.ref_model.double()
-        batch = t.collect()
+        batch = t.collector.collect(t.state)
         adv = advantages_of(t, batch)
         assert adv.abs().max() > 0
         result = t.updater(batch.episodes, adv)

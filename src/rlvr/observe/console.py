@@ -4,8 +4,8 @@ The console shows a live rich display when stdout is a terminal (a progress bar 
 elapsed time, ETA and steps/s, and below it reward ± std, each reward function, KL, clip ratio,
 completion length, entropy and the share of zero-signal groups), and one plain line per step
 otherwise (CI, files, pipes). Sinks (metrics.jsonl, the completions table, TensorBoard, W&B,
-trackio) live in `rlvr.sinks`. The doctor's rules (`rlvr.doctor`) run on the history after the
-first 3 steps and every `doctor_every` steps; new findings are printed as warnings.
+trackio) live in `rlvr.sinks`. The doctor's rules (`rlvr.doctor`) run on the history when the training
+loop asks (after the first 3 steps and every `doctor_every` steps, and at the end); new findings are printed as warnings.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class NullLogger:
     def info(self, msg: str) -> None: ...
     def warn(self, msg: str) -> None: ...
     def log(self, metrics: dict) -> None: ...
+    def run_doctor_when_due(self, step: int) -> list:
+        return []
     def samples(self, rows: list[dict]) -> None: ...
     def close(self) -> None: ...
 
@@ -173,8 +175,13 @@ class RunLogger:
             fields = "  ".join(f"{label} {value}" for label, value in self.summary_fields(metrics))
             t = metrics.get("time/step")
             print(f"step {step}/{self.total}  {fields}  {_f(t, '.2f')}s/step  {rate_s}  ETA {_fmt_time(left)}", flush=True)
+
+    def run_doctor_when_due(self, step: int) -> list:
+        """The doctor's rules over the run so far, after the third step logged here and every `doctor_every` steps
+        (the training loop calls it after logging each step); new findings are printed as warnings."""
         if self.steps_done == 3 or (self.doctor_every and step % self.doctor_every == 0):
-            self.run_doctor()
+            return self.run_doctor()
+        return []
 
     def run_doctor(self) -> list:
         new = self.doctor.check(self.history)

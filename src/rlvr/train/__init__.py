@@ -1,10 +1,25 @@
-"""Training: the loop (trainer.py) and what it is made of — the batch plan (every derived value
-resolved once), collecting scored episodes (collect.py), the update (update.py), fast paths,
-the split across ranks, checkpoint state, run control, the run folder (run_folder.py: what resuming may
-change) and held-out evaluation."""
+"""Training: the loop and what it is made of.
+
+    trainer.py         the loop: a step in four numbered phases (rollout and score, advantages, update;
+                       metrics, doctor, checkpoint), the run around it (evaluation, stop, the end)
+    collect.py         phase 1: the Collector (prompt stream, rollout source, reward runner, dynamic
+                       sampling, the gather across ranks) and the Batch it gives
+    minibatches.py     the batch as minibatches of whole groups, and this rank's share of each
+    update.py          phase 3: the Updater (epochs, minibatches, micro-batches) and its frozen inputs
+    update_metrics.py  the update's metrics, summed on the device
+    step_metrics.py    the batch's metrics, the completions table, the last step's record
+    batch_plan.py      every derived batch value resolved once; fast_paths.py: work the update may leave out
+    setup.py           checking the config against the registries; device, precision, training prompts
+    state.py           the train state and its checkpoints (checkpoint.py: the files)
+    run_folder.py      the run folder: what resuming may change, atomic writes, final/
+    run_control.py     stop requests, the learning-rate schedule, seeding
+    reward_health.py   reward functions that fail, seen at once
+    evaluation.py      held-out evaluation; eval_command.py: `rlvr eval`
+"""
 
 from rlvr.train.run_control import StopAtOnce, TrainingError
 from rlvr.train.run_folder import RunFinished
-from rlvr.train.trainer import StepRecord, Trainer
+from rlvr.train.step_metrics import StepRecord
+from rlvr.train.trainer import Trainer
 
 __all__ = ["RunFinished", "StepRecord", "StopAtOnce", "Trainer", "TrainingError"]

@@ -1,17 +1,29 @@
-"""One step's batch: episodes from the rollout source, scored by the reward functions, with
-DAPO's dynamic sampling (groups whose rewards are all equal are dropped and fresh prompts drawn)."""
+"""Phase 1 of a step, rollout and score: the `Collector` draws the step's prompts from the prompt stream,
+has the rollout source generate episodes for them, scores them with the reward runner, and applies DAPO's
+dynamic sampling (groups whose rewards are all equal are dropped and fresh prompts drawn).
+
+With several processes every rank reads the same prompts from the stream; each generates and scores its
+contiguous share of whole groups (prompt i's sampling is seeded by its stream position, so episodes do not
+depend on the rank), then the scored episodes are gathered so every rank holds the whole batch
+(rlvr.train.minibatches splits it again for the update).
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlvr import algo
 from rlvr.rewards import RewardRunner
 from rlvr.rollout.episodes import Episodes, RolloutSource
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
+    from rlvr.data import PromptStream
+    from rlvr.train.state import TrainState
 
 
 @dataclass
@@ -26,7 +38,7 @@ class Batch:
     rounds: int = 1  # generation rounds it took (dynamic sampling)
     prompts_consumed: int = 0  # prompts drawn from the stream for it
     reward_seconds: float = 0.0  # time spent in reward functions (all rounds, this rank's share)
-    loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (rank_split.local_share)
+    loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (minibatches.local_share)
     errors: dict = field(default_factory=dict)  # reward function name -> samples that failed in it
     generated_rewards: torch.Tensor | None = None  # [M, K] dynamic sampling: every group of every round, kept or not
 
@@ -56,52 +68,77 @@ def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.T
     return rewards
 
 
-def rollout_and_score(source: RolloutSource, runner: RewardRunner, seed: int) -> Callable:
-    """The work of one generation round, for `rows` starting at stream position `position`:
-    (episodes, rewards, seconds spent in rewards). Prompt i's randomness is seeded by its stream
-    position, so it gets the same episodes whatever batch, rank or resume it lands in."""
 
-    def work(rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
-        episodes = source.rollout(rows, [seed * 2**32 + position + i for i in range(len(rows))])
+
+class Collector:
+    """Owns what phase 1 reads: the prompt stream, the rollout source, the reward runner, dynamic sampling
+    and the gather across ranks. `collect(state)` gives one step's batch (every rank holds the whole batch)."""
+
+    def __init__(self, stream: PromptStream, source: RolloutSource, rewards: RewardRunner, *, cfg: Config, dist, model,
+                 pad_token_id: int):
+        """`model`: the policy whose weights generation uses (under FSDP2 every rank gathers them for each round)."""
+        self.stream, self.source, self.rewards, self.cfg = stream, source, rewards, cfg
+        self.dist, self.model, self.pad_token_id = dist, model, pad_token_id
+
+    def collect(self, state: TrainState) -> Batch:
+        """Episodes of this step's prompts, scored. `state`: the run so far, which reward functions see as TRL's trainer_state.
+        Draws `rollout.prompts_per_step` rows; with dynamic sampling, groups whose rewards are all equal are dropped
+        and fresh prompts drawn until the batch is full or `algo.max_resample_rounds` extra rounds are spent."""
+        rs = self.rewards.state
+        rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
+        a, prompts = self.cfg.algo, self.cfg.rollout.prompts_per_step
+        kept_rows, kept_eps, kept_rewards, generated = [], [], [], []
+        rounds = consumed = 0
+        seconds = 0.0
+        while True:
+            need = prompts - len(kept_rows)
+            position = self.stream.position
+            rows = self.stream.take(need)
+            consumed += need
+            rounds += 1
+            episodes, rewards, t = self.round(rows, position)
+            names, weights = reward_columns(self.rewards, episodes)
+            seconds += t
+            if not a.dynamic_sampling:
+                return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
+            generated.append(rewards)
+            G = episodes.group_size
+            signal = algo.groups_with_signal(rewards, weights, G, mode=a.reward_aggregation)
+            keep_groups = signal.nonzero().squeeze(-1).tolist()
+            if keep_groups:
+                idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
+                kept_rows += [rows[g] for g in keep_groups]
+                kept_eps.append(episodes.select(idx))
+                kept_rewards.append(rewards[idx])
+            if len(kept_rows) == prompts or rounds > a.max_resample_rounds:
+                break
+        generated = torch.cat(generated)
+        if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
+            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=generated)
+        return Batch(kept_rows, Episodes.concat(kept_eps, self.pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed,
+                     seconds, generated_rewards=generated)
+
+    def round(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
+        """One generation round over `rows` (drawn from stream position `position`): (episodes, rewards, seconds spent
+        in rewards). Each rank runs its share of the rows and the results are gathered on every rank."""
+        if not self.dist.enabled:
+            return self.rollout_and_score(rows, position)
+        part = self.dist.shard(len(rows))
+        mine, seconds = None, 0.0
+        # Every rank enters (FSDP2 gathers the weights with collectives), also one with no share of
+        # this round: a dynamic-sampling round of fewer prompts than ranks leaves some without any.
+        with self.dist.full_weights_for_generation(self.model):
+            if part.stop > part.start:
+                episodes, rewards, seconds = self.rollout_and_score(rows[part], position + part.start)
+                mine = (episodes.to("cpu"), rewards.cpu(), seconds)
+        parts = [p for p in self.dist.all_gather_object(mine, what="gather completions") if p is not None]
+        # the time is this rank's own (time/reward is the reward share of this rank's step time)
+        return Episodes.concat([p[0] for p in parts], self.pad_token_id), torch.cat([p[1] for p in parts]), seconds
+
+    def rollout_and_score(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
+        """(episodes, rewards, seconds spent in rewards) of `rows`, drawn from stream position `position`. Prompt i's
+        randomness is seeded by its stream position, so it gets the same episodes whatever batch, rank or resume it lands in."""
+        episodes = self.source.rollout(rows, [self.cfg.seed * 2**32 + position + i for i in range(len(rows))])
         t = time.perf_counter()
-        rewards = score(runner, rows, episodes)
+        rewards = score(self.rewards, rows, episodes)
         return episodes, rewards, time.perf_counter() - t
-
-    return work
-
-
-def collect(stream, round_fn: Callable, runner: RewardRunner, *, prompts: int, pad_token_id: int, dynamic_sampling: bool = False,
-            max_resample_rounds: int = 0, reward_aggregation: str = "sum_then_normalize") -> Batch:
-    """Draw `prompts` rows from the stream and run `round_fn(rows, position) -> (episodes, rewards,
-    seconds)` on them. With dynamic sampling, groups whose rewards are all equal are dropped and
-    fresh prompts drawn until the batch is full or max_resample_rounds extra rounds are spent."""
-    kept_rows, kept_eps, kept_rewards, generated = [], [], [], []
-    rounds = consumed = 0
-    seconds = 0.0
-    while True:
-        need = prompts - len(kept_rows)
-        position = stream.position
-        rows = stream.take(need)
-        consumed += need
-        rounds += 1
-        episodes, rewards, t = round_fn(rows, position)
-        names, weights = reward_columns(runner, episodes)
-        seconds += t
-        if not dynamic_sampling:
-            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
-        generated.append(rewards)
-        G = episodes.group_size
-        signal = algo.groups_with_signal(rewards, weights, G, mode=reward_aggregation)
-        keep_groups = signal.nonzero().squeeze(-1).tolist()
-        if keep_groups:
-            idx = torch.tensor([g * G + j for g in keep_groups for j in range(G)])
-            kept_rows += [rows[g] for g in keep_groups]
-            kept_eps.append(episodes.select(idx))
-            kept_rewards.append(rewards[idx])
-        if len(kept_rows) == prompts or rounds > max_resample_rounds:
-            break
-    generated = torch.cat(generated)
-    if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-        return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=generated)
-    return Batch(kept_rows, Episodes.concat(kept_eps, pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed, seconds,
-                 generated_rewards=generated)

@@ -55,6 +55,11 @@ class HeldOut:
         check_reward_columns(runner.fns, self.rows[0], provided)
         return runner
 
+    def summary(self, before: float | None, after: float) -> dict:
+        """summary.json's held-out numbers: before (kept in the checkpoints, so a resumed run has it) and after."""
+        numbers = {"eval_before": before} if before is not None else {}
+        return {**numbers, "eval_after": after, "eval_set": self.name, "eval_label": self.label, "eval_rows": len(self.rows)}
+
 
 def task_held_out(task: Task, reward: str | None = None) -> HeldOut:
     """A built-in task's held-out split, scored by its own verifier (or `reward`)."""

@@ -2,7 +2,7 @@
 
 Whether a row with advantage exactly 0 has exactly zero gradient, and whether rows may be
 regrouped into other micro-batches, are properties of the objective and the aggregation that
-`rlvr.algo` declares (e.g. -min(r * 0, clip(r) * 0) = 0 at every pass; `bnpo` normalises per
+`rlvr.algo` declares (e.g. -min(r * 0, clip(r) * 0) = 0 in every epoch; `bnpo` normalises per
 micro-batch); rlvr.train.batch_plan resolves them once. The loss normalisers come from the whole
 batch (BatchNorms), so the other rows' gradients do not change.
 """

@@ -284,3 +284,24 @@ def recover_final(output_dir: Path) -> None:
         if old.exists() and not final.exists():
             os.replace(old, final)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def save_final(output_dir: Path, policy, tokenizer, dist, *, merged: bool) -> None:
+    """The trained model in final/ (and, with `merged`, LoRA merged into the weights in final-merged/), with its tokenizer,
+    each swapped in whole. Every rank calls it: under FSDP2 they gather the whole weights on rank 0, named as
+    `policy.save` writes them (the peft wrapper with LoRA); rank 0 writes."""
+    full = dist.full_model_state(policy.peft or policy.model)
+    if not dist.is_main:
+        return
+
+    def final(folder: Path) -> None:
+        policy.save(folder, full)
+        tokenizer.save_pretrained(folder)
+
+    def final_merged(folder: Path) -> None:
+        policy.save_merged(folder)
+        tokenizer.save_pretrained(folder)
+
+    replace_final(output_dir, "final", final)  # whole or not at all: a kill mid-write leaves the previous final/
+    if merged:
+        replace_final(output_dir, "final-merged", final_merged)

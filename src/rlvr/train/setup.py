@@ -1,5 +1,6 @@
 """Checking a config against everything rlvr provides, before any compute is spent, and
-resolving what depends on the machine.
+resolving what depends on the machine: the device, the precision, the training prompts, the columns
+the rollout gives reward functions.
 
 rlvr.config validates fields alone (it imports nothing above it); the valid names of settings
 that other packages define (loss types, objectives, estimators, engines, tasks) come from their
@@ -9,17 +10,20 @@ resolves model.autocast once the model is loaded.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rlvr import algo
 from rlvr.config import Config, validate
 from rlvr.config.no_effect import changed
-from rlvr.data import TASKS, render_prompt
+from rlvr.data import TASKS, PromptStream, Task, get_task, load_rows, render_prompt
 from rlvr.dist import Dist
 from rlvr.models.precision import cpu_has_fast_bf16
 from rlvr.models.precision_choice import PrecisionChoice, choose_precision
 from rlvr.models.precision_timing import StepShapes
 from rlvr.rollout.engines import ENGINES
+from rlvr.rollout.function_source import FunctionSource
 from rlvr.train.batch_plan import BatchPlan
 
 
@@ -74,3 +78,33 @@ def run_precision(cfg: Config, plan: BatchPlan, model, device: torch.device, dis
                         decoded_rows=0 if cfg.rollout.engine == "vllm" else rows)  # vLLM decodes in its own dtype
     choice = choose_precision(cfg.model.autocast, model, device, shapes) if dist.is_main else None
     return dist.all_gather_object(choice, what="model.autocast")[0]
+
+
+def device_for(name: str) -> torch.device:
+    """`auto`: CUDA when available (under torchrun, this process's LOCAL_RANK GPU), else CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def training_prompts(cfg: Config) -> tuple[Task | None, PromptStream]:
+    """(the built-in task or None, the stream of training rows)."""
+    d = cfg.data
+    if d.builtin_task:
+        task = get_task(d.builtin_task, seed=cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
+        return task, PromptStream(task.train_row, None, seed=cfg.seed)
+    rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, subset=d.subset)
+    return None, PromptStream.from_rows(rows, seed=cfg.seed, shuffle=d.shuffle)
+
+
+def columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
+    """Columns the rollout gives reward functions besides the dataset's (None: unknown until it has run). `source`
+    None: the config's own source, the one held-out evaluation always runs (Trainer.evaluate)."""
+    if source is not None:
+        return getattr(source, "reward_columns", frozenset())
+    if cfg.rollout.function:
+        return FunctionSource.reward_columns
+    return frozenset({"environments"}) if cfg.tools.environment else frozenset()  # TRL's: the episodes' environment instances

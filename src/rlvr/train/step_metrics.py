@@ -1,10 +1,22 @@
-"""Per-step metrics of a batch (TRL's names) and the completions table rows."""
+"""Per-step metrics of a batch (TRL's names), the completions table rows, and the record of the last step they come from."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from rlvr.train.collect import Batch
+
+
+@dataclass
+class StepRecord:
+    """The last step's batch, its advantages and the micro-batches its update ran (this rank)."""
+
+    batch: Batch
+    advantages: torch.Tensor  # [N]
+    micro_batch_sizes: list[int]
 
 
 def batch_metrics(batch, advantages: torch.Tensor) -> dict:

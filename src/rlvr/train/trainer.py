@@ -1,5 +1,9 @@
-"""The GRPO loop, top to bottom: draw prompts -> episodes from the rollout source -> score ->
-group-relative advantages -> mu clipped updates -> log -> checkpoint.
+"""The GRPO loop, top to bottom. A step runs in four numbered phases (`train_step`, then `_one_step`):
+
+    # 1 rollout and score      Collector.collect: prompts -> episodes from the rollout source -> rewards
+    # 2 advantages             group-relative, on the whole batch
+    # 3 update                 Updater.update: mu epochs over the minibatches, one optimizer step each
+    # 4 metrics, doctor, checkpoint
 
 Departures from the seeds' GRPO, all settable: the loss is aggregated with DAPO's token mean
 over the whole batch (`algo.loss_type=dapo`; the seeds' per-sequence mean is `grpo`), and the
@@ -9,9 +13,7 @@ KL penalty is off (`algo.beta=0`), in which case no reference model is loaded.
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,7 +21,6 @@ import yaml
 
 from rlvr import algo
 from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
-from rlvr.data import PromptStream, get_task, load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.dist import Dist
 from rlvr.models.loading import load_tokenizer
@@ -31,10 +32,9 @@ from rlvr.rollout.sources import make_source
 from rlvr.rollout.sources.function import FunctionSource
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
-from rlvr.train.collect import Batch, collect, rollout_and_score
+from rlvr.train.collect import Batch, Collector
 from rlvr.train.evaluation import EvaluationError, evaluate, held_out_for
-from rlvr.train.minibatches import minibatches
-from rlvr.train.rank_split import across_ranks, local_share
+from rlvr.train.minibatches import this_ranks_minibatches
 from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, lr_lambda, seed_everything
 from rlvr.train.run_folder import (
@@ -42,24 +42,15 @@ from rlvr.train.run_folder import (
     holds_a_run,
     keep_before_resume,
     recover_final,
-    replace_final,
+    save_final,
     set_aside,
     truncate_jsonl,
     write_atomically,
 )
-from rlvr.train.setup import check_config, prompt_tokens, run_precision
+from rlvr.train.setup import check_config, columns_the_rollout_adds, device_for, prompt_tokens, run_precision, training_prompts
 from rlvr.train.state import Checkpointer, TrainState
-from rlvr.train.step_metrics import batch_metrics, completion_rows
-from rlvr.train.update import Updater
-
-
-@dataclass
-class StepRecord:
-    """The last step's batch, its advantages and the micro-batches its update ran (this rank)."""
-
-    batch: Batch
-    advantages: torch.Tensor  # [N]
-    micro_batch_sizes: list[int]
+from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows
+from rlvr.train.update import Updater, UpdateResult
 
 
 class Trainer:
@@ -69,33 +60,25 @@ class Trainer:
         """`source`: a RolloutSource to learn from instead of the single-turn one the config describes."""
         self.cfg, self.logger_live = cfg, logger_live
         self.warnings = check_config(cfg, force=force)
-        self.device = _device(cfg.device)
+        self.device = device_for(cfg.device)
         self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device)
         if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
-            raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
+            raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: "
+                              f"set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
         seed_everything(cfg.seed)
         # Everything a mistake in the output folder, data or rewards would stop, before the (slow) model load.
-        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
-        if not cfg.resume and not force and holds_a_run(self.output_dir):
-            raise ConfigError(f"output_dir {self.output_dir} already holds a run: continue it with `rlvr train --resume {self.output_dir}`, "
-                              "choose another output_dir, or pass --force to start over (the old run is moved aside)")
-        if self.dist.is_main and self.output_dir.is_dir():  # what a kill left half-written goes before the folder is read
-            remove_partial_checkpoints(self.output_dir / "checkpoints")
-            recover_final(self.output_dir)
-        self.dist.barrier("output folder")
-        # a resume that would undo, redo or replace finished work is refused (or, the run being done, a no-op) here
-        self.resume_plan = check_resume(self.output_dir, cfg.steps, force=force, checkpoint=_explicit(cfg.resume)) if cfg.resume else None
+        self._check_output_dir(force)
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
-        self.task, self.stream = self._prompts()
+        self.task, self.stream = training_prompts(cfg)
         first_row = self.stream.take(1)[0]
-        check_reward_columns(self.rewards.fns, first_row, _columns_the_rollout_adds(cfg, source))
+        check_reward_columns(self.rewards.fns, first_row, columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
         self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
-        self.eval_reward = self.held_out.runner(_columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
+        self.eval_reward = self.held_out.runner(columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
@@ -109,17 +92,11 @@ class Trainer:
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
-        r = cfg.rollout
-        sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                  max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
-        self.source = source or self._source(sampling)
+        self.source = source or self._source()
         self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
-
-        o = cfg.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.collector = Collector(self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model,
+                                   pad_token_id=self.tokenizer.pad_token_id)
+        self.optimizer, self.scheduler = self._optimizer()
         self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
                                scheduler=self.scheduler, dist=self.dist, device=self.device, precision=self.precision.autocast)
         self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
@@ -128,20 +105,40 @@ class Trainer:
         self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
         self._prepare_output_dir(force)
 
-    def _source(self, sampling: SamplingParams):
-        """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling."""
+    def _check_output_dir(self, force: bool) -> None:
+        """The output folder: refused when it holds a run not resumed or forced, cleared of what a kill left half-written,
+        and, on a resume, the plan of what resuming keeps (refused when it would undo, redo or replace finished work)."""
+        cfg = self.cfg
+        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+        if not cfg.resume and not force and holds_a_run(self.output_dir):
+            raise ConfigError(f"output_dir {self.output_dir} already holds a run: continue it with "
+                              f"`rlvr train --resume {self.output_dir}`, choose another output_dir, or pass --force to start over "
+                              "(the old run is moved aside)")
+        if self.dist.is_main and self.output_dir.is_dir():  # what a kill left half-written goes before the folder is read
+            remove_partial_checkpoints(self.output_dir / "checkpoints")
+            recover_final(self.output_dir)
+        self.dist.barrier("output folder")
+        # a resume of a finished run at its steps is a no-op (RunFinished)
+        self.resume_plan = check_resume(self.output_dir, cfg.steps, force=force, checkpoint=_explicit(cfg.resume)) if cfg.resume else None
+
+    def _optimizer(self):
+        """AdamW over the trainable parameters, and its learning-rate schedule over every optimizer step of the run."""
+        cfg, o = self.cfg, self.cfg.optim
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+    def _source(self, sampling: SamplingParams | None = None):
+        """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling
+        (None: the training one, rollout.*)."""
+        if sampling is None:
+            r = self.cfg.rollout
+            sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                      max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
         context = getattr(self.model.config, "max_position_embeddings", None)
         return make_source(self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device,
                            precision=self.precision.autocast)
-
-    def _prompts(self):
-        """(the built-in task or None, the stream of training rows)."""
-        d = self.cfg.data
-        if d.builtin_task:
-            task = get_task(d.builtin_task, seed=self.cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
-            return task, PromptStream(task.train_row, None, seed=self.cfg.seed)
-        rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, subset=d.subset)
-        return None, PromptStream.from_rows(rows, seed=self.cfg.seed, shuffle=d.shuffle)
 
     def _prepare_output_dir(self, force: bool) -> None:
         out = self.output_dir
@@ -162,35 +159,45 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def collect(self) -> Batch:
-        """Episodes of this step's prompts, scored (every rank holds the whole batch)."""
-        cfg = self.cfg
-        work = across_ranks(self.dist, self.model, rollout_and_score(self.source, self.rewards, cfg.seed), self.tokenizer.pad_token_id)
-        return collect(self.stream, work, self.rewards, prompts=cfg.rollout.prompts_per_step, pad_token_id=self.tokenizer.pad_token_id,
-                       dynamic_sampling=cfg.algo.dynamic_sampling, max_resample_rounds=cfg.algo.max_resample_rounds,
-                       reward_aggregation=cfg.algo.reward_aggregation)
-
     def train_step(self) -> dict:
-        a, state = self.cfg.algo, self.state
+        """Phases 1 to 3 of one step; returns the metrics phase 4 logs (`_one_step`)."""
         t0 = time.perf_counter()
-        rs = self.rewards.state  # what TRL reward functions see as trainer_state
-        rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
+        # 1 rollout and score
         self._phase("generation", abandonable=True)  # nothing lasting changes until the update
-        batch = self.collect()
+        batch = self.collector.collect(self.state)
         self._phase("update")
         t_collect = time.perf_counter() - t0
-        advantages = algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
-                                          mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
+        # 2 advantages
+        advantages = self.advantages(batch)
         t1 = time.perf_counter()
-        pieces = minibatches(batch, advantages, self.cfg.optim.steps_per_generation)  # one optimizer step each
-        result = self.updater.update([_share_args(*local_share(b, adv, self.dist)) for b, adv in pieces])  # this rank's groups
-        self.source.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
+        # 3 update
+        result = self.update(batch, advantages)
         t_train = time.perf_counter() - t1
+        self.last_step = StepRecord(batch, advantages, result.micro_batch_sizes)
+        return self.step_metrics(batch, advantages, result, t0=t0, t_collect=t_collect, t_train=t_train)
+
+    def advantages(self, batch: Batch) -> torch.Tensor:
+        """[N] group-relative advantages of the whole batch (every rank computes the same)."""
+        a = self.cfg.algo
+        return algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
+                                    mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
+
+    def update(self, batch: Batch, advantages: torch.Tensor) -> UpdateResult:
+        """mu epochs over this rank's share of each minibatch, the sampler given the new weights, the counters moved on."""
+        result = self.updater.update(this_ranks_minibatches(batch, advantages, self.cfg.optim.steps_per_generation, self.dist))
+        self.source.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
+        state = self.state
         state.step += 1
         state.skipped_steps += result.skipped
         state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
         e = batch.episodes
         state.num_tokens += int(e.prompt_mask.sum() + e.attention_mask.sum())
+        return result
+
+    def step_metrics(self, batch: Batch, advantages: torch.Tensor, result: UpdateResult, *, t0: float, t_collect: float,
+                     t_train: float) -> dict:
+        """The step's metrics (TRL's names): the update's, the batch's, the rollout source's, the reward functions' and the times."""
+        state = self.state
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
@@ -205,7 +212,6 @@ class Trainer:
         })
         if self.device.type == "cuda":
             metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.last_step = StepRecord(batch, advantages, result.micro_batch_sizes)
         return metrics
 
     def evaluate(self) -> float | None:
@@ -268,9 +274,8 @@ class Trainer:
         return summary
 
     def _one_step(self, log) -> str:
-        """One step, logged; "stop" when a stop signal (or an abandoned step) ends the run here."""
-        cfg, state, stop = self.cfg, self.state, self.stop
-        t0 = time.time()
+        """One step: phases 1 to 3 (`train_step`), then phase 4; "stop" when a stop signal (or an abandoned step) ends the run here."""
+        started = time.time()
         before = (self.stream.state_dict(), rng_state())  # where an abandoned step's generation started
         try:
             metrics = self.train_step()
@@ -278,29 +283,50 @@ class Trainer:
             self.stream.load_state_dict(before[0])
             set_rng_state(before[1])
             return "stop"
-        if cfg.eval_every and state.step % cfg.eval_every == 0 and not (state.step == cfg.steps and cfg.eval_before_after):
-            t_eval = time.time()
-            self._phase("evaluation", abandonable=True)
-            try:
-                if (score := self._evaluate_and_say(f"at step {state.step}", log)) is not None:
-                    metrics["eval/reward"] = score
-            except AbandonStep:
-                log.info(f"[stop] step {state.step}: evaluation abandoned; the step itself is kept")
-            t0 += time.time() - t_eval  # evaluating is not training
+        # 4 metrics, doctor, checkpoint
+        started += self._evaluate_when_due(metrics, log)  # evaluating is not training
         self._phase("logging")
-        log.log(metrics)
+        log.log(metrics)  # metrics.jsonl, the dashboards, the console
+        log.run_doctor_when_due(self.state.step)  # the doctor's rules over the run so far; new findings print as warnings
+        self._log_completions(metrics, log)
+        self.state.train_seconds += time.time() - started
+        return self._checkpoint_when_due(log)
+
+    def _evaluate_when_due(self, metrics: dict, log) -> float:
+        """The held-out score every `eval_every` steps, as `eval/reward` in the step's metrics; returns the seconds it took."""
+        cfg, step = self.cfg, self.state.step
+        if not cfg.eval_every or step % cfg.eval_every or (step == cfg.steps and cfg.eval_before_after):
+            return 0.0
+        t_eval = time.time()
+        self._phase("evaluation", abandonable=True)
+        try:
+            if (score := self._evaluate_and_say(f"at step {step}", log)) is not None:
+                metrics["eval/reward"] = score
+        except AbandonStep:
+            log.info(f"[stop] step {step}: evaluation abandoned; the step itself is kept")
+        return time.time() - t_eval
+
+    def _log_completions(self, metrics: dict, log) -> None:
+        """A note when torch.compile built graphs this step, and the completions table: every log_completions_every steps,
+        and always at the first and last step of the run and at a stop (so a run shorter than the interval still shows some)."""
+        cfg, step = self.cfg, self.state.step
         if metrics.get("time/compile"):
-            log.info(f"[compile] step {state.step}: torch.compile built the training forward's graphs for a new length bucket "
+            log.info(f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
                      f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
-        if cfg.log_completions_every and self._completions_due(stop):
+        due = step % (cfg.log_completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
+        if cfg.log_completions_every and due:
             r = self.last_step
-            log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))
-        state.train_seconds += time.time() - t0
+            log.samples(completion_rows(r.batch, r.advantages, step, cfg.num_completions_logged))
+
+    def _checkpoint_when_due(self, log) -> str:
+        """After a logged step: stop on a failing reward or too many bad steps, stop on a signal (all ranks
+        together), else checkpoint every `save_every` steps. "stop" or "next"."""
+        cfg, state = self.cfg, self.state
         self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
         if state.bad_steps_in_a_row:
             self._after_bad_step(log)
             return "next"  # never checkpoint right after a bad step
-        if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
+        if self.dist.max(float(self.stop.requested is not None), what="stop request"):  # all ranks stop together
             return "stop"
         if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
             self._phase("checkpoint")
@@ -326,9 +352,9 @@ class Trainer:
             self.save_checkpoint()
         summary["steps"] = state.step
         summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
-        self._save_final()
-        if cfg.eval_before_after:
-            summary.update(self._held_out_summary(self._evaluate_and_say("after training", log)))
+        save_final(self.output_dir, self.policy, self.tokenizer, self.dist, merged=self.cfg.model.lora.save_merged)
+        if cfg.eval_before_after and (after := self._evaluate_and_say("after training", log)) is not None:
+            summary.update(self.held_out.summary(state.eval_before, after))  # a score: there is a held-out set
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))
         self.dist.barrier("end of training")
@@ -348,20 +374,6 @@ class Trainer:
                 log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")
         return score
 
-    def _held_out_summary(self, after: float | None) -> dict:
-        """summary.json's held-out numbers: before (kept in the checkpoints, so a resumed run has it) and after."""
-        if self.held_out is None or after is None:
-            return {}
-        h = self.held_out
-        numbers = {"eval_before": self.state.eval_before} if self.state.eval_before is not None else {}
-        return {**numbers, "eval_after": after, "eval_set": h.name, "eval_label": h.label, "eval_rows": len(h.rows)}
-
-    def _completions_due(self, stop: StopRequest) -> bool:
-        """Completions are logged every log_completions_every steps, and always at the first and last
-        step of the run and at a stop (so a run shorter than the interval still shows some)."""
-        step = self.state.step
-        return step % self.cfg.log_completions_every == 0 or step in (1, self.cfg.steps) or stop.requested is not None
-
     def _after_bad_step(self, log) -> None:
         s = self.state
         log.info(f"[warning] step {s.step}: non-finite loss or gradient, update skipped ({s.skipped_steps} so far)")
@@ -372,50 +384,7 @@ class Trainer:
                 f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
             )
 
-    def _save_final(self) -> None:
-        # FSDP2: whole weights on rank 0, named as the model `policy.save` writes (the peft wrapper with LoRA)
-        full = self.dist.full_model_state(self.policy.peft or self.model)
-        if not self.dist.is_main:
-            return
-        out = self.output_dir
-
-        def final(folder: Path) -> None:
-            self.policy.save(folder, full)
-            self.tokenizer.save_pretrained(folder)
-
-        def merged(folder: Path) -> None:
-            self.policy.save_merged(folder)
-            self.tokenizer.save_pretrained(folder)
-
-        replace_final(out, "final", final)  # whole or not at all: a kill mid-write leaves the previous final/
-        if self.cfg.model.lora.save_merged:
-            replace_final(out, "final-merged", merged)
-
-
-def _columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
-    """Columns the rollout gives reward functions besides the dataset's (None: unknown until it has run). `source`
-    None: the config's own source, the one held-out evaluation always runs (Trainer.evaluate)."""
-    if source is not None:
-        return getattr(source, "reward_columns", frozenset())
-    if cfg.rollout.function:
-        return FunctionSource.reward_columns
-    return frozenset({"environments"}) if cfg.tools.environment else frozenset()  # TRL's: the episodes' environment instances
-
 
 def _explicit(resume: str | None) -> Path | None:
     """The checkpoint folder `resume` names, or None for `auto` (the newest in output_dir)."""
     return None if resume in (None, "auto") else Path(resume)
-
-
-def _share_args(batch: Batch, advantages: torch.Tensor):
-    return batch.episodes, advantages, batch.loss_weight
-
-
-def _device(name: str) -> torch.device:
-    """`auto`: CUDA when available (under torchrun, this process's LOCAL_RANK GPU), else CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and "LOCAL_RANK" in os.environ:
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return device
