@@ -23,7 +23,7 @@ from rlvr.models.precision import cpu_has_fast_bf16
 from rlvr.models.precision_choice import PrecisionChoice, choose_precision
 from rlvr.models.precision_timing import StepShapes
 from rlvr.rollout.engines import ENGINES
-from rlvr.rollout.function_source import FunctionSource
+from rlvr.rollout.sources.function import FunctionSource
 from rlvr.train.batch_plan import BatchPlan
 
 
