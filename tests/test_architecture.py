@@ -14,8 +14,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
-    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data", "envs"},
-    {"models", "rewards", "observe", "tools"},
+    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data"},
+    {"models", "rewards", "observe", "tools", "tasks"},
     {"rollout"},
     {"train"},
     {"cli", "__main__"},

@@ -23,7 +23,7 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
         return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
     if not t.enabled:
         return SingleTurnSource(engine, tokenizer, sampling, **common)
-    from rlvr.envs import ENVIRONMENTS
+    from rlvr.tasks import ENVIRONMENTS
     from rlvr.rollout.multi_turn import MultiTurnSource, make_format
     from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet, choose_format
 

@@ -19,7 +19,7 @@ import yaml
 
 from rlvr import algo
 from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
-from rlvr.data import PromptStream, get_task, load_rows
+from rlvr.data import PromptStream, load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.dist import Dist
 from rlvr.models.loading import load_tokenizer
@@ -29,6 +29,7 @@ from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.function_source import FunctionSource
 from rlvr.rollout.sources import make_source
+from rlvr.tasks import get_task
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
 from rlvr.train.collect import Batch, collect, rollout_and_score
