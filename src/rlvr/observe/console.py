@@ -22,7 +22,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from rlvr.observe.doctor import Context, LiveDoctor, load_metrics
+from rlvr.observe.doctor import Context, LiveDoctor
+from rlvr.observe.run_files import read_metrics
 from rlvr.observe.sinks import make_sinks
 
 
@@ -82,7 +83,7 @@ class RunLogger:
         self.findings: list = []
         self.history: list[dict] = []
         if start_step > 0 and (self.dir / "metrics.jsonl").is_file():  # resumed: the rules see the whole run
-            self.history = [m for m in load_metrics(self.dir) if m.get("step", 0) <= start_step]
+            self.history = [m for m in read_metrics(self.dir) if m.get("step", 0) <= start_step]
         self.console = Console(stderr=False)
         self.is_live = stdout_is_live() if live is None else live
         self.total = total_steps

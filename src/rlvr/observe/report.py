@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlvr.observe.doctor import Context, Finding, diagnose, load_config, load_metrics, num
+from rlvr.observe.doctor import Context, Finding, diagnose, num
+from rlvr.observe.run_files import read_config, read_metrics, read_samples, read_summary
 from rlvr.observe.sinks import prompt_text
 
 
@@ -55,21 +56,7 @@ class Run:
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     d = Path(run_dir)
-    metrics = load_metrics(d)
-    summary = {}
-    if (d / "summary.json").is_file():
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except json.JSONDecodeError:
-            pass
-    samples = []
-    if (d / "samples.jsonl").is_file():
-        for line in (d / "samples.jsonl").read_text(encoding="utf-8").splitlines():
-            try:
-                samples.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return Run(d, name or d.resolve().name, metrics, summary, load_config(d), samples)
+    return Run(d, name or d.resolve().name, read_metrics(d), read_summary(d), read_config(d), read_samples(d))
 
 
 def _unique_names(runs: list[Run]) -> None:

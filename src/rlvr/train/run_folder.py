@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import ConfigError
+from rlvr.observe.run_files import read_jsonl
 from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
 
 # What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
@@ -39,19 +40,6 @@ class RunFinished(Exception):
 
 
 # ---------------------------------------------------------------------------- reading the folder
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSON-lines log; a last line torn by a kill mid-write is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 @dataclass(frozen=True)
