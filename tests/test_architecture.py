@@ -133,6 +133,30 @@ def test_imports_point_down_the_layers():
     assert not bad, "\n".join(bad)
 
 
+def _torch_distributed_uses(path: Path) -> list[int]:
+    """Lines that import or reach torch.distributed (or DDP, torch.nn.parallel)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            names = [f"torch.{node.attr}"]
+        else:
+            continue
+        if any(n.startswith(("torch.distributed", "torch.nn.parallel")) for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_dist_touches_torch_distributed():
+    bad = [f"{name}:{line}" for name, path in _modules().items() if _package(name) != "dist"
+           for line in _torch_distributed_uses(path)]
+    assert not bad, "torch.distributed outside rlvr/dist/: " + ", ".join(bad)
+    assert _torch_distributed_uses(SRC / "dist" / "parallel.py")  # the check sees DDP / fully_shard where they are
+
+
 def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     """The checks above can fail: a two-module cycle and a private cross-package import are found."""
     pkg = tmp_path / "rlvr"

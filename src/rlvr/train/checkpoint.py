@@ -46,7 +46,7 @@ def _fsync_tree(path: Path) -> None:
 def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2,
                     state_dict: dict | None = None) -> Path:
     """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
-    `Dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
+    `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from rlvr.dist import full_weights_for_generation
 from rlvr.rollout.episodes import Episodes
 
 
@@ -29,7 +30,7 @@ def across_ranks(dist, model, work: Callable, pad_token_id: int) -> Callable:
         mine, seconds = None, 0.0
         # Every rank enters (FSDP2 gathers the weights with collectives), also one with no share of
         # this round: a dynamic-sampling round of fewer prompts than ranks leaves some without any.
-        with dist.full_weights_for_generation(model):
+        with full_weights_for_generation(dist, model):
             if part.stop > part.start:
                 episodes, rewards, seconds = work(rows[part], position + part.start)
                 mine = (episodes.to("cpu"), rewards.cpu(), seconds)

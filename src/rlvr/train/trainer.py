@@ -21,7 +21,7 @@ from rlvr import algo
 from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
 from rlvr.data import PromptStream, load_rows
 from rlvr.data.checks import check_reward_columns
-from rlvr.dist import Dist
+from rlvr.dist import Dist, full_model_state, full_weights_for_generation, wrap
 from rlvr.models.loading import load_tokenizer
 from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
@@ -71,7 +71,7 @@ class Trainer:
         self.cfg, self.logger_live = cfg, logger_live
         self.warnings = check_config(cfg, force=force)
         self.device = _device(cfg.device)
-        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device)
+        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device, strategy=cfg.dist.strategy)
         if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
             raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
@@ -108,7 +108,7 @@ class Trainer:
                                     prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt))
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
-        self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
+        self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
         r = cfg.rollout
         sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -217,7 +217,7 @@ class Trainer:
             return None
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         outcome, error = None, None
-        with self.dist.full_weights_for_generation(self.model):
+        with full_weights_for_generation(self.dist, self.model):
             if self.dist.is_main:
                 try:
                     outcome = evaluate(greedy, self.held_out.rows, self.eval_reward, column=self.held_out.column)
@@ -375,7 +375,7 @@ class Trainer:
 
     def _save_final(self) -> None:
         # FSDP2: whole weights on rank 0, named as the model `policy.save` writes (the peft wrapper with LoRA)
-        full = self.dist.full_model_state(self.policy.peft or self.model)
+        full = full_model_state(self.dist, self.policy.peft or self.model)
         if not self.dist.is_main:
             return
         out = self.output_dir

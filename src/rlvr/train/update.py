@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlvr import algo
+from rlvr.dist import full_weights_for_generation, loss_scale, no_grad_sync
 from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
@@ -143,7 +144,7 @@ class Updater:
             for k, (mb, w_pass) in enumerate(step.passes):
                 j = min(k, len(step.old_logp) - 1)  # padding passes repeat the last micro-batch
                 last = k == len(step.passes) - 1  # gradients are reduced across ranks on the last backward only
-                with self.dist.no_grad_sync(self.train_model, skip=not last):
+                with no_grad_sync(self.dist, self.train_model, skip=not last):
                     out, C = self.forward(self.train_model, step.episodes, mb, with_entropy=True, compiled=self.compiled)
                 m = step.loss_mask[mb, :C]
                 own_old = step.old_logp[j] is None  # old log-probs from this very forward: ratio exactly 1, nothing clips
@@ -159,8 +160,8 @@ class Updater:
                 ref = None if step.ref_logp is None else step.ref_logp[mb, :C]
                 res = algo.policy_loss(out.logp, old, step.advantages[mb], m, step.norms, ref_logp=ref, token_weights=w, sampler_weights=is_w,
                                        sampling_logp=step.episodes.sampling_logprobs[mb, :C], entropy=out.entropy, **self.loss_kwargs)
-                with self.dist.no_grad_sync(self.train_model, skip=not last):
-                    (res.loss * (w_pass * self.dist.loss_scale)).backward()
+                with no_grad_sync(self.dist, self.train_model, skip=not last):
+                    (res.loss * (w_pass * loss_scale(self.dist))).backward()
                 if w_pass:
                     sums.add(res, entropy, m, can_clip=not own_old)
             if not self.optimizer_step(sums, has_rows=bool(step.old_logp)):
@@ -277,7 +278,7 @@ class Updater:
         # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
         # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
         # have different numbers of micro-batches (uneven shares); no-op otherwise.
-        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext(), eval_mode(model):
+        with full_weights_for_generation(self.dist, self.model) if model is self.model else contextlib.nullcontext(), eval_mode(model):
             return [self.forward(model, e, mb, with_entropy=entropy)[0] for mb in mbs]
 
     # ------------------------------------------------------------------ after each pass, after the step
