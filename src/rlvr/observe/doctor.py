@@ -2,7 +2,7 @@
 
 Every rule is a pure function `rule(history, ctx) -> Finding | None` over the list of metric dicts
 of `metrics.jsonl` (oldest first), registered in `RULES` by name. The same rules run during
-training every `doctor_every` steps (as warnings) and after it (`rlvr doctor RUN_DIR`).
+training every `logging.doctor_every` steps (as warnings) and after it (`rlvr doctor RUN_DIR`).
 
 A finding names the metric, the evidence (steps and values) and the setting to change. Thresholds
 live in `Thresholds`, so a test or a user can tighten or loosen any of them.

@@ -1,7 +1,7 @@
 """`rlvr report RUN_DIR [RUN_DIR2 ...]`: one self-contained `report.html` plus PNGs.
 
 Plots (several runs overlaid, one colour per run): reward mean ± std and each reward function,
-held-out accuracy (or a reward's mean) before/after and every eval_every steps, frac_reward_zero_std, clip ratios, KL (when a
+held-out accuracy (or a reward's mean) before/after and every eval.every steps, frac_reward_zero_std, clip ratios, KL (when a
 penalty was on), entropy, completion length (mean, max, truncated share), learning rate and
 gradient norm, and time per step split into generate / reward / train. Below them: the doctor's
 findings and the best and worst completions of the last logged steps. Images are embedded as
@@ -190,10 +190,10 @@ class _Plotter:
                     steps, values = [*steps, int(r.metrics[-1].get("step", len(r.metrics)))], [*values, r.summary["eval_after"]]
                 ax.plot(steps, values, "-o", color=self.colors[r.name], label=r.name, markersize=3)
             ax.set_xlabel("step")
-            ax.set_title(f"held-out {what} during training (eval_every)")
+            ax.set_title(f"held-out {what} during training (eval.every)")
         self.save(fig, "accuracy", f"Held-out {what}",
                   f"Greedy {what} on the held-out set ({', '.join(sorted({str(r.summary.get('eval_set', '?')) for r in self.runs}))}), "
-                  "before and after training" + (", and every eval_every steps." if during else "."))
+                  "before and after training" + (", and every eval.every steps." if during else "."))
 
     def zero_std(self):
         fig, (ax,) = self.figure()

@@ -6,7 +6,7 @@ the run-folder rules of a resume (rlvr.train.run_folder).
 | `metrics.jsonl` | `read_metrics` | its complete lines, the last logged value of each step; no file: FileNotFoundError |
 | `samples.jsonl` | `read_samples` | its complete lines; no file: [] |
 | `summary.json` | `read_summary` | {} when missing or not JSON |
-| `config.yaml` | `read_config` | {} when missing |
+| `config.yaml` | `read_config` | {} when missing; keys that have moved, at their places now |
 
 A line torn by a kill mid-write is skipped, never an error (`read_jsonl`).
 """
@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 
 import yaml
+
+from rlvr.config import ConfigError, upgrade
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -58,6 +60,11 @@ def read_summary(run_dir: str | Path) -> dict:
 
 
 def read_config(run_dir: str | Path) -> dict:
-    """The run's config.yaml as a plain dict ({} when there is none)."""
+    """The run's config.yaml as a plain dict ({} when there is none), keys that have moved since it was written at
+    their places now (rlvr.config.renamed: the doctor's advice quotes `logging.doctor_every` for any run)."""
     path = Path(run_dir) / "config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    saved = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    try:
+        return upgrade(saved)
+    except ConfigError:  # an old key and its new one disagree (a hand-edited file): as written
+        return saved

@@ -63,7 +63,7 @@ class Checkpointer:
             "rng": rng_state(),
         })
         path = save_checkpoint(self.root, state.step, model=model, tokenizer=self.tokenizer, trainer_state=saved,
-                               config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints, state_dict=full)
+                               config=to_dict(self.cfg), keep=self.cfg.checkpoint.keep, state_dict=full)
         self.dist.barrier("checkpoint")
         return path
 

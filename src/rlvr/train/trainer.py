@@ -95,7 +95,7 @@ class Trainer:
         first_row = self.stream.take(1)[0]
         check_reward_columns(self.rewards.fns, first_row, _columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
-        self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
+        self.held_out = held_out_for(cfg, self.task) if cfg.eval.before_after or cfg.eval.every else None
         self.eval_reward = self.held_out.runner(_columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
@@ -251,7 +251,7 @@ class Trainer:
         summary: dict = {"output_dir": str(out), "precision": self.precision.summary()}
         self.stop = stop = StopRequest()
         try:
-            if cfg.eval_before_after and state.step == 0:
+            if cfg.eval.before_after and state.step == 0:
                 self._phase("evaluation before training", abandonable=True)
                 try:
                     state.eval_before = self._evaluate_and_say("before training", log)
@@ -279,7 +279,7 @@ class Trainer:
             self.stream.load_state_dict(before[0])
             set_rng_state(before[1])
             return "stop"
-        if cfg.eval_every and state.step % cfg.eval_every == 0 and not (state.step == cfg.steps and cfg.eval_before_after):
+        if cfg.eval.every and state.step % cfg.eval.every == 0 and not (state.step == cfg.steps and cfg.eval.before_after):
             t_eval = time.time()
             self._phase("evaluation", abandonable=True)
             try:
@@ -293,9 +293,9 @@ class Trainer:
         if metrics.get("time/compile"):
             log.info(f"[compile] step {state.step}: torch.compile built the training forward's graphs for a new length bucket "
                      f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
-        if cfg.log_completions_every and self._completions_due(stop):
+        if cfg.logging.completions_every and self._completions_due(stop):
             r = self.last_step
-            log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.num_completions_logged))
+            log.samples(completion_rows(r.batch, r.advantages, state.step, cfg.logging.num_completions))
         state.train_seconds += time.time() - t0
         self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
         if state.bad_steps_in_a_row:
@@ -303,7 +303,7 @@ class Trainer:
             return "next"  # never checkpoint right after a bad step
         if self.dist.max(float(stop.requested is not None), what="stop request"):  # all ranks stop together
             return "stop"
-        if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
+        if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
             self._phase("checkpoint")
             self.save_checkpoint()
         return "next"
@@ -328,7 +328,7 @@ class Trainer:
         summary["steps"] = state.step
         summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
         self._save_final()
-        if cfg.eval_before_after:
+        if cfg.eval.before_after:
             summary.update(self._held_out_summary(self._evaluate_and_say("after training", log)))
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))
@@ -358,10 +358,10 @@ class Trainer:
         return {**numbers, "eval_after": after, "eval_set": h.name, "eval_label": h.label, "eval_rows": len(h.rows)}
 
     def _completions_due(self, stop: StopRequest) -> bool:
-        """Completions are logged every log_completions_every steps, and always at the first and last
+        """Completions are logged every logging.completions_every steps, and always at the first and last
         step of the run and at a stop (so a run shorter than the interval still shows some)."""
         step = self.state.step
-        return step % self.cfg.log_completions_every == 0 or step in (1, self.cfg.steps) or stop.requested is not None
+        return step % self.cfg.logging.completions_every == 0 or step in (1, self.cfg.steps) or stop.requested is not None
 
     def _after_bad_step(self, log) -> None:
         s = self.state

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlvr import algo
+from rlvr.config import applied_sampler_correction
 from rlvr.dist import full_weights_for_generation, loss_scale, no_grad_sync
 from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
@@ -114,7 +115,7 @@ class Updater:
             sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg, vespo_k_pos=a.vespo_k_pos,
             vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
             kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef, off_policy_mask_threshold=a.off_policy_mask_threshold)
-        self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
+        self.correction = applied_sampler_correction(cfg)  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
