@@ -157,6 +157,15 @@ def test_only_dist_touches_torch_distributed():
     assert _torch_distributed_uses(SRC / "dist" / "parallel.py")  # the check sees DDP / fully_shard where they are
 
 
+def test_every_built_in_task_is_one_registered_module():
+    """tasks/ holds one module per task, each in TASKS with its make_task (and task.py, what they build)."""
+    from rlvr.tasks import TASKS
+
+    modules = {p.stem for p in (SRC / "tasks").glob("*.py")} - {"__init__", "task"}
+    assert modules == {m.__name__.rsplit(".", 1)[1] for m in TASKS.values()}
+    assert all(callable(getattr(m, "make_task", None)) for m in TASKS.values())
+
+
 def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     """The checks above can fail: a two-module cycle and a private cross-package import are found."""
     pkg = tmp_path / "rlvr"

@@ -3,7 +3,7 @@ overrides) and validation that names the field and a value that works. Imports n
 rest of rlvr."""
 
 from rlvr.config.load import describe, field_docs, load_config, old_names, to_dict
-from rlvr.config.renamed import RENAMED, current_key, upgrade
+from rlvr.config.renamed import RENAMED, upgrade
 from rlvr.config.schema import (
     AlgoConfig,
     CheckpointConfig,
@@ -28,6 +28,6 @@ from rlvr.config.validate import REGISTERED, batch_split_errors, validate
 __all__ = [
     "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "OptimConfig", "REGISTERED", "RENAMED", "RewardConfig", "RolloutConfig", "TRL_NAMES", "ToolsConfig", "VllmConfig",
-    "applied_sampler_correction", "batch_split_errors", "current_key", "describe", "field_docs", "load_config", "old_names", "to_dict",
+    "applied_sampler_correction", "batch_split_errors", "describe", "field_docs", "load_config", "old_names", "to_dict",
     "trl_hint", "trl_table", "upgrade", "validate",
 ]
