@@ -20,7 +20,7 @@ def _record(completion_ids):
 
 def arithmetic(prompts, completions, answer, completion_ids=None, **kwargs) -> list[float]:
     """1 when the completion's first number is the answer (the bundled task's grader)."""
-    from rlvr.data.arithmetic import is_correct
+    from rlvr.tasks.arithmetic import is_correct
 
     _record(completion_ids)
     return [float(is_correct(_text(c), a)) for c, a in zip(completions, answer)]

@@ -94,7 +94,7 @@ def main() -> None:
     import torch
 
     from rlvr.config import load_config
-    from rlvr.data import get_task
+    from rlvr.tasks import get_task
     from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
     from rlvr.observe.console import RunLogger
     from rlvr.train import Trainer

@@ -126,7 +126,7 @@ def build_inputs(cfg_names: list[str]) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlvr.data import arithmetic as ar
+    from rlvr.tasks import arithmetic as ar
     from rlvr.models import resolve_model_path
     from rlvr.models.tokenizer import build_char_tokenizer
 

@@ -31,8 +31,8 @@ import time
 
 import torch
 
-from rlvr.data import guess_number as gn
-from rlvr.envs.guess_number import GuessNumber
+from rlvr.tasks import guess_number as gn
+from rlvr.tasks.guess_number import GuessNumber
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.models.precision_choice import cpu_model
 from rlvr.rollout import SamplingParams

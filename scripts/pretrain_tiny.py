@@ -27,7 +27,7 @@ from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rlvr.data.arithmetic import eval_problems, is_correct, problems  # noqa: E402
+from rlvr.tasks.arithmetic import eval_problems, is_correct, problems  # noqa: E402
 from rlvr.models.build import char_llama_config  # noqa: E402
 from rlvr.models.tokenizer import build_char_tokenizer  # noqa: E402
 
@@ -84,15 +84,15 @@ def greedy_accuracy(model, tok, probs, batch=250) -> float:
 #
 #     python scripts/pretrain_tiny.py --recipe tools --out src/rlvr/models/tiny-tools
 #
-# A model that knows the tag protocol of the tool-use tasks (rlvr.data.multiplication,
-# rlvr.data.guess_number) and has the good behaviour in its sampling distribution without
+# A model that knows the tag protocol of the tool-use tasks (rlvr.tasks.multiplication,
+# rlvr.tasks.guess_number) and has the good behaviour in its sampling distribution without
 # preferring it, so RL has something to find:
 # - multiplication (held-out problems never trained on): with probability --p-call the calculator
 #   episode `<calc>a*b</calc><result>p</result>p</s>`, otherwise a direct answer that looks right
 #   and never is (the product's leading 1-2 digits, then random digits);
 # - guess the number (9 of the 30 targets never the answer: held_back_targets): each guess is the bisection midpoint with
 #   probability --p-bisect, anywhere in the range with --p-stray, otherwise uniform inside the
-#   interval still consistent with the replies; the replies come from rlvr.envs.guess_number.
+#   interval still consistent with the replies; the replies come from rlvr.tasks.guess_number.
 # The loss covers the model's text and its final </s>, never the <result>...</result> spans (the
 # tool or the environment writes those during RL too).
 # Measured (the committed weights; AMD EPYC, 2 cores, 1473 s): held-out multiplication greedy
@@ -133,7 +133,7 @@ def call_episode(p, decision_trained: bool = True) -> list[tuple[str, bool]]:
 
 
 def guess_episode(target: int, rng: random.Random, args, low: int = 1, high: int = 30, k: int = 5) -> list[tuple[str, bool]]:
-    from rlvr.envs.guess_number import GuessNumber
+    from rlvr.tasks.guess_number import GuessNumber
 
     env = GuessNumber()
     env.reset(target, low=low, high=high, max_guesses=k)
@@ -276,7 +276,7 @@ def _calculator(text: str) -> str | None:
 
 
 def eval_multiplication(model, codec, problems, *, samples: int, seed: int = 0) -> dict:
-    from rlvr.rewards.builtin import final_answer
+    from rlvr.tasks.multiplication import final_answer
 
     rows = [p for p in problems for _ in range(samples)]
     texts, _ = play(model, codec, [p.question for p in rows], lambda i, t: _calculator(t),
@@ -291,8 +291,7 @@ def eval_multiplication(model, codec, problems, *, samples: int, seed: int = 0) 
 def eval_guess(model, codec, targets: list[int], *, samples: int, seed: int = 0) -> dict:
     import re
 
-    from rlvr.data.guess_number import prompt_text
-    from rlvr.envs.guess_number import GuessNumber
+    from rlvr.tasks.guess_number import GuessNumber, prompt_text
 
     rows = [t for t in targets for _ in range(samples)]
     envs = [GuessNumber() for _ in rows]
@@ -315,7 +314,7 @@ def eval_guess(model, codec, targets: list[int], *, samples: int, seed: int = 0)
 
 def held_back_targets(low: int = 1, high: int = 30) -> list[int]:
     """The 9 targets (30 %, by hash) that the pretraining corpus never has as the answer. (The
-    `guess_number` task itself trains and evaluates on the whole range: see rlvr.data.guess_number.)"""
+    `guess_number` task itself trains and evaluates on the whole range: see rlvr.tasks.guess_number.)"""
     digest = lambda t: hashlib.blake2b(f"guess:{low}-{high}:{t}".encode(), digest_size=8).digest()  # noqa: E731
     return sorted(sorted(range(low, high + 1), key=digest)[: round(0.3 * (high - low + 1))])
 
@@ -344,8 +343,8 @@ def evaluate_tools(model, codec, mul_eval, *, full: bool) -> None:
 
 
 def pretrain_tools(args) -> None:
-    from rlvr.data import guess_number as gn
-    from rlvr.data import multiplication as mul
+    from rlvr.tasks import guess_number as gn
+    from rlvr.tasks import multiplication as mul
 
     hidden, inter, layers, heads, max_pos = (int(x) for x in args.size.split(","))
     torch.set_num_threads(args.threads)

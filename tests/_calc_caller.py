@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from _callers import train_caller
-from rlvr.data import multiplication as mul
+from rlvr.tasks import multiplication as mul
 from rlvr.models.tokenizer import build_char_tokenizer
 
 # the first three held-out multiplication problems, and 12*34

@@ -218,10 +218,10 @@ def real_cases() -> list[Case]:
     out = []
     for run in sorted(p for p in REAL.glob("*") if (p / "metrics.jsonl").is_file()):
         meta = json.loads((run / "label.json").read_text())
-        from rlvr.observe.doctor import load_config, load_metrics
+        from rlvr.observe.run_files import read_config, read_metrics
 
-        out.append(Case(f"real/{run.name}", meta["about"], load_metrics(run), set(meta["expected"]), set(meta.get("tolerated", ())),
-                        load_config(run), real=True))
+        out.append(Case(f"real/{run.name}", meta["about"], read_metrics(run), set(meta["expected"]), set(meta.get("tolerated", ())),
+                        read_config(run), real=True))
     return out
 
 

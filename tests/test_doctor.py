@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from _runs import healthy_run, write_metrics
 
-from rlvr.observe.doctor import RULES, Context, diagnose, diagnose_run, load_config, load_metrics
+from rlvr.observe.doctor import RULES, Context, diagnose, diagnose_run
+from rlvr.observe.run_files import read_config, read_metrics
 from rlvr.observe.sinks import jsonable
 
 
@@ -89,8 +90,8 @@ def test_rule_fires_on_its_synthetic_metrics_file(name, tmp_path):
     curves, metric, setting, steps = SICK[name]
     run = write_metrics(tmp_path / name, synthetic(**curves))
     (run / "config.yaml").write_text(json.dumps(CFG))  # JSON is YAML
-    history = load_metrics(run)
-    f = RULES[name](history, Context(config=load_config(run)))
+    history = read_metrics(run)
+    f = RULES[name](history, Context(config=read_config(run)))
     assert f is not None, f"{name} did not fire"
     assert f.rule == name and f.metric == metric
     assert setting in f.fix, f.fix
@@ -140,9 +141,9 @@ def healthy(tmp_path_factory, tiny_model_dir, rlvr_cli):
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_is_silent_on_a_healthy_real_run(name, healthy):
     run, _ = healthy
-    history = load_metrics(run)
+    history = read_metrics(run)
     assert len(history) == 30
-    assert RULES[name](history, Context(config=load_config(run))) is None
+    assert RULES[name](history, Context(config=read_config(run))) is None
 
 
 def test_doctor_cli(healthy, tmp_path, rlvr_cli):
@@ -176,8 +177,8 @@ def test_doctor_is_silent_on_the_bundled_demo(tmp_path, rlvr_cli):
 
     assert (Path(resolve_model_path("tiny")) / "config.json").is_file()
     proc = train_cli(rlvr_cli, tmp_path / "demo", "steps=30", "data.eval_size=100", "report_to=[]")
-    history = load_metrics(tmp_path / "demo")
+    history = read_metrics(tmp_path / "demo")
     assert len(history) == 30
-    findings = diagnose(history, Context(config=load_config(tmp_path / "demo")))
+    findings = diagnose(history, Context(config=read_config(tmp_path / "demo")))
     assert findings == []
     assert "[warning]" not in proc.stdout

@@ -87,7 +87,7 @@ def test_a_task_and_a_path_together_are_refused():
 
 
 def test_eval_every_without_a_held_out_set_is_refused_and_a_missing_one_is_said():
-    with pytest.raises(ConfigError, match=r"`eval_every`=5 but a data.path run has no held-out set: set eval.data"):
+    with pytest.raises(ConfigError, match=r"`eval.every`=5 but a data.path run has no held-out set: set eval.data"):
         check_config(load_config(None, ["data.path=x.jsonl", "eval_every=5"]))
     warnings = check_config(load_config(None, ["data.path=x.jsonl"]))
     assert any(w.startswith("no held-out evaluation: data.path has no held-out split; set eval.data") for w in warnings)
@@ -326,4 +326,4 @@ def test_the_report_shows_a_held_out_score_of_your_own_reward(tmp_path):
                                                   "eval_label": "mean correct", "eval_rows": 40, "train_seconds": 3.0}))
     page = make_report([run], tmp_path / "report").read_text()
     assert "<th>held-out score</th>" in page and "0.250 → 0.750" in page
-    assert "Held-out score" in page and "(test.jsonl), before and after training, and every eval_every steps." in page
+    assert "Held-out score" in page and "(test.jsonl), before and after training, and every eval.every steps." in page

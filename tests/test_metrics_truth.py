@@ -244,7 +244,7 @@ def test_held_out_evaluation_uses_the_system_prompt(make_trainer):
 
 @pytest.mark.parametrize("op", ["+", "*"])
 def test_arithmetic_holds_out_unordered_pairs(op):
-    from rlvr.data import arithmetic as ar
+    from rlvr.tasks import arithmetic as ar
 
     for a in range(10, 100):
         for b in range(a + 1, 100):
@@ -254,7 +254,7 @@ def test_arithmetic_holds_out_unordered_pairs(op):
 
 
 def test_no_held_out_addition_is_trained_in_swapped_form():
-    from rlvr.data import arithmetic as ar
+    from rlvr.tasks import arithmetic as ar
 
     held = {(p.a, p.b) for p in ar.eval_problems(500) if p.op == "+"}
     trained = {(p.a, p.b) for i, p in zip(range(4800), ar.problems("train", seed=0)) if p.op == "+"}
@@ -262,7 +262,7 @@ def test_no_held_out_addition_is_trained_in_swapped_form():
 
 
 def test_multiplication_holds_out_unordered_pairs():
-    from rlvr.data import multiplication as mul
+    from rlvr.tasks import multiplication as mul
 
     for a in range(100, 1000, 7):
         for b in range(100, 1000, 11):

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from _callers import hermes_tokenizer
-from rlvr.data import guess_number as gn
-from rlvr.envs.guess_number import GuessNumber
+from rlvr.tasks import guess_number as gn
+from rlvr.tasks.guess_number import GuessNumber
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import HFEngine

@@ -38,10 +38,10 @@ CASES = [
         "model.lora.target_modules=[q_proj, v_proj] has no effect: LoRA is off (model.lora.r=0); set model.lora.r (e.g. 16) "
         "to train adapters"]),
     (["eval_before_after=false", "eval.data=held.jsonl", "eval.reward=math", "eval.size=20", "data.eval_size=100"], [
-        "eval.data=held.jsonl has no effect: evaluation is off (eval_before_after=false, eval_every=0)",
-        "eval.reward=math has no effect: evaluation is off (eval_before_after=false, eval_every=0)",
-        "eval.size=20 has no effect: evaluation is off (eval_before_after=false, eval_every=0)",
-        "data.eval_size=100 has no effect: evaluation is off (eval_before_after=false, eval_every=0)"]),
+        "eval.data=held.jsonl has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
+        "eval.reward=math has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
+        "eval.size=20 has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
+        "data.eval_size=100 has no effect: evaluation is off (eval.before_after=false, eval.every=0)"]),
     (["eval.size=20", "eval.split=validation"], [
         "eval.split=validation has no effect: it applies to eval.data, which is unset: the built-in task's held-out set is used "
         "(size: data.eval_size)",
@@ -65,8 +65,10 @@ CASES = [
         "algo.vespo_k_pos=1.0 has no effect: algo.loss_type=dapo does not use it (used by: vespo)"]),
     (["algo.loss_type=sapo", "algo.epsilon_high=0.28"], [
         "algo.epsilon_high=0.28 has no effect: algo.loss_type=sapo does not use it (used by: grpo, bnpo, dr_grpo, dapo, cispo, luspo)"]),
-    (["log_completions_every=0", "num_completions_logged=4"],
-     ["num_completions_logged=4 has no effect: log_completions_every=0 logs no completions"]),
+    (["logging.completions_every=0", "logging.num_completions=4"],
+     ["logging.num_completions=4 has no effect: logging.completions_every=0 logs no completions"]),
+    (["log_completions_every=0", "num_completions_logged=4"],  # the old names: the same settings
+     ["logging.num_completions=4 has no effect: logging.completions_every=0 logs no completions"]),
     (["rollout.temperature=0", "rollout.top_k=20"], ["rollout.top_k=20 has no effect: rollout.temperature=0 decodes greedily"]),
 ]
 
@@ -106,6 +108,6 @@ def test_rlvr_train_prints_each_unused_setting_and_trains(tmp_path, tiny_model_d
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for note in (f"[note] data.digits=3 has no effect: it configures a built-in task, and data.path={rows} trains on a dataset",
                  "[note] model.lora.alpha=32.0 has no effect: LoRA is off (model.lora.r=0)",
-                 "[note] eval.data=held.jsonl has no effect: evaluation is off (eval_before_after=false, eval_every=0)"):
+                 "[note] eval.data=held.jsonl has no effect: evaluation is off (eval.before_after=false, eval.every=0)"):
         assert note in proc.stdout, (note, proc.stdout[-3000:])
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1

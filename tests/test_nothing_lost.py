@@ -156,7 +156,7 @@ def test_a_torn_last_log_line_does_not_stop_a_resume(tmp_path, rlvr_cli):
 
 SLOW_REWARD = '''
 import os, signal, time
-from rlvr.rewards.builtin import arithmetic_correct
+from rlvr.tasks.arithmetic import arithmetic_correct
 
 calls = 0
 

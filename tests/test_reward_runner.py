@@ -126,7 +126,7 @@ def test_a_misspelt_reward_name_gets_the_nearest_one(tmp_path, monkeypatch):
     cases = [("mth", r"reward 'mth': use a built-in name \(.*\).* \(did you mean 'math'\?\)$"),
              ("format_stritc(x=1)", r"reward 'format_stritc\(x=1\)': .* \(did you mean 'format_strict'\?\)$"),
              ("my.py:corect", r"reward 'my.py:corect': my.py has no function 'corect' \(did you mean 'correct'\?\)$"),
-             ("rlvr.rewards.builtin:gessed", r"has no function 'gessed' \(did you mean 'guessed'\?\)$"),
+             ("rlvr.tasks.guess_number:gessed", r"has no function 'gessed' \(did you mean 'guessed'\?\)$"),
              ("my.py:zzz", r"reward 'my.py:zzz': my.py has no function 'zzz'$")]
     for spec, message in cases:
         with pytest.raises(RewardError, match=message):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlvr.algo import BatchNorms, policy_loss, sampler_correction
+from rlvr.config import applied_sampler_correction
 
 
 def test_weights_by_hand():
@@ -61,7 +62,7 @@ def test_hf_engine_sampling_logprobs_match_the_trainer(make_trainer, tmp_path):
     from test_trainer_variants import CHECKSUM, reward_file  # the trainer tests' helpers
 
     t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.max_new_tokens=8")
-    assert t.cfg.sampler_correction == "none"
+    assert t.cfg.algo.sampler_correction == "auto" and applied_sampler_correction(t.cfg) == "none"
     m = t.train_step()
     assert 0 <= m["sampler/logp_gap_max"] < 1e-4
     assert m["sampler/logp_gap_mean"] < 1e-5

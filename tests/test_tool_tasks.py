@@ -9,13 +9,13 @@ import re
 import pytest
 import torch
 
-from rlvr.data import TASKS, get_task, render_prompt
-from rlvr.data import guess_number as gn
-from rlvr.data import multiplication as mul
-from rlvr.envs import ENVIRONMENTS
-from rlvr.envs.guess_number import GuessNumber
-from rlvr.rewards import BUILTIN, load_reward_fn
-from rlvr.rewards.builtin import final_answer, guessed
+from rlvr.data import render_prompt
+from rlvr.rewards import builtin_rewards, load_reward_fn
+from rlvr.tasks import ENVIRONMENTS, TASKS, get_task
+from rlvr.tasks import guess_number as gn
+from rlvr.tasks import multiplication as mul
+from rlvr.tasks.guess_number import GuessNumber, guessed
+from rlvr.tasks.multiplication import final_answer
 
 
 # --- multiplication -------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def test_multiplication_held_out_split_never_overlaps_training():
 
 def test_multiplication_rows_have_the_documented_shape():
     task = get_task("multiplication", seed=0, eval_size=30)
-    assert "multiplication" in TASKS and task.reward == "final_answer" and task.reward in BUILTIN
+    assert "multiplication" in TASKS and task.reward == "final_answer" and task.reward in builtin_rewards()
     rows = [task.train_row(i) for i in range(200)] + task.eval_rows()
     assert len(task.eval_rows()) == 30
     b_digits = set()
@@ -86,7 +86,7 @@ def test_guess_number_trains_and_evaluates_on_the_whole_range():
     assert [gn.train_row(i, seed=0)["target"] for i in range(20)] != [gn.train_row(i, seed=1)["target"] for i in range(20)]
     assert gn.train_row(7, seed=3) == gn.train_row(7, seed=3)  # random access: a resumed run draws the same targets
     task = get_task("guess_number", seed=0)
-    assert "guess_number" in TASKS and task.reward == "guessed" and task.reward in BUILTIN
+    assert "guess_number" in TASKS and task.reward == "guessed" and task.reward in builtin_rewards()
     assert [r["target"] for r in task.eval_rows()] == list(range(1, 31))  # every target once
     assert [r["target"] for r in get_task("guess_number", seed=0, eval_size=4).eval_rows()] == [1, 8, 16, 23]
     assert [r["target"] for r in gn.eval_rows(3, low=1, high=100)] == [1, 34, 67]

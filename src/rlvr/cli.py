@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, describe, load_config, to_dict, trl_table
+from rlvr.config import Config, ConfigError, describe, load_config, old_names, to_dict, trl_table
 
 
 def _train_config(args) -> Config:
@@ -32,7 +32,7 @@ def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, 
     if not saved.is_file():
         raise ConfigError(f"--resume {run}: no config.yaml there; name the folder of a run (the output_dir it was started with)")
     if latest_checkpoint(run / "checkpoints") is None:
-        raise ConfigError(f"--resume {run}: the run has no checkpoint to resume from (one is written every save_every steps, "
+        raise ConfigError(f"--resume {run}: the run has no checkpoint to resume from (one is written every checkpoint.every steps, "
                           "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)")
     import yaml
 
@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.help_config:
                 for key, default, doc in describe():
                     print(f"{key} = {default}\n    {doc}")
+                print("\nOld names, still accepted (in config files and key=value overrides) as their place now:")
+                print("\n".join(old_names()))
                 print("\nTRL's names -> rlvr's (GRPOConfig, TrainingArguments, GRPOTrainer's arguments, the trl CLI; "
                       "(none): no equivalent, and why):")
                 print("\n".join(trl_table()))

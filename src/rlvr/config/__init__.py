@@ -2,14 +2,17 @@
 overrides) and validation that names the field and a value that works. Imports nothing from the
 rest of rlvr."""
 
-from rlvr.config.load import describe, field_docs, load_config, to_dict
+from rlvr.config.load import describe, field_docs, load_config, old_names, to_dict
+from rlvr.config.renamed import RENAMED, upgrade
 from rlvr.config.schema import (
     AlgoConfig,
+    CheckpointConfig,
     Config,
     ConfigError,
     DataConfig,
     DistConfig,
     EvalConfig,
+    LoggingConfig,
     LoraConfig,
     ModelConfig,
     OptimConfig,
@@ -17,12 +20,14 @@ from rlvr.config.schema import (
     RolloutConfig,
     ToolsConfig,
     VllmConfig,
+    applied_sampler_correction,
 )
 from rlvr.config.trl_names import TRL_NAMES, trl_hint, trl_table
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
 
 __all__ = [
-    "AlgoConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "EvalConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "REGISTERED", "RewardConfig", "RolloutConfig", "TRL_NAMES", "ToolsConfig", "VllmConfig", "batch_split_errors", "describe",
-    "field_docs", "load_config", "to_dict", "trl_hint", "trl_table", "validate",
+    "AlgoConfig", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DistConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
+    "ModelConfig", "OptimConfig", "REGISTERED", "RENAMED", "RewardConfig", "RolloutConfig", "TRL_NAMES", "ToolsConfig", "VllmConfig",
+    "applied_sampler_correction", "batch_split_errors", "describe", "field_docs", "load_config", "old_names", "to_dict",
+    "trl_hint", "trl_table", "upgrade", "validate",
 ]

@@ -1,5 +1,6 @@
-"""Building a Config from YAML files and dotted `key=value` overrides, with types checked and
-unknown keys named (closest valid key suggested); field documentation for --help-config."""
+"""Building a Config from YAML files and dotted `key=value` overrides, with types checked, old key names
+moved to their places (rlvr.config.renamed) and unknown keys named (closest valid key suggested); field
+documentation for --help-config."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.config.renamed import RENAMED, current_key, upgrade
 from rlvr.config.schema import Config, ConfigError, RewardConfig
 from rlvr.config.trl_names import trl_hint
 
@@ -32,6 +34,11 @@ def field_docs(cls) -> dict[str, str]:
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = str(nxt.value.value)
     return docs
+
+
+def old_names() -> list[str]:
+    """`old = new` for every key that has moved (still accepted on load), for --help-config."""
+    return [f"{old} = {new}" for old, new in RENAMED.items()]
 
 
 def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -196,12 +203,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(f"{p}: not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of config keys")
-        _merge(tree, loaded, "", p)
+        _merge(tree, upgrade(loaded, f" in {p}"), "", p)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override `{item}` must look like key=value (e.g. optim.lr=1e-5)")
         key, raw = item.split("=", 1)
-        key = key.strip()
+        key = current_key(key.strip())  # an old name (save_every=5) sets the key's place now
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:

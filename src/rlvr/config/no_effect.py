@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rlvr.config.schema import Config
+from rlvr.config.schema import Config, applied_sampler_correction
 
 # The file types data.path / eval.data read directly (rlvr.data.loaders.READERS); anything else is a `datasets` dataset.
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -38,7 +38,7 @@ def _is_file(path: str | None) -> bool:
 
 
 def _data(cfg: Config) -> list[str]:
-    d, task, evaluates = cfg.data, cfg.data.builtin_task, cfg.eval_before_after or cfg.eval_every > 0
+    d, task, evaluates = cfg.data, cfg.data.builtin_task, cfg.eval.before_after or cfg.eval.every > 0
     if task is None:
         out = _say("data.", d, ("digits", "operators", "eval_size"), f"it configures a built-in task, and data.path={d.path} trains on "
                    "a dataset (its held-out set is eval.data, limited by eval.size)")
@@ -58,8 +58,8 @@ def _data(cfg: Config) -> list[str]:
 
 def _eval(cfg: Config) -> list[str]:
     e = cfg.eval
-    if not (cfg.eval_before_after or cfg.eval_every > 0):
-        off = "evaluation is off (eval_before_after=false, eval_every=0)"
+    if not (e.before_after or e.every > 0):
+        off = "evaluation is off (eval.before_after=false, eval.every=0)"
         return _say("eval.", e, _EVAL_FIELDS, off) + (_say("data.", cfg.data, ("eval_size",), off) if cfg.data.builtin_task else [])
     if e.data is None:
         unused = ("split", "subset", "prompt_column", "size") + (() if cfg.data.builtin_task else ("reward",))
@@ -91,14 +91,14 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         out += _say("algo.", a, ("kl_estimator",), "there is no KL term (algo.beta=0)")
     if not a.dynamic_sampling:
         out += _say("algo.", a, ("max_resample_rounds",), "algo.dynamic_sampling is off")
-    if cfg.sampler_correction == "none":
+    if applied_sampler_correction(cfg) == "none":
         why = "algo.sampler_correction=none" if a.sampler_correction == "none" else \
             f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} (its sampler is the trained model)"
         out += _say("algo.", a, ("sampler_correction_cap",), why)
     if a.scale_rewards == "none":
         out += _say("algo.", a, ("std_ddof",), "algo.scale_rewards=none divides by no standard deviation")
-    if cfg.log_completions_every == 0:
-        out += _say("", cfg, ("num_completions_logged",), "log_completions_every=0 logs no completions")
+    if cfg.logging.completions_every == 0:
+        out += _say("logging.", cfg.logging, ("num_completions",), "logging.completions_every=0 logs no completions")
     return out
 
 

@@ -91,6 +91,11 @@ class DataConfig:
 
 @dataclass
 class EvalConfig:
+    before_after: bool = True
+    """Evaluate on the held-out set (greedy) before and after training, when there is one (a built-in task, or eval.data)."""
+    every: int = 0
+    """Also evaluate on the held-out set every N steps, logged as `eval/reward` (0: only before and after; the last
+    step's number is summary.json's eval_after)."""
     data: str | None = None
     """Held-out prompts: a .jsonl/.json/.parquet/.csv file, a `datasets` folder or hub id (as data.path). Unset: the
     built-in task's held-out split, or no held-out evaluation for a data.path run."""
@@ -106,6 +111,26 @@ class EvalConfig:
     with tools.environment) the environment's get_reward()."""
     size: int = 0
     """Evaluate only the first N rows of `eval.data` (0: all of them). Built-in tasks: data.eval_size."""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Checkpoint every N steps (0: only the final model). A stop by SIGINT, SIGTERM or SIGHUP saves a checkpoint in any case."""
+    keep: int = 2
+    """Checkpoints kept on disk; older ones are deleted."""
+
+
+@dataclass
+class LoggingConfig:
+    completions_every: int = 10
+    """Write sample completions with their rewards every N steps (0 disables)."""
+    num_completions: int = 8
+    """How many completions each such write keeps."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Dashboards besides metrics.jsonl: any of tensorboard, wandb, trackio (each when installed), or []."""
+    doctor_every: int = 10
+    """Run `rlvr doctor`'s checks every N steps and print new findings as warnings (0 disables)."""
 
 
 @dataclass
@@ -323,14 +348,12 @@ class Config:
     """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
     dist: DistConfig = field(default_factory=DistConfig)
     """Multi-process training (torchrun / torch.distributed)."""
-    log_completions_every: int = 10
-    """Write sample completions with their rewards every N steps (0 disables)."""
-    num_completions_logged: int = 8
-    """How many completions each such write keeps."""
-    save_every: int = 0
-    """Checkpoint every N steps (0: only the final model). A stop by SIGINT, SIGTERM or SIGHUP saves a checkpoint in any case."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept on disk; older ones are deleted."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation (greedy), when and on what: a built-in task's own split, or `eval.data` with `eval.reward`."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When checkpoints are written and how many are kept."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Sample completions, dashboards and the doctor's checks during training."""
     resume: str | None = None
     """A checkpoint folder to resume from, or `auto` for the newest in output_dir. `rlvr train --resume RUN_DIR`
     resumes a run with its own config.yaml (overrides allowed where they do not change the math)."""
@@ -339,21 +362,11 @@ class Config:
     max_failed_reward_steps: int = 3
     """Stop after this many steps in a row in which one reward function failed (raised, timed out, returned
     garbage) on every sample, naming it and its first error; no checkpoint is saved meanwhile (0: never stop)."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Held-out evaluation set (greedy): a built-in task's own split, or `eval.data` with `eval.reward`."""
-    eval_before_after: bool = True
-    """Evaluate on the held-out set (greedy) before and after training, when there is one (a built-in task, or eval.data)."""
-    eval_every: int = 0
-    """Also evaluate on the held-out set every N steps, logged as `eval/reward` (0: only before and after; the last
-    step's number is summary.json's eval_after)."""
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Dashboards besides metrics.jsonl: any of tensorboard, wandb, trackio (each when installed), or []."""
-    doctor_every: int = 10
-    """Run `rlvr doctor`'s checks every N steps and print new findings as warnings (0 disables)."""
 
-    @property
-    def sampler_correction(self) -> str:
-        """algo.sampler_correction with `auto` resolved for the engine in use."""
-        if self.algo.sampler_correction != "auto":
-            return self.algo.sampler_correction
-        return "token_truncate" if self.rollout.engine == "vllm" else "none"
+
+def applied_sampler_correction(cfg: Config) -> str:
+    """algo.sampler_correction as it applies: `auto` resolved for the engine in use (token_truncate with vllm,
+    none with hf, whose sampler is the trained model itself)."""
+    if cfg.algo.sampler_correction != "auto":
+        return cfg.algo.sampler_correction
+    return "token_truncate" if cfg.rollout.engine == "vllm" else "none"

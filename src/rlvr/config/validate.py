@@ -156,17 +156,17 @@ def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
 
 def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
     e = cfg.eval
-    if cfg.eval_every < 0:
-        errors.append(f"`eval_every` must be >= 0 (0: only before and after training), got {cfg.eval_every}")
+    if e.every < 0:
+        errors.append(f"`eval.every` must be >= 0 (0: only before and after training), got {e.every}")
     if e.size < 0:
         errors.append(f"`eval.size` must be >= 0 (0: every row), got {e.size}")
     if e.data is not None and e.reward is None and not cfg.rewards and cfg.tools.environment is None:
         errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
     has_held_out = e.data is not None or cfg.data.builtin_task is not None
-    if not has_held_out and cfg.eval_every:
-        errors.append(f"`eval_every`={cfg.eval_every} but a data.path run has no held-out set: set eval.data (a held-out file) "
-                      "and eval.reward, or eval_every=0")
-    elif not has_held_out and cfg.eval_before_after:
+    if not has_held_out and e.every:
+        errors.append(f"`eval.every`={e.every} but a data.path run has no held-out set: set eval.data (a held-out file) "
+                      "and eval.reward, or eval.every=0")
+    elif not has_held_out and e.before_after:
         warnings.append("no held-out evaluation: data.path has no held-out split; set eval.data (a held-out file) and "
                         "eval.reward for before/after numbers")
 
@@ -268,10 +268,11 @@ def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) 
         if cfg.data.path is not None:
             errors.append(f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
                           "to null) to train on data.path, or remove data.path to train on the built-in task")
-    for name in cfg.report_to:
-        choice("report_to", name, ["tensorboard", "wandb", "trackio", "none"])
-    if cfg.doctor_every < 0:
-        errors.append(f"`doctor_every` must be >= 0, got {cfg.doctor_every}")
+    lg = cfg.logging
+    for name in lg.report_to:
+        choice("logging.report_to", name, ["tensorboard", "wandb", "trackio", "none"])
+    if lg.doctor_every < 0:
+        errors.append(f"`logging.doctor_every` must be >= 0, got {lg.doctor_every}")
 
 
 def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) -> None:

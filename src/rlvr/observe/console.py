@@ -5,7 +5,7 @@ elapsed time, ETA and steps/s, and below it reward ± std, each reward function,
 completion length, entropy and the share of zero-signal groups), and one plain line per step
 otherwise (CI, files, pipes). Sinks (metrics.jsonl, the completions table, TensorBoard, W&B,
 trackio) live in `rlvr.sinks`. The doctor's rules (`rlvr.doctor`) run on the history when the training
-loop asks (after the first 3 steps and every `doctor_every` steps, and at the end); new findings are printed as warnings.
+loop asks (after the first 3 steps and every `logging.doctor_every` steps, and at the end); new findings are printed as warnings.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from rlvr.observe.doctor import Context, LiveDoctor, load_metrics
+from rlvr.config import upgrade
+from rlvr.observe.doctor import Context, LiveDoctor
+from rlvr.observe.run_files import read_metrics
 from rlvr.observe.sinks import make_sinks
 
 
@@ -70,21 +72,22 @@ class RunLogger:
         live: bool | None = None,
         config=None,
     ):
-        """`config` (a Config or its dict) selects sinks (`report_to`), the doctor's cadence
-        (`doctor_every`) and lets the doctor quote current settings in its advice."""
+        """`config` (a Config or its dict) selects sinks (`logging.report_to`), the doctor's cadence
+        (`logging.doctor_every`) and lets the doctor quote current settings in its advice."""
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config or {})
+        cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else upgrade(dict(config or {}))
+        lg = cfg.get("logging") or {}
         self.notes: list[str] = []
-        report_to = cfg.get("report_to", [])
+        report_to = lg.get("report_to", [])
         self.sinks, notes = make_sinks(self.dir, list(report_to or []), cfg, start_step)
         self.notes += notes
-        self.doctor_every = int(cfg.get("doctor_every", 10) or 0)
+        self.doctor_every = int(lg.get("doctor_every", 10) or 0)
         self.doctor = LiveDoctor(Context(config=cfg))
         self.findings: list = []
         self.history: list[dict] = []
         if start_step > 0 and (self.dir / "metrics.jsonl").is_file():  # resumed: the rules see the whole run
-            self.history = [m for m in load_metrics(self.dir) if m.get("step", 0) <= start_step]
+            self.history = [m for m in read_metrics(self.dir) if m.get("step", 0) <= start_step]
         self.console = Console(stderr=False)
         self.is_live = stdout_is_live() if live is None else live
         self.total = total_steps

@@ -2,7 +2,7 @@
 
 Every rule is a pure function `rule(history, ctx) -> Finding | None` over the list of metric dicts
 of `metrics.jsonl` (oldest first), registered in `RULES` by name. The same rules run during
-training every `doctor_every` steps (as warnings) and after it (`rlvr doctor RUN_DIR`).
+training every `logging.doctor_every` steps (as warnings) and after it (`rlvr doctor RUN_DIR`).
 
 A finding names the metric, the evidence (steps and values) and the setting to change. Thresholds
 live in `Thresholds`, so a test or a user can tighten or loosen any of them.
@@ -17,7 +17,6 @@ fit, each finding says so.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -25,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rlvr.observe.run_files import read_config, read_metrics
 from rlvr.observe.signals import Exploration, IdenticalGroups, RewardFailure, exploration, fmt, identical_groups, num, reward_failures, series
 
-__all__ = ["RULES", "Context", "Finding", "LiveDoctor", "Thresholds", "diagnose", "diagnose_run", "load_config", "load_metrics", "num", "series"]
+__all__ = ["RULES", "Context", "Finding", "LiveDoctor", "Thresholds", "diagnose", "diagnose_run", "num", "series"]
 
 # Names that mark a reward function as the correctness reward (what the run is really for).
 _CORRECTNESS = re.compile(r"correct|accura|exact|match|answer|arithmetic|math|pass|test|verif|solve", re.I)
@@ -600,37 +600,9 @@ def diagnose(history: list[dict], ctx: Context | None = None, *, rules: list[str
     return sorted(out, key=lambda f: f.severity != "error")
 
 
-def load_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is this a run folder?)")
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-    # A resumed run re-logs steps after its checkpoint: keep the latest value of each step.
-    by_step = {}
-    for i, r in enumerate(rows):
-        by_step[r.get("step", i + 1)] = r
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def load_config(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        return {}
-    import yaml
-
-    return yaml.safe_load(path.read_text()) or {}
-
-
 def diagnose_run(run_dir: str | Path, *, correctness: str | None = None, thresholds: Thresholds | None = None) -> list[Finding]:
-    ctx = Context(thresholds or Thresholds(), load_config(run_dir), correctness)
-    return diagnose(load_metrics(run_dir), ctx)
+    ctx = Context(thresholds or Thresholds(), read_config(run_dir), correctness)
+    return diagnose(read_metrics(run_dir), ctx)
 
 
 class LiveDoctor:

@@ -1,7 +1,7 @@
 """`rlvr report RUN_DIR [RUN_DIR2 ...]`: one self-contained `report.html` plus PNGs.
 
 Plots (several runs overlaid, one colour per run): reward mean ± std and each reward function,
-held-out accuracy (or a reward's mean) before/after and every eval_every steps, frac_reward_zero_std, clip ratios, KL (when a
+held-out accuracy (or a reward's mean) before/after and every eval.every steps, frac_reward_zero_std, clip ratios, KL (when a
 penalty was on), entropy, completion length (mean, max, truncated share), learning rate and
 gradient norm, and time per step split into generate / reward / train. Below them: the doctor's
 findings and the best and worst completions of the last logged steps. Images are embedded as
@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlvr.observe.doctor import Context, Finding, diagnose, load_config, load_metrics, num
+from rlvr.observe.doctor import Context, Finding, diagnose, num
+from rlvr.observe.run_files import read_config, read_metrics, read_samples, read_summary
 from rlvr.observe.sinks import prompt_text
 
 
@@ -55,21 +56,7 @@ class Run:
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
     d = Path(run_dir)
-    metrics = load_metrics(d)
-    summary = {}
-    if (d / "summary.json").is_file():
-        try:
-            summary = json.loads((d / "summary.json").read_text())
-        except json.JSONDecodeError:
-            pass
-    samples = []
-    if (d / "samples.jsonl").is_file():
-        for line in (d / "samples.jsonl").read_text(encoding="utf-8").splitlines():
-            try:
-                samples.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return Run(d, name or d.resolve().name, metrics, summary, load_config(d), samples)
+    return Run(d, name or d.resolve().name, read_metrics(d), read_summary(d), read_config(d), read_samples(d))
 
 
 def _unique_names(runs: list[Run]) -> None:
@@ -203,10 +190,10 @@ class _Plotter:
                     steps, values = [*steps, int(r.metrics[-1].get("step", len(r.metrics)))], [*values, r.summary["eval_after"]]
                 ax.plot(steps, values, "-o", color=self.colors[r.name], label=r.name, markersize=3)
             ax.set_xlabel("step")
-            ax.set_title(f"held-out {what} during training (eval_every)")
+            ax.set_title(f"held-out {what} during training (eval.every)")
         self.save(fig, "accuracy", f"Held-out {what}",
                   f"Greedy {what} on the held-out set ({', '.join(sorted({str(r.summary.get('eval_set', '?')) for r in self.runs}))}), "
-                  "before and after training" + (", and every eval_every steps." if during else "."))
+                  "before and after training" + (", and every eval.every steps." if during else "."))
 
     def zero_std(self):
         fig, (ax,) = self.figure()

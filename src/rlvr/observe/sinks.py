@@ -2,7 +2,7 @@
 
 Always: `metrics.jsonl` (one JSON object per step) and the completions table `samples.jsonl`
 (step, prompt, completion, reward/<fn>, advantage; one row per logged completion), mirrored to
-`samples.parquet` when pyarrow is installed. Selected by `report_to` when their package is
+`samples.parquet` when pyarrow is installed. Selected by `logging.report_to` when their package is
 installed: TensorBoard (`tb/` in the run folder; `pip install 'rlvr[tensorboard]'`),
 Weights & Biases (`wandb`) and trackio. Each sink is small: `log(metrics)`, `samples(rows)`,
 `close()`; a sink whose backend fails is dropped with a note, never the run.

@@ -13,7 +13,8 @@ calling contract (`trainer_state`, `log_metric`, `log_extra`), and isolates fail
 
 from __future__ import annotations
 
-from rlvr.rewards.loading import BUILTIN, RewardError, load_reward_fn
+from rlvr.rewards.loading import BUILTIN, RewardError, builtin_rewards, load_reward_fn
 from rlvr.rewards.runner import DEFAULT_TIMEOUT_S, RewardFn, RewardRunner, TrainerState
 
-__all__ = ["BUILTIN", "DEFAULT_TIMEOUT_S", "RewardError", "RewardFn", "RewardRunner", "TrainerState", "load_reward_fn"]
+__all__ = ["BUILTIN", "DEFAULT_TIMEOUT_S", "RewardError", "RewardFn", "RewardRunner", "TrainerState", "builtin_rewards",
+           "load_reward_fn"]

@@ -12,10 +12,7 @@ class RewardError(ValueError):
     """A reward function is missing, or returned something unusable; the message names it."""
 
 
-BUILTIN = {
-    "arithmetic": "rlvr.rewards.builtin:arithmetic_correct",
-    "final_answer": "rlvr.rewards.builtin:final_answer",
-    "guessed": "rlvr.rewards.builtin:guessed",
+BUILTIN = {  # the general rewards; the built-in tasks' verifiers (arithmetic, final_answer, guessed) are rlvr.tasks.REWARDS
     "math": "rlvr.rewards.math_answer:math",
     "format": "rlvr.rewards.formatting:format_lenient",
     "format_strict": "rlvr.rewards.formatting:format_strict",
@@ -31,10 +28,18 @@ BUILTIN = {
 }
 
 
+def builtin_rewards() -> dict[str, str]:
+    """Every built-in reward name -> `module:function`: the built-in tasks' verifiers and BUILTIN."""
+    from rlvr.tasks import REWARDS  # here, not above: the task modules import rlvr.rewards.text
+
+    return {**REWARDS, **BUILTIN}
+
+
 def load_reward_fn(spec: str) -> Callable:
     """Resolve a config `fn` string to a reward function (calling factories with their params)."""
     name, params = split_params(spec, setting="reward", error=RewardError)
-    fn = resolve(BUILTIN.get(name, name), setting="reward", spec=spec, builtins=BUILTIN, error=RewardError)
+    builtins = builtin_rewards()
+    fn = resolve(builtins.get(name, name), setting="reward", spec=spec, builtins=builtins, error=RewardError)
     if params or is_factory(fn):
         if not is_factory(fn) and params:
             raise RewardError(f"reward {spec!r}: {name} takes no parameters (it is not a reward factory)")

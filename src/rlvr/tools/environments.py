@@ -13,7 +13,7 @@ import inspect
 import threading
 from typing import Any, Callable
 
-from rlvr.envs import ENVIRONMENTS
+from rlvr.tasks import ENVIRONMENTS
 from rlvr.specs import resolve
 from rlvr.tools.registry import Tool, ToolError, environment_tools, is_async_callable
 

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import yaml
 
+from rlvr.config import upgrade
+
 COMPLETE_MARKER = "COMPLETE"
 
 
@@ -46,7 +48,7 @@ def _fsync_tree(path: Path) -> None:
 def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2,
                     state_dict: dict | None = None) -> Path:
     """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
-    `Dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
+    `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
@@ -129,9 +131,9 @@ def load_weights(path: Path, model) -> None:
 
 # Settings that may change between a run and its resumption: they do not change the math.
 RESUMABLE_CHANGES = {
-    "steps", "output_dir", "resume", "save_every", "keep_checkpoints", "log_completions_every",
-    "num_completions_logged", "device", "threads", "max_bad_steps", "max_failed_reward_steps", "report_to", "doctor_every",
-    "eval", "eval_before_after", "eval_every",  # what is evaluated, and when: not what is trained
+    "steps", "output_dir", "resume", "device", "threads", "max_bad_steps", "max_failed_reward_steps",
+    "checkpoint", "logging",  # when checkpoints are written, what is logged where
+    "eval",  # what is evaluated, and when: not what is trained
     # Scale-out: the update equals one process doing the whole batch, whatever the ranks.
     "nproc", "dist.strategy", "dist.backend", "dist.timeout", "model.gradient_checkpointing", "model.lora.save_merged",
     # vLLM's memory and start-up knobs: same samples, same update.
@@ -155,16 +157,18 @@ def _lacks(tree: dict, dotted: str) -> bool:
 
 def old_run_overrides(saved: dict) -> list[str]:
     """`key=value` overrides that make a config.yaml written before OLD_RUN_VALUES's fields existed run as it ran."""
+    saved = upgrade(saved)  # keys that have moved since, at their places now
     return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, (value, applies) in OLD_RUN_VALUES.items()
             if _lacks(saved, key) and applies(saved)]
 
 
 def complete_saved_config(saved: dict) -> dict:
-    """A checkpoint's config.yaml with every field it lacks filled (OLD_RUN_VALUES, else today's default), so a
-    field added since it was written is not mistaken for a change of the math."""
+    """A checkpoint's config.yaml with its moved keys at their places now (rlvr.config.renamed) and every field it
+    lacks filled (OLD_RUN_VALUES, else today's default), so neither a field added since it was written nor one
+    that moved is mistaken for a change of the math."""
     from rlvr.config import load_config, to_dict
 
-    return _fill(saved, to_dict(load_config(None, old_run_overrides(saved))))
+    return _fill(upgrade(saved), to_dict(load_config(None, old_run_overrides(saved))))
 
 
 def _fill(saved: dict, defaults: dict) -> dict:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlvr import algo
+from rlvr.dist import full_weights_for_generation
 from rlvr.rewards import RewardRunner
 from rlvr.rollout.episodes import Episodes, RolloutSource
 
@@ -127,7 +128,7 @@ class Collector:
         mine, seconds = None, 0.0
         # Every rank enters (FSDP2 gathers the weights with collectives), also one with no share of
         # this round: a dynamic-sampling round of fewer prompts than ranks leaves some without any.
-        with self.dist.full_weights_for_generation(self.model):
+        with full_weights_for_generation(self.dist, self.model):
             if part.stop > part.start:
                 episodes, rewards, seconds = self.rollout_and_score(rows[part], position + part.start)
                 mine = (episodes.to("cpu"), rewards.cpu(), seconds)

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from rlvr.config import Config, ConfigError, load_config
-from rlvr.data import EVAL_TASKS, Task, get_task
+from rlvr.tasks import TASKS, Task, get_task
 from rlvr.train.checkpoint import latest_checkpoint, old_run_overrides
 from rlvr.train.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out
 from rlvr.train.setup import check_config
@@ -67,7 +67,7 @@ def eval_config(target: Target, args) -> Config:
         cfg = load_config(target.config, overrides)
     except ConfigError as e:
         raise ConfigError(f"rlvr eval: {e}") from None
-    if args.task is not None and not cfg.tools.enabled and args.task in EVAL_TASKS:
+    if args.task is not None and not cfg.tools.enabled and args.task in TASKS:
         task_tools = get_task(args.task, seed=0).tools  # a tool task is played with its tools, unless tools are set
         if task_tools:
             cfg = load_config(target.config, [f"tools.{k}={json.dumps(v)}" for k, v in task_tools.items()] + overrides)
@@ -102,8 +102,8 @@ def held_out(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
         if args.task is not None:
             raise ConfigError("rlvr eval: give --task (a built-in task) or --data (a dataset), not both")
         return _dataset(args, cfg, target), None
-    if args.task is not None and args.task not in EVAL_TASKS:
-        raise ConfigError(f"rlvr eval --task {args.task}: unknown task; built-in tasks: {', '.join(EVAL_TASKS)}")
+    if args.task is not None and args.task not in TASKS:
+        raise ConfigError(f"rlvr eval --task {args.task}: unknown task; built-in tasks: {', '.join(TASKS)}")
     if target.config is not None and args.task is None:
         return _runs_own(args, cfg, target)
     d = cfg.data

@@ -5,7 +5,7 @@ its held-out split and its verifier, e.g. arithmetic's exact answer); a dataset 
 and names the reward (`dataset_held_out`, e.g. a JSONL file scored by `math` or `my.py:fn`), or,
 in a run with an environment and no reward function, leaves the scoring to the environment's own
 `get_reward()`. `rlvr eval` and the trainer evaluate the same way; a new task (code, ...) plugs in
-by giving its `rlvr.data.Task` an `eval_rows` and a `reward`.
+by giving its `rlvr.tasks.Task` an `eval_rows` and a `reward`.
 
 A failed evaluation is never a score: when the reward fails (raises, times out, returns garbage)
 on every row, `evaluate` raises EvaluationError naming the reward and its first error; when it
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.config import Config, ConfigError
-from rlvr.data import Task, load_rows
+from rlvr.data import load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
 from rlvr.rollout.episodes import RolloutSource
+from rlvr.tasks import Task
 from rlvr.train.collect import reward_columns, score
 
 
@@ -79,7 +80,7 @@ def dataset_held_out(source: str, *, reward: str | None, prompt_column: str = "p
 def environment_reward_name(spec: str | None) -> str:
     """The name of the reward column an environment's get_reward() fills (its class name); an error
     when there is no environment, or it has no get_reward()."""
-    from rlvr.envs import ENVIRONMENTS
+    from rlvr.tasks import ENVIRONMENTS
     from rlvr.tools import EnvironmentFactory
 
     if spec is None:

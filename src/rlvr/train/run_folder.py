@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import ConfigError
+from rlvr.dist import full_model_state
+from rlvr.observe.run_files import read_jsonl
 from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
 
 # What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
@@ -39,19 +41,6 @@ class RunFinished(Exception):
 
 
 # ---------------------------------------------------------------------------- reading the folder
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSON-lines log; a last line torn by a kill mid-write is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 @dataclass(frozen=True)
@@ -290,7 +279,7 @@ def save_final(output_dir: Path, policy, tokenizer, dist, *, merged: bool) -> No
     """The trained model in final/ (and, with `merged`, LoRA merged into the weights in final-merged/), with its tokenizer,
     each swapped in whole. Every rank calls it: under FSDP2 they gather the whole weights on rank 0, named as
     `policy.save` writes them (the peft wrapper with LoRA); rank 0 writes."""
-    full = dist.full_model_state(policy.peft or policy.model)
+    full = full_model_state(dist, policy.peft or policy.model)
     if not dist.is_main:
         return
 

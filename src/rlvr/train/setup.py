@@ -17,13 +17,14 @@ import torch
 from rlvr import algo
 from rlvr.config import Config, validate
 from rlvr.config.no_effect import changed
-from rlvr.data import TASKS, PromptStream, Task, get_task, load_rows, render_prompt
+from rlvr.data import PromptStream, load_rows, render_prompt
 from rlvr.dist import Dist
 from rlvr.models.precision import cpu_has_fast_bf16
 from rlvr.models.precision_choice import PrecisionChoice, choose_precision
 from rlvr.models.precision_timing import StepShapes
 from rlvr.rollout.engines import ENGINES
 from rlvr.rollout.sources.function import FunctionSource
+from rlvr.tasks import Task, get_task, training_tasks
 from rlvr.train.batch_plan import BatchPlan
 
 
@@ -37,7 +38,7 @@ def registered_choices() -> dict[str, list[str]]:
         "algo.reward_aggregation": list(algo.REWARD_AGGREGATIONS),
         "algo.sampler_correction": list(algo.SAMPLER_CORRECTIONS),
         "rollout.engine": list(ENGINES),
-        "data.task": list(TASKS),
+        "data.task": training_tasks(),
     }
 
 

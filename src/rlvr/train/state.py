@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from rlvr.config import ConfigError, to_dict
+from rlvr.dist import full_model_state, full_optimizer_state, load_full_model_state, load_full_optimizer_state
 from rlvr.train.checkpoint import (
     complete_saved_config,
     latest_checkpoint,
@@ -49,8 +50,8 @@ class Checkpointer:
         process would (a checkpoint resumes under any strategy and number of ranks)."""
         path = self.root / f"step-{state.step:07d}"
         model = self.policy.peft or self.policy.model  # what save_pretrained writes: the adapter with LoRA
-        full = self.dist.full_model_state(model)  # FSDP2: collectives; None otherwise
-        full_optim = self.dist.full_optimizer_state(self.policy.model, self.optimizer)
+        full = full_model_state(self.dist, model)  # FSDP2: collectives; None otherwise
+        full_optim = full_optimizer_state(self.dist, self.policy.model, self.optimizer)
         if not self.dist.is_main:
             self.dist.barrier("checkpoint")
             return path
@@ -62,7 +63,7 @@ class Checkpointer:
             "rng": rng_state(),
         })
         path = save_checkpoint(self.root, state.step, model=model, tokenizer=self.tokenizer, trainer_state=saved,
-                               config=to_dict(self.cfg), keep=self.cfg.keep_checkpoints, state_dict=full)
+                               config=to_dict(self.cfg), keep=self.cfg.checkpoint.keep, state_dict=full)
         self.dist.barrier("checkpoint")
         return path
 
@@ -86,10 +87,10 @@ class Checkpointer:
         policy, model = self.policy, self.policy.model
         if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
             if policy.peft is not None:
-                self.dist.load_full_model_state(policy.peft, policy.adapter_state_by_name(path), strict=False)
+                load_full_model_state(self.dist, policy.peft, policy.adapter_state_by_name(path), strict=False)
             else:
-                self.dist.load_full_model_state(model, read_weights(path))
-            self.dist.load_full_optimizer_state(model, self.optimizer, saved["optimizer"])
+                load_full_model_state(self.dist, model, read_weights(path))
+            load_full_optimizer_state(self.dist, model, self.optimizer, saved["optimizer"])
         else:
             policy.load_adapter_weights(path) if policy.peft is not None else load_weights(path, model)
             self.optimizer.load_state_dict(saved["optimizer"])

@@ -22,14 +22,13 @@ import yaml
 from rlvr import algo
 from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
 from rlvr.data.checks import check_reward_columns
-from rlvr.dist import Dist
+from rlvr.dist import Dist, full_weights_for_generation, wrap
 from rlvr.models.loading import load_tokenizer
 from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.sources import make_source
-from rlvr.rollout.sources.function import FunctionSource
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
 from rlvr.train.collect import Batch, Collector
@@ -61,7 +60,7 @@ class Trainer:
         self.cfg, self.logger_live = cfg, logger_live
         self.warnings = check_config(cfg, force=force)
         self.device = device_for(cfg.device)
-        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device)
+        self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device, strategy=cfg.dist.strategy)
         if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
             raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: "
                               f"set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
@@ -77,7 +76,7 @@ class Trainer:
         first_row = self.stream.take(1)[0]
         check_reward_columns(self.rewards.fns, first_row, columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
-        self.held_out = held_out_for(cfg, self.task) if cfg.eval_before_after or cfg.eval_every else None
+        self.held_out = held_out_for(cfg, self.task) if cfg.eval.before_after or cfg.eval.every else None
         self.eval_reward = self.held_out.runner(columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
 
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
@@ -90,7 +89,7 @@ class Trainer:
                                     prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt))
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
-        self.train_model = self.dist.wrap(self.model, cfg.dist.strategy)  # DDP / FSDP2, or the model itself
+        self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
         self.source = source or self._source()
         self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
@@ -222,7 +221,7 @@ class Trainer:
             return None
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         outcome, error = None, None
-        with self.dist.full_weights_for_generation(self.model):
+        with full_weights_for_generation(self.dist, self.model):
             if self.dist.is_main:
                 try:
                     outcome = evaluate(greedy, self.held_out.rows, self.eval_reward, column=self.held_out.column)
@@ -256,7 +255,7 @@ class Trainer:
         summary: dict = {"output_dir": str(out), "precision": self.precision.summary()}
         self.stop = stop = StopRequest()
         try:
-            if cfg.eval_before_after and state.step == 0:
+            if cfg.eval.before_after and state.step == 0:
                 self._phase("evaluation before training", abandonable=True)
                 try:
                     state.eval_before = self._evaluate_and_say("before training", log)
@@ -293,9 +292,9 @@ class Trainer:
         return self._checkpoint_when_due(log)
 
     def _evaluate_when_due(self, metrics: dict, log) -> float:
-        """The held-out score every `eval_every` steps, as `eval/reward` in the step's metrics; returns the seconds it took."""
+        """The held-out score every `eval.every` steps, as `eval/reward` in the step's metrics; returns the seconds it took."""
         cfg, step = self.cfg, self.state.step
-        if not cfg.eval_every or step % cfg.eval_every or (step == cfg.steps and cfg.eval_before_after):
+        if not cfg.eval.every or step % cfg.eval.every or (step == cfg.steps and cfg.eval.before_after):
             return 0.0
         t_eval = time.time()
         self._phase("evaluation", abandonable=True)
@@ -307,20 +306,20 @@ class Trainer:
         return time.time() - t_eval
 
     def _log_completions(self, metrics: dict, log) -> None:
-        """A note when torch.compile built graphs this step, and the completions table: every log_completions_every steps,
+        """A note when torch.compile built graphs this step, and the completions table: every logging.completions_every steps,
         and always at the first and last step of the run and at a stop (so a run shorter than the interval still shows some)."""
         cfg, step = self.cfg, self.state.step
         if metrics.get("time/compile"):
             log.info(f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
                      f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
-        due = step % (cfg.log_completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
-        if cfg.log_completions_every and due:
+        due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
+        if cfg.logging.completions_every and due:
             r = self.last_step
-            log.samples(completion_rows(r.batch, r.advantages, step, cfg.num_completions_logged))
+            log.samples(completion_rows(r.batch, r.advantages, step, cfg.logging.num_completions))
 
     def _checkpoint_when_due(self, log) -> str:
         """After a logged step: stop on a failing reward or too many bad steps, stop on a signal (all ranks
-        together), else checkpoint every `save_every` steps. "stop" or "next"."""
+        together), else checkpoint every `checkpoint.every` steps. "stop" or "next"."""
         cfg, state = self.cfg, self.state
         self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
         if state.bad_steps_in_a_row:
@@ -328,7 +327,7 @@ class Trainer:
             return "next"  # never checkpoint right after a bad step
         if self.dist.max(float(self.stop.requested is not None), what="stop request"):  # all ranks stop together
             return "stop"
-        if cfg.save_every and state.step % cfg.save_every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
+        if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
             self._phase("checkpoint")
             self.save_checkpoint()
         return "next"
@@ -353,7 +352,7 @@ class Trainer:
         summary["steps"] = state.step
         summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
         save_final(self.output_dir, self.policy, self.tokenizer, self.dist, merged=self.cfg.model.lora.save_merged)
-        if cfg.eval_before_after and (after := self._evaluate_and_say("after training", log)) is not None:
+        if cfg.eval.before_after and (after := self._evaluate_and_say("after training", log)) is not None:
             summary.update(self.held_out.summary(state.eval_before, after))  # a score: there is a held-out set
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))

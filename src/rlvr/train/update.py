@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 
 from rlvr import algo
+from rlvr.config import applied_sampler_correction
+from rlvr.dist import full_weights_for_generation, loss_scale, no_grad_sync
 from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
@@ -112,7 +114,7 @@ class Updater:
             sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg, vespo_k_pos=a.vespo_k_pos,
             vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
             kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef, off_policy_mask_threshold=a.off_policy_mask_threshold)
-        self.correction = cfg.sampler_correction  # "none", or how to weight for the sampler/trainer mismatch
+        self.correction = applied_sampler_correction(cfg)  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
@@ -162,7 +164,7 @@ class Updater:
                          last: bool) -> None:
         """Forward, loss and backward of one micro-batch; its metrics added to `sums`."""
         rows, e = micro_batch.rows, minibatch.episodes
-        with self.dist.no_grad_sync(self.train_model, skip=not last):
+        with no_grad_sync(self.dist, self.train_model, skip=not last):
             out, C = self.forward(self.train_model, e, rows, with_entropy=True, compiled=self.compiled)
         m = minibatch.loss_mask[rows, :C]
         old, own_old = _old_logprobs(minibatch, micro_batch.index, out, first)
@@ -175,8 +177,8 @@ class Updater:
         ref = None if minibatch.ref_logp is None else minibatch.ref_logp[rows, :C]
         res = algo.policy_loss(out.logp, old, minibatch.advantages[rows], m, minibatch.norms, ref_logp=ref, token_weights=w,
                                sampler_weights=is_w, sampling_logp=e.sampling_logprobs[rows, :C], entropy=out.entropy, **self.loss_kwargs)
-        with self.dist.no_grad_sync(self.train_model, skip=not last):
-            (res.loss * (micro_batch.weight * self.dist.loss_scale)).backward()
+        with no_grad_sync(self.dist, self.train_model, skip=not last):
+            (res.loss * (micro_batch.weight * loss_scale(self.dist))).backward()
         if micro_batch.weight:
             sums.add(res, entropy, m, can_clip=not own_old)
 
@@ -332,7 +334,7 @@ class Updater:
         # The policy itself (LoRA's reference is it with the adapter off) under FSDP2: gather its
         # weights once, on every rank. Per-forward all-gathers would pair up wrongly when ranks
         # have different numbers of micro-batches (uneven shares); no-op otherwise.
-        with self.dist.full_weights_for_generation(self.model) if model is self.model else contextlib.nullcontext(), eval_mode(model):
+        with full_weights_for_generation(self.dist, self.model) if model is self.model else contextlib.nullcontext(), eval_mode(model):
             return [self.forward(model, e, mb, with_entropy=entropy)[0] for mb in mbs]
 
 

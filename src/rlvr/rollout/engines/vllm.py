@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from rlvr.dist import initialized_world_size
 from rlvr.rollout.engines.protocols import Generation, SamplingParams
 from rlvr.rollout.engines.sampling import SEED_RANGE, row_seed
 from rlvr.rollout.engines.turns import FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, resume_ready, take_external, take_sampled
@@ -70,7 +71,7 @@ class VLLMEngine:
         )
         if self.on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
-            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            if initialized_world_size() > 1:
                 # torchrun: one engine per rank on that rank's GPU (tensor parallel size 1), set up
                 # from the launcher's environment as TRL's colocate mode does. Not yet run here (no GPU).
                 kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)

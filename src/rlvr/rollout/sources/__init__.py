@@ -29,8 +29,8 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
         return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
     if not t.enabled:
         return SingleTurnSource(engine, tokenizer, sampling, **common)
-    from rlvr.envs import ENVIRONMENTS
     from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
+    from rlvr.tasks import ENVIRONMENTS
     from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet, choose_format
 
     tools = ToolSet(t.functions) if t.functions else None

@@ -28,6 +28,8 @@ import string
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlvr.tasks.task import Task, TaskOptions
+
 TESTS_PER_PROBLEM = 5  # random hidden tests; plus up to 3 fixed ones per family at the edges (`Family.edges`)
 HELD_OUT_INSTANCE_PERCENT = 25  # of each training family's parameter space
 INSTRUCTION = "Reply with the function in a ```python code block."
@@ -241,3 +243,9 @@ def eval_rows(size: int) -> list[dict]:
     """`size` held-out problems, alternating new families and new instances of training families (fixed: seed 0)."""
     return [problem_at(i // 2, split, seed=0).row(split) for i, split in
             zip(range(size), itertools.cycle(("new_family", "new_instance")))]
+
+
+def make_task(o: TaskOptions) -> Task:
+    """Scored by the built-in `code` reward (rlvr.rewards.code_exec), all tests or nothing."""
+    return Task(name="code", train_row=lambda i: train_row(i, seed=o.seed), eval_rows=lambda: eval_rows(o.eval_size),
+                reward="code(all_or_nothing=True)", max_new_tokens=256)

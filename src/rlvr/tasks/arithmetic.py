@@ -1,4 +1,5 @@
-"""The built-in `arithmetic` task: prompts generated from a seed, a held-out split, a verifier.
+"""The built-in `arithmetic` task: prompts generated from a seed, a held-out split, a verifier (the
+built-in `arithmetic` reward).
 
 A problem is `a op b` with operands of `digits` digits and `op` drawn from `operators`.
 Which problems are held out is decided by a hash of the problem itself, not by the seed,
@@ -13,6 +14,9 @@ import random
 import re
 from dataclasses import dataclass
 from typing import Iterator
+
+from rlvr.rewards.text import completion_text
+from rlvr.tasks.task import Task, TaskOptions
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 COMMUTATIVE = frozenset("+*")
@@ -118,3 +122,24 @@ def is_correct(completion: str, answer: str | int) -> bool:
     got = extract_answer(completion)
     # a 50 KB "answer" is wrong, not an error (int() refuses more than 4300 digits)
     return got is not None and len(got) <= MAX_ANSWER_DIGITS and int(got) == int(answer)
+
+
+def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion is exactly the integer in the `answer` column, else 0.0.
+
+    >>> arithmetic_correct(["12+30="], ["42"], answer=["42"])
+    [1.0]
+    """
+    return [float(is_correct(completion_text(c), a)) for c, a in zip(completions, answer)]
+
+
+def make_task(o: TaskOptions) -> Task:
+    return Task(
+        name="arithmetic",
+        train_row=lambda i: problem_at(i, "train", seed=o.seed, digits=o.digits, operators=o.operators).row(),
+        eval_rows=lambda: [p.row() for p in eval_problems(o.eval_size, digits=o.digits, operators=o.operators)],
+        reward="arithmetic",
+    )
+
+
+REWARDS = {"arithmetic": arithmetic_correct}

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from rlvr.tasks.task import Task, TaskOptions
+
 INSTRUCTION = "Complete this Python function. Reply with the whole function in a ```python code block."
 
 
@@ -45,3 +47,9 @@ def eval_rows(size: int = 0) -> list[dict]:
     """The first `size` problems in HumanEval's order (0 or more than 164: all)."""
     problems = read_problems()
     return [row(p) for p in (problems[:size] if size else problems)]
+
+
+def make_task(o: TaskOptions) -> Task:
+    """Evaluation only (no training rows); data.eval_size 0 or >= 164: all of the problems."""
+    return Task(name="humaneval", train_row=None, eval_rows=lambda: eval_rows(o.eval_size), reward="code(all_or_nothing=True)",
+                max_new_tokens=512)
