@@ -21,8 +21,18 @@ from pathlib import Path
 
 from _report import reward_curve, wilson
 
-REPORTED = ["model.autocast", "rollout.temperature", "rollout.group_size", "rollout.prompts_per_step", "rollout.max_new_tokens",
-            "optim.lr", "algo.loss_type", "algo.beta", "algo.epsilon_high", "algo.scale_rewards"]
+REPORTED = [
+    "model.autocast",
+    "rollout.temperature",
+    "rollout.group_size",
+    "rollout.prompts_per_step",
+    "rollout.max_new_tokens",
+    "optim.lr",
+    "algo.loss_type",
+    "algo.beta",
+    "algo.epsilon_high",
+    "algo.scale_rewards",
+]
 
 
 def cpu() -> str:
@@ -43,8 +53,15 @@ def evaluate(trainer, rows: list[dict], *, max_new_tokens: int, batch: int = 48)
     from rlvr.rollout.sources import make_source
 
     grade = load_reward_fn("code(all_or_nothing=True)")
-    source = make_source(trainer.cfg, trainer.engine, trainer.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
-                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device, precision=trainer.precision.autocast)
+    source = make_source(
+        trainer.cfg,
+        trainer.engine,
+        trainer.tokenizer,
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
+        context_length=trainer.model.config.max_position_embeddings,
+        device=trainer.device,
+        precision=trainer.precision.autocast,
+    )
     passed, texts = [], []
     t0 = time.time()
     for i in range(0, len(rows), batch):
@@ -104,11 +121,22 @@ def main() -> None:
         convert_gguf(smollm2_gguf(), DEFAULT_CACHE)
     run_dir = args.work / time.strftime("run-%Y%m%d-%H%M%S")
     settings = [
-        f"model.path={DEFAULT_CACHE}", "data.task=code", "rewards=[code, code_compiles]", "rewards.1.weight=0.1",
-        "rollout.group_size=8", "rollout.prompts_per_step=8", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"rollout.temperature={args.temperature}", f"optim.lr={args.lr}", "optim.micro_batch_size=16",
-        f"model.autocast={'bf16' if native_bf16() else 'none'}", "steps=100000", "eval_before_after=false", "save_every=25",
-        "log_completions_every=5", *args.extra,
+        f"model.path={DEFAULT_CACHE}",
+        "data.task=code",
+        "rewards=[code, code_compiles]",
+        "rewards.1.weight=0.1",
+        "rollout.group_size=8",
+        "rollout.prompts_per_step=8",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"rollout.temperature={args.temperature}",
+        f"optim.lr={args.lr}",
+        "optim.micro_batch_size=16",
+        f"model.autocast={'bf16' if native_bf16() else 'none'}",
+        "steps=100000",
+        "eval_before_after=false",
+        "save_every=25",
+        "log_completions_every=5",
+        *args.extra,
     ]
     cfg = load_config(None, [*settings, f"output_dir={run_dir}"])
     trainer = Trainer(cfg, logger_live=False)
@@ -130,8 +158,10 @@ def main() -> None:
         m = trainer.train_step()
         log.log(m)
         log.run_doctor_when_due(m["step"])
-        print(f"step {m['step']} reward {m['reward']:.3f} code {m.get('rewards/code/mean', float('nan')):.3f} "
-              f"({time.time() - t_train:.0f}s)", flush=True)
+        print(
+            f"step {m['step']} reward {m['reward']:.3f} code {m.get('rewards/code/mean', float('nan')):.3f} ({time.time() - t_train:.0f}s)",
+            flush=True,
+        )
     log.close()
     train_s = time.time() - t_train
     after = evaluate_all("after")
@@ -162,8 +192,11 @@ def write_result(args, cfg, settings, before, after, code_rows, human_rows, metr
     for section, values in to_dict(cfg).items():
         if isinstance(values, dict):
             flat.update({f"{section}.{k}": v for k, v in values.items()})
-    table = [("new families (never trained)", code_rows, "new_family"), ("new instances of trained families", code_rows, "new_instance"),
-             ("code task, both held-out splits", code_rows, None)]
+    table = [
+        ("new families (never trained)", code_rows, "new_family"),
+        ("new instances of trained families", code_rows, "new_instance"),
+        ("code task, both held-out splits", code_rows, None),
+    ]
     if human_rows:
         table.append(("HumanEval pass@1 (greedy)", human_rows, None))
     rows_md = []
@@ -178,11 +211,16 @@ def write_result(args, cfg, settings, before, after, code_rows, human_rows, metr
 
     step_times = sorted(m["time/step"] for m in metrics)
     reward_times = sorted(m.get("time/reward", 0.0) for m in metrics)
-    cmd = (f"python bench/code.py --minutes {args.minutes:g} --eval-size {args.eval_size} --humaneval {args.humaneval} "
-           f"--max-new-tokens {args.max_new_tokens} --lr {args.lr:g} --temperature {args.temperature:g}"
-           + (f" --extra {' '.join(args.extra)}" if args.extra else ""))
-    improved = [(i, t) for i, (t, pb, pa) in enumerate(zip(after["code"]["texts"], before["code"]["passed"], after["code"]["passed"]))
-                if pa and not pb][:2]
+    cmd = (
+        f"python bench/code.py --minutes {args.minutes:g} --eval-size {args.eval_size} --humaneval {args.humaneval} "
+        f"--max-new-tokens {args.max_new_tokens} --lr {args.lr:g} --temperature {args.temperature:g}"
+        + (f" --extra {' '.join(args.extra)}" if args.extra else "")
+    )
+    improved = [
+        (i, t)
+        for i, (t, pb, pa) in enumerate(zip(after["code"]["texts"], before["code"]["passed"], after["code"]["passed"]))
+        if pa and not pb
+    ][:2]
     failing = [(i, t) for i, (t, pa) in enumerate(zip(after["code"]["texts"], after["code"]["passed"])) if not pa][:2]
     lines = [
         "# SmolLM2-135M-Instruct learns to write code, 2 CPU cores",
@@ -209,7 +247,8 @@ def write_result(args, cfg, settings, before, after, code_rows, human_rows, metr
         f"{first_last('rewards/code/mean')}, compiles {first_last('rewards/code_compiles/mean')}, "
         f"completion length {first_last('completions/mean_length')}.",
         f"Evaluation time (greedy, before): code {before['code']['seconds']:.0f} s"
-        + (f", HumanEval {before['humaneval']['seconds']:.0f} s" if human_rows else "") + ".",
+        + (f", HumanEval {before['humaneval']['seconds']:.0f} s" if human_rows else "")
+        + ".",
         "",
         "Per family (held-out rows passed, before -> after):",
         "",

@@ -88,8 +88,8 @@ def _proc_times() -> dict[int, tuple[str, int]]:
             continue
         try:
             stat = Path(f"/proc/{d}/stat").read_text()
-            name = stat[stat.index("(") + 1: stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
             out[int(d)] = (name, int(fields[11]) + int(fields[12]))
         except (OSError, ValueError, IndexError):
             pass
@@ -109,7 +109,11 @@ def busy_processes(window: float = 1.0, threshold: float = 0.1) -> list[str]:
             continue
         share = (t - a[pid][1]) / tick / window
         if share > threshold:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:90] if Path(f"/proc/{pid}/cmdline").exists() else name
+            cmd = (
+                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:90]
+                if Path(f"/proc/{pid}/cmdline").exists()
+                else name
+            )
             busy.append(f"pid {pid} {share:.0%} cpu: {cmd.strip() or name}")
     return busy
 
@@ -138,9 +142,17 @@ def build_inputs(cfg_names: list[str]) -> dict:
         tok.model_max_length = 1024
         torch.manual_seed(0)
         cfg = LlamaConfig(
-            vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-            num_key_value_heads=8, max_position_embeddings=1024, tie_word_embeddings=False,
-            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+            vocab_size=len(tok),
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
         )
         LlamaForCausalLM(cfg).save_pretrained(big)
         tok.save_pretrained(big)
@@ -187,14 +199,33 @@ def worker_rlvr(spec: dict) -> None:
 
     T = spec["max_new_tokens"]
     overrides = [
-        f"model.path={spec['model_path']}", "data.task=null", f"data.path={spec['data']}", "data.shuffle=false",
+        f"model.path={spec['model_path']}",
+        "data.task=null",
+        f"data.path={spec['data']}",
+        "data.shuffle=false",
         f"rewards=[{HERE / 'bench_rewards.py'}:{spec['reward']}]",
-        f"rollout.group_size={G}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.max_new_tokens={T}",
-        "rollout.temperature=1.0", f"rollout.ignore_eos={spec['fixed']}",
-        f"optim.lr={LR}", "optim.beta2=0.999", "optim.max_grad_norm=1.0", "optim.lr_schedule=constant",
-        "algo.beta=0", "algo.num_iterations=1", "algo.loss_type=dapo", "algo.std_ddof=1",
-        f"threads={THREADS}", "device=cpu", "eval_before_after=false", "log_completions_every=0", "report_to=[]",
-        "doctor_every=0", f"steps={spec['warmup'] + spec['steps']}", f"output_dir={spec['out']}", "seed=0",
+        f"rollout.group_size={G}",
+        f"rollout.prompts_per_step={PROMPTS}",
+        f"rollout.max_new_tokens={T}",
+        "rollout.temperature=1.0",
+        f"rollout.ignore_eos={spec['fixed']}",
+        f"optim.lr={LR}",
+        "optim.beta2=0.999",
+        "optim.max_grad_norm=1.0",
+        "optim.lr_schedule=constant",
+        "algo.beta=0",
+        "algo.num_iterations=1",
+        "algo.loss_type=dapo",
+        "algo.std_ddof=1",
+        f"threads={THREADS}",
+        "device=cpu",
+        "eval_before_after=false",
+        "log_completions_every=0",
+        "report_to=[]",
+        "doctor_every=0",
+        f"steps={spec['warmup'] + spec['steps']}",
+        f"output_dir={spec['out']}",
+        "seed=0",
         *spec["extra"],
     ]
     trainer = Trainer(load_config(None, overrides), logger_live=False)
@@ -203,14 +234,21 @@ def worker_rlvr(spec: dict) -> None:
         bench_rewards.SEEN_LENGTHS.clear()
         m = trainer.train_step()
         e = trainer.last_step.batch.episodes
-        steps.append({
-            "step": m["time/step"], "generate": m["time/generate"], "reward": m["time/reward"], "train": m["time/train"],
-            "completion_tokens": int(e.attention_mask.sum()), "prompt_tokens": int(e.prompt_mask[::G].sum()),
-            "min_len": int(e.lengths.min()), "max_len": int(e.lengths.max()),
-            "frac_zero_std": m.get("frac_reward_zero_std"),
-        })
-    settings = (overrides[-len(spec["extra"]):] if spec["extra"] else []) + [f"precision={trainer.precision.name}"]
-    _finish({"lib": "rlvr", "steps": steps[spec["warmup"]:], "settings": settings, "precision": trainer.precision.describe()})
+        steps.append(
+            {
+                "step": m["time/step"],
+                "generate": m["time/generate"],
+                "reward": m["time/reward"],
+                "train": m["time/train"],
+                "completion_tokens": int(e.attention_mask.sum()),
+                "prompt_tokens": int(e.prompt_mask[::G].sum()),
+                "min_len": int(e.lengths.min()),
+                "max_len": int(e.lengths.max()),
+                "frac_zero_std": m.get("frac_reward_zero_std"),
+            }
+        )
+    settings = (overrides[-len(spec["extra"]) :] if spec["extra"] else []) + [f"precision={trainer.precision.name}"]
+    _finish({"lib": "rlvr", "steps": steps[spec["warmup"] :], "settings": settings, "precision": trainer.precision.describe()})
 
 
 def worker_trl(spec: dict) -> None:
@@ -230,17 +268,41 @@ def worker_trl(spec: dict) -> None:
     if not spec["trl_defaults"]:  # its best precision here (or bf16 in B16), no checkpointing
         kwargs.update(bf16=spec["bf16"], gradient_checkpointing=False)
     args = GRPOConfig(
-        output_dir=spec["out"], per_device_train_batch_size=G * PROMPTS, gradient_accumulation_steps=1,
-        num_generations=G, max_completion_length=T, max_steps=total, learning_rate=LR, lr_scheduler_type="constant",
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, weight_decay=0.0, beta=0.0, num_iterations=1,
-        loss_type="dapo", scale_rewards="group", temperature=1.0, use_cpu=True, logging_steps=1, report_to=[],
-        save_strategy="no", seed=0, shuffle_dataset=False, dataloader_num_workers=0, log_completions=False,
-        generation_kwargs={"min_new_tokens": T} if spec["fixed"] else None, **kwargs,
+        output_dir=spec["out"],
+        per_device_train_batch_size=G * PROMPTS,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        max_completion_length=T,
+        max_steps=total,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        use_cpu=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        log_completions=False,
+        generation_kwargs={"min_new_tokens": T} if spec["fixed"] else None,
+        **kwargs,
     )
     tok = AutoTokenizer.from_pretrained(spec["model_path"])
     trainer = GRPOTrainer(
-        model=spec["model_path"], reward_funcs=[getattr(bench_rewards, spec["reward"])], args=args,
-        train_dataset=Dataset.from_list(rows[: total * PROMPTS]), processing_class=tok,
+        model=spec["model_path"],
+        reward_funcs=[getattr(bench_rewards, spec["reward"])],
+        args=args,
+        train_dataset=Dataset.from_list(rows[: total * PROMPTS]),
+        processing_class=tok,
     )
     cur = {}
 
@@ -251,6 +313,7 @@ def worker_trl(spec: dict) -> None:
                 return fn(*a, **k)
             finally:
                 cur[name] = cur.get(name, 0.0) + time.perf_counter() - t
+
         return wrapper
 
     trainer._generate = timed("generate", trainer._generate)
@@ -267,15 +330,27 @@ def worker_trl(spec: dict) -> None:
             step = time.perf_counter() - cur["t0"]
             gen = cur.get("generate", 0.0)  # rewards are scored outside _generate
             lens = list(bench_rewards.SEEN_LENGTHS)
-            steps.append({
-                "step": step, "generate": gen, "reward": cur.get("reward", 0.0), "train": step - gen - cur.get("reward", 0.0),
-                "completion_tokens": sum(lens), "min_len": min(lens) if lens else None, "max_len": max(lens) if lens else None,
-            })
+            steps.append(
+                {
+                    "step": step,
+                    "generate": gen,
+                    "reward": cur.get("reward", 0.0),
+                    "train": step - gen - cur.get("reward", 0.0),
+                    "completion_tokens": sum(lens),
+                    "min_len": min(lens) if lens else None,
+                    "max_len": max(lens) if lens else None,
+                }
+            )
 
     trainer.add_callback(Clock())
     trainer.train()
-    _finish({"lib": "trl", "steps": steps[spec["warmup"]:],
-             "settings": [f"bf16={trainer.args.bf16}", f"gradient_checkpointing={trainer.args.gradient_checkpointing}"]})
+    _finish(
+        {
+            "lib": "trl",
+            "steps": steps[spec["warmup"] :],
+            "settings": [f"bf16={trainer.args.bf16}", f"gradient_checkpointing={trainer.args.gradient_checkpointing}"],
+        }
+    )
 
 
 def worker_peak(spec: dict) -> None:
@@ -305,20 +380,41 @@ def worker_peak(spec: dict) -> None:
 
 
 def run_worker(kind: str, spec: dict, log) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MKL_NUM_THREADS=str(THREADS), TOKENIZERS_PARALLELISM="false",
-               PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(THREADS),
+        MKL_NUM_THREADS=str(THREADS),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        TRANSFORMERS_VERBOSITY="error",
+    )
     before, busy = load_average(), busy_processes()
     t = time.perf_counter()
     python = RLVR_PYTHON if kind == "rlvr" and RLVR_PYTHON else sys.executable
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # rollout.engine=vllm on CPU: a small KV cache is plenty here
     try:
-        p = subprocess.run([python, __file__, "--worker", kind, "--spec", json.dumps(spec)], env=env,
-                           capture_output=True, text=True, timeout=WORKER_TIMEOUT or None)
+        p = subprocess.run(
+            [python, __file__, "--worker", kind, "--spec", json.dumps(spec)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=WORKER_TIMEOUT or None,
+        )
     except subprocess.TimeoutExpired:  # e.g. TRL's bf16 default on a CPU that emulates bf16: a lower bound, not a time
-        log(f"  {kind:5s} killed after {WORKER_TIMEOUT:.0f} s (--worker-timeout) before finishing "
-            f"{spec.get('warmup', 0)} + {spec.get('steps', 0)} steps")
-        return {"timed_out": WORKER_TIMEOUT, "steps": [], "peak_rss_mb": float("nan"), "settings": ["killed at the time limit"],
-                "load_before": before, "load_after": load_average(), "busy_before": busy, "wall": WORKER_TIMEOUT}
+        log(
+            f"  {kind:5s} killed after {WORKER_TIMEOUT:.0f} s (--worker-timeout) before finishing "
+            f"{spec.get('warmup', 0)} + {spec.get('steps', 0)} steps"
+        )
+        return {
+            "timed_out": WORKER_TIMEOUT,
+            "steps": [],
+            "peak_rss_mb": float("nan"),
+            "settings": ["killed at the time limit"],
+            "load_before": before,
+            "load_after": load_average(),
+            "busy_before": busy,
+            "wall": WORKER_TIMEOUT,
+        }
     wall = time.perf_counter() - t
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not lines:
@@ -336,16 +432,37 @@ def summarize(rec: dict) -> dict:
     if not s:  # killed at --worker-timeout: every step took at least timeout / steps run
         bound = rec["timed_out"] / max(1, rec["steps_asked"])
         nan = float("nan")
-        return {"median": bound, "min": bound, "max": nan, "n": 0, "lower_bound": True, "generate": nan, "reward": nan, "train": nan,
-                "tokens": nan, "tok_per_s": nan, "rss": nan, "min_len": "-", "max_len": "-", "prompt_tokens": nan}
+        return {
+            "median": bound,
+            "min": bound,
+            "max": nan,
+            "n": 0,
+            "lower_bound": True,
+            "generate": nan,
+            "reward": nan,
+            "train": nan,
+            "tokens": nan,
+            "tok_per_s": nan,
+            "rss": nan,
+            "min_len": "-",
+            "max_len": "-",
+            "prompt_tokens": nan,
+        }
     times = [x["step"] for x in s]
     med = statistics.median(times)
     tokens = statistics.median(x["completion_tokens"] for x in s)
     return {
-        "median": med, "min": min(times), "max": max(times), "n": len(times),
-        "generate": statistics.median(x["generate"] for x in s), "reward": statistics.median(x["reward"] for x in s),
-        "train": statistics.median(x["train"] for x in s), "tokens": tokens, "tok_per_s": tokens / med,
-        "rss": rec["peak_rss_mb"], "min_len": min(x["min_len"] for x in s if x["min_len"] is not None),
+        "median": med,
+        "min": min(times),
+        "max": max(times),
+        "n": len(times),
+        "generate": statistics.median(x["generate"] for x in s),
+        "reward": statistics.median(x["reward"] for x in s),
+        "train": statistics.median(x["train"] for x in s),
+        "tokens": tokens,
+        "tok_per_s": tokens / med,
+        "rss": rec["peak_rss_mb"],
+        "min_len": min(x["min_len"] for x in s if x["min_len"] is not None),
         "max_len": max(x["max_len"] for x in s if x["max_len"] is not None),
         "prompt_tokens": statistics.median(x.get("prompt_tokens", 0) for x in s),
     }
@@ -360,10 +477,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="runs per library per config, alternating which goes first")
     ap.add_argument("--rlvr-extra", default="", help="extra rlvr overrides for every config, comma-separated")
-    ap.add_argument("--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)")
+    ap.add_argument(
+        "--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)"
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
-    ap.add_argument("--worker-timeout", type=float, default=0,
-                    help="kill a library's run after this many seconds and report its step time as a lower bound (0: no limit)")
+    ap.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=0,
+        help="kill a library's run after this many seconds and report its step time as a lower bound (0: no limit)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -385,11 +508,20 @@ def main() -> None:
     import transformers
     import trl
 
-    versions = f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
+    versions = (
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
+    )
     if a.rlvr_python:
-        other = subprocess.run([a.rlvr_python, "-c", "import torch, transformers; v = [torch.__version__, transformers.__version__]\n"
-                                "try:\n import vllm; v.append(vllm.__version__)\nexcept ImportError: v.append('-')\nprint(*v)"],
-                               capture_output=True, text=True).stdout.split()
+        other = subprocess.run(
+            [
+                a.rlvr_python,
+                "-c",
+                "import torch, transformers; v = [torch.__version__, transformers.__version__]\n"
+                "try:\n import vllm; v.append(vllm.__version__)\nexcept ImportError: v.append('-')\nprint(*v)",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         versions += f"; rlvr ran in {a.rlvr_python}: torch {other[0]}, transformers {other[1]}, vllm {other[2]}"
     from rlvr.models.precision_choice import cpu_model
 
@@ -400,8 +532,10 @@ def main() -> None:
     start_load, start_busy = load_average(), busy_processes(2.0)
     log(f"load average at start {start_load:.2f}; busy processes: {start_busy or 'none'}")
     peak = run_worker("peak", {}, log)["flops"]
-    log(f"matmul peak: fp32 {_gflops(peak['fp32'])} GFLOP/s, bf16 {_gflops(peak['bf16'])} GFLOP/s; TRL's best precision here: "
-        f"{_trl_best(peak)} (bf16=True only where the bf16 peak is the higher)")
+    log(
+        f"matmul peak: fp32 {_gflops(peak['fp32'])} GFLOP/s, bf16 {_gflops(peak['bf16'])} GFLOP/s; TRL's best precision here: "
+        f"{_trl_best(peak)} (bf16=True only where the bf16 peak is the higher)"
+    )
 
     results = []
     for name in names:
@@ -410,9 +544,17 @@ def main() -> None:
         params = n_params(mp)
         variants = a.variants.split(",") + (["eos"] if name in a.eos_configs.split(",") and "eos" not in a.variants else [])
         for variant in variants:
-            spec = dict(model_path=mp, data=paths[f"data_{c['long_prompt']}"], reward=c["reward"], max_new_tokens=c["max_new_tokens"],
-                        fixed=variant == "fixed", trl_defaults=c["trl_defaults"], bf16=c.get("bf16", False) or _trl_best(peak) == "bf16",
-                        steps=a.steps, warmup=a.warmup)
+            spec = dict(
+                model_path=mp,
+                data=paths[f"data_{c['long_prompt']}"],
+                reward=c["reward"],
+                max_new_tokens=c["max_new_tokens"],
+                fixed=variant == "fixed",
+                trl_defaults=c["trl_defaults"],
+                bf16=c.get("bf16", False) or _trl_best(peak) == "bf16",
+                steps=a.steps,
+                warmup=a.warmup,
+            )
             extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else RLVR_BF16 if c.get("bf16") else [])
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
@@ -423,10 +565,17 @@ def main() -> None:
                         runs[lib].append(run_worker(lib, {**spec, "out": out, "extra": extra}, log))
             merged = {}
             for lib, recs in runs.items():
-                rec = {"steps": [s for r in recs for s in r["steps"]], "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
-                       "timed_out": max(r.get("timed_out", 0) for r in recs), "steps_asked": a.warmup + a.steps}
-                merged[lib] = summarize(rec) | {"settings": recs[0]["settings"], "load": [(r["load_before"], r["load_after"]) for r in recs],
-                                                "busy": [b for r in recs for b in r["busy_before"]]}
+                rec = {
+                    "steps": [s for r in recs for s in r["steps"]],
+                    "peak_rss_mb": max(r["peak_rss_mb"] for r in recs),
+                    "timed_out": max(r.get("timed_out", 0) for r in recs),
+                    "steps_asked": a.warmup + a.steps,
+                }
+                merged[lib] = summarize(rec) | {
+                    "settings": recs[0]["settings"],
+                    "load": [(r["load_before"], r["load_after"]) for r in recs],
+                    "busy": [b for r in recs for b in r["busy_before"]],
+                }
             rl = merged["rlvr"]
             trained = rl["tokens"] + rl["prompt_tokens"]
             flops = {"gen": 2 * params * rl["tokens"], "train": 6 * params * trained}
@@ -467,17 +616,24 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
     L.append(f"Versions: {versions}  ")
     L.append(f"Machine: {cpu}, {os.cpu_count()} cpus ({' '.join(isa)}), {THREADS} threads per run, runs strictly one after another.  ")
     L.append(f"Steps: {a.warmup} warm-up + {a.steps} measured per run, {a.rounds} round(s) per library (alternating order).  ")
-    L.append(f"Load average: {start_load:.2f} at start, " + (f"{end_load:.2f} at end.  " if end_load is not None else "(run still in progress: partial results).  "))
+    L.append(
+        f"Load average: {start_load:.2f} at start, "
+        + (f"{end_load:.2f} at end.  " if end_load is not None else "(run still in progress: partial results).  ")
+    )
     L.append(f"Matmul peak (2048^3, {THREADS} threads): fp32 {_gflops(peak['fp32'])} GFLOP/s, bf16 {_gflops(peak['bf16'])} GFLOP/s.  ")
-    L.append(f"Precision, unless the config sets it (D: TRL's defaults, B16: both bf16): each library at its best here: "
-             f"TRL {_trl_best(peak)} (by the peaks), rlvr model.autocast=auto (its choice per config under Settings and in the log).")
+    L.append(
+        f"Precision, unless the config sets it (D: TRL's defaults, B16: both bf16): each library at its best here: "
+        f"TRL {_trl_best(peak)} (by the peaks), rlvr model.autocast=auto (its choice per config under Settings and in the log)."
+    )
     L.append("")
     if busy_any:
         L.append("> **WARNING: the machine was not idle during (part of) this run.** Other busy processes:")
         for b in sorted(set(start_busy + end_busy + [b for r in results for lib in ("trl", "rlvr") for b in r[lib]["busy"]])):
             L.append(f"> - {b}")
         L.append("")
-    L.append("| config | variant | lib | step median (min-max) s | generate s | reward s | train s | completion tok/s | len min-max | peak RSS MB | TRL/rlvr |")
+    L.append(
+        "| config | variant | lib | step median (min-max) s | generate s | reward s | train s | completion tok/s | len min-max | peak RSS MB | TRL/rlvr |"
+    )
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for lib in ("trl", "rlvr"):
@@ -485,25 +641,46 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
             bound = "> " if r["trl"].get("lower_bound") else ""  # TRL killed at --worker-timeout: its time and the ratio are lower bounds
             ratio = f"**{bound}{r['trl']['median'] / r['rlvr']['median']:.2f}**" if lib == "rlvr" else ""
             step = f"> {x['median']:.0f} (killed)" if x.get("lower_bound") else f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})"
-            L.append(f"| {r['config']} | {r['variant']} | {lib} | {step} | {x['generate']:.3f} | "
-                     f"{x['reward']:.3f} | {x['train']:.3f} | {x['tok_per_s']:.0f} | {x['min_len']}-{x['max_len']} | {x['rss']:.0f} | {ratio} |")
-    L += ["", "## Compute floor", "",
-          "FLOPs = 6 x params x trained tokens + 2 x params x generated tokens (params without the input embedding; trained tokens = "
-          "completion tokens + each prompt once; attention FLOPs not counted). Floor time = FLOPs / matmul peak. "
-          "Share = floor time / measured time (1.0 = at the peak).", "",
-          "| config | variant | params M | gen GFLOP | train GFLOP | floor fp32 s (gen / step) | floor bf16 s (gen / step) | "
-          "TRL share fp32 | rlvr share fp32 | rlvr share bf16 | rlvr gen / gen floor (fp32) | rlvr step / step floor (fp32) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            L.append(
+                f"| {r['config']} | {r['variant']} | {lib} | {step} | {x['generate']:.3f} | "
+                f"{x['reward']:.3f} | {x['train']:.3f} | {x['tok_per_s']:.0f} | {x['min_len']}-{x['max_len']} | {x['rss']:.0f} | {ratio} |"
+            )
+    L += [
+        "",
+        "## Compute floor",
+        "",
+        "FLOPs = 6 x params x trained tokens + 2 x params x generated tokens (params without the input embedding; trained tokens = "
+        "completion tokens + each prompt once; attention FLOPs not counted). Floor time = FLOPs / matmul peak. "
+        "Share = floor time / measured time (1.0 = at the peak).",
+        "",
+        "| config | variant | params M | gen GFLOP | train GFLOP | floor fp32 s (gen / step) | floor bf16 s (gen / step) | "
+        "TRL share fp32 | rlvr share fp32 | rlvr share bf16 | rlvr gen / gen floor (fp32) | rlvr step / step floor (fp32) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         f = r["flops"]
         fl32 = {k: v / peak["fp32"] for k, v in f.items()}
         fl16 = {k: v / peak["bf16"] for k, v in f.items()}
-        L.append(f"| {r['config']} | {r['variant']} | {r['params'] / 1e6:.2f} | {f['gen'] / 1e9:.0f} | {f['train'] / 1e9:.0f} | "
-                 f"{fl32['gen']:.2f} / {fl32['step']:.2f} | {fl16['gen']:.2f} / {fl16['step']:.2f} | {fl32['step'] / r['trl']['median']:.2f} | "
-                 f"{fl32['step'] / r['rlvr']['median']:.2f} | {fl16['step'] / r['rlvr']['median']:.2f} | "
-                 f"{r['rlvr']['generate'] / fl32['gen']:.2f}x | {r['rlvr']['median'] / fl32['step']:.2f}x |")
-    L += ["", "Settings per run: " + "; ".join(sorted({f"{r['config']} {lib}: {', '.join(r[lib]['settings']) or 'defaults'}"
-                                                      for r in results for lib in ('trl', 'rlvr')})), "", "## Log", "", "```", *log_lines, "```", ""]
+        L.append(
+            f"| {r['config']} | {r['variant']} | {r['params'] / 1e6:.2f} | {f['gen'] / 1e9:.0f} | {f['train'] / 1e9:.0f} | "
+            f"{fl32['gen']:.2f} / {fl32['step']:.2f} | {fl16['gen']:.2f} / {fl16['step']:.2f} | {fl32['step'] / r['trl']['median']:.2f} | "
+            f"{fl32['step'] / r['rlvr']['median']:.2f} | {fl16['step'] / r['rlvr']['median']:.2f} | "
+            f"{r['rlvr']['generate'] / fl32['gen']:.2f}x | {r['rlvr']['median'] / fl32['step']:.2f}x |"
+        )
+    L += [
+        "",
+        "Settings per run: "
+        + "; ".join(
+            sorted({f"{r['config']} {lib}: {', '.join(r[lib]['settings']) or 'defaults'}" for r in results for lib in ("trl", "rlvr")})
+        ),
+        "",
+        "## Log",
+        "",
+        "```",
+        *log_lines,
+        "```",
+        "",
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(L))
     print(f"wrote {path}")

@@ -58,8 +58,16 @@ def micro_batch(C: int, seed: int, vocab: int):
     prompt_ids = torch.randint(3, vocab, (groups, PROMPT), generator=g) * prompt_mask
     completion_ids = torch.randint(3, vocab, (ROWS, C), generator=g)
     weights = torch.randn(ROWS, C, generator=g) / (ROWS * C)  # advantage x token weight
-    return (prompt_ids.repeat_interleave(GROUP, 0), prompt_mask.repeat_interleave(GROUP, 0), completion_ids,
-            torch.ones(ROWS, C, dtype=torch.long)), weights, torch.arange(groups).repeat_interleave(GROUP)
+    return (
+        (
+            prompt_ids.repeat_interleave(GROUP, 0),
+            prompt_mask.repeat_interleave(GROUP, 0),
+            completion_ids,
+            torch.ones(ROWS, C, dtype=torch.long),
+        ),
+        weights,
+        torch.arange(groups).repeat_interleave(GROUP),
+    )
 
 
 def dynamic_forward():
@@ -69,8 +77,9 @@ def dynamic_forward():
     from rlvr.models.forward import TokenLogProbs, logits_plain, logprobs_from_logits
 
     def fn(model, ids, attn, C):
-        out = logprobs_from_logits(logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True,
-                                   entropy_grad=False, chunk_rows=None)
+        out = logprobs_from_logits(
+            logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, chunk_rows=None
+        )
         return out.logp, out.entropy
 
     compiled = torch.compile(fn, dynamic=True)
@@ -78,6 +87,7 @@ def dynamic_forward():
     def forward(model, p_ids, p_mask, c_ids, c_mask, **kw):
         C = c_ids.shape[1]
         return TokenLogProbs(*compiled(model, torch.cat([p_ids, c_ids], 1), torch.cat([p_mask, c_mask], 1), C))
+
     return forward
 
 
@@ -109,15 +119,20 @@ def worker_steps(spec: dict) -> dict:
             out = fns[name](model, *batch, temperature=1.0, with_entropy=True, **kw)
             (out.logp * weights).sum().backward()
         model.zero_grad(set_to_none=True)
-        return {"variant": name, "C": C, "seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
-                "compile_s": clock.seconds - before}
+        return {
+            "variant": name,
+            "C": C,
+            "seconds": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - cpu0,
+            "compile_s": clock.seconds - before,
+        }
 
     steps = []
     for C in spec["lengths"]:
         steps.append(step(compiled, C, seed=0))
         order = list(fns)
         for r in range(spec["reps"]):
-            for name in order[r % len(order):] + order[: r % len(order)]:
+            for name in order[r % len(order) :] + order[: r % len(order)]:
                 steps.append(step(name, C, seed=r + 1))
     return {"steps": steps, "graphs": clock.graphs}
 
@@ -138,10 +153,13 @@ def worker_count(spec: dict) -> dict:
     if variant == "bucketed":
         fn = CompiledForward(torch.device("cpu"), backend="eager")
     else:
+
         def plain(model, ids, attn, C):
-            out = logprobs_from_logits(logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True,
-                                       entropy_grad=False, chunk_rows=None)
+            out = logprobs_from_logits(
+                logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, chunk_rows=None
+            )
             return out.logp, out.entropy
+
         compiled = torch.compile(plain, dynamic={"static": False, "default": None}[variant], backend="eager")
 
         def fn(model, p_ids, p_mask, c_ids, c_mask, **kw):
@@ -150,6 +168,7 @@ def worker_count(spec: dict) -> dict:
             torch._dynamo.maybe_mark_dynamic(attn, 0)
             with torch._dynamo.config.patch(recompile_limit=64):
                 return TokenLogProbs(*compiled(model, ids, attn, c_ids.shape[1]))
+
     clock = CompileClock()
     for k, (rows, C) in enumerate(spec["shapes"]):
         batch, weights, _ = micro_batch(C, seed=k, vocab=model.config.vocab_size)
@@ -169,9 +188,12 @@ def spawn(kind: str, spec: dict, cache_dir: str | None = None) -> dict:
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         raise RuntimeError(f"worker {kind} {spec.get('compiled') or spec.get('variant')} failed:\n{p.stderr[-3000:]}")
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     out["process_s"] = time.perf_counter() - t0
-    print(f"  {kind} {spec.get('compiled') or spec.get('variant')}{' (cache ' + cache_dir + ')' if cache_dir else ''}: {json.dumps(out)[:300]}", flush=True)
+    print(
+        f"  {kind} {spec.get('compiled') or spec.get('variant')}{' (cache ' + cache_dir + ')' if cache_dir else ''}: {json.dumps(out)[:300]}",
+        flush=True,
+    )
     return out
 
 
@@ -180,7 +202,6 @@ def spawn(kind: str, spec: dict, cache_dir: str | None = None) -> dict:
 
 def load_average() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
-
 
 
 def steady(steps: list[dict], variant: str, C: int, key: str = "seconds") -> float:
@@ -225,8 +246,9 @@ def main() -> None:
     shapes = [(rng.randint(40, 64), rng.randint(16, 64)) for _ in range(a.run_steps)]
     counts = {v: spawn("count", {"variant": v, "shapes": shapes})["graphs"] for v in ("bucketed", "static", "default")}
     when = [started, load_before, load_average(), time.perf_counter() - t_start]
-    Path(a.out).with_suffix(".json").write_text(json.dumps({"reps": a.reps, "run_steps": a.run_steps, "res": res, "counts": counts,
-                                                            "shapes": shapes, "when": when}))
+    Path(a.out).with_suffix(".json").write_text(
+        json.dumps({"reps": a.reps, "run_steps": a.run_steps, "res": res, "counts": counts, "shapes": shapes, "when": when})
+    )
     report = render(a, res, counts, shapes, *when)
     Path(a.out).write_text(report)
     print(report)
@@ -245,8 +267,10 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
         eager, plain = steady(b, "eager-shared", C), steady(b, "eager-plain", C)
         comp, dyn, eager_d = steady(b, "bucketed", C), steady(d, "dynamic", C), steady(d, "eager-shared", C)
         cpu = "/".join(f"{steady(b, v, C, 'cpu_s'):.1f}" for v in ("eager-shared", "eager-plain", "bucketed"))
-        per_step.append(f"| {C} (bucket {bucket_length(C)}) | {eager:.2f} | {plain:.2f} | {comp:.2f} ({eager / comp:.2f}x) | "
-                        f"{dyn:.2f} ({eager_d / dyn:.2f}x vs {eager_d:.2f}) | {cpu} |")
+        per_step.append(
+            f"| {C} (bucket {bucket_length(C)}) | {eager:.2f} | {plain:.2f} | {comp:.2f} ({eager / comp:.2f}x) | "
+            f"{dyn:.2f} ({eager_d / dyn:.2f}x vs {eager_d:.2f}) | {cpu} |"
+        )
     pays, after_steps = [], {}
     for variant, steps in (("bucketed", b), ("dynamic", d)):
         saving = steady(steps, "eager-shared", 64) - steady(steps, variant, 64)
@@ -255,75 +279,87 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
             compile_s = [first(r, variant, C)["compile_s"] for C in (64, 48)]
             after_steps[variant, cache] = sum(compile_s) / saving if saving > 0 else float("inf")
             after = f"{after_steps[variant, cache]:.0f}" if saving > 0 else "never (not faster than eager)"
-            pays.append(f"| {variant} | {cache} | {compile_s[0]:.1f} | {compile_s[1]:.1f} | "
-                        f"{res[f'{variant}-{cache}']['graphs']} | {saving:.2f} | {after} |")
+            pays.append(
+                f"| {variant} | {cache} | {compile_s[0]:.1f} | {compile_s[1]:.1f} | "
+                f"{res[f'{variant}-{cache}']['graphs']} | {saving:.2f} | {after} |"
+            )
     n_distinct = len({C for _, C in shapes})
     n_buckets = len({bucket_length(C) for _, C in shapes})
     shared = float(load_before) > 0.5 or float(load_after) > 2.5
-    return "\n".join([
-        "# torch.compile of the training forward+backward (optim.compile)",
-        "",
-        f"Command: `nice -n 19 python bench/compile_buckets.py --reps {a.reps} --run-steps {a.run_steps}` ({started}, {wall / 60:.1f} min)  ",
-        f"CPU: {cpu_model()}, {THREADS} threads, torch {torch.__version__}, fp32. Load average before / after: {load_before} / {load_after}"
-        + (" - **the machine was shared with other jobs during this run**: wall times are inflated and noisy; eager and compiled "
-           "steps are interleaved so their ratio holds better than their values. Re-run it idle." if shared else "."),
-        "",
-        f"Model: compare_trl.py's config B (25M Llama, hidden 512, 8 layers, vocab 103), random weights. One micro-batch of {ROWS} rows",
-        f"(8 groups of {GROUP} sharing a 6-8 token prompt) x C completion tokens: forward, log-probs, entropies and the backward",
-        "of a token-weighted loss (the optimizer step is the same either way). Medians over the interleaved rounds that",
-        "compiled nothing.",
-        "",
-        "## Per step (seconds of wall time, forward+backward)",
-        "",
-        "| C | eager, shared prefix (rlvr's default) | eager, plain path | compiled, bucketed (optim.compile=on) | "
-        "compiled, dynamic=True (other process) | CPU s: shared / plain / bucketed |",
-        "|---|---|---|---|---|---|",
-        *per_step,
-        "",
-        "## Compile time and when it pays",
-        "",
-        "Seconds torch.compile spent compiling (dynamo, AOT autograd, inductor; the forward at its first call, the backward",
-        "at its first backward; CompileClock) at each new length. Cold: an empty inductor cache (a first run on a machine);",
-        "warm: a new process with that cache (dynamo still traces; the kernels come from the cache). Pays after: the",
-        "compile seconds of both lengths / (eager shared-prefix step - compiled step at C=64), in steps of one such",
-        "micro-batch (config B's whole update is one).",
-        "",
-        "| variant | cache | compile s, C=64 | compile s, C=48 | graphs | saving per step s | pays after (steps) |",
-        "|---|---|---|---|---|---|---|",
-        *pays,
-        "",
-        f"## Compiles over a run with varying lengths ({len(shapes)} steps)",
-        "",
-        "One micro-batch per step: rows uniform in 40..64 (zero-advantage rows skipped), longest completion uniform in",
-        f"16..64 ({n_distinct} distinct lengths, {n_buckets} buckets), 8-token prompts. Graphs counted by dynamo (backend",
-        "`eager`, tiny model: the count depends on shapes, not weights).",
-        "",
-        "| variant | graphs compiled |",
-        "|---|---|",
-        f"| bucketed, rows dynamic (optim.compile=on) | {counts['bucketed']} |",
-        f"| unbucketed, lengths static (dynamic=False), rows dynamic | {counts['static']} |",
-        f"| torch.compile's default (dynamic=None: static, then automatic dynamic shapes after a change) | {counts['default']} |",
-        "",
-        "## What optim.compile=auto does with this",
-        "",
-        (f"With an empty inductor cache the bucketed compile pays for its two graphs after ~{after_steps['bucketed', 'cold']:.0f} steps "
-         f"of config B (~{after_steps['bucketed', 'warm']:.0f} with a warm cache, which a first run on a machine does not have; "
-         "an EOS run whose packed micro-batches meet all four buckets of max_new_tokens=64 compiles twice as much). "
-         if after_steps["bucketed", "cold"] < float("inf") else
-         "The compiled step is not faster than rlvr's eager step here, so its compiles never pay. ")
-        + ("A run's first steps do not recover them, so `auto` is off on CPU (`COMPILE_WINS_ON` in src/rlvr/models/compiled.py). "
-           if after_steps["bucketed", "cold"] > 20 else
-           "**That is within a run's first steps: `COMPILE_WINS_ON` in src/rlvr/models/compiled.py should include cpu.** ")
-        + "On CUDA it is unmeasured (no GPU was lent), so `auto` is off there; `optim.compile=on` turns it on anywhere (single process).",
-        "bf16 is not measured here (emulated on this CPU); vs_trl.md's earlier measurement on a machine with fast bf16 saw",
-        "the bf16 forward+backward go 3.2 s -> 2.2 s, a larger saving per step than fp32's, against compiles of the same order.",
-        "",
-        "Buckets or dynamic shapes: with static lengths (dynamic=False) a run compiles at every new length (the storm seen",
-        "before); torch.compile's default (automatic dynamic shapes) and dynamic=True stop after about two graphs. Buckets",
-        "keep the lengths static (kernels specialised to them; CUDA graphs need static shapes) at the price of one graph per",
-        "bucket and up to 15 padded tokens (here 8-token prompts run as 16).",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# torch.compile of the training forward+backward (optim.compile)",
+            "",
+            f"Command: `nice -n 19 python bench/compile_buckets.py --reps {a.reps} --run-steps {a.run_steps}` ({started}, {wall / 60:.1f} min)  ",
+            f"CPU: {cpu_model()}, {THREADS} threads, torch {torch.__version__}, fp32. Load average before / after: {load_before} / {load_after}"
+            + (
+                " - **the machine was shared with other jobs during this run**: wall times are inflated and noisy; eager and compiled "
+                "steps are interleaved so their ratio holds better than their values. Re-run it idle."
+                if shared
+                else "."
+            ),
+            "",
+            f"Model: compare_trl.py's config B (25M Llama, hidden 512, 8 layers, vocab 103), random weights. One micro-batch of {ROWS} rows",
+            f"(8 groups of {GROUP} sharing a 6-8 token prompt) x C completion tokens: forward, log-probs, entropies and the backward",
+            "of a token-weighted loss (the optimizer step is the same either way). Medians over the interleaved rounds that",
+            "compiled nothing.",
+            "",
+            "## Per step (seconds of wall time, forward+backward)",
+            "",
+            "| C | eager, shared prefix (rlvr's default) | eager, plain path | compiled, bucketed (optim.compile=on) | "
+            "compiled, dynamic=True (other process) | CPU s: shared / plain / bucketed |",
+            "|---|---|---|---|---|---|",
+            *per_step,
+            "",
+            "## Compile time and when it pays",
+            "",
+            "Seconds torch.compile spent compiling (dynamo, AOT autograd, inductor; the forward at its first call, the backward",
+            "at its first backward; CompileClock) at each new length. Cold: an empty inductor cache (a first run on a machine);",
+            "warm: a new process with that cache (dynamo still traces; the kernels come from the cache). Pays after: the",
+            "compile seconds of both lengths / (eager shared-prefix step - compiled step at C=64), in steps of one such",
+            "micro-batch (config B's whole update is one).",
+            "",
+            "| variant | cache | compile s, C=64 | compile s, C=48 | graphs | saving per step s | pays after (steps) |",
+            "|---|---|---|---|---|---|---|",
+            *pays,
+            "",
+            f"## Compiles over a run with varying lengths ({len(shapes)} steps)",
+            "",
+            "One micro-batch per step: rows uniform in 40..64 (zero-advantage rows skipped), longest completion uniform in",
+            f"16..64 ({n_distinct} distinct lengths, {n_buckets} buckets), 8-token prompts. Graphs counted by dynamo (backend",
+            "`eager`, tiny model: the count depends on shapes, not weights).",
+            "",
+            "| variant | graphs compiled |",
+            "|---|---|",
+            f"| bucketed, rows dynamic (optim.compile=on) | {counts['bucketed']} |",
+            f"| unbucketed, lengths static (dynamic=False), rows dynamic | {counts['static']} |",
+            f"| torch.compile's default (dynamic=None: static, then automatic dynamic shapes after a change) | {counts['default']} |",
+            "",
+            "## What optim.compile=auto does with this",
+            "",
+            (
+                f"With an empty inductor cache the bucketed compile pays for its two graphs after ~{after_steps['bucketed', 'cold']:.0f} steps "
+                f"of config B (~{after_steps['bucketed', 'warm']:.0f} with a warm cache, which a first run on a machine does not have; "
+                "an EOS run whose packed micro-batches meet all four buckets of max_new_tokens=64 compiles twice as much). "
+                if after_steps["bucketed", "cold"] < float("inf")
+                else "The compiled step is not faster than rlvr's eager step here, so its compiles never pay. "
+            )
+            + (
+                "A run's first steps do not recover them, so `auto` is off on CPU (`COMPILE_WINS_ON` in src/rlvr/models/compiled.py). "
+                if after_steps["bucketed", "cold"] > 20
+                else "**That is within a run's first steps: `COMPILE_WINS_ON` in src/rlvr/models/compiled.py should include cpu.** "
+            )
+            + "On CUDA it is unmeasured (no GPU was lent), so `auto` is off there; `optim.compile=on` turns it on anywhere (single process).",
+            "bf16 is not measured here (emulated on this CPU); vs_trl.md's earlier measurement on a machine with fast bf16 saw",
+            "the bf16 forward+backward go 3.2 s -> 2.2 s, a larger saving per step than fp32's, against compiles of the same order.",
+            "",
+            "Buckets or dynamic shapes: with static lengths (dynamic=False) a run compiles at every new length (the storm seen",
+            "before); torch.compile's default (automatic dynamic shapes) and dynamic=True stop after about two graphs. Buckets",
+            "keep the lengths static (kernels specialised to them; CUDA graphs need static shapes) at the price of one graph per",
+            "bucket and up to 15 padded tokens (here 8-token prompts run as 16).",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

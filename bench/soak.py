@@ -21,8 +21,18 @@ from safetensors.torch import load_file
 
 
 def run(out: Path, steps: int, save_every: int, resume: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rlvr", "train", f"steps={steps}", f"save_every={save_every}", "keep_checkpoints=3",
-           "eval_before_after=false", "log_completions_every=0", f"output_dir={out}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr",
+        "train",
+        f"steps={steps}",
+        f"save_every={save_every}",
+        "keep_checkpoints=3",
+        "eval_before_after=false",
+        "log_completions_every=0",
+        f"output_dir={out}",
+    ]
     if resume:
         cmd.append("resume=auto")
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -29,9 +29,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-COMMON = ["rollout.group_size=8", "rollout.prompts_per_step=8", "rollout.temperature=1.0", "optim.lr=1e-6", "algo.beta=0",
-          "eval_before_after=false", "log_completions_every=0", "report_to=[]", "doctor_every=0", "seed=0", "threads=2",
-          "model.autocast=none", "device=cpu"]
+COMMON = [
+    "rollout.group_size=8",
+    "rollout.prompts_per_step=8",
+    "rollout.temperature=1.0",
+    "optim.lr=1e-6",
+    "algo.beta=0",
+    "eval_before_after=false",
+    "log_completions_every=0",
+    "report_to=[]",
+    "doctor_every=0",
+    "seed=0",
+    "threads=2",
+    "model.autocast=none",
+    "device=cpu",
+]
 
 
 def configs(steps: int) -> dict[str, list[str]]:
@@ -41,8 +53,15 @@ def configs(steps: int) -> dict[str, list[str]]:
     data = ["data.task=null", f"data.path={paths['data_False']}", "data.shuffle=false"]
     return {
         "A": ["model.path=tiny", "rollout.max_new_tokens=16", "rollout.ignore_eos=true", f"steps={steps}", *COMMON],
-        "B": [f"model.path={paths['llama25m']}", *data, f"rewards=[{HERE / 'bench_rewards.py'}:digit_share]",
-              "rollout.max_new_tokens=64", "rollout.ignore_eos=true", f"steps={steps}", *COMMON],
+        "B": [
+            f"model.path={paths['llama25m']}",
+            *data,
+            f"rewards=[{HERE / 'bench_rewards.py'}:digit_share]",
+            "rollout.max_new_tokens=64",
+            "rollout.ignore_eos=true",
+            f"steps={steps}",
+            *COMMON,
+        ],
         "tools": ["examples/tools-calculator.yaml", "data.eval_size=20", f"steps={steps}", *COMMON],
     }
 
@@ -51,8 +70,15 @@ def run(tree: Path, overrides: list[str], out: Path) -> list[float]:
     """Step times (s) of one run of `rlvr train` from `tree`."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore")
     yaml_files = [o for o in overrides if o.endswith(".yaml")]
-    cmd = [sys.executable, "-m", "rlvr", "train", *[str(HERE.parent / y) for y in yaml_files], f"output_dir={out}",
-           *[o for o in overrides if o not in yaml_files]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr",
+        "train",
+        *[str(HERE.parent / y) for y in yaml_files],
+        f"output_dir={out}",
+        *[o for o in overrides if o not in yaml_files],
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
     if p.returncode:
         raise SystemExit(f"{tree}: {' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
@@ -72,8 +98,10 @@ def main() -> int:
     from rlvr.models.precision_choice import cpu_model
 
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    commits = {k: subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-               for k, t in trees.items()}
+    commits = {
+        k: subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        for k, t in trees.items()
+    }
     cfgs = {k: v for k, v in configs(args.steps).items() if k in args.configs.split(",")}
     medians: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,21 +109,27 @@ def main() -> int:
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for name, overrides in cfgs.items():
                 for which in order:
-                    times = run(trees[which], overrides, Path(tmp) / f"{name}-{which}-{r}")[args.warmup:]
+                    times = run(trees[which], overrides, Path(tmp) / f"{name}-{which}-{r}")[args.warmup :]
                     medians.setdefault((name, which), []).append(statistics.median(times))
                     print(f"round {r} {name:5s} {which:6s} median step {medians[(name, which)][-1]:.3f} s", flush=True)
-    lines = [f"# Speed before and after: {commits['before']} vs {commits['after']}", "",
-             f"`python bench/speed_trees.py BEFORE AFTER --rounds {args.rounds} --steps {args.steps} --warmup {args.warmup}` "
-             f"on {cpu_model()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; the trees alternate round by round. "
-             "Per round: the median of one run's step times (warm-up steps left out). Noise: the spread (max - min) of one "
-             "tree's per-round medians, as a share of their median.", "",
-             "| config | before: median of rounds | after: median of rounds | after / before | noise before | noise after |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Speed before and after: {commits['before']} vs {commits['after']}",
+        "",
+        f"`python bench/speed_trees.py BEFORE AFTER --rounds {args.rounds} --steps {args.steps} --warmup {args.warmup}` "
+        f"on {cpu_model()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; the trees alternate round by round. "
+        "Per round: the median of one run's step times (warm-up steps left out). Noise: the spread (max - min) of one "
+        "tree's per-round medians, as a share of their median.",
+        "",
+        "| config | before: median of rounds | after: median of rounds | after / before | noise before | noise after |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in cfgs:
         b, a = medians[(name, "before")], medians[(name, "after")]
         mb, ma = statistics.median(b), statistics.median(a)
-        lines.append(f"| {name} | {mb:.3f} s ({', '.join(f'{x:.3f}' for x in b)}) | {ma:.3f} s ({', '.join(f'{x:.3f}' for x in a)}) "
-                     f"| {ma / mb:.3f} | {(max(b) - min(b)) / mb:.1%} | {(max(a) - min(a)) / ma:.1%} |")
+        lines.append(
+            f"| {name} | {mb:.3f} s ({', '.join(f'{x:.3f}' for x in b)}) | {ma:.3f} s ({', '.join(f'{x:.3f}' for x in a)}) "
+            f"| {ma / mb:.3f} | {(max(b) - min(b)) / mb:.1%} | {(max(a) - min(a)) / ma:.1%} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -24,10 +24,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RUNS = {  # name: (config, training metrics shown, what the evaluation measures)
-    "calculator": ("examples/tools-calculator.yaml", ["tools/call_frequency", "tools/failure_frequency", "rewards/final_answer/mean"],
-                   "held-out accuracy"),
-    "guess_number": ("examples/guess-number.yaml", ["tools/call_frequency", "episodes/turns", "rewards/GuessNumber/mean"],
-                     "success, every target of 1..30 once"),
+    "calculator": (
+        "examples/tools-calculator.yaml",
+        ["tools/call_frequency", "tools/failure_frequency", "rewards/final_answer/mean"],
+        "held-out accuracy",
+    ),
+    "guess_number": (
+        "examples/guess-number.yaml",
+        ["tools/call_frequency", "episodes/turns", "rewards/GuessNumber/mean"],
+        "success, every target of 1..30 once",
+    ),
 }
 
 
@@ -56,10 +62,17 @@ def run(name: str, config: str, keys: list[str], work: Path, extra: list[str]) -
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[:5], rows[-5:]
-    trend = {k: (sum(r.get(k, float("nan")) for r in first) / len(first), sum(r.get(k, float("nan")) for r in last) / len(last))
-             for k in keys}
-    return {"command": "rlvr train " + " ".join(cmd[4:5] + extra), "summary": summary, "steps": len(rows), "wall": wall,
-            "trend": trend, "tail": proc.stdout.strip().splitlines()[-3:]}
+    trend = {
+        k: (sum(r.get(k, float("nan")) for r in first) / len(first), sum(r.get(k, float("nan")) for r in last) / len(last)) for k in keys
+    }
+    return {
+        "command": "rlvr train " + " ".join(cmd[4:5] + extra),
+        "summary": summary,
+        "steps": len(rows),
+        "wall": wall,
+        "trend": trend,
+        "tail": proc.stdout.strip().splitlines()[-3:],
+    }
 
 
 def sampled_success(config: str, model_path: str, samples: int = 16) -> tuple[float, int]:
@@ -77,11 +90,20 @@ def sampled_success(config: str, model_path: str, samples: int = 16) -> tuple[fl
 
     torch.set_num_threads(2)
     work = tempfile.mkdtemp(prefix="rlvr-sampled-")
-    cfg = load_config(str(HERE.parent / config), [f"model.path={model_path}", f"output_dir={work}", "report_to=[]", "eval_before_after=false"])
+    cfg = load_config(
+        str(HERE.parent / config), [f"model.path={model_path}", f"output_dir={work}", "report_to=[]", "eval_before_after=false"]
+    )
     t = Trainer(cfg, force=True, logger_live=False)
     rows = t.task.eval_rows()
-    src = make_source(cfg, t.engine, t.tokenizer, SamplingParams(n=samples, temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens),
-                      context_length=t.model.config.max_position_embeddings, device=t.device, precision=t.precision.autocast)
+    src = make_source(
+        cfg,
+        t.engine,
+        t.tokenizer,
+        SamplingParams(n=samples, temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens),
+        context_length=t.model.config.max_position_embeddings,
+        device=t.device,
+        precision=t.precision.autocast,
+    )
     e = src.rollout(rows, list(range(len(rows))))
     runner = RewardRunner.from_config([RewardConfig(fn=t.task.reward, name="eval")])
     ok = score(runner, rows, e)[:, 0]
@@ -99,13 +121,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="rlvr-tools-"))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE.parent).stdout.strip()
     lines = [
-        "# Tool use learned on 2 CPU cores", "",
+        "# Tool use learned on 2 CPU cores",
+        "",
         f"`python bench/tools_demo.py{' --eval-size ' + str(args.eval_size) if args.eval_size else ''}` at {commit}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}; CPU: {cpu()}; 2 threads per run, runs one after the other.",
         "Evaluation: the run's own greedy evaluation before and after training (calculator: problems never trained on; "
-        "guess_number: every target of the range once, see rlvr.tasks.guess_number for why not a held-out split), 95% Wilson intervals. Tool metrics: mean of the first and of the last five training steps (sampling at temperature 1).", "",
+        "guess_number: every target of the range once, see rlvr.tasks.guess_number for why not a held-out split), 95% Wilson intervals. Tool metrics: mean of the first and of the last five training steps (sampling at temperature 1).",
+        "",
     ]
-    for name in ([args.only] if args.only else list(RUNS)):
+    for name in [args.only] if args.only else list(RUNS):
         config, keys, label = RUNS[name]
         r = run(name, config, keys, work, extra)
         s = r["summary"]
@@ -113,9 +137,12 @@ def main() -> None:
         b, a = s["eval_before"], s["eval_after"]
         (bl, bh), (al, ah) = wilson(b, n), wilson(a, n)
         lines += [
-            f"## {name}", "", f"Command: `{r['command']}` ({r['steps']} steps, {s['train_seconds']:.0f} s of training, "
-            f"{r['wall']:.0f} s in all)", "",
-            "| | before | after |", "|---|---|---|",
+            f"## {name}",
+            "",
+            f"Command: `{r['command']}` ({r['steps']} steps, {s['train_seconds']:.0f} s of training, {r['wall']:.0f} s in all)",
+            "",
+            "| | before | after |",
+            "|---|---|---|",
             f"| {label} (greedy, n={n}) | {b:.1%} [{bl:.1%}, {bh:.1%}] | **{a:.1%}** [{al:.1%}, {ah:.1%}] |",
         ]
         lines += [f"| {k} (training, first 5 / last 5 steps) | {x:.3f} | {y:.3f} |" for k, (x, y) in r["trend"].items()]
@@ -125,8 +152,10 @@ def main() -> None:
             before_path = yaml.safe_load((HERE.parent / config).read_text())["model"]["path"]
             (sb, nb), (sa, na) = sampled_success(config, before_path), sampled_success(config, str(work / name / "final"))
             (sbl, sbh), (sal, sah) = wilson(sb, nb), wilson(sa, na)
-            lines.append(f"| held-out success (sampled T=1, 16 per row, n={nb}; episodes of a row are not independent) | "
-                         f"{sb:.1%} [{sbl:.1%}, {sbh:.1%}] | **{sa:.1%}** [{sal:.1%}, {sah:.1%}] |")
+            lines.append(
+                f"| held-out success (sampled T=1, 16 per row, n={nb}; episodes of a row are not independent) | "
+                f"{sb:.1%} [{sbl:.1%}, {sbh:.1%}] | **{sa:.1%}** [{sal:.1%}, {sah:.1%}] |"
+            )
         lines += ["", "Last lines printed:", "", "```", *r["tail"], "```", ""]
         print("\n".join(lines[-12:]), flush=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -128,8 +128,12 @@ def multiplication_episode(p, rng: random.Random, args) -> list[tuple[str, bool]
 def call_episode(p, decision_trained: bool = True) -> list[tuple[str, bool]]:
     """The calculator episode; without `decision_trained` its first token (`<`, the choice to call)
     is not trained, so extra examples teach the call without making it likelier."""
-    return [("<", decision_trained), (f"calc>{p.expression}</calc>", True), (f"<result>{p.answer}</result>", False),
-            (f"{p.answer}{EOS_TEXT}", True)]
+    return [
+        ("<", decision_trained),
+        (f"calc>{p.expression}</calc>", True),
+        (f"<result>{p.answer}</result>", False),
+        (f"{p.answer}{EOS_TEXT}", True),
+    ]
 
 
 def guess_episode(target: int, rng: random.Random, args, low: int = 1, high: int = 30, k: int = 5) -> list[tuple[str, bool]]:
@@ -224,11 +228,17 @@ def play(model, codec: CharCodec, questions: list[str], respond, *, temperature:
     ids = torch.full((n, width), tok.pad_token_id)
     mask = torch.zeros((n, width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1, **{ckw: cache})
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+        **{ckw: cache},
+    )
     logits, pos = out.logits[:, -1], mask.sum(-1)
     gen = torch.Generator().manual_seed(seed)
     texts, queues, done = [""] * n, [[] for _ in range(n)], [False] * n
@@ -279,13 +289,24 @@ def eval_multiplication(model, codec, problems, *, samples: int, seed: int = 0) 
     from rlvr.tasks.multiplication import final_answer
 
     rows = [p for p in problems for _ in range(samples)]
-    texts, _ = play(model, codec, [p.question for p in rows], lambda i, t: _calculator(t),
-                    temperature=0.0 if samples == 1 else 1.0, max_new=64, seed=seed)
+    texts, _ = play(
+        model,
+        codec,
+        [p.question for p in rows],
+        lambda i, t: _calculator(t),
+        temperature=0.0 if samples == 1 else 1.0,
+        max_new=64,
+        seed=seed,
+    )
     ok = final_answer(None, texts, answer=[str(p.answer) for p in rows])
     calls = [t.startswith("<calc>") for t in texts]
     hit = sum(o for o, c in zip(ok, calls) if c)
-    return {"accuracy": sum(ok) / len(rows), "call_rate": sum(calls) / len(rows),
-            "accuracy_given_call": hit / max(1, sum(calls)), "example": texts[0]}
+    return {
+        "accuracy": sum(ok) / len(rows),
+        "call_rate": sum(calls) / len(rows),
+        "accuracy_given_call": hit / max(1, sum(calls)),
+        "example": texts[0],
+    }
 
 
 def eval_guess(model, codec, targets: list[int], *, samples: int, seed: int = 0) -> dict:
@@ -304,12 +325,17 @@ def eval_guess(model, codec, targets: list[int], *, samples: int, seed: int = 0)
         m = re.search(r"<guess>([^<]*)</guess>$", text)
         return f"<result>{envs[i].guess(m.group(1) if m else '')}</result>"
 
-    texts, done = play(model, codec, [prompt_text() for _ in rows], respond,
-                       temperature=0.0 if samples == 1 else 1.0, max_new=300, seed=seed)
+    texts, done = play(
+        model, codec, [prompt_text() for _ in rows], respond, temperature=0.0 if samples == 1 else 1.0, max_new=300, seed=seed
+    )
     won = [env.get_reward() for env in envs]
     guesses = [t.count("<guess>") for t in texts]
-    return {"success": sum(won) / len(rows), "mean_guesses": sum(guesses) / len(rows),
-            "finished": sum(done) / len(rows), "example": texts[0]}
+    return {
+        "success": sum(won) / len(rows),
+        "mean_guesses": sum(guesses) / len(rows),
+        "finished": sum(done) / len(rows),
+        "example": texts[0],
+    }
 
 
 def held_back_targets(low: int = 1, high: int = 30) -> list[int]:
@@ -329,15 +355,19 @@ def evaluate_tools(model, codec, mul_eval, *, full: bool) -> None:
     n_greedy, n_sampled = (500, 200) if full else (200, 50)
     g = eval_multiplication(model, codec, mul_eval[:n_greedy], samples=1)
     s = eval_multiplication(model, codec, mul_eval[:n_sampled], samples=8, seed=1)
-    print(f"  multiplication held-out: greedy accuracy {g['accuracy']:.3f} call rate {g['call_rate']:.3f} "
-          f"accuracy|call {g['accuracy_given_call']:.3f}; sampled (T=1, 8 per problem, {n_sampled} problems) "
-          f"accuracy {s['accuracy']:.3f} call rate {s['call_rate']:.3f} accuracy|call {s['accuracy_given_call']:.3f}")
+    print(
+        f"  multiplication held-out: greedy accuracy {g['accuracy']:.3f} call rate {g['call_rate']:.3f} "
+        f"accuracy|call {g['accuracy_given_call']:.3f}; sampled (T=1, 8 per problem, {n_sampled} problems) "
+        f"accuracy {s['accuracy']:.3f} call rate {s['call_rate']:.3f} accuracy|call {s['accuracy_given_call']:.3f}"
+    )
     for name, targets in (("not pretrained", held_back_targets()), ("pretrained", pretraining_targets())):
         gg = eval_guess(model, codec, targets, samples=1)
         gs = eval_guess(model, codec, targets, samples=16 if full else 8, seed=2)
-        print(f"  guess number {name} targets ({len(targets)}): greedy success {gg['success']:.3f} "
-              f"(mean guesses {gg['mean_guesses']:.2f}); sampled success {gs['success']:.3f} (mean guesses "
-              f"{gs['mean_guesses']:.2f}, finished {gs['finished']:.3f})")
+        print(
+            f"  guess number {name} targets ({len(targets)}): greedy success {gg['success']:.3f} "
+            f"(mean guesses {gg['mean_guesses']:.2f}); sampled success {gs['success']:.3f} (mean guesses "
+            f"{gs['mean_guesses']:.2f}, finished {gs['finished']:.3f})"
+        )
     print(f"  e.g. {g['example']!r} / {s['example']!r} / {gs['example']!r}", flush=True)
     model.train()
 
@@ -353,11 +383,14 @@ def pretrain_tools(args) -> None:
     tok = build_char_tokenizer()
     tok.model_max_length = max_pos
     codec = CharCodec(tok)
-    model = LlamaForCausalLM(char_llama_config(tok, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-                                               num_heads=heads, max_positions=max_pos))
-    print(f"parameters: {sum(p.numel() for p in model.parameters()):,}; p_call {args.p_call}, keep digits {args.keep_digits} then {args.direct_tail}, "
-          f"p_bisect {args.p_bisect}, p_stray {args.p_stray}; per step {args.batch} multiplication rows + {args.extra_calls} "
-          f"extra calls, {args.guess_batch} guess-number transcripts")
+    model = LlamaForCausalLM(
+        char_llama_config(tok, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads, max_positions=max_pos)
+    )
+    print(
+        f"parameters: {sum(p.numel() for p in model.parameters()):,}; p_call {args.p_call}, keep digits {args.keep_digits} then {args.direct_tail}, "
+        f"p_bisect {args.p_bisect}, p_stray {args.p_stray}; per step {args.batch} multiplication rows + {args.extra_calls} "
+        f"extra calls, {args.guess_batch} guess-number transcripts"
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
     rng = random.Random(args.seed)
@@ -380,8 +413,9 @@ def pretrain_tools(args) -> None:
             print(f"step {step} loss multiplication {loss_m.item():.4f} guess {loss_g.item():.4f} ({time.time() - t0:.0f}s)", flush=True)
         if step % max(1, args.steps // 4) == 0 and step != args.steps:
             evaluate_tools(model, codec, mul_eval, full=False)
-    print(f"pretraining took {time.time() - t0:.0f}s ({time.process_time() - cpu0:.0f}s of CPU time, evaluations included); "
-          "final evaluation:")
+    print(
+        f"pretraining took {time.time() - t0:.0f}s ({time.process_time() - cpu0:.0f}s of CPU time, evaluations included); final evaluation:"
+    )
     evaluate_tools(model, codec, mul_eval, full=True)
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -402,16 +436,30 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.7)
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--operators", default="+-")
-    ap.add_argument("--recipe", choices=("default", "tools"), default="default",
-                    help="tools: the bundled tiny-tools model (multiplication with a calculator, guess the number), "
-                         "with its own defaults for --out/--steps/--batch/--lr (TOOLS_DEFAULTS)")
+    ap.add_argument(
+        "--recipe",
+        choices=("default", "tools"),
+        default="default",
+        help="tools: the bundled tiny-tools model (multiplication with a calculator, guess the number), "
+        "with its own defaults for --out/--steps/--batch/--lr (TOOLS_DEFAULTS)",
+    )
     ap.add_argument("--p-call", type=float, default=0.25, help="tools: share of multiplication answers that call the calculator")
-    ap.add_argument("--keep-digits", default="12", help="tools: a direct answer keeps this many leading digits right (drawn from the string)")
-    ap.add_argument("--direct-tail", choices=("noise", "zeros"), default="noise", help="tools: a direct answer's digits after the kept ones")
+    ap.add_argument(
+        "--keep-digits", default="12", help="tools: a direct answer keeps this many leading digits right (drawn from the string)"
+    )
+    ap.add_argument(
+        "--direct-tail", choices=("noise", "zeros"), default="noise", help="tools: a direct answer's digits after the kept ones"
+    )
     ap.add_argument("--p-bisect", type=float, default=0.3, help="tools: share of guesses at the bisection midpoint")
-    ap.add_argument("--p-stray", type=float, default=0.1, help="tools: share of guesses anywhere in the range (not the consistent interval)")
-    ap.add_argument("--extra-calls", type=int, default=64, help="tools: extra calculator episodes per step whose decision to call is not trained")
-    ap.add_argument("--guess-batch", type=int, default=16, help="tools: guess-the-number transcripts per step (--batch: multiplication rows)")
+    ap.add_argument(
+        "--p-stray", type=float, default=0.1, help="tools: share of guesses anywhere in the range (not the consistent interval)"
+    )
+    ap.add_argument(
+        "--extra-calls", type=int, default=64, help="tools: extra calculator episodes per step whose decision to call is not trained"
+    )
+    ap.add_argument(
+        "--guess-batch", type=int, default=16, help="tools: guess-the-number transcripts per step (--batch: multiplication rows)"
+    )
     ap.add_argument("--size", default="128,384,4,4,320", help="tools: hidden,intermediate,layers,heads,max_positions")
     if ap.parse_known_args()[0].recipe == "tools":
         ap.set_defaults(**TOOLS_DEFAULTS)

@@ -21,8 +21,9 @@ def save_calc_caller(path: Path) -> Path:
     episodes = []
     for a, b in PROBLEMS:
         prompt = tok.apply_chat_template([{"role": "user", "content": f"{a}*{b}="}], add_generation_prompt=True, tokenize=False)
-        episodes.append([(prompt, False), (f"<calc>{a}*{b}</calc>", True), (f"<result>{a * b}</result>", False),
-                         (f"{a * b}{tok.eos_token}", True)])
+        episodes.append(
+            [(prompt, False), (f"<calc>{a}*{b}</calc>", True), (f"<result>{a * b}</result>", False), (f"{a * b}{tok.eos_token}", True)]
+        )
     model, loss = train_caller(tok, episodes, steps=300)
     assert loss < 0.01, loss
     model.save_pretrained(path)

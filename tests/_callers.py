@@ -16,7 +16,7 @@ HERMES_MINI = (
     "{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + (m.content or '') }}"
-    "{%- for c in (m.tool_calls or []) %}{{- '<tool_call>{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    '{%- for c in (m.tool_calls or []) %}{{- \'<tool_call>{"name": "\' + c.function.name + \'", "arguments": \' }}'
     "{{- c.function.arguments | tojson }}{{- '}</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif m.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>' + m.content + '</tool_response><|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
@@ -37,8 +37,15 @@ def hermes_tokenizer(template: str = HERMES_MINI):
     core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + chars)}, merges=[], unk_token="<unk>"))
     core.add_special_tokens(specials)
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>",
-                                   additional_special_tokens=specials[:2], chat_template=template, padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=specials[:2],
+        chat_template=template,
+        padding_side="left",
+    )
 
 
 def train_caller(tokenizer, episodes: list[list[tuple[str, bool]]], *, steps: int = 300, seed: int = 0, max_positions: int = 256):

@@ -41,8 +41,7 @@ def main():
             return orig(*a, **k)
 
         t.optimizer.step = step_then_maybe_die
-    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__, "start_step": t.state.step,
-              "strategy": t.dist.strategy}
+    record = {"loss": [], "grads": [], "metrics": [], "rlvr_file": rlvr.__file__, "start_step": t.state.step, "strategy": t.dist.strategy}
     save_after = int(os.environ.get("RLVR_TEST_SAVE_AFTER", "0"))
     for k in range(steps):
         if k and k == save_after:

@@ -40,9 +40,16 @@ def healthy_run(tmp_path_factory, tiny_model_dir: str, cli) -> tuple[Path, str]:
         reward.write_text(DENSE_REWARD)
         out = root / "run"
         proc = train_cli(
-            cli, out, f"model.path={tiny_model_dir}", f"rewards=[{reward}:digit_share]", "steps=30",
-            "rollout.prompts_per_step=8", "optim.lr=1e-3", "data.eval_size=20",
-            "log_completions_every=5", "num_completions_logged=16",
+            cli,
+            out,
+            f"model.path={tiny_model_dir}",
+            f"rewards=[{reward}:digit_share]",
+            "steps=30",
+            "rollout.prompts_per_step=8",
+            "optim.lr=1e-3",
+            "data.eval_size=20",
+            "log_completions_every=5",
+            "num_completions_logged=16",
         )
         _CACHE["healthy"] = (out, proc.stdout)
     return _CACHE["healthy"]
@@ -56,8 +63,15 @@ def kl_run(tmp_path_factory, tiny_model_dir: str, cli) -> Path:
         reward.write_text(DENSE_REWARD)
         out = root / "run"
         proc = train_cli(
-            cli, out, f"model.path={tiny_model_dir}", f"rewards=[{reward}:digit_share]", "steps=10",
-            "rollout.prompts_per_step=8", "optim.lr=1e-3", "algo.beta=0.04", "eval_before_after=false",
+            cli,
+            out,
+            f"model.path={tiny_model_dir}",
+            f"rewards=[{reward}:digit_share]",
+            "steps=10",
+            "rollout.prompts_per_step=8",
+            "optim.lr=1e-3",
+            "algo.beta=0.04",
+            "eval_before_after=false",
             "log_completions_every=5",
         )
         _CACHE["kl"] = (out, proc.stdout)

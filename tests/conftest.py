@@ -58,8 +58,16 @@ def trainer_defaults(model_path: str, output_dir) -> list[str]:
     fp32 (the tests compare numbers at fp32 tolerances, whichever precision this machine runs fastest;
     tests/test_precision_auto.py tests model.autocast=auto)."""
     return [
-        f"model.path={model_path}", "eval_before_after=false", "steps=3", "rollout.group_size=4", "rollout.prompts_per_step=4",
-        "rollout.max_new_tokens=4", f"output_dir={output_dir}", "log_completions_every=0", "report_to=[]", "model.autocast=none",
+        f"model.path={model_path}",
+        "eval_before_after=false",
+        "steps=3",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=4",
+        f"output_dir={output_dir}",
+        "log_completions_every=0",
+        "report_to=[]",
+        "model.autocast=none",
     ]
 
 

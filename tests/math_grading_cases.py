@@ -239,8 +239,13 @@ CASES = [
     Case("units", "42", "\\boxed{\\text{forty-two}}", 1, known_miss="numbers in words are not read"),
     # ------------------------------------------------------------------ answers echoed from the prompt
     Case("echo", "7", FEWSHOT.split("\n\n")[0] + "\nAnn has 7 pens.", 0, prompt=FEWSHOT),
-    Case("echo", "7", "Example: Sam has 3 apples and buys 4 more. How many?\nThe answer is 7.\nAnn: 5 + 2 = 8.\nThe answer is 8.", 0,
-         prompt=FEWSHOT),
+    Case(
+        "echo",
+        "7",
+        "Example: Sam has 3 apples and buys 4 more. How many?\nThe answer is 7.\nAnn: 5 + 2 = 8.\nThe answer is 8.",
+        0,
+        prompt=FEWSHOT,
+    ),
     Case("echo", "7", "Ann has 5 + 2 = 7 pens. The answer is 7.", 1, prompt=FEWSHOT),
     Case("echo", "7", "The answer is 7.", 1, prompt=FEWSHOT),  # the same words as the example's, but alone: the model's own
     # ------------------------------------------------------------------ negation, emptiness, truncation

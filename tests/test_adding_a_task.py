@@ -77,8 +77,9 @@ def test_a_task_added_to_the_registry_trains_and_is_evaluated(count_up, make_tra
 
     assert REWARDS["says_following"] == "count_up_task:says_following"
     assert load_environment("counter") is count_up.Counter  # tools.environment=counter names it
-    trainer = make_trainer("data.task=count_up", "steps=1", "eval_before_after=true", "data.eval_size=3",
-                           "log_completions_every=1", "rewards=[says_following]")
+    trainer = make_trainer(
+        "data.task=count_up", "steps=1", "eval_before_after=true", "data.eval_size=3", "log_completions_every=1", "rewards=[says_following]"
+    )
     summary = trainer.train()
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -101,8 +101,9 @@ def tag_caller(tmp_path_factory):
     """The bundled char tokenizer; a model that writes `<calc>12*34</calc>`, then `408` after the result."""
     tok = build_char_tokenizer()
     prompt = tok.apply_chat_template([{"role": "user", "content": "12*34="}], add_generation_prompt=True, tokenize=False)
-    episodes = [[(prompt, False), ("<calc>12*34</calc>", True), (f"<result>{r}</result>", False), ("408" + tok.eos_token, True)]
-                for r in RESULTS]
+    episodes = [
+        [(prompt, False), ("<calc>12*34</calc>", True), (f"<result>{r}</result>", False), ("408" + tok.eos_token, True)] for r in RESULTS
+    ]
     model, loss = train_caller(tok, episodes, steps=250)
     assert loss < 0.01
     path = tmp_path_factory.mktemp("tag_caller")
@@ -116,11 +117,23 @@ def tag_caller(tmp_path_factory):
 
 def _tag_trainer(make_trainer, path, tool, *overrides, G=4):
     return make_trainer(
-        f"model.path={path}", "data.task=null", f"data.path={path / 'data.jsonl'}", "rewards=[final_answer]",
-        f"tools.functions=[{path / 'tools.py'}:{tool}]", f"tools.tags=[{tool}=calc]", "tools.format=tags",
+        f"model.path={path}",
+        "data.task=null",
+        f"data.path={path / 'data.jsonl'}",
+        "rewards=[final_answer]",
+        f"tools.functions=[{path / 'tools.py'}:{tool}]",
+        f"tools.tags=[{tool}=calc]",
+        "tools.format=tags",
         "tools.describe=false",  # the caller learnt its episodes after the bare prompt
-        "tools.timeout_s=0.5", f"rollout.group_size={G}", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64",
-        "optim.skip_zero_advantage=false", "algo.scale_rewards=none", *overrides, run=tool)
+        "tools.timeout_s=0.5",
+        f"rollout.group_size={G}",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=64",
+        "optim.skip_zero_advantage=false",
+        "algo.scale_rewards=none",
+        *overrides,
+        run=tool,
+    )
 
 
 def _conversations(batch):
@@ -140,8 +153,10 @@ def test_tag_episode_layout_exactness_and_zero_gradient_on_tool_tokens(make_trai
         assert [x for x, m in zip(ids, loss) if not m] == tok("<result>408</result>", add_special_tokens=False)["input_ids"]
         assert ids[-1] == tok.eos_token_id and loss[-1] == 1
     assert _conversations(batch)[0] == [
-        {"role": "assistant", "content": "<calc>12*34</calc>"}, {"role": "tool", "name": "multiply", "content": "408"},
-        {"role": "assistant", "content": "408"}]
+        {"role": "assistant", "content": "<calc>12*34</calc>"},
+        {"role": "tool", "name": "multiply", "content": "408"},
+        {"role": "assistant", "content": "408"},
+    ]
     assert batch.rewards[:, 0].tolist() == [1.0] * len(e)
     # the sampler's log-probs of every model token equal a fresh forward over the whole episode
     out, C = t.updater.forward(t.model, e.to(t.device), slice(0, len(e)), with_entropy=False)
@@ -166,15 +181,20 @@ def test_tag_episode_layout_exactness_and_zero_gradient_on_tool_tokens(make_trai
     metrics = t.source.metrics(e)
     assert metrics["tools/call_frequency"] == 1.0 and metrics["tools/failure_frequency"] == 0.0
     assert metrics["tools/multiply/call_frequency"] == 1.0 and metrics["episodes/turns"] == 2.0
-    assert metrics["episodes/external_token_share"] == pytest.approx(len("<result>408</result>") / len("<calc>12*34</calc><result>408</result>408x"))
+    assert metrics["episodes/external_token_share"] == pytest.approx(
+        len("<result>408</result>") / len("<calc>12*34</calc><result>408</result>408x")
+    )
 
 
-@pytest.mark.parametrize("tool, message", [
-    ("raises", "error: raises raised RuntimeError: boom"),
-    ("hangs", "error: hangs timed out after 0.5s"),
-    ("returns_none", "error: returns_none returned None"),
-    ("wants_int", "error: bad arguments for wants_int"),
-])
+@pytest.mark.parametrize(
+    "tool, message",
+    [
+        ("raises", "error: raises raised RuntimeError: boom"),
+        ("hangs", "error: hangs timed out after 0.5s"),
+        ("returns_none", "error: returns_none returned None"),
+        ("wants_int", "error: bad arguments for wants_int"),
+    ],
+)
 def test_every_tool_failure_is_a_message_and_a_count_and_the_run_goes_on(make_trainer, tag_caller, tool, message):
     t = _tag_trainer(make_trainer, tag_caller, tool, "steps=2")
     t0 = time.perf_counter()
@@ -221,9 +241,17 @@ def hermes_caller(tmp_path_factory):
 
 
 def _hermes_trainer(make_trainer, path, question, run):
-    return make_trainer(f"model.path={path / 'm'}", "data.task=null", f"data.path={path / (question[:2] + '.jsonl')}",
-                        "rewards=[final_answer]", f"tools.functions=[calculator, {path / 'tools.py'}:multiply]", "tools.format=auto",
-                        "rollout.prompts_per_step=1", "rollout.max_new_tokens=180", run=run)
+    return make_trainer(
+        f"model.path={path / 'm'}",
+        "data.task=null",
+        f"data.path={path / (question[:2] + '.jsonl')}",
+        "rewards=[final_answer]",
+        f"tools.functions=[calculator, {path / 'tools.py'}:multiply]",
+        "tools.format=auto",
+        "rollout.prompts_per_step=1",
+        "rollout.max_new_tokens=180",
+        run=run,
+    )
 
 
 def test_hermes_chat_template_path(make_trainer, hermes_caller):
@@ -256,8 +284,10 @@ def test_unknown_tool_through_the_chat_template(make_trainer, hermes_caller):
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_at_start_up(make_trainer, tmp_path):
-    rewrites = HERMES_MINI.replace("{{- '<|im_start|>assistant\\n' + (m.content or '') }}",
-                                   "{{- '<|im_start|>assistant\\n' + ('<think></think>' if loop.last else '') + (m.content or '') }}")
+    rewrites = HERMES_MINI.replace(
+        "{{- '<|im_start|>assistant\\n' + (m.content or '') }}",
+        "{{- '<|im_start|>assistant\\n' + ('<think></think>' if loop.last else '') + (m.content or '') }}",
+    )
     tok = hermes_tokenizer(rewrites)
     model, _ = train_caller(tok, [[("x", False), ("y", True)]], steps=1)
     model.save_pretrained(tmp_path / "m")
@@ -329,10 +359,27 @@ def saw_source(prompts, completions, source, **kw):
 def test_trl_style_environment_trains_through_the_cli(rlvr_cli, tag_caller, tmp_path):
     (tmp_path / "env.py").write_text(TRL_ENV)
     out = tmp_path / "run"
-    rlvr_cli("train", f"output_dir={out}", f"model.path={tag_caller}", "data.task=null", f"data.path={tag_caller / 'data.jsonl'}",
-             "rewards=[final_answer]", f"tools.environment={tmp_path / 'env.py'}:CalcEnv", "tools.tags=[multiply=calc]",
-             "tools.describe=false", "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64", "steps=2",
-             "eval_before_after=false", "threads=1", "report_to=[]", "log_completions_every=1", check=True, timeout=300)
+    rlvr_cli(
+        "train",
+        f"output_dir={out}",
+        f"model.path={tag_caller}",
+        "data.task=null",
+        f"data.path={tag_caller / 'data.jsonl'}",
+        "rewards=[final_answer]",
+        f"tools.environment={tmp_path / 'env.py'}:CalcEnv",
+        "tools.tags=[multiply=calc]",
+        "tools.describe=false",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=2",
+        "rollout.max_new_tokens=64",
+        "steps=2",
+        "eval_before_after=false",
+        "threads=1",
+        "report_to=[]",
+        "log_completions_every=1",
+        check=True,
+        timeout=300,
+    )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     assert all(r["rewards/CalcEnv/mean"] == 1.0 and r["tools/call_frequency"] == 1.0 for r in rows)
@@ -345,9 +392,22 @@ def test_trl_style_environment_trains_through_the_cli(rlvr_cli, tag_caller, tmp_
 def test_a_rollout_function_trains_through_the_cli(rlvr_cli, tiny_model_dir, tmp_path):
     (tmp_path / "roll.py").write_text(ROLLOUT_FN)
     out = tmp_path / "run"
-    rlvr_cli("train", f"output_dir={out}", f"model.path={tiny_model_dir}", f"rollout.function={tmp_path / 'roll.py'}:my_rollout",
-             f"rewards=[{tmp_path / 'roll.py'}:saw_source]", "rollout.group_size=4", "rollout.prompts_per_step=2", "steps=2",
-             "eval_before_after=false", "threads=1", "report_to=[]", "log_completions_every=1", check=True, timeout=300)
+    rlvr_cli(
+        "train",
+        f"output_dir={out}",
+        f"model.path={tiny_model_dir}",
+        f"rollout.function={tmp_path / 'roll.py'}:my_rollout",
+        f"rewards=[{tmp_path / 'roll.py'}:saw_source]",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=2",
+        "steps=2",
+        "eval_before_after=false",
+        "threads=1",
+        "report_to=[]",
+        "log_completions_every=1",
+        check=True,
+        timeout=300,
+    )
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["completions/max_length"] == 3 for r in rows)  # the model's tokens, not the reply's
     assert (out / "final" / "model.safetensors").exists()
@@ -359,10 +419,19 @@ def test_the_report_shows_episodes_as_conversations(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.5, "loss": 0.1}) + "\n" for s in (1, 2)))
-    conv = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"expression": "12*34"}}}]},
-            {"role": "tool", "name": "multiply", "content": "error: <boom>"}, {"role": "assistant", "content": "408"}]
-    (run / "samples.jsonl").write_text(json.dumps({"step": 2, "prompt": "12*34=", "completion": "x", "conversation": conv,
-                                                   "reward/final_answer": 1.0, "advantage": 0.5}) + "\n")
+    conv = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "multiply", "arguments": {"expression": "12*34"}}}],
+        },
+        {"role": "tool", "name": "multiply", "content": "error: <boom>"},
+        {"role": "assistant", "content": "408"},
+    ]
+    (run / "samples.jsonl").write_text(
+        json.dumps({"step": 2, "prompt": "12*34=", "completion": "x", "conversation": conv, "reward/final_answer": 1.0, "advantage": 0.5})
+        + "\n"
+    )
     page = make_report([run]).read_text()
-    assert '<div class=tool><span class=dim>tool result (multiply)</span><pre>error: &lt;boom&gt;</pre></div>' in page
-    assert '[tool call] multiply({&quot;expression&quot;: &quot;12*34&quot;})' in page
+    assert "<div class=tool><span class=dim>tool result (multiply)</span><pre>error: &lt;boom&gt;</pre></div>" in page
+    assert "[tool call] multiply({&quot;expression&quot;: &quot;12*34&quot;})" in page

@@ -34,11 +34,11 @@ def ref_advantages(rewards, G, scale, ddof, eps=1e-8):
     bm = sum(allv) / len(allv)
     bstd = math.sqrt(sum((v - bm) ** 2 for v in allv) / max(len(allv) - ddof, 1))
     for g0 in range(0, len(r), G):
-        grp = [v for v in r[g0:g0 + G] if not math.isnan(v)]
+        grp = [v for v in r[g0 : g0 + G] if not math.isnan(v)]
         m = sum(grp) / len(grp) if grp else 0.0
         sd = math.sqrt(sum((v - m) ** 2 for v in grp) / max(len(grp) - ddof, 1)) if grp else 0.0
         div = {"group": sd + eps, "batch": bstd + eps, "none": 1.0}[scale]
-        out += [0.0 if math.isnan(v) else (v - m) / div for v in r[g0:g0 + G]]
+        out += [0.0 if math.isnan(v) else (v - m) / div for v in r[g0 : g0 + G]]
     return torch.tensor(out, dtype=D)
 
 
@@ -103,12 +103,19 @@ def test_normalize_then_sum_keeps_combinations_apart_that_sum_then_normalize_mer
 
 def test_groups_with_signal_per_mode():
     G = 2
-    rewards = torch.tensor([
-        [1, 0], [1, 0],  # group 0: identical -> no signal
-        [1, 0], [0, 2],  # group 1: weighted sums tie, components differ
-        [1, 0], [0, 0],  # group 2: differ
-        [1, float("nan")], [float("nan"), float("nan")],  # group 3: one valid completion only
-    ], dtype=D)
+    rewards = torch.tensor(
+        [
+            [1, 0],
+            [1, 0],  # group 0: identical -> no signal
+            [1, 0],
+            [0, 2],  # group 1: weighted sums tie, components differ
+            [1, 0],
+            [0, 0],  # group 2: differ
+            [1, float("nan")],
+            [float("nan"), float("nan")],  # group 3: one valid completion only
+        ],
+        dtype=D,
+    )
     w = torch.tensor([1.0, 0.5])
     assert groups_with_signal(rewards, w, G, mode="sum_then_normalize").tolist() == [False, False, True, False]
     assert groups_with_signal(rewards, w, G, mode="normalize_then_sum").tolist() == [False, True, True, False]

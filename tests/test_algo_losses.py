@@ -39,8 +39,9 @@ def test_at_ratio_one_the_gradient_is_that_of_advantage_weighted_log_likelihood(
     expected, expected_loss = torch.zeros(N, 5, dtype=D), 0.0
     for i in range(N):
         n_i = int(mask[i].sum())
-        c = {"grpo": 1 / (max(n_i, 1) * N), "bnpo": 1 / mask.sum().item(), "dr_grpo": 1 / (N * max_len),
-             "dapo": 1 / mask.sum().item()}[loss_type]
+        c = {"grpo": 1 / (max(n_i, 1) * N), "bnpo": 1 / mask.sum().item(), "dr_grpo": 1 / (N * max_len), "dapo": 1 / mask.sum().item()}[
+            loss_type
+        ]
         expected[i, :n_i] = -c * adv[i].item()
         expected_loss += -c * adv[i].item() * n_i
     torch.testing.assert_close(logp.grad, expected, **TOL)
@@ -106,8 +107,7 @@ def test_gspo_ratio_is_exp_of_the_mean_token_log_ratio_per_sequence():
     # row 0: token ratios 3.0, 0.5, 1.0 -> sequence ratio (1.5)^(1/3) = 1.1447; padding garbage is ignored
     logp = torch.log(torch.tensor([[3.0, 0.5, 1.0, 50.0], [1.1, 1.1, 0.01, 9.0]], dtype=D)).requires_grad_(True)
     adv = torch.tensor([1.0, -1.0], dtype=D)
-    out = policy_loss(logp, old, adv, mask, norms_of(mask, 4), loss_type="dapo", importance_level="sequence",
-                      epsilon=0.2)
+    out = policy_loss(logp, old, adv, mask, norms_of(mask, 4), loss_type="dapo", importance_level="sequence", epsilon=0.2)
     out.loss.backward()
     s0, s1 = 1.5 ** (1 / 3), 1.1
     # neither sequence is clipped: 1.1447 < 1.2; yet at token level row 0's 3.0 and 0.5 would be
@@ -125,8 +125,9 @@ def test_gspo_ratio_is_exp_of_the_mean_token_log_ratio_per_sequence():
 def test_gspo_clips_whole_sequences():
     mask = torch.ones(1, 3, dtype=D)
     logp = torch.log(torch.tensor([[1.5, 1.5, 1.5]], dtype=D)).requires_grad_(True)
-    out = policy_loss(logp, torch.zeros(1, 3, dtype=D), torch.ones(1, dtype=D), mask, norms_of(mask, 3),
-                      importance_level="sequence", epsilon=0.2)
+    out = policy_loss(
+        logp, torch.zeros(1, 3, dtype=D), torch.ones(1, dtype=D), mask, norms_of(mask, 3), importance_level="sequence", epsilon=0.2
+    )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-1.2, abs=1e-12)
     assert torch.all(logp.grad == 0)
@@ -199,9 +200,12 @@ def test_every_registry_entry_is_documented():
     registries = {
         "OBJECTIVES": {k: v.fn for k, v in algo.OBJECTIVES.items()},
         "LOSS_AGGREGATIONS": {k: v.fn for k, v in algo.LOSS_AGGREGATIONS.items()},
-        "IMPORTANCE_LEVELS": algo.IMPORTANCE_LEVELS, "KL_ESTIMATORS": algo.KL_ESTIMATORS,
-        "SAMPLER_CORRECTIONS": algo.SAMPLER_CORRECTIONS, "ADVANTAGE_SCALES": algo.ADVANTAGE_SCALES,
-        "REWARD_AGGREGATIONS": algo.REWARD_AGGREGATIONS, "GROUP_SIGNAL": algo.GROUP_SIGNAL,
+        "IMPORTANCE_LEVELS": algo.IMPORTANCE_LEVELS,
+        "KL_ESTIMATORS": algo.KL_ESTIMATORS,
+        "SAMPLER_CORRECTIONS": algo.SAMPLER_CORRECTIONS,
+        "ADVANTAGE_SCALES": algo.ADVANTAGE_SCALES,
+        "REWARD_AGGREGATIONS": algo.REWARD_AGGREGATIONS,
+        "GROUP_SIGNAL": algo.GROUP_SIGNAL,
     }
     for name, reg in registries.items():
         for key, fn in reg.items():
@@ -220,7 +224,8 @@ def test_the_queries_follow_the_declared_properties():
         obj, agg = algo.OBJECTIVES[algo.LOSS_TYPES[loss_type].objective], algo.LOSS_AGGREGATIONS[algo.LOSS_TYPES[loss_type].aggregation]
         assert algo.rows_can_be_regrouped(loss_type) is (not agg.normalises_per_micro_batch)
         assert algo.zero_advantage_rows_have_zero_gradient(loss_type=loss_type, beta=beta, entropy_coef=coef) is (
-            obj.zero_gradient_at_zero_advantage and beta == 0 and coef == 0 and not agg.normalises_per_micro_batch)
+            obj.zero_gradient_at_zero_advantage and beta == 0 and coef == 0 and not agg.normalises_per_micro_batch
+        )
     assert [k for k, a in algo.LOSS_AGGREGATIONS.items() if a.normalises_per_micro_batch] == ["bnpo"]
     assert all(o.zero_gradient_at_zero_advantage for o in algo.OBJECTIVES.values())
     assert [k for k, o in algo.OBJECTIVES.items() if o.takes_sampler_weights] == ["vespo"]

@@ -53,8 +53,18 @@ def ragged(seed):
     sampler = 0.5 + 1.5 * torch.rand(N, L, generator=g, dtype=D)  # sampler-correction weights
     entropy = 2 * torch.rand(N, L, generator=g, dtype=D)
     max_len = L + rnd.randint(0, 3)
-    return dict(logp=logp, old=old, ref=ref, sampling=sampling, adv=adv, mask=mask, weights=weights, sampler=sampler,
-                entropy=entropy, max_len=max_len)
+    return dict(
+        logp=logp,
+        old=old,
+        ref=ref,
+        sampling=sampling,
+        adv=adv,
+        mask=mask,
+        weights=weights,
+        sampler=sampler,
+        entropy=entropy,
+        max_len=max_len,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,9 +79,30 @@ def _clamp(x, lo, hi):
     return max(lo, min(hi, x))
 
 
-def ref_loss(logp, entropy, x, *, loss_type, level, epsilon=0.2, epsilon_high=None, delta=None, tau_pos=1.0, tau_neg=1.05,
-             k_pos=2.0, lam_pos=3.0, k_neg=3.0, lam_neg=2.0, beta=0.0, kl_bias=False, weights=False, sampler=False,
-             opsm=None, entropy_coef=0.0, num_micro=1):
+def ref_loss(
+    logp,
+    entropy,
+    x,
+    *,
+    loss_type,
+    level,
+    epsilon=0.2,
+    epsilon_high=None,
+    delta=None,
+    tau_pos=1.0,
+    tau_neg=1.05,
+    k_pos=2.0,
+    lam_pos=3.0,
+    k_neg=3.0,
+    lam_neg=2.0,
+    beta=0.0,
+    kl_bias=False,
+    weights=False,
+    sampler=False,
+    opsm=None,
+    entropy_coef=0.0,
+    num_micro=1,
+):
     """TRL's loss of one micro-batch, one row and one token at a time. logp, entropy: leaf tensors; the rest lists."""
     old, adv, mask, ref, samp = (x[k].tolist() for k in ("old", "adv", "mask", "ref", "sampling"))
     w = x["weights"].tolist() if weights else None
@@ -159,21 +190,60 @@ SETUPS = {
 }
 
 
-def lib_loss(x, rows=None, cols=None, num_micro=1, *, loss_type, level, epsilon=0.2, epsilon_high=None, delta=None,
-             beta=0.0, kl_bias=False, weights=False, sampler=False, opsm=None, entropy_coef=0.0, logp=None, entropy=None):
+def lib_loss(
+    x,
+    rows=None,
+    cols=None,
+    num_micro=1,
+    *,
+    loss_type,
+    level,
+    epsilon=0.2,
+    epsilon_high=None,
+    delta=None,
+    beta=0.0,
+    kl_bias=False,
+    weights=False,
+    sampler=False,
+    opsm=None,
+    entropy_coef=0.0,
+    logp=None,
+    entropy=None,
+):
     """policy_loss on rows (all by default) and the first `cols` columns, with whole-batch norms."""
     rows = torch.arange(x["mask"].shape[0]) if rows is None else torch.as_tensor(rows)
     c = slice(None, cols)
     sub = lambda k: x[k][rows, c]  # noqa: E731
     m = x["mask"]
     kept = m * x["weights"] if weights else m
-    norms = BatchNorms(num_sequences=m.shape[0], num_tokens=int(m.sum()), max_completion_length=x["max_len"],
-                       num_micro_batches=num_micro, num_entropy_tokens=int(kept.sum()) if weights else None)
-    return policy_loss(logp[rows, c], sub("old"), x["adv"][rows], sub("mask"), norms, loss_type=loss_type, importance_level=level,
-                       epsilon=epsilon, epsilon_high=epsilon_high, delta=delta, beta=beta, ref_logp=sub("ref") if beta else None,
-                       kl_bias_correction=kl_bias, token_weights=sub("weights") if weights else None,
-                       sampler_weights=sub("sampler") if sampler else None, off_policy_mask_threshold=opsm,
-                       sampling_logp=sub("sampling"), entropy=entropy[rows, c], entropy_coef=entropy_coef)
+    norms = BatchNorms(
+        num_sequences=m.shape[0],
+        num_tokens=int(m.sum()),
+        max_completion_length=x["max_len"],
+        num_micro_batches=num_micro,
+        num_entropy_tokens=int(kept.sum()) if weights else None,
+    )
+    return policy_loss(
+        logp[rows, c],
+        sub("old"),
+        x["adv"][rows],
+        sub("mask"),
+        norms,
+        loss_type=loss_type,
+        importance_level=level,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        beta=beta,
+        ref_logp=sub("ref") if beta else None,
+        kl_bias_correction=kl_bias,
+        token_weights=sub("weights") if weights else None,
+        sampler_weights=sub("sampler") if sampler else None,
+        off_policy_mask_threshold=opsm,
+        sampling_logp=sub("sampling"),
+        entropy=entropy[rows, c],
+        entropy_coef=entropy_coef,
+    )
 
 
 def _eps_high(loss_type):
@@ -215,8 +285,11 @@ def test_the_random_cases_exercise_every_branch():
         kept_negative += int((m[neg] == 1).sum())
         assert bool((m[x["adv"] >= 0] == 1).all())
         capped += int(((x["logp"] - x["old"]).exp()[x["mask"].bool()] > 1.2).sum())
-        phis.append(algo.objectives.vespo_weight(x["logp"], x["old"], x["adv"], x["mask"], None, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
-                                                  vespo_k_neg=3.0, vespo_lambda_neg=2.0))
+        phis.append(
+            algo.objectives.vespo_weight(
+                x["logp"], x["old"], x["adv"], x["mask"], None, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0
+            )
+        )
     assert dropped >= 2 and kept_negative >= 2 and capped >= 3
     phi = torch.cat(phis)
     assert phi.min() < 0.8 and phi.max() > 0.95 and phi.std() > 0.05
@@ -248,7 +321,7 @@ def test_micro_batches_of_any_rows_give_the_full_batch_loss_exactly(loss_type, l
 
     full = accumulate([range(N)])
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed)).tolist()
-    for chunks in ([[0], range(1, N)], [[i] for i in range(N)], [perm[: N // 2], perm[N // 2:]]):
+    for chunks in ([[0], range(1, N)], [[i] for i in range(N)], [perm[: N // 2], perm[N // 2 :]]):
         loss, g_lp, g_ent = accumulate(chunks)
         assert loss == pytest.approx(full[0], abs=1e-12)
         torch.testing.assert_close(g_lp, full[1], **TOL)
@@ -262,9 +335,24 @@ def test_micro_batches_of_any_rows_give_the_full_batch_loss_exactly(loss_type, l
 # mask.sum()), old log-probs given, no top-entropy mask; `inputs["importance_sampling_ratio"]` = sampler.
 
 
-def trl_loss(per_token_logps, entropies, x, *, loss_type, importance_sampling_level, epsilon, epsilon_high, delta=None,
-             sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, beta=0.0, use_bias_correction_kl=False,
-             off_policy_mask_threshold=None, importance_sampling_ratio=None, entropy_coef=0.0):
+def trl_loss(
+    per_token_logps,
+    entropies,
+    x,
+    *,
+    loss_type,
+    importance_sampling_level,
+    epsilon,
+    epsilon_high,
+    delta=None,
+    sapo_temperature_pos=1.0,
+    sapo_temperature_neg=1.05,
+    beta=0.0,
+    use_bias_correction_kl=False,
+    off_policy_mask_threshold=None,
+    importance_sampling_ratio=None,
+    entropy_coef=0.0,
+):
     mask = x["mask"]
     advantages = x["adv"].unsqueeze(1)
     old_per_token_logps = x["old"]
@@ -361,12 +449,21 @@ def test_trl_formulas_are_reproduced(case, level, seed):
     kw = dict(TRL_CASES[case])
     loss_type = case.split("_")[0] if case.split("_")[0] in algo.LOSS_TYPES else "dapo"
     kw.setdefault("epsilon_high", 0.28)
-    ours = dict(loss_type=loss_type, importance_level=level, epsilon=0.2, epsilon_high=kw["epsilon_high"],
-                beta=kw.get("beta", 0.0), ref_logp=x["ref"], kl_bias_correction=kw.get("use_bias_correction_kl", False),
-                off_policy_mask_threshold=kw.get("off_policy_mask_threshold"), sampling_logp=x["sampling"],
-                sampler_weights=x["sampler"] * x["mask"] if kw.get("importance_sampling_ratio") else None,
-                entropy_coef=kw.get("entropy_coef", 0.0), sapo_temperature_pos=kw.get("sapo_temperature_pos", 1.0),
-                sapo_temperature_neg=kw.get("sapo_temperature_neg", 1.05))
+    ours = dict(
+        loss_type=loss_type,
+        importance_level=level,
+        epsilon=0.2,
+        epsilon_high=kw["epsilon_high"],
+        beta=kw.get("beta", 0.0),
+        ref_logp=x["ref"],
+        kl_bias_correction=kw.get("use_bias_correction_kl", False),
+        off_policy_mask_threshold=kw.get("off_policy_mask_threshold"),
+        sampling_logp=x["sampling"],
+        sampler_weights=x["sampler"] * x["mask"] if kw.get("importance_sampling_ratio") else None,
+        entropy_coef=kw.get("entropy_coef", 0.0),
+        sapo_temperature_pos=kw.get("sapo_temperature_pos", 1.0),
+        sapo_temperature_neg=kw.get("sapo_temperature_neg", 1.05),
+    )
     if kw.get("importance_sampling_ratio"):  # TRL's ratio is exp((old - sampling) * mask): exactly 1 off the mask
         kw["importance_sampling_ratio"] = torch.where(x["mask"].bool(), x["sampler"], torch.ones_like(x["sampler"]))
     m = x["mask"]
@@ -485,9 +582,19 @@ def test_kl_bias_correction_turns_the_gradient_into_that_of_the_reverse_kl():
     def expected_grad(correct):
         logp = torch.log_softmax(theta, 0)
         p = logp.exp().detach()
-        per_token = [policy_loss(logp[j].view(1, 1), logp[j].detach().view(1, 1), torch.zeros(1, dtype=D), mask[:1],
-                                 BatchNorms(1, 1, 1), beta=1.0, ref_logp=ref[j].view(1, 1), kl_bias_correction=correct).loss
-                     for j in range(6)]
+        per_token = [
+            policy_loss(
+                logp[j].view(1, 1),
+                logp[j].detach().view(1, 1),
+                torch.zeros(1, dtype=D),
+                mask[:1],
+                BatchNorms(1, 1, 1),
+                beta=1.0,
+                ref_logp=ref[j].view(1, 1),
+                kl_bias_correction=correct,
+            ).loss
+            for j in range(6)
+        ]
         return torch.autograd.grad(sum(p[j] * per_token[j] for j in range(6)), theta)[0]
 
     p = torch.softmax(theta, 0)

@@ -44,8 +44,7 @@ def ragged(seed, spread=0.3):
 
 
 def norms_of(mask, max_len, num_micro=1):
-    return BatchNorms(num_sequences=mask.shape[0], num_tokens=int(mask.sum()), max_completion_length=max_len,
-                      num_micro_batches=num_micro)
+    return BatchNorms(num_sequences=mask.shape[0], num_tokens=int(mask.sum()), max_completion_length=max_len, num_micro_batches=num_micro)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,8 +64,26 @@ def _val(x):
     return x.item() if torch.is_tensor(x) else x
 
 
-def ref_policy_loss(logp, old, adv, mask, *, loss_type, epsilon, epsilon_high=None, delta=None, level="token",
-                    beta=0.0, ref=None, est="k3", weights=None, num_sequences, num_tokens, max_len, num_micro=1):
+def ref_policy_loss(
+    logp,
+    old,
+    adv,
+    mask,
+    *,
+    loss_type,
+    epsilon,
+    epsilon_high=None,
+    delta=None,
+    level="token",
+    beta=0.0,
+    ref=None,
+    est="k3",
+    weights=None,
+    num_sequences,
+    num_tokens,
+    max_len,
+    num_micro=1,
+):
     """Returns (loss, low_frac, high_frac, region_frac, kl_mean); logp is a leaf tensor, the rest lists."""
     old, adv, mask = old.tolist(), adv.tolist(), mask.tolist()
     ref = ref.tolist() if ref is not None else None
@@ -149,15 +166,38 @@ def test_policy_loss_matches_loop_reference(loss_type, level, setup, seed):
     beta = kw.pop("beta", 0.0)
 
     lp_lib = logp.clone().requires_grad_(True)
-    out = policy_loss(lp_lib, old, adv, mask, norms_of(mask, max_len), loss_type=loss_type, importance_level=level,
-                      beta=beta, ref_logp=ref if beta else None, kl_estimator=est,
-                      token_weights=weights if use_w else None, **kw)
+    out = policy_loss(
+        lp_lib,
+        old,
+        adv,
+        mask,
+        norms_of(mask, max_len),
+        loss_type=loss_type,
+        importance_level=level,
+        beta=beta,
+        ref_logp=ref if beta else None,
+        kl_estimator=est,
+        token_weights=weights if use_w else None,
+        **kw,
+    )
     out.loss.backward()
 
     lp_ref = logp.clone().requires_grad_(True)
     loss, low, high, region, kl = ref_policy_loss(
-        lp_ref, old, adv, mask, loss_type=loss_type, level=level, beta=beta, ref=ref, est=est,
-        weights=weights if use_w else None, num_sequences=mask.shape[0], num_tokens=int(mask.sum()), max_len=max_len, **kw,
+        lp_ref,
+        old,
+        adv,
+        mask,
+        loss_type=loss_type,
+        level=level,
+        beta=beta,
+        ref=ref,
+        est=est,
+        weights=weights if use_w else None,
+        num_sequences=mask.shape[0],
+        num_tokens=int(mask.sum()),
+        max_len=max_len,
+        **kw,
     )
     loss.backward()
 
@@ -175,8 +215,18 @@ def test_policy_loss_matches_loop_reference(loss_type, level, setup, seed):
 def test_loop_reference_gradient_agrees_with_finite_differences():
     """The reference itself is checked once against central differences (it is what the library is held to)."""
     logp, old, ref, adv, mask, weights, max_len = ragged(1)
-    kw = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, level="token", beta=0.04, ref=ref, est="k3",
-              num_sequences=mask.shape[0], num_tokens=int(mask.sum()), max_len=max_len)
+    kw = dict(
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        level="token",
+        beta=0.04,
+        ref=ref,
+        est="k3",
+        num_sequences=mask.shape[0],
+        num_tokens=int(mask.sum()),
+        max_len=max_len,
+    )
     lp = logp.clone().requires_grad_(True)
     ref_policy_loss(lp, old, adv, mask, **kw)[0].backward()
     h = 1e-6
@@ -202,8 +252,17 @@ def test_masked_truncated_completions_leave_the_loss():
     assert torch.all(lp.grad[[0, 2]] == 0)
     keep = [i for i in range(mask.shape[0]) if i not in (0, 2)]
     lp2 = logp[keep].clone().requires_grad_(True)
-    ref_loss = ref_policy_loss(lp2, old[keep], adv[keep], mask[keep], loss_type="dapo", epsilon=0.2,
-                               num_sequences=len(keep), num_tokens=int(mask[keep].sum()), max_len=max_len)[0]
+    ref_loss = ref_policy_loss(
+        lp2,
+        old[keep],
+        adv[keep],
+        mask[keep],
+        loss_type="dapo",
+        epsilon=0.2,
+        num_sequences=len(keep),
+        num_tokens=int(mask[keep].sum()),
+        max_len=max_len,
+    )[0]
     assert out.loss.item() == pytest.approx(ref_loss.item(), abs=1e-12)  # normaliser: the kept tokens only
 
 
@@ -218,8 +277,9 @@ def _accumulate(logp, old, ref, adv, mask, chunks, norms, **kw):
     for rows in chunks:
         rows = torch.as_tensor(rows)
         C = max(int(mask[rows].sum(-1).max()), 1)
-        out = policy_loss(lp[rows, :C], old[rows, :C], adv[rows], mask[rows, :C], norms,
-                          ref_logp=ref[rows, :C] if kw.get("beta") else None, **kw)
+        out = policy_loss(
+            lp[rows, :C], old[rows, :C], adv[rows], mask[rows, :C], norms, ref_logp=ref[rows, :C] if kw.get("beta") else None, **kw
+        )
         out.loss.backward()
         total += out.loss.item()
     return total, lp.grad
@@ -234,8 +294,13 @@ def test_micro_batches_of_any_rows_give_the_full_batch_loss_exactly_when_rows_ca
     kw = dict(loss_type=loss_type, importance_level=level, epsilon=0.2, epsilon_high=0.28, beta=0.04)
     full_loss, full_grad = _accumulate(logp, old, ref, adv, mask, [range(N)], norms_of(mask, max_len), **kw)
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(seed)).tolist()
-    splits = ([[0], range(1, N)], [[0, 1], [2], range(3, N)], [[i] for i in range(N)],  # uneven, down to one row each
-              [perm[: N // 2], perm[N // 2:]], [perm[:1], perm[1:]])  # rows in any order and grouping
+    splits = (
+        [[0], range(1, N)],
+        [[0, 1], [2], range(3, N)],
+        [[i] for i in range(N)],  # uneven, down to one row each
+        [perm[: N // 2], perm[N // 2 :]],
+        [perm[:1], perm[1:]],
+    )  # rows in any order and grouping
     changed = []
     for chunks in splits:
         loss, grad = _accumulate(logp, old, ref, adv, mask, chunks, norms_of(mask, max_len, len(chunks)), **kw)
@@ -266,8 +331,9 @@ def test_bnpo_is_the_mean_of_local_token_means():
     expected = 0.0
     for rows in chunks:
         lp = logp[rows].clone().requires_grad_(True)
-        expected += ref_policy_loss(lp, old[rows], adv[rows], mask[rows], loss_type="bnpo", epsilon=0.2, num_sequences=0,
-                                    num_tokens=0, max_len=max_len, num_micro=2)[0].item()
+        expected += ref_policy_loss(
+            lp, old[rows], adv[rows], mask[rows], loss_type="bnpo", epsilon=0.2, num_sequences=0, num_tokens=0, max_len=max_len, num_micro=2
+        )[0].item()
     assert loss == pytest.approx(expected, abs=1e-12)
 
 
@@ -302,4 +368,3 @@ def test_zero_advantage_rows_can_be_left_out_exactly_when_the_registries_say_so(
         assert losses[1] == pytest.approx(losses[0], abs=1e-12)
     else:
         assert (grads[1] - grads[0]).abs().max() > 1e-6
-

@@ -89,7 +89,7 @@ def test_no_import_cycles():
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycle = stack[stack.index(n):] + [n]
+                cycle = stack[stack.index(n) :] + [n]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if n not in state:
                 visit(n)
@@ -114,15 +114,22 @@ def test_no_private_names_across_packages():
 
 
 def test_algo_imports_only_torch_and_the_standard_library():
-    bad = [f"{s}:{line} imports {t}" for s, t, _, line in _graph()[1]
-           if _package(s) == "algo" and t.split(".")[0] not in {"torch", "__future__", "typing", "dataclasses", "math", "collections"}
-           and not t.startswith("rlvr.algo")]
+    bad = [
+        f"{s}:{line} imports {t}"
+        for s, t, _, line in _graph()[1]
+        if _package(s) == "algo"
+        and t.split(".")[0] not in {"torch", "__future__", "typing", "dataclasses", "math", "collections"}
+        and not t.startswith("rlvr.algo")
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_config_imports_nothing_else_of_rlvr():
-    bad = [f"{s}:{line} imports {t}" for s, t, _, line in _graph()[1]
-           if _package(s) == "config" and t.startswith("rlvr") and not t.startswith("rlvr.config")]
+    bad = [
+        f"{s}:{line} imports {t}"
+        for s, t, _, line in _graph()[1]
+        if _package(s) == "config" and t.startswith("rlvr") and not t.startswith("rlvr.config")
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -152,8 +159,7 @@ def _torch_distributed_uses(path: Path) -> list[int]:
 
 
 def test_only_dist_touches_torch_distributed():
-    bad = [f"{name}:{line}" for name, path in _modules().items() if _package(name) != "dist"
-           for line in _torch_distributed_uses(path)]
+    bad = [f"{name}:{line}" for name, path in _modules().items() if _package(name) != "dist" for line in _torch_distributed_uses(path)]
     assert not bad, "torch.distributed outside rlvr/dist/: " + ", ".join(bad)
     assert _torch_distributed_uses(SRC / "dist" / "parallel.py")  # the check sees DDP / fully_shard where they are
 
@@ -191,8 +197,11 @@ ROLLOUT = SRC / "rollout"
 def _stray_rollout_modules(rollout: Path) -> list[str]:
     """Modules of rollout/ that are neither a source nor an engine part (episodes.py, the seam, and the package inits may be)."""
     allowed = {Path("episodes.py"), Path("__init__.py")}
-    return sorted(str(p.relative_to(rollout)) for p in rollout.rglob("*.py")
-                  if p.relative_to(rollout).parts[0] not in ("sources", "engines") and p.relative_to(rollout) not in allowed)
+    return sorted(
+        str(p.relative_to(rollout))
+        for p in rollout.rglob("*.py")
+        if p.relative_to(rollout).parts[0] not in ("sources", "engines") and p.relative_to(rollout) not in allowed
+    )
 
 
 def _engine_capability_probes(root: Path) -> list[str]:
@@ -200,8 +209,13 @@ def _engine_capability_probes(root: Path) -> list[str]:
     bad = []
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr" and node.args \
-                    and "engine" in ast.unparse(node.args[0]).lower():
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "hasattr"
+                and node.args
+                and "engine" in ast.unparse(node.args[0]).lower()
+            ):
                 bad.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
     return bad
 
@@ -238,9 +252,14 @@ def _untrue_file_lists(package: Path) -> list[str]:
         here, doc = init.parent, ast.get_docstring(ast.parse(init.read_text())) or ""
         children = [p.name for p in here.glob("*.py") if p.name != "__init__.py"]
         children += [f"{p.name}/" for p in here.iterdir() if (p / "__init__.py").is_file()]
-        out += [f"{here.relative_to(package.parent)}: {c} not listed" for c in sorted(children) if not re.search(rf"(^|\s){re.escape(c)}", doc)]
-        out += [f"{here.relative_to(package.parent)}: lists {m}, which is not there" for m in re.findall(r"[\w/]+\.py\b", doc)
-                if not (here / m).is_file()]
+        out += [
+            f"{here.relative_to(package.parent)}: {c} not listed" for c in sorted(children) if not re.search(rf"(^|\s){re.escape(c)}", doc)
+        ]
+        out += [
+            f"{here.relative_to(package.parent)}: lists {m}, which is not there"
+            for m in re.findall(r"[\w/]+\.py\b", doc)
+            if not (here / m).is_file()
+        ]
     return out
 
 
@@ -265,8 +284,11 @@ def test_the_rollout_checks_see_a_stray_module_a_probe_and_long_code(tmp_path):
     assert _long_functions(tmp_path, 50) == ["long.py:1 f (51 lines)"]
     assert _long_files(tmp_path, 400) == ["long.py (401 lines)"]
     (tmp_path / "__init__.py").write_text('"""episodes.py  the seam\n    gone.py  a file since removed"""\n')
-    assert _untrue_file_lists(tmp_path) == [f"{tmp_path.name}: helpers.py not listed", f"{tmp_path.name}: long.py not listed",
-                                            f"{tmp_path.name}: lists gone.py, which is not there"]
+    assert _untrue_file_lists(tmp_path) == [
+        f"{tmp_path.name}: helpers.py not listed",
+        f"{tmp_path.name}: long.py not listed",
+        f"{tmp_path.name}: lists gone.py, which is not there",
+    ]
 
 
 def test_train_has_no_function_over_50_lines_and_no_file_over_400():

@@ -40,14 +40,26 @@ CASES = [
     (["rollout.group_size=abc"], r"`rollout.group_size` must be an integer"),
     (["model.path={d}/no-such-model"], r"model.path: folder not found: .*no-such-model"),
     (["model.path={d}/tok"], r"no eos_token"),
-    (["data.task=null", "data.path={d}/long.jsonl"], r"is 50\d tokens; with rollout.max_new_tokens=8 it does not fit the model's context of 128"),
+    (
+        ["data.task=null", "data.path={d}/long.jsonl"],
+        r"is 50\d tokens; with rollout.max_new_tokens=8 it does not fit the model's context of 128",
+    ),
 ]
 
 
 def _train(cli, out, *args):
     """`rlvr train` of 2 short steps into `out`, then ARGS."""
-    return cli("train", f"output_dir={out}", "eval_before_after=false", "steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
-               "threads=1", *args, timeout=120)
+    return cli(
+        "train",
+        f"output_dir={out}",
+        "eval_before_after=false",
+        "steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "threads=1",
+        *args,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("overrides, message", CASES, ids=[c[1][:40] for c in CASES])
@@ -59,14 +71,21 @@ def test_bad_input_is_named_and_nothing_is_written(tmp_path, rlvr_cli, overrides
     assert "Traceback" not in proc.stderr
     assert re.search(message, proc.stderr), proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) <= 6  # one clear error, not a wall of text
-    leftovers = [p for p in out.rglob("*") if p.is_file() and p.name not in ("config.yaml", "metrics.jsonl", "samples.jsonl")] if out.exists() else []
+    leftovers = (
+        [p for p in out.rglob("*") if p.is_file() and p.name not in ("config.yaml", "metrics.jsonl", "samples.jsonl")]
+        if out.exists()
+        else []
+    )
     assert not leftovers
 
 
-@pytest.mark.parametrize("fn, message", [
-    ("too_few", r"reward function 'too_few' failed .*: returned 1 values for 8 completions"),
-    ("words", r"reward function 'words' failed .*: returned 'good' \(str\) for completion 0; expected a finite number or None"),
-])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        ("too_few", r"reward function 'too_few' failed .*: returned 1 values for 8 completions"),
+        ("words", r"reward function 'words' failed .*: returned 'good' \(str\) for completion 0; expected a finite number or None"),
+    ],
+)
 def test_a_broken_reward_function_is_isolated_named_and_counted(tmp_path, rlvr_cli, fn, message):
     """A reward function's bad output never stops training: it is named once, its samples get
     no reward (NaN, left out of the group statistics), and rewards/<fn>/errors counts them."""

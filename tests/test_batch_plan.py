@@ -11,7 +11,12 @@ from rlvr.train.batch_plan import BatchPlan
 
 CASES = {
     # overrides -> (micro-batch size printed, most passes printed, exact sizes of a step when known)
-    "fixed micro-batches": (["optim.micro_batch_size=4", "optim.skip_zero_advantage=false", "optim.pack_by_length=false"], 4, 4, [4, 4, 4, 4]),
+    "fixed micro-batches": (
+        ["optim.micro_batch_size=4", "optim.skip_zero_advantage=false", "optim.pack_by_length=false"],
+        4,
+        4,
+        [4, 4, 4, 4],
+    ),
     "whole step": (["optim.micro_batch_size=0", "optim.skip_zero_advantage=false", "optim.pack_by_length=false"], 16, 1, [16]),
     "uneven": (["optim.micro_batch_size=6", "optim.skip_zero_advantage=false", "optim.pack_by_length=false"], 6, 3, [6, 6, 4]),
     "packing, whole step": (["optim.micro_batch_size=0"], 16, 4, None),
@@ -29,7 +34,14 @@ def _printed(plan: BatchPlan) -> tuple[int, int]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_printed_plan_is_what_runs(make_trainer, case):
     overrides, size, passes, exact = CASES[case]
-    t = make_trainer("rollout.group_size=4", "rollout.prompts_per_step=4", "rollout.max_new_tokens=6", "steps=4", *overrides, run=re.sub(r"\W+", "_", case))
+    t = make_trainer(
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=6",
+        "steps=4",
+        *overrides,
+        run=re.sub(r"\W+", "_", case),
+    )
     assert _printed(t.plan) == (size, passes)
     for _ in range(4):
         t.train_step()

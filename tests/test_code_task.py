@@ -55,8 +55,10 @@ def test_the_example_in_the_prompt_is_never_a_hidden_test():
 
 SOLUTIONS = {  # a right and a wrong solution, written by hand from the specification alone
     "scale_list": ("def scale_list(xs):\n    return [x * {k} for x in xs]", "def scale_list(xs):\n    return [x * {k} + 1 for x in xs]"),
-    "nth_word": ("def nth_word(s):\n    w = s.split({sep!r})\n    return w[{n} - 1] if len(w) >= {n} else ''",
-                 "def nth_word(s):\n    return s.split({sep!r})[-1]"),
+    "nth_word": (
+        "def nth_word(s):\n    w = s.split({sep!r})\n    return w[{n} - 1] if len(w) >= {n} else ''",
+        "def nth_word(s):\n    return s.split({sep!r})[-1]",
+    ),
     "clamp": ("def clamp(x):\n    return max({lo}, min({hi}, x))", "def clamp(x):\n    return max({lo}, x)"),
     "count_char": ("def count_char(s):\n    return s.count({c!r})", "def count_char(s):\n    return len(s)"),
 }
@@ -78,17 +80,20 @@ def test_hand_written_solutions_are_graded_in_the_sandbox(family):
 F = "def add(a, b):\n    return a + b\n"
 
 
-@pytest.mark.parametrize("text, expected", [
-    (f"Sure! Here it is:\n```python\n{F}```\nThis adds the two numbers.", F),  # prose around the block
-    (f"First try:\n```python\ndef add(a, b):\n    return a - b\n```\nFixed:\n```python\n{F}```", F),  # several blocks: the last
-    (f"```python\n{F}```\nTest it:\n```python\nassert add(1, 2) == 3\nprint(add(2, 2))\n```", F),  # the last block is tests only
-    (f"```python\ndef helper():\n    pass\n```\n```python\n{F}```\n```python\ndef test_add():\n    assert add(1, 1) == 2\n```", F),
-    (f"```\n{F}```", F),  # unlabelled fence
-    (f"```python\n{F}", F),  # the fence never closed (cut by the token limit)
-    (f"To add numbers:\n{F}This function returns the sum.\nHope it helps!", F.rstrip()),  # no fence, prose before and after
-    (f"{F}\nprint(add(1, 2))", f"{F}\nprint(add(1, 2))"),  # no fence, plain code
-    ("I cannot solve this.", "I cannot solve this."),  # nothing to extract: the text (it fails to compile)
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (f"Sure! Here it is:\n```python\n{F}```\nThis adds the two numbers.", F),  # prose around the block
+        (f"First try:\n```python\ndef add(a, b):\n    return a - b\n```\nFixed:\n```python\n{F}```", F),  # several blocks: the last
+        (f"```python\n{F}```\nTest it:\n```python\nassert add(1, 2) == 3\nprint(add(2, 2))\n```", F),  # the last block is tests only
+        (f"```python\ndef helper():\n    pass\n```\n```python\n{F}```\n```python\ndef test_add():\n    assert add(1, 1) == 2\n```", F),
+        (f"```\n{F}```", F),  # unlabelled fence
+        (f"```python\n{F}", F),  # the fence never closed (cut by the token limit)
+        (f"To add numbers:\n{F}This function returns the sum.\nHope it helps!", F.rstrip()),  # no fence, prose before and after
+        (f"{F}\nprint(add(1, 2))", f"{F}\nprint(add(1, 2))"),  # no fence, plain code
+        ("I cannot solve this.", "I cannot solve this."),  # nothing to extract: the text (it fails to compile)
+    ],
+)
 def test_extracting_the_solution(text, expected):
     assert extract_solution(text, entry_point="add") == expected
 
@@ -120,7 +125,7 @@ def test_humaneval_canonical_solutions_pass_and_broken_ones_fail():
     rows = get_task("humaneval", seed=0, eval_size=0).eval_rows()
     assert len(rows) == len(problems) == 164
     grade = load_reward_fn("code(all_or_nothing=True)")
-    whole = [f"```python\n{p['prompt'][len(r['preamble']):]}{p['canonical_solution']}```" for p, r in zip(problems, rows)]
+    whole = [f"```python\n{p['prompt'][len(r['preamble']) :]}{p['canonical_solution']}```" for p, r in zip(problems, rows)]
     broken = [f"```python\ndef {r['entry_point']}(*args, **kwargs):\n    return None\n```" for r in rows]
     columns = {k: [r[k] for r in rows] * 2 for k in ("tests", "entry_point", "preamble")}
     scores = grade(None, whole + broken, **columns)

@@ -46,9 +46,9 @@ def test_buckets_pad_with_masked_tokens_only():
         assert ids.shape[0] == max(N, 2)  # one row runs as two copies of it
         assert torch.equal(ids[1:], ids[:1].expand_as(ids[1:])) if N == 1 else True
         # every real token where it was, in order; everything added has mask 0
-        assert torch.equal(ids[:N, P2 - P: P2], prompt_ids[rows]) and torch.equal(attn[:N, P2 - P: P2], prompt_mask[rows])
-        assert torch.equal(ids[:N, P2: P2 + C], completion_ids[rows]) and torch.equal(attn[:N, P2: P2 + C], completion_mask[rows])
-        assert attn[:, : P2 - P].sum() == 0 and attn[:, P2 + C:].sum() == 0
+        assert torch.equal(ids[:N, P2 - P : P2], prompt_ids[rows]) and torch.equal(attn[:N, P2 - P : P2], prompt_mask[rows])
+        assert torch.equal(ids[:N, P2 : P2 + C], completion_ids[rows]) and torch.equal(attn[:N, P2 : P2 + C], completion_mask[rows])
+        assert attn[:, : P2 - P].sum() == 0 and attn[:, P2 + C :].sum() == 0
         assert attn[:N].sum() == prompt_mask[rows].sum() + completion_mask[rows].sum()
 
 
@@ -59,8 +59,12 @@ def _micro_batch(g, N, P, C, vocab):
     prompt_len[0], completion_len[0] = P, C
     prompt_mask = (torch.arange(P) >= P - prompt_len[:, None]).long()
     completion_mask = (torch.arange(C) < completion_len[:, None]).long()
-    return (torch.randint(3, vocab, (N, P), generator=g) * prompt_mask, prompt_mask,
-            torch.randint(3, vocab, (N, C), generator=g) * completion_mask, completion_mask)
+    return (
+        torch.randint(3, vocab, (N, P), generator=g) * prompt_mask,
+        prompt_mask,
+        torch.randint(3, vocab, (N, C), generator=g) * completion_mask,
+        completion_mask,
+    )
 
 
 def test_compiled_forward_equals_the_plain_path_in_every_bucket(tiny_model_dir):
@@ -76,8 +80,10 @@ def test_compiled_forward_equals_the_plain_path_in_every_bucket(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
     params = [p for p in model.parameters() if p.requires_grad]
     cpu = torch.device("cpu")
-    paths = {"traced": (CompiledForward(cpu, backend="eager"), CompileClock(), 1e-12),
-             "inductor": (CompiledForward(cpu), CompileClock(), 2e-6)}
+    paths = {
+        "traced": (CompiledForward(cpu, backend="eager"), CompileClock(), 1e-12),
+        "inductor": (CompiledForward(cpu), CompileClock(), 2e-6),
+    }
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     # (rows, prompt width, completion width): buckets (16, 16), (16, 32), (16, 16), (16, 32), (16, 16)
@@ -131,8 +137,19 @@ class FixedLengthSource:
         ids = torch.randint(3, self.vocab, (N, C), generator=g)
         ones = torch.ones(N, C, dtype=torch.long)
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return Episodes(prompt_ids, prompt_mask, ids, ones, ones, torch.zeros(N, C), torch.zeros(N, dtype=torch.bool),
-                        torch.arange(len(rows)).repeat_interleave(G), G, texts, texts)
+        return Episodes(
+            prompt_ids,
+            prompt_mask,
+            ids,
+            ones,
+            ones,
+            torch.zeros(N, C),
+            torch.zeros(N, dtype=torch.bool),
+            torch.arange(len(rows)).repeat_interleave(G),
+            G,
+            texts,
+            texts,
+        )
 
     def sync_weights(self) -> None:
         pass

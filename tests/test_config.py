@@ -79,10 +79,13 @@ def test_registered_settings_are_checked_against_the_choices_given():
 FSDP = ["nproc=2", "dist.strategy=fsdp"]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ([*FSDP, "model.lora.r=4", "model.lora.save_merged=true"], "save_merged` is not implemented with dist.strategy=fsdp"),
-    ([*FSDP, "rollout.engine=vllm"], "engine`=vllm with dist.strategy=fsdp is not supported"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([*FSDP, "model.lora.r=4", "model.lora.save_merged=true"], "save_merged` is not implemented with dist.strategy=fsdp"),
+        ([*FSDP, "rollout.engine=vllm"], "engine`=vllm with dist.strategy=fsdp is not supported"),
+    ],
+)
 def test_fsdp_refusals(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(load_config(None, overrides))

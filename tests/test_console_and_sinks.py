@@ -14,10 +14,23 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def _metrics(step, **extra):
-    m = {"step": step, "reward": 0.5, "reward_std": 0.25, "rewards/correct/mean": 0.5, "rewards/format/mean": 0.75,
-         "kl": 0.0123, "clip_ratio/region_mean": 0.01, "completions/mean_length": 12.5, "completions/max_length": 20.0,
-         "completions/clipped_ratio": 0.1, "entropy": 0.8, "frac_reward_zero_std": 0.25, "loss": 0.01, "time/step": 0.5,
-         "grad_norm": 1.0}
+    m = {
+        "step": step,
+        "reward": 0.5,
+        "reward_std": 0.25,
+        "rewards/correct/mean": 0.5,
+        "rewards/format/mean": 0.75,
+        "kl": 0.0123,
+        "clip_ratio/region_mean": 0.01,
+        "completions/mean_length": 12.5,
+        "completions/max_length": 20.0,
+        "completions/clipped_ratio": 0.1,
+        "entropy": 0.8,
+        "frac_reward_zero_std": 0.25,
+        "loss": 0.01,
+        "time/step": 0.5,
+        "grad_norm": 1.0,
+    }
     m.update(extra)
     return m
 
@@ -42,8 +55,25 @@ def test_live_display_shows_the_run_at_a_glance(tmp_path, monkeypatch):
     log.log(_metrics(2))  # each step refreshes the display
     log.close()
     screen = ANSI.sub("", buf.getvalue())
-    for text in ("step", "2/10", "ETA", "steps/s", "reward", "0.500±0.250", "correct", "format", "0.750", "kl", "0.0123",
-                 "clip", "len", "12.5/20", "entropy", "zero-std", "25%"):
+    for text in (
+        "step",
+        "2/10",
+        "ETA",
+        "steps/s",
+        "reward",
+        "0.500±0.250",
+        "correct",
+        "format",
+        "0.750",
+        "kl",
+        "0.0123",
+        "clip",
+        "len",
+        "12.5/20",
+        "entropy",
+        "zero-std",
+        "25%",
+    ):
         assert text in screen, (text, screen[-1500:])
 
 
@@ -84,8 +114,10 @@ def test_metrics_jsonl_keeps_non_finite_values_readable(tmp_path):
 def test_completions_table_jsonl_and_parquet(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     t = CompletionsTable(tmp_path)
-    rows = [{"step": 10, "prompt": [{"role": "user", "content": "1+2="}], "completion": "3", "reward/correct": 1.0, "advantage": 0.9},
-            {"step": 10, "prompt": [{"role": "user", "content": "1+2="}], "completion": "4", "reward/correct": None, "advantage": -0.9}]
+    rows = [
+        {"step": 10, "prompt": [{"role": "user", "content": "1+2="}], "completion": "3", "reward/correct": 1.0, "advantage": 0.9},
+        {"step": 10, "prompt": [{"role": "user", "content": "1+2="}], "completion": "4", "reward/correct": None, "advantage": -0.9},
+    ]
     t.samples(rows)
     t.samples([{**rows[0], "step": 20}])
     t.close()

@@ -44,8 +44,15 @@ def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: 
         if world > 1:
             env.update(_rank_env(rank, world, port))
         env.update(extra_env or {})
-        procs.append(subprocess.Popen([sys.executable, WORKER, str(out), str(steps), *overrides], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, WORKER, str(out), str(steps), *overrides],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -80,9 +87,18 @@ def parity_reward(tmp_path_factory) -> str:
 def base_overrides(tiny_model_dir, tmp_path_factory):
     reward = tmp_path_factory.mktemp("reward") / "dense.py"
     reward.write_text(DENSE_REWARD)
-    return [f"model.path={tiny_model_dir}", "threads=1", "rollout.prompts_per_step=4", "rollout.group_size=4",
-            "rollout.max_new_tokens=6", "optim.lr=0.001", f"rewards.0.fn={reward}:digit_share", "doctor_every=0",
-            "report_to=[]", "model.autocast=none"]  # fp32 in both: autocast=auto times each shape, and a loaded machine may pick bf16
+    return [
+        f"model.path={tiny_model_dir}",
+        "threads=1",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=6",
+        "optim.lr=0.001",
+        f"rewards.0.fn={reward}:digit_share",
+        "doctor_every=0",
+        "report_to=[]",
+        "model.autocast=none",
+    ]  # fp32 in both: autocast=auto times each shape, and a loaded machine may pick bf16
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -93,18 +109,28 @@ def _max_diff(a: dict, b: dict) -> float:
 DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resample_rounds=3", "algo.beta=0.04", "rewards.0.fn={parity}"]
 
 
-@pytest.mark.parametrize("extra", [
-    ["optim.micro_batch_size=4", "algo.scale_rewards=batch"],  # dapo (global token count), batch std
-    DYNAMIC,  # uneven shares (a rank idle in a resample round, 1 vs 2 groups in the update), KL
-    # FSDP2 on gloo: sharded DTensor weights and gradients, accumulation through
-    # set_requires_gradient_sync, generation with the weights gathered (also on an idle rank)
-    ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch", "algo.beta=0.04"],  # + frozen reference copy
-    # LoRA: the reference is the sharded policy with its adapter off, micro-batched over uneven shares
-    ["dist.strategy=fsdp", *DYNAMIC, "model.lora.r=4", "optim.micro_batch_size=4"],
-    # 2 minibatches of 2 prompts (1 per rank), each its own optimizer step, mu=2; cispo with the entropy bonus and OPSM
-    ["optim.steps_per_generation=2", "algo.num_iterations=2", "algo.loss_type=cispo", "algo.epsilon_high=5.0",
-     "algo.entropy_coef=0.01", "algo.off_policy_mask_threshold=0.5"],
-], ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl", "minibatches-cispo-entropy-opsm"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["optim.micro_batch_size=4", "algo.scale_rewards=batch"],  # dapo (global token count), batch std
+        DYNAMIC,  # uneven shares (a rank idle in a resample round, 1 vs 2 groups in the update), KL
+        # FSDP2 on gloo: sharded DTensor weights and gradients, accumulation through
+        # set_requires_gradient_sync, generation with the weights gathered (also on an idle rank)
+        ["dist.strategy=fsdp", "optim.micro_batch_size=4", "algo.scale_rewards=batch", "algo.beta=0.04"],  # + frozen reference copy
+        # LoRA: the reference is the sharded policy with its adapter off, micro-batched over uneven shares
+        ["dist.strategy=fsdp", *DYNAMIC, "model.lora.r=4", "optim.micro_batch_size=4"],
+        # 2 minibatches of 2 prompts (1 per rank), each its own optimizer step, mu=2; cispo with the entropy bonus and OPSM
+        [
+            "optim.steps_per_generation=2",
+            "algo.num_iterations=2",
+            "algo.loss_type=cispo",
+            "algo.epsilon_high=5.0",
+            "algo.entropy_coef=0.01",
+            "algo.off_policy_mask_threshold=0.5",
+        ],
+    ],
+    ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl", "minibatches-cispo-entropy-opsm"],
+)
 def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
     overrides = base_overrides + [x.format(parity=parity_reward) for x in extra]
     t0 = time.time()
@@ -128,9 +154,11 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_rewar
             assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
     assert any(x != 0.0 for x in a["loss"])  # (GRPO's loss can be exactly 0 at ratio 1: zero-mean advantages)
     assert _max_diff(a["weights"], b["weights"]) < 1e-5
-    print(f"2 ranks vs 1 ({' '.join(extra)}): loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
-          f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
-          f"weight diff {_max_diff(a['weights'], b['weights']):.2e}, {time.time() - t0:.0f}s")
+    print(
+        f"2 ranks vs 1 ({' '.join(extra)}): loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
+        f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
+        f"weight diff {_max_diff(a['weights'], b['weights']):.2e}, {time.time() - t0:.0f}s"
+    )
 
 
 def test_dead_rank_stops_the_other_with_a_clear_error(tmp_path, base_overrides):
@@ -144,14 +172,19 @@ def test_dead_rank_stops_the_other_with_a_clear_error(tmp_path, base_overrides):
 
 
 def test_batch_split_refusals_name_the_setting():
-    with pytest.raises(ConfigError, match=r"rollout.prompts_per_step`=6 does not split over 4 ranks.*multiple of 4 \(e.g. 8\), or nproc to 3"):
+    with pytest.raises(
+        ConfigError, match=r"rollout.prompts_per_step`=6 does not split over 4 ranks.*multiple of 4 \(e.g. 8\), or nproc to 3"
+    ):
         check_config(load_config(None, ["nproc=4", "rollout.prompts_per_step=6"]))
     # a micro-batch larger than a rank's completions is all of them in one pass, with a note
-    assert ("optim.micro_batch_size=40 is larger than the 32 completions per rank (8 prompts x 8 completions / 2 ranks): "
-            "each update runs them as one micro-batch") in check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8",
-                                                                                          "optim.micro_batch_size=40"]))
-    assert not any("micro_batch_size" in w for w in check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8",
-                                                                                    "optim.micro_batch_size=32"])))
+    assert (
+        "optim.micro_batch_size=40 is larger than the 32 completions per rank (8 prompts x 8 completions / 2 ranks): "
+        "each update runs them as one micro-batch"
+    ) in check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=40"]))
+    assert not any(
+        "micro_batch_size" in w
+        for w in check_config(load_config(None, ["nproc=2", "rollout.prompts_per_step=8", "optim.micro_batch_size=32"]))
+    )
 
 
 def test_batch_plan_printed(make_trainer):
@@ -165,8 +198,17 @@ def test_batch_plan_printed(make_trainer):
 
 def test_nproc_launches_through_torchrun(tmp_path, base_overrides, rlvr_cli):
     out = tmp_path / "run"
-    proc = rlvr_cli("train", "nproc=2", "steps=2", "eval_before_after=false", "save_every=1", f"output_dir={out}", *base_overrides,
-                    env={"OMP_NUM_THREADS": "1"}, check=True)
+    proc = rlvr_cli(
+        "train",
+        "nproc=2",
+        "steps=2",
+        "eval_before_after=false",
+        "save_every=1",
+        f"output_dir={out}",
+        *base_overrides,
+        env={"OMP_NUM_THREADS": "1"},
+        check=True,
+    )
     assert "2 ranks (ddp): 2 prompts, 8 completions per rank" in proc.stdout
     assert proc.stdout.count("step 2/2") == 1  # only rank 0 logs
     assert (out / "final" / "model.safetensors").exists() and (out / "checkpoints" / "step-0000001").exists()
@@ -182,8 +224,20 @@ def test_nproc_fsdp_end_to_end(tmp_path, base_overrides, tiny_model_dir, rlvr_cl
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    proc = rlvr_cli("train", "nproc=2", "dist.strategy=fsdp", "steps=2", "save_every=1", "eval_before_after=true", "data.eval_size=8",
-                    f"output_dir={out}", *base_overrides, *(["model.lora.r=4"] if lora else []), env={"OMP_NUM_THREADS": "1"}, check=True)
+    proc = rlvr_cli(
+        "train",
+        "nproc=2",
+        "dist.strategy=fsdp",
+        "steps=2",
+        "save_every=1",
+        "eval_before_after=true",
+        "data.eval_size=8",
+        f"output_dir={out}",
+        *base_overrides,
+        *(["model.lora.r=4"] if lora else []),
+        env={"OMP_NUM_THREADS": "1"},
+        check=True,
+    )
     assert "2 ranks (fsdp): 2 prompts, 8 completions per rank" in proc.stdout
     assert "held-out accuracy before training" in proc.stdout and "held-out accuracy after training" in proc.stdout
     ckpt = latest_checkpoint(out / "checkpoints")  # save_every=1 after step 1, then the end (step 2), whole, as final/ is
@@ -225,8 +279,10 @@ def checkpoints(request, tmp_path_factory, base_overrides):
     tmp = tmp_path_factory.mktemp("ckpt")
     overrides = base_overrides + CKPT + (["model.lora.r=4"] if request.param else [])
     save = {"RLVR_TEST_SAVE_AFTER": "2"}
-    _run_ok(_launch(1, tmp / "one.pt", 4, overrides + [f"output_dir={tmp / 'one'}"], save)
-            + _launch(2, tmp / "fsdp.pt", 2, overrides + [f"output_dir={tmp / 'fsdp'}"], save))
+    _run_ok(
+        _launch(1, tmp / "one.pt", 4, overrides + [f"output_dir={tmp / 'one'}"], save)
+        + _launch(2, tmp / "fsdp.pt", 2, overrides + [f"output_dir={tmp / 'fsdp'}"], save)
+    )
     return overrides, torch.load(tmp / "one.pt"), tmp / "one", tmp / "fsdp"
 
 
@@ -270,7 +326,9 @@ def test_checkpoint_resumes_under_any_strategy(tmp_path, checkpoints, source, wo
     weight_diff = _max_diff(straight["weights"], r["weights"])
     assert loss_diff < 1e-5 and weight_diff < 1e-5, (straight["loss"], r["loss"], weight_diff)
     assert any(m["grad_norm"] > 0 for m in r["metrics"])  # real updates after the resume
-    print(f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, {time.time() - t0:.0f}s")
+    print(
+        f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, {time.time() - t0:.0f}s"
+    )
 
 
 def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides, rlvr_cli):
@@ -279,10 +337,17 @@ def test_fsdp_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path, base_overrides
     import signal
 
     out, port = tmp_path / "run", _free_port()
-    args = ["train", "nproc=2", "dist.strategy=fsdp", "steps=100000", "save_every=0", "eval_before_after=false", f"output_dir={out}",
-            *base_overrides]
-    procs = [rlvr_cli.popen(*args, env={"OMP_NUM_THREADS": "1", **_rank_env(rank, 2, port)}, stderr=subprocess.STDOUT)
-             for rank in range(2)]
+    args = [
+        "train",
+        "nproc=2",
+        "dist.strategy=fsdp",
+        "steps=100000",
+        "save_every=0",
+        "eval_before_after=false",
+        f"output_dir={out}",
+        *base_overrides,
+    ]
+    procs = [rlvr_cli.popen(*args, env={"OMP_NUM_THREADS": "1", **_rank_env(rank, 2, port)}, stderr=subprocess.STDOUT) for rank in range(2)]
     metrics, deadline = out / "metrics.jsonl", time.time() + 90
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         time.sleep(0.1)

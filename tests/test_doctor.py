@@ -45,34 +45,88 @@ def synthetic(n=40, **curves):
     return rows
 
 
-CFG = {"optim": {"lr": 1e-5, "warmup_steps": 0, "max_grad_norm": 1.0}, "algo": {"loss_type": "grpo", "beta": 0.04, "dynamic_sampling": False,
-       "num_iterations": 2, "epsilon_high": None}, "rollout": {"temperature": 1.0, "group_size": 8, "prompts_per_step": 8,
-       "max_new_tokens": 64}, "model": {"dtype": "float16"}}
+CFG = {
+    "optim": {"lr": 1e-5, "warmup_steps": 0, "max_grad_norm": 1.0},
+    "algo": {"loss_type": "grpo", "beta": 0.04, "dynamic_sampling": False, "num_iterations": 2, "epsilon_high": None},
+    "rollout": {"temperature": 1.0, "group_size": 8, "prompts_per_step": 8, "max_new_tokens": 64},
+    "model": {"dtype": "float16"},
+}
 
 # rule -> (metric curves that show the problem, metric named, a setting the fix must mention, steps in the evidence)
 SICK = {
-    "prompts_too_hard": ({"frac_reward_zero_std": lambda s: 1.0, "reward": lambda s: 0.0, "rewards/correct/mean": lambda s: 0.0},
-                         "frac_reward_zero_std", "algo.dynamic_sampling=true", [31, 40]),
-    "prompts_too_easy": ({"frac_reward_zero_std": lambda s: 0.3 if s < 20 else 0.9, "reward": lambda s: 0.95},
-                         "frac_reward_zero_std", "algo.dynamic_sampling=true", [31, 40]),
-    "prompts_split": ({"frac_reward_zero_std": lambda s: 0.67, "frac_reward_zero_std/top": lambda s: 0.35,
-                       "frac_reward_zero_std/bottom": lambda s: 0.32, "reward": lambda s: 0.5},
-                      "frac_reward_zero_std", "algo.dynamic_sampling=true", [31, 40]),
-    "reward_failing": ({"rewards/correct/errors": lambda s: 64 if s > 20 else 0}, "rewards/correct/error_rate", "fix reward 'correct'", [31, 40]),
-    "reward_collapse": ({"rewards/correct/mean": lambda s: 0.6 if s < 20 else 0.05, "reward": lambda s: 0.6 if s < 20 else 0.05},
-                        "rewards/correct/mean", "optim.lr (now 1e-05)", [1, 40]),
-    "truncation": ({"completions/clipped_ratio": lambda s: 0.95, "frac_reward_zero_std": lambda s: 0.9, "reward": lambda s: 0.02,
-                    "completions/clipped_reward_mean": lambda s: 0.0, "completions/terminated_reward_mean": lambda s: 0.4},
-                   "completions/clipped_ratio", "rollout.max_new_tokens (now 64)", [31, 40]),
-    "clip_high": ({"clip_ratio/region_mean": lambda s: 0.02 if s < 25 else 0.35}, "clip_ratio/region_mean", "optim.lr (now 1e-05)", [31, 40]),
-    "entropy_collapse": ({"entropy": lambda s: 2.0 * 0.8 ** s}, "entropy", "algo.epsilon_high", [1, 40]),
-    "kl_runaway": ({"kl": lambda s: 0.001 * 1.25 ** s}, "kl", "algo.beta (now 0.04)", [40]),
-    "length_bias": ({"completions/mean_length": lambda s: 20.0 + 2.0 * s, "rewards/correct/mean": lambda s: 0.3, "reward": lambda s: 0.3},
-                    "completions/mean_length", "algo.loss_type=dr_grpo", [1, 40]),
-    "reward_hacking": ({"rewards/correct/mean": lambda s: 0.3, "rewards/format/mean": lambda s: 0.1 + 0.02 * s,
-                        "rewards/format/std": lambda s: 0.2}, "rewards/format/mean", "rewards.1.weight", [1, 40]),
-    "non_finite": ({"loss": lambda s: math.nan if s in (12, 13) else 0.01, "grad_norm": lambda s: math.inf if s == 13 else 0.5},
-                   "grad_norm", "model.dtype=bfloat16", [12, 13]),
+    "prompts_too_hard": (
+        {"frac_reward_zero_std": lambda s: 1.0, "reward": lambda s: 0.0, "rewards/correct/mean": lambda s: 0.0},
+        "frac_reward_zero_std",
+        "algo.dynamic_sampling=true",
+        [31, 40],
+    ),
+    "prompts_too_easy": (
+        {"frac_reward_zero_std": lambda s: 0.3 if s < 20 else 0.9, "reward": lambda s: 0.95},
+        "frac_reward_zero_std",
+        "algo.dynamic_sampling=true",
+        [31, 40],
+    ),
+    "prompts_split": (
+        {
+            "frac_reward_zero_std": lambda s: 0.67,
+            "frac_reward_zero_std/top": lambda s: 0.35,
+            "frac_reward_zero_std/bottom": lambda s: 0.32,
+            "reward": lambda s: 0.5,
+        },
+        "frac_reward_zero_std",
+        "algo.dynamic_sampling=true",
+        [31, 40],
+    ),
+    "reward_failing": (
+        {"rewards/correct/errors": lambda s: 64 if s > 20 else 0},
+        "rewards/correct/error_rate",
+        "fix reward 'correct'",
+        [31, 40],
+    ),
+    "reward_collapse": (
+        {"rewards/correct/mean": lambda s: 0.6 if s < 20 else 0.05, "reward": lambda s: 0.6 if s < 20 else 0.05},
+        "rewards/correct/mean",
+        "optim.lr (now 1e-05)",
+        [1, 40],
+    ),
+    "truncation": (
+        {
+            "completions/clipped_ratio": lambda s: 0.95,
+            "frac_reward_zero_std": lambda s: 0.9,
+            "reward": lambda s: 0.02,
+            "completions/clipped_reward_mean": lambda s: 0.0,
+            "completions/terminated_reward_mean": lambda s: 0.4,
+        },
+        "completions/clipped_ratio",
+        "rollout.max_new_tokens (now 64)",
+        [31, 40],
+    ),
+    "clip_high": (
+        {"clip_ratio/region_mean": lambda s: 0.02 if s < 25 else 0.35},
+        "clip_ratio/region_mean",
+        "optim.lr (now 1e-05)",
+        [31, 40],
+    ),
+    "entropy_collapse": ({"entropy": lambda s: 2.0 * 0.8**s}, "entropy", "algo.epsilon_high", [1, 40]),
+    "kl_runaway": ({"kl": lambda s: 0.001 * 1.25**s}, "kl", "algo.beta (now 0.04)", [40]),
+    "length_bias": (
+        {"completions/mean_length": lambda s: 20.0 + 2.0 * s, "rewards/correct/mean": lambda s: 0.3, "reward": lambda s: 0.3},
+        "completions/mean_length",
+        "algo.loss_type=dr_grpo",
+        [1, 40],
+    ),
+    "reward_hacking": (
+        {"rewards/correct/mean": lambda s: 0.3, "rewards/format/mean": lambda s: 0.1 + 0.02 * s, "rewards/format/std": lambda s: 0.2},
+        "rewards/format/mean",
+        "rewards.1.weight",
+        [1, 40],
+    ),
+    "non_finite": (
+        {"loss": lambda s: math.nan if s in (12, 13) else 0.01, "grad_norm": lambda s: math.inf if s == 13 else 0.5},
+        "grad_norm",
+        "model.dtype=bfloat16",
+        [12, 13],
+    ),
     "grad_spike": ({"grad_norm": lambda s: 80.0 if s == 25 else 0.5 + 0.1 * (s % 5)}, "grad_norm", "optim.warmup_steps", [25]),
 }
 

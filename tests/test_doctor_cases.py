@@ -60,8 +60,11 @@ def test_live_doctor_never_blames_the_prompts_during_the_collapse():
 
 
 def test_failing_reward_is_named_with_its_share_before_the_prompts():
-    for name, share in [("failing_reward", "100% of samples"), ("failing_reward_error_rate", "100% of samples"),
-                        ("failing_format_beside_correctness", "41% of samples")]:
+    for name, share in [
+        ("failing_reward", "100% of samples"),
+        ("failing_reward_error_rate", "100% of samples"),
+        ("failing_format_beside_correctness", "41% of samples"),
+    ]:
         found = _verdict(CASES[name])
         f = found["reward_failing"]
         assert f.message.startswith(f"reward {'format' if 'format' in name else 'correct'!r} failed on {share}"), f.message

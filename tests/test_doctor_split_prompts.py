@@ -20,12 +20,16 @@ def test_rlvr_doctor_names_a_split_prompt_set_once(tmp_path, rlvr_cli):
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.splitlines()[0] == f"{run}: 1 finding(s)"
     assert "prompts_too_easy" not in proc.stdout and "prompts_too_hard" not in proc.stdout
-    assert ("[warning] prompts_split (frac_reward_zero_std): 67% of groups had identical rewards (steps 21-30): 35% of groups all at "
-            "the step's top reward, 32% all at its bottom, and give no gradient: the prompt set is split, some prompts always "
-            "solved and others never (not too easy or too hard as a whole)") in proc.stdout
-    assert ("fix: keep the prompts in between: filter the data by difficulty (sample a few completions per prompt, drop the prompts "
-            "that all or none of them solve) or order it as a curriculum; or set algo.dynamic_sampling=true, which drops groups "
-            "whose rewards are all equal (both kinds) and draws fresh prompts in their place") in proc.stdout
+    assert (
+        "[warning] prompts_split (frac_reward_zero_std): 67% of groups had identical rewards (steps 21-30): 35% of groups all at "
+        "the step's top reward, 32% all at its bottom, and give no gradient: the prompt set is split, some prompts always "
+        "solved and others never (not too easy or too hard as a whole)"
+    ) in proc.stdout
+    assert (
+        "fix: keep the prompts in between: filter the data by difficulty (sample a few completions per prompt, drop the prompts "
+        "that all or none of them solve) or order it as a curriculum; or set algo.dynamic_sampling=true, which drops groups "
+        "whose rewards are all equal (both kinds) and draws fresh prompts in their place"
+    ) in proc.stdout
     assert "easier" not in proc.stdout and "harder" not in proc.stdout  # no fix that helps only one half
 
 

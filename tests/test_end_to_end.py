@@ -9,20 +9,49 @@ from transformers import AutoModelForCausalLM
 from rlvr.models import resolve_model_path
 
 REQUIRED_METRICS = {
-    "step", "reward", "reward_std", "rewards/arithmetic_correct/mean", "rewards/arithmetic_correct/std",
-    "frac_reward_zero_std", "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy", "loss", "grad_norm",
-    "learning_rate", "num_tokens", "time/generate", "time/reward", "time/train", "time/step",
+    "step",
+    "reward",
+    "reward_std",
+    "rewards/arithmetic_correct/mean",
+    "rewards/arithmetic_correct/std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "entropy",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "num_tokens",
+    "time/generate",
+    "time/reward",
+    "time/train",
+    "time/step",
     # what the doctor reads to tell the causes of identical groups apart
-    "frac_reward_zero_std/top", "frac_reward_zero_std/bottom", "distinct_completions", "completions/clipped_reward_mean",
-    "completions/terminated_reward_mean", "rewards/arithmetic_correct/errors",
+    "frac_reward_zero_std/top",
+    "frac_reward_zero_std/bottom",
+    "distinct_completions",
+    "completions/clipped_reward_mean",
+    "completions/terminated_reward_mean",
+    "rewards/arithmetic_correct/errors",
 }
 
 
 def test_cli_trains_and_writes_a_loadable_model(tmp_path, rlvr_cli):
     out = tmp_path / "run"
-    proc = rlvr_cli("train", "steps=4", "rollout.prompts_per_step=8", "eval_before_after=false", "log_completions_every=2",
-                    "optim.lr=1e-3", f"output_dir={out}", check=True)
+    proc = rlvr_cli(
+        "train",
+        "steps=4",
+        "rollout.prompts_per_step=8",
+        "eval_before_after=false",
+        "log_completions_every=2",
+        "optim.lr=1e-3",
+        f"output_dir={out}",
+        check=True,
+    )
     assert "step 4/4" in proc.stdout  # plain lines when stdout is a pipe
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
@@ -40,8 +69,7 @@ def test_cli_trains_and_writes_a_loadable_model(tmp_path, rlvr_cli):
 def test_second_reward_function_from_config(make_trainer, tmp_path):
     rewards_py = tmp_path / "my_rewards.py"
     rewards_py.write_text(
-        "def short(prompts, completions, **kw):\n"
-        "    return [1.0 if len(c[0]['content']) <= 2 else 0.0 for c in completions]\n"
+        "def short(prompts, completions, **kw):\n    return [1.0 if len(c[0]['content']) <= 2 else 0.0 for c in completions]\n"
     )
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(

@@ -51,13 +51,24 @@ class StubSource:
             gen = torch.Generator().manual_seed(seed)
             for j in range(G):
                 n, pattern = i * G + j, PATTERNS[j % len(PATTERNS)]
-                prompt_ids[n, P - len(prompts[i]):], prompt_mask[n, P - len(prompts[i]):] = torch.tensor(prompts[i]), 1
+                prompt_ids[n, P - len(prompts[i]) :], prompt_mask[n, P - len(prompts[i]) :] = torch.tensor(prompts[i]), 1
                 ids[n, : len(pattern)] = torch.randint(3, self.vocab, (len(pattern),), generator=gen)
                 attention[n, : len(pattern)] = 1
                 loss[n, : len(pattern)] = torch.tensor(pattern)
         texts = self.tokenizer.batch_decode(ids.masked_fill(attention == 0, pad), skip_special_tokens=True)
-        return Episodes(prompt_ids, prompt_mask, ids, attention, loss, torch.zeros(N, C), torch.zeros(N, dtype=torch.bool),
-                        torch.arange(len(rows)).repeat_interleave(G), G, texts, texts)
+        return Episodes(
+            prompt_ids,
+            prompt_mask,
+            ids,
+            attention,
+            loss,
+            torch.zeros(N, C),
+            torch.zeros(N, dtype=torch.bool),
+            torch.arange(len(rows)).repeat_interleave(G),
+            G,
+            texts,
+            texts,
+        )
 
     def sync_weights(self) -> None:
         pass
@@ -116,8 +127,19 @@ def test_external_tokens_stay_in_context(make_trainer, tmp_path):
     row, col = 0, 2  # an external token in the middle of row 0 (pattern 1 1 0 0 0 1 1)
     assert e.loss_mask[row, col] == 0 and e.loss_mask[row, 5] == 1
     changed[row, col] = (changed[row, col] + 1) % t.model.config.vocab_size
-    other = Episodes(e.prompt_ids, e.prompt_mask, changed, e.attention_mask, e.loss_mask, e.sampling_logprobs, e.truncated,
-                     e.group_ids, e.group_size, e.completions, e.texts)
+    other = Episodes(
+        e.prompt_ids,
+        e.prompt_mask,
+        changed,
+        e.attention_mask,
+        e.loss_mask,
+        e.sampling_logprobs,
+        e.truncated,
+        e.group_ids,
+        e.group_size,
+        e.completions,
+        e.texts,
+    )
     after = t.updater.forward(t.model, other.to(t.device), mb, with_entropy=False)[0].logp
     assert not torch.equal(base[row, 5], after[row, 5])  # a later model token sees it
     torch.testing.assert_close(base[row, :2], after[row, :2], rtol=0, atol=0)  # earlier tokens do not

@@ -14,7 +14,13 @@ from rlvr.cli import main
 
 FAST = ["rollout.group_size=4", "rollout.prompts_per_step=2", "threads=1", "report_to=[]", "model.autocast=none"]
 # the caller learnt the bare tags: no description of the tools in its prompts (its context is 256 positions)
-TOOLS = ["rewards=[final_answer]", "tools.functions=[calculator]", "tools.tags=[calculator=calc]", "tools.format=tags", "tools.describe=false"]
+TOOLS = [
+    "rewards=[final_answer]",
+    "tools.functions=[calculator]",
+    "tools.tags=[calculator=calc]",
+    "tools.format=tags",
+    "tools.describe=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,22 @@ def tools_run(caller, tmp_path_factory, rlvr_cli):
     train = write_rows(where / "train.jsonl", ["408"] * 4, "question")
     held = write_rows(where / "held.jsonl", ["408"] * 3 + ["999"] * 2, "question")
     run = where / "run"
-    rlvr_cli("train", f"output_dir={run}", f"model.path={caller}", f"data.path={train}", "data.prompt_column=question", f"eval.data={held}",
-             *TOOLS, "rollout.max_new_tokens=64", "steps=2", "eval_every=1", "save_every=1", *FAST, check=True, timeout=300)
+    rlvr_cli(
+        "train",
+        f"output_dir={run}",
+        f"model.path={caller}",
+        f"data.path={train}",
+        "data.prompt_column=question",
+        f"eval.data={held}",
+        *TOOLS,
+        "rollout.max_new_tokens=64",
+        "steps=2",
+        "eval_every=1",
+        "save_every=1",
+        *FAST,
+        check=True,
+        timeout=300,
+    )
     return run, held
 
 
@@ -69,7 +89,8 @@ def test_tools_settings_of_a_run_can_be_overridden_by_their_config_keys(tools_ru
     status, _, err = rlvr(capsys, "eval", run, "optim.lr=1")
     assert status == 2 and err.strip() == (
         "rlvr: error: rlvr eval: `optim.lr=1`: only tools.* settings can be overridden here (e.g. tools.timeout_s=5); "
-        "the other flags set what is evaluated (rlvr eval --help)")
+        "the other flags set what is evaluated (rlvr eval --help)"
+    )
 
 
 def test_a_run_without_final_points_to_its_newest_checkpoint(tools_run, capsys, tmp_path):
@@ -79,19 +100,39 @@ def test_a_run_without_final_points_to_its_newest_checkpoint(tools_run, capsys, 
     status, _, err = rlvr(capsys, "eval", unfinished)
     assert status == 2 and err.strip() == (
         f"rlvr: error: rlvr eval {unfinished}: the run has no final/ model (it has not finished); "
-        f"evaluate its newest checkpoint: rlvr eval {unfinished / 'checkpoints' / 'step-0000002'}")
+        f"evaluate its newest checkpoint: rlvr eval {unfinished / 'checkpoints' / 'step-0000002'}"
+    )
 
 
 def test_a_tool_task_is_evaluated_with_its_tools_and_any_model_takes_tool_flags(caller, rlvr_cli, capsys, tmp_path):
     proc = rlvr_cli("eval", caller, "--task", "multiplication", "--n", "3", "tools.describe=false", check=True)
     assert proc.stdout.splitlines() == [
         f"[note] evaluating {caller} with rlvr's defaults: multi-turn with tools calculator (tools.format=tags, max_turns=2)",
-        "multiplication held-out accuracy (3 problems, greedy): 1.000"]
+        "multiplication held-out accuracy (3 problems, greedy): 1.000",
+    ]
     status, out, _ = rlvr(capsys, "eval", caller, "--task", "multiplication", "--n", "3", "--tools", "", "tools.describe=false")
     assert status == 0 and "multiplication held-out accuracy (3 problems, greedy): 0.000" in out
     held = write_rows(tmp_path / "held.jsonl", ["408", "999"])
-    status, out, _ = rlvr(capsys, "eval", caller, "--data", held, "--reward", "final_answer", "--max-new-tokens", "64", "--tools",
-                          "calculator", "--tool-tags", "calculator=calc", "--tool-format", "tags", "--max-turns", "2", "tools.describe=false")
+    status, out, _ = rlvr(
+        capsys,
+        "eval",
+        caller,
+        "--data",
+        held,
+        "--reward",
+        "final_answer",
+        "--max-new-tokens",
+        "64",
+        "--tools",
+        "calculator",
+        "--tool-tags",
+        "calculator=calc",
+        "--tool-format",
+        "tags",
+        "--max-turns",
+        "2",
+        "tools.describe=false",
+    )
     assert status == 0 and f"{held} held-out mean final_answer (2 rows, greedy): 0.500" in out
     status, _, err = rlvr(capsys, "eval", caller, "--task", "multiplication", "--tool-format", "tagz")
     assert status == 2 and "`tools.format` must be one of ['auto', 'chat_template', 'tags'], got 'tagz' (did you mean 'tags'?)" in err
@@ -99,8 +140,18 @@ def test_a_tool_task_is_evaluated_with_its_tools_and_any_model_takes_tool_flags(
 
 def test_a_run_is_evaluated_with_its_system_prompt_and_length(rlvr_cli, capsys, tmp_path):
     run = tmp_path / "run"
-    rlvr_cli("train", f"output_dir={run}", "model.path=tiny", "data.system_prompt=Answer with the number only.", "data.eval_size=40",
-             "rollout.max_new_tokens=3", "steps=1", *FAST, check=True, timeout=300)
+    rlvr_cli(
+        "train",
+        f"output_dir={run}",
+        "model.path=tiny",
+        "data.system_prompt=Answer with the number only.",
+        "data.eval_size=40",
+        "rollout.max_new_tokens=3",
+        "steps=1",
+        *FAST,
+        check=True,
+        timeout=300,
+    )
     after = json.loads((run / "summary.json").read_text())["eval_after"]
     status, out, _ = rlvr(capsys, "eval", run)
     assert status == 0 and f"arithmetic held-out accuracy (40 problems, greedy): {after:.3f}" in out

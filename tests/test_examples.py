@@ -18,10 +18,24 @@ PROMPT_TOKENS = 256  # GSM8K question + system prompt, rounded up
 
 # config.json of Qwen/Qwen2.5-{0.5B,1.5B}-Instruct (the fields that set the parameter count)
 QWEN = {
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen/Qwen2.5-1.5B-Instruct": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
 }
 PARAMS = {"Qwen/Qwen2.5-0.5B-Instruct": 494_032_768, "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304}
 
@@ -51,7 +65,9 @@ def estimate(cfg) -> dict[str, float]:
 
 def stated(path: Path) -> dict[str, float]:
     header = path.read_text().split("\n\n", 1)[0]
-    m = re.search(r"trainer ~([\d.]+) GiB per GPU \(weights ([\d.]+), gradients ([\d.]+), optimizer ([\d.]+), activations ([\d.]+)\)", header)
+    m = re.search(
+        r"trainer ~([\d.]+) GiB per GPU \(weights ([\d.]+), gradients ([\d.]+), optimizer ([\d.]+), activations ([\d.]+)\)", header
+    )
     assert m, f"{path.name}: the header must state the memory"
     gpu = re.search(r"needs a GPU with >= (\d+) GiB", header)
     assert gpu, f"{path.name}: the header must state the GPU size it needs"

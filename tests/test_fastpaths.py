@@ -14,8 +14,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
 def model():
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg).train()
 
 
@@ -25,8 +33,8 @@ def _batch(G=3, B=3, P=7, C=6, seed=1):
     p_ids = torch.zeros(B, P, dtype=torch.long)
     p_mask = torch.zeros(B, P, dtype=torch.long)
     for i, n in enumerate(lens):  # left padding of different widths
-        p_ids[i, P - n:] = torch.randint(1, 50, (n,), generator=g)
-        p_mask[i, P - n:] = 1
+        p_ids[i, P - n :] = torch.randint(1, 50, (n,), generator=g)
+        p_mask[i, P - n :] = 1
     p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
     c_ids = torch.randint(1, 50, (B * G, C), generator=g)
     c_len = torch.randint(1, C + 1, (B * G,), generator=g)
@@ -108,8 +116,10 @@ def _close(ga, gb):
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("extra", [[], ["algo.num_iterations=2"], ["optim.micro_batch_size=5"], ["algo.loss_type=grpo"],
-                                   ["algo.importance_sampling_level=sequence"]])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["algo.num_iterations=2"], ["optim.micro_batch_size=5"], ["algo.loss_type=grpo"], ["algo.importance_sampling_level=sequence"]],
+)
 def test_zero_advantage_skip_same_loss_and_gradients(make_trainer, extra):
     t = make_trainer(*FP)
     episodes = t.collector.collect(t.state).episodes
@@ -146,8 +156,9 @@ def test_skip_is_off_when_rows_are_needed():
         return BatchPlan.build(cfg, world_size, torch.nn.Linear(2, 2))
 
     def rows(p, adv):
-        return update_rows(adv, torch.full((len(adv),), 3), torch.zeros(len(adv), dtype=torch.long),
-                           torch.ones(len(adv), 2, dtype=torch.long), p)[0]
+        return update_rows(
+            adv, torch.full((len(adv),), 3), torch.zeros(len(adv), dtype=torch.long), torch.ones(len(adv), 2, dtype=torch.long), p
+        )[0]
 
     adv = torch.tensor([0.0, 1.0, -1.0])
     assert plan().skip_zero_advantage
@@ -204,7 +215,9 @@ def test_static_cache_decode_same_as_dynamic(tiny_model_dir, ignore_eos):
     prompts = [render_prompt(q, tok) for q in ["12+34=", "7-5=", "a longer prompt: 99+99="]]
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=24, ignore_eos=ignore_eos)
     a = HFEngine(model, tok, static_cache=False, drop_finished_fraction=0.0).generate(prompts, params, seeds=[1, 2, 3])
-    b = HFEngine(model, tok, static_cache=True, shared_prefix=False, drop_finished_fraction=0.0, lean=False).generate(prompts, params, seeds=[1, 2, 3])
+    b = HFEngine(model, tok, static_cache=True, shared_prefix=False, drop_finished_fraction=0.0, lean=False).generate(
+        prompts, params, seeds=[1, 2, 3]
+    )
     if not ignore_eos:
         assert (b.completion_mask.sum(-1) < 24).sum() >= 2  # rows did leave the batch mid-way
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
@@ -261,8 +274,14 @@ def test_shared_prefix_decode_is_used_only_where_it_is_exact():
     from rlvr.rollout.engines.hf.shared_prefix import supports_shared_prefix
 
     def cfg(attn_implementation="sdpa"):
-        return LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           attn_implementation=attn_implementation)
+        return LlamaConfig(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            attn_implementation=attn_implementation,
+        )
 
     assert supports_shared_prefix(cfg())
     assert not supports_shared_prefix(cfg("eager"))
@@ -297,5 +316,7 @@ def test_length_sorting_keeps_long_shared_prompts_together():
 
     lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])
     assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=12, pieces=4, shared_prefix=True) is None
-    assert length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=12, pieces=4,
-                               shared_prefix=True) is None
+    assert (
+        length_sorted_order(torch.full((12,), 7), torch.arange(12) // 4, prompt_len=8, micro_batch_size=12, pieces=4, shared_prefix=True)
+        is None
+    )

@@ -20,10 +20,10 @@ from rlvr.train.setup import check_config
 
 # A score the model cannot change: each row's own `expected` column. The held-out mean is then
 # known exactly, so the numbers below show which rows were scored, with which columns.
-REWARDS = '''
+REWARDS = """
 def by_column(prompts, completions, expected, **kw):
     return [float(e) for e in expected]
-'''
+"""
 TRAIN = [{"question": f"Q{i}: {i}+{i}=", "expected": 1} for i in range(10, 30)]
 HELD_OUT = [{"question": f"H{i}: {i}-1=", "expected": e} for i, e in zip(range(40, 46), [1, 0, 1, 1, 1, 0])]
 FAST = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=4", "threads=1", "optim.lr=1e-3"]
@@ -100,7 +100,8 @@ def test_rlvr_eval_on_a_jsonl_with_a_reward(tmp_path, own_data, tiny_model_dir, 
     assert f"{held} held-out mean by_column (4 rows, greedy): 0.750" in proc.stdout
     missing = rlvr_cli("eval", tmp_path / "runs" / "nope" / "final", *common)
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
-        f"rlvr: error: rlvr eval MODEL: folder not found: {tmp_path / 'runs' / 'nope' / 'final'}"]
+        f"rlvr: error: rlvr eval MODEL: folder not found: {tmp_path / 'runs' / 'nope' / 'final'}"
+    ]
     no_reward = rlvr_cli("eval", tiny_model_dir, "--data", held)
     assert no_reward.returncode == 2 and "rlvr eval --data needs --reward" in no_reward.stderr
 
@@ -123,8 +124,17 @@ def test_force_starts_over_with_flags_anywhere_and_leaves_nothing_to_resume(tmp_
     base = ["train", f"model.path={tiny_model_dir}", *FAST, "eval_before_after=false"]
     rlvr_cli(*base, f"output_dir={out}", "steps=2", "save_every=1", "log_completions_every=1", check=True)
     assert latest_checkpoint(out / "checkpoints") is not None
-    again = rlvr_cli("train", f"model.path={tiny_model_dir}", "--force", f"output_dir={out}", *FAST, "steps=1", "seed=1",
-                     "eval_before_after=false", check=True)  # --force between overrides
+    again = rlvr_cli(
+        "train",
+        f"model.path={tiny_model_dir}",
+        "--force",
+        f"output_dir={out}",
+        *FAST,
+        "steps=1",
+        "seed=1",
+        "eval_before_after=false",
+        check=True,
+    )  # --force between overrides
     (aside,) = tmp_path.glob("run.replaced-*")
     assert f"the run that was in {out} is now in {aside}" in again.stdout
     assert latest_checkpoint(aside / "checkpoints").name == "step-0000002" and _steps(aside / "metrics.jsonl") == [1, 2]
@@ -136,12 +146,15 @@ def test_force_starts_over_with_flags_anywhere_and_leaves_nothing_to_resume(tmp_
     assert "now in" not in resumed.stdout
 
 
-@pytest.mark.parametrize("argv, config, overrides, force", [
-    (["train", "my.yaml", "--force", "output_dir=x", "steps=3"], "my.yaml", ["output_dir=x", "steps=3"], True),
-    (["train", "--force", "my.yaml", "steps=3"], "my.yaml", ["steps=3"], True),
-    (["train", "steps=3", "--force", "output_dir=x", "seed=2"], "steps=3", ["output_dir=x", "seed=2"], True),
-    (["train", "output_dir=x", "--resume", "runs/a", "steps=9"], "output_dir=x", ["steps=9"], False),
-])
+@pytest.mark.parametrize(
+    "argv, config, overrides, force",
+    [
+        (["train", "my.yaml", "--force", "output_dir=x", "steps=3"], "my.yaml", ["output_dir=x", "steps=3"], True),
+        (["train", "--force", "my.yaml", "steps=3"], "my.yaml", ["steps=3"], True),
+        (["train", "steps=3", "--force", "output_dir=x", "seed=2"], "steps=3", ["output_dir=x", "seed=2"], True),
+        (["train", "output_dir=x", "--resume", "runs/a", "steps=9"], "output_dir=x", ["steps=9"], False),
+    ],
+)
 def test_flags_and_overrides_in_any_order(monkeypatch, argv, config, overrides, force):
     from rlvr import cli
 
@@ -158,8 +171,17 @@ def test_resume_from_the_run_folder_alone(tmp_path, tiny_model_dir, rlvr_cli):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    rlvr_cli("train", f"model.path={tiny_model_dir}", *FAST, f"output_dir={out}", "steps=3", "save_every=1", "eval_before_after=false",
-             "report_to=[tensorboard]", check=True)
+    rlvr_cli(
+        "train",
+        f"model.path={tiny_model_dir}",
+        *FAST,
+        f"output_dir={out}",
+        "steps=3",
+        "save_every=1",
+        "eval_before_after=false",
+        "report_to=[tensorboard]",
+        check=True,
+    )
     import shutil
 
     for done in (out / "final", out / "checkpoints" / "step-0000003"):  # as a kill after step 3 was logged leaves it
@@ -185,8 +207,11 @@ def test_train_seconds_add_up_over_segments(make_trainer, monkeypatch):
     from rlvr.train import trainer as trainer_module
 
     ticks = iter(range(1000))
-    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(time=lambda: float(next(ticks)), perf_counter=time.perf_counter,
-                                                                      strftime=time.strftime))
+    monkeypatch.setattr(
+        trainer_module,
+        "time",
+        types.SimpleNamespace(time=lambda: float(next(ticks)), perf_counter=time.perf_counter, strftime=time.strftime),
+    )
     first = make_trainer("steps=1")
     first.train()
     first.save_checkpoint()  # as save_every=1 would at step 1 of a longer run
@@ -203,8 +228,16 @@ def test_closing_the_terminal_saves_a_checkpoint_and_exits_zero(tmp_path, tiny_m
     """The run's terminal goes away (a pty whose master is closed: the kernel sends SIGHUP, and
     writes to the terminal fail from then on): it finishes the step, saves, and exits 0."""
     out = tmp_path / "run"
-    argv = rlvr_cli.command("train", f"model.path={tiny_model_dir}", *FAST, "steps=100000", "save_every=0", f"output_dir={out}",
-                            "eval_before_after=false", "report_to=[]")
+    argv = rlvr_cli.command(
+        "train",
+        f"model.path={tiny_model_dir}",
+        *FAST,
+        "steps=100000",
+        "save_every=0",
+        f"output_dir={out}",
+        "eval_before_after=false",
+        "report_to=[]",
+    )
     pid, master = pty.fork()
     if pid == 0:  # the child: session leader with the pty as its controlling terminal
         os.execvpe(argv[0], argv, {**os.environ, "TERM": "xterm", "CI": ""})
@@ -226,13 +259,24 @@ def test_closing_the_terminal_saves_a_checkpoint_and_exits_zero(tmp_path, tiny_m
 # --------------------------------------------------------------------------- failing fast
 
 
-@pytest.mark.parametrize("overrides, error, message", [
-    (["data.path={d}/missing.jsonl"], DataError, r"file not found: .*missing.jsonl"),
-    (["data.path={d}/train.jsonl"], DataError, r"no prompt column 'prompt'"),
-    (["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[{d}/rewards.py:nope]"], RewardError, r"has no function 'nope'"),
-    (["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[arithmetic]"], ValueError, r"needs a column 'answer'"),
-    (["eval_before_after=true", "eval.data={d}/heldout.jsonl", "eval.prompt_column=question", "eval.reward=arithmetic"], ValueError, r"needs a column 'answer'"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (["data.path={d}/missing.jsonl"], DataError, r"file not found: .*missing.jsonl"),
+        (["data.path={d}/train.jsonl"], DataError, r"no prompt column 'prompt'"),
+        (
+            ["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[{d}/rewards.py:nope]"],
+            RewardError,
+            r"has no function 'nope'",
+        ),
+        (["data.path={d}/train.jsonl", "data.prompt_column=question", "rewards=[arithmetic]"], ValueError, r"needs a column 'answer'"),
+        (
+            ["eval_before_after=true", "eval.data={d}/heldout.jsonl", "eval.prompt_column=question", "eval.reward=arithmetic"],
+            ValueError,
+            r"needs a column 'answer'",
+        ),
+    ],
+)
 def test_data_and_reward_mistakes_are_found_before_any_model_loads(make_trainer, own_data, no_model_load, overrides, error, message):
     d = own_data[0].parent
     with pytest.raises(error, match=message):
@@ -267,14 +311,19 @@ def test_an_unreachable_hub_fails_in_seconds_with_one_line(monkeypatch):
         time.sleep(8)
         raise TimeoutError("timed out")
 
-    for endpoint, reason in (("http://127.0.0.1:9", r"127.0.0.1:9 cannot be reached \(Connection refused\)"),
-                             ("http://hub.invalid:443", r"hub.invalid:443 did not answer within 3 s")):
+    for endpoint, reason in (
+        ("http://127.0.0.1:9", r"127.0.0.1:9 cannot be reached \(Connection refused\)"),
+        ("http://hub.invalid:443", r"hub.invalid:443 did not answer within 3 s"),
+    ):
         monkeypatch.setattr(constants, "ENDPOINT", endpoint)
         if "invalid" in endpoint:
             monkeypatch.setattr(socket, "create_connection", hangs)
         t0 = time.perf_counter()
-        with pytest.raises(ModelError, match=r"^model.path: someone/not-cached-model is not a local folder nor in the Hugging Face cache, "
-                                             rf"and the hub cannot be used \({reason}\)"):
+        with pytest.raises(
+            ModelError,
+            match=r"^model.path: someone/not-cached-model is not a local folder nor in the Hugging Face cache, "
+            rf"and the hub cannot be used \({reason}\)",
+        ):
             resolve_existing("someone/not-cached-model")
         assert time.perf_counter() - t0 < 5
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -288,7 +337,8 @@ def test_an_unreachable_hub_through_the_cli(tmp_path, rlvr_cli):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "rlvr: error: model.path: someone/not-cached-model is not a local folder nor in the Hugging Face cache, and the hub cannot be used "
-        "(127.0.0.1:9 cannot be reached (Connection refused)): download it where there is network, or give a local folder"]
+        "(127.0.0.1:9 cannot be reached (Connection refused)): download it where there is network, or give a local folder"
+    ]
 
 
 def test_a_cached_hub_id_loads_while_the_hub_is_unreachable(tmp_path, tiny_model_dir, monkeypatch):
@@ -322,8 +372,18 @@ def test_the_report_shows_a_held_out_score_of_your_own_reward(tmp_path):
     from rlvr.observe.report import make_report
 
     run = write_metrics(tmp_path / "run", [{"step": s, "reward": 0.1 * s, **({"eval/reward": 0.5} if s == 2 else {})} for s in (1, 2, 3)])
-    (run / "summary.json").write_text(json.dumps({"eval_before": 0.25, "eval_after": 0.75, "eval_set": "test.jsonl",
-                                                  "eval_label": "mean correct", "eval_rows": 40, "train_seconds": 3.0}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "eval_before": 0.25,
+                "eval_after": 0.75,
+                "eval_set": "test.jsonl",
+                "eval_label": "mean correct",
+                "eval_rows": 40,
+                "train_seconds": 3.0,
+            }
+        )
+    )
     page = make_report([run], tmp_path / "report").read_text()
     assert "<th>held-out score</th>" in page and "0.250 → 0.750" in page
     assert "Held-out score" in page and "(test.jsonl), before and after training, and every eval.every steps." in page

@@ -29,15 +29,18 @@ def test_completion_text_accepts_plain_and_chat_forms():
     assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
 
 
-@pytest.mark.parametrize("text, answers", [
-    ("so \\boxed{\\frac{3}{4}} it is", ["\\frac{3}{4}"]),
-    ("\\boxed{1} then \\boxed{2}", ["1", "2"]),
-    ("<answer> 12 </answer>", ["12"]),
-    ("3 + 4 = 7\n#### 1,234", ["1,234"]),
-    ("The answer is \\boxed{4}.", ["4"]),
-    ("I think 5, no wait, 6.", []),
-    ("no number here", []),
-])
+@pytest.mark.parametrize(
+    "text, answers",
+    [
+        ("so \\boxed{\\frac{3}{4}} it is", ["\\frac{3}{4}"]),
+        ("\\boxed{1} then \\boxed{2}", ["1", "2"]),
+        ("<answer> 12 </answer>", ["12"]),
+        ("3 + 4 = 7\n#### 1,234", ["1,234"]),
+        ("The answer is \\boxed{4}.", ["4"]),
+        ("I think 5, no wait, 6.", []),
+        ("no number here", []),
+    ],
+)
 def test_final_answer_extraction(text, answers):
     assert final_answers(text) == answers
 
@@ -58,8 +61,7 @@ def test_math_true_positives_and_negatives(monkeypatch, use_math_verify):
     elif not symbolic.AVAILABLE:
         pytest.skip("math-verify not installed")
     grade = load_reward_fn("math")
-    completions = ["\\boxed{0.5}", chat("<answer>1/2</answer>"), "#### 72", "The answer is 3.", "\\boxed{-7}",
-                   "\\boxed{8}", "no idea"]
+    completions = ["\\boxed{0.5}", chat("<answer>1/2</answer>"), "#### 72", "The answer is 3.", "\\boxed{-7}", "\\boxed{8}", "no idea"]
     answers = ["\\frac{1}{2}", "0.5", "The total is 72 dollars.\n#### 72", "3.0", "-7", "9", "4"]
     assert grade(None, completions, answer=answers) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert grade(None, ["\\boxed{1}"], answer=[None]) == [None]
@@ -74,8 +76,7 @@ def test_math_symbolic_equality_needs_math_verify():
 
 def test_math_known_hacks_earn_nothing():
     grade = load_reward_fn("math")
-    hacks = ["\\boxed{3, 4, 5, 6}", "<answer>4</answer> or maybe <answer>5</answer>", "\\boxed{4} \\boxed{5}",
-             "\\boxed{4 \\text{ or } 5}"]
+    hacks = ["\\boxed{3, 4, 5, 6}", "<answer>4</answer> or maybe <answer>5</answer>", "\\boxed{4} \\boxed{5}", "\\boxed{4 \\text{ or } 5}"]
     assert grade(None, hacks, answer=["4"] * 4) == [0.0] * 4
 
 
@@ -92,8 +93,14 @@ def test_math_reads_another_column_from_config():
 def test_format_graders():
     good = "<think>\nadd them\n</think>\n<answer>\n4\n</answer>"
     tight = "<think>add</think><answer>4</answer>"
-    cs = [good, tight, "4", "<think>\n \n</think>\n<answer>\n4\n</answer>",
-          "<think>a</think><answer>4</answer><answer>5</answer>", "<think>a</think><answer>4</answer> P.S. 5"]
+    cs = [
+        good,
+        tight,
+        "4",
+        "<think>\n \n</think>\n<answer>\n4\n</answer>",
+        "<think>a</think><answer>4</answer><answer>5</answer>",
+        "<think>a</think><answer>4</answer> P.S. 5",
+    ]
     assert format_strict(None, cs) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert format_lenient(None, cs) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert format_partial(None, cs) == [1.0, 1.0, 0.0, 1.0, 0.5, 1.0]
@@ -188,9 +195,16 @@ def test_test_writing_rewards_only_tests_that_catch_the_bug():
 
 
 def test_test_writing_hacks_earn_nothing():
-    hacks = ["print(absval(-3))", "assert True", "assert 1", "assert absval(-3) == absval(-3)",
-             "if False:\n    assert absval(-3) == 3", "try:\n    assert absval(-3) == 3\nexcept Exception:\n    pass",
-             "assert absval(-3) == 'impossible'", "import sys\nsys.exit(0)\nassert absval(-3) == 3"]
+    hacks = [
+        "print(absval(-3))",
+        "assert True",
+        "assert 1",
+        "assert absval(-3) == absval(-3)",
+        "if False:\n    assert absval(-3) == 3",
+        "try:\n    assert absval(-3) == 3\nexcept Exception:\n    pass",
+        "assert absval(-3) == 'impossible'",
+        "import sys\nsys.exit(0)\nassert absval(-3) == 3",
+    ]
     grade = load_reward_fn("test_writing")
     assert grade(None, hacks, reference=[REF] * len(hacks), buggy=[BAD] * len(hacks)) == [0.0] * len(hacks)
     assert writing_tests.real_assertions("assert absval(-3) == 3\nassert True") == 1
@@ -278,13 +292,38 @@ def test_judge_template_and_injection_guard(stub_judge):
 
 # ------------------------------------------------------------------------------- time bound
 
-ADVERSARIAL = ["9" * 50_000, "<think>" * 7000, "<guess>" * 7000, "<guess>1</guess>" + " " * 50_000, "<answer>" * 6000,
-               "\\boxed{" * 7000, "```" * 16_000, "```" + " " * 50_000, "(" * 50_000, "#### " * 10_000, "The answer is " * 3500,
-               "1," * 25_000, "-" * 50_000]
+ADVERSARIAL = [
+    "9" * 50_000,
+    "<think>" * 7000,
+    "<guess>" * 7000,
+    "<guess>1</guess>" + " " * 50_000,
+    "<answer>" * 6000,
+    "\\boxed{" * 7000,
+    "```" * 16_000,
+    "```" + " " * 50_000,
+    "(" * 50_000,
+    "#### " * 10_000,
+    "The answer is " * 3500,
+    "1," * 25_000,
+    "-" * 50_000,
+]
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "final_answer", "guessed", "math", "format_strict", "format_lenient",
-                                  "format_partial", "code_compiles", "overlong", "length"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "arithmetic",
+        "final_answer",
+        "guessed",
+        "math",
+        "format_strict",
+        "format_lenient",
+        "format_partial",
+        "code_compiles",
+        "overlong",
+        "length",
+    ],
+)
 def test_builtin_graders_return_quickly_on_50kb_adversarial_completions(name):
     """Linear-time parsing: none of these reaches a regex's backtracking (the tag and fence regexes
     they replaced took minutes on some of them) or Python's 4300-digit int limit."""

@@ -20,9 +20,18 @@ QUESTIONS = ["12+34=", "7-5=", "a much longer prompt than the others, long enoug
 
 def _model(kind: str):
     tok = build_char_tokenizer()
-    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=256, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                  eos_token_id=tok.eos_token_id, attn_implementation="sdpa")
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(11)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **common))
@@ -59,8 +68,11 @@ def count_lean_steps(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
 @pytest.mark.parametrize("layout", ["repeated", "shared"])
-@pytest.mark.parametrize("ignore_eos, drop, temperature", [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
-                         ids=["fixed", "eos-drop-finished", "greedy"])
+@pytest.mark.parametrize(
+    "ignore_eos, drop, temperature",
+    [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
+    ids=["fixed", "eos-drop-finished", "greedy"],
+)
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
     tok, model = _model(kind)

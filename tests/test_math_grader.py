@@ -21,8 +21,23 @@ KINDS = Counter(c.kind for c in CASES)
 def test_the_labelled_set_covers_ordinary_answers_and_every_hack_class():
     assert len(CASES) >= 150
     assert KINDS["gsm8k"] >= 30 and KINDS["math"] >= 30 and KINDS["aime"] >= 10
-    for kind in ("hedge_or", "hedge_markers", "hedge_list", "no_marker", "fallback", "number_minus", "number_commas",
-                 "number_percent", "number_sci", "equation", "units", "echo", "negation", "truncated", "huge"):
+    for kind in (
+        "hedge_or",
+        "hedge_markers",
+        "hedge_list",
+        "no_marker",
+        "fallback",
+        "number_minus",
+        "number_commas",
+        "number_percent",
+        "number_sci",
+        "equation",
+        "units",
+        "echo",
+        "negation",
+        "truncated",
+        "huge",
+    ):
         assert KINDS[kind] >= 2, kind
     assert sum(c.right for c in CASES) >= 80 and sum(1 - c.right for c in CASES) >= 80
 

@@ -33,8 +33,15 @@ def _sampled_entropy(model, e, rows=None, temperature: float = 1.0) -> float:
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = completion_logprobs(model, e.prompt_ids[rows], e.prompt_mask[rows], e.completion_ids[rows],
-                                  e.attention_mask[rows], temperature=temperature, with_entropy=True)
+        out = completion_logprobs(
+            model,
+            e.prompt_ids[rows],
+            e.prompt_mask[rows],
+            e.completion_ids[rows],
+            e.attention_mask[rows],
+            temperature=temperature,
+            with_entropy=True,
+        )
     model.train(was_training)
     m = e.loss_mask[rows].double()
     return float((out.entropy.double() * m).sum() / m.sum())
@@ -54,8 +61,14 @@ class LossSpy:
 
         def wrapper(logp, old_logp, advantages, mask, norms, **kw):
             res = real(logp, old_logp, advantages, mask, norms, **kw)
-            self.calls.append(dict(fracs=[float(res.low_clipped), float(res.high_clipped), float(res.region_clipped)],
-                                   tokens=float(mask.sum()), own=torch.equal(logp.detach(), old_logp), num_tokens=norms.num_tokens))
+            self.calls.append(
+                dict(
+                    fracs=[float(res.low_clipped), float(res.high_clipped), float(res.region_clipped)],
+                    tokens=float(mask.sum()),
+                    own=torch.equal(logp.detach(), old_logp),
+                    num_tokens=norms.num_tokens,
+                )
+            )
             return res
 
         monkeypatch.setattr(algo, "policy_loss", wrapper)
@@ -64,8 +77,14 @@ class LossSpy:
 @pytest.mark.parametrize("micro_batch", [0, 5])
 def test_clip_fractions_are_means_over_the_passes_and_min_max_over_what_can_clip(make_trainer, monkeypatch, micro_batch):
     mu = 3
-    t = make_trainer("optim.lr=0.05", "optim.max_grad_norm=0", f"algo.num_iterations={mu}", f"optim.micro_batch_size={micro_batch}",
-                     "optim.skip_zero_advantage=false", "rollout.ignore_eos=true")  # no 1-token micro-batch that cannot clip
+    t = make_trainer(
+        "optim.lr=0.05",
+        "optim.max_grad_norm=0",
+        f"algo.num_iterations={mu}",
+        f"optim.micro_batch_size={micro_batch}",
+        "optim.skip_zero_advantage=false",
+        "rollout.ignore_eos=true",
+    )  # no 1-token micro-batch that cannot clip
     spy = LossSpy(monkeypatch)
     episodes = t.collector.collect(t.state).episodes
     # signs alternate: every micro-batch has completions pushed down (the ones that can clip low)
@@ -180,8 +199,13 @@ def test_entropy_with_minibatches_is_over_the_whole_generated_batch(make_trainer
     """optim.steps_per_generation=2 (issue 17): the logged `entropy` covers every sampled token of the
     whole batch under the policy that generated it: not only the last minibatch's, nor measured after
     the first minibatch's optimizer step moved the weights (lr 0.05 moves them measurably here)."""
-    t = make_trainer("model.path=tiny", "rollout.temperature=0.7", "optim.steps_per_generation=2", "optim.lr=0.05",
-                     reward_file(tmp_path, CHECKSUM, "checksum"))
+    t = make_trainer(
+        "model.path=tiny",
+        "rollout.temperature=0.7",
+        "optim.steps_per_generation=2",
+        "optim.lr=0.05",
+        reward_file(tmp_path, CHECKSUM, "checksum"),
+    )
     if not sampler_entropy:  # a source that gives none (vLLM, multi-turn): the trainer's own forwards measure it
         rollout = t.source.rollout
         t.source.rollout = lambda rows, seeds: dataclasses.replace(rollout(rows, seeds), sampling_entropy=None)
@@ -202,8 +226,9 @@ def test_hf_sampler_entropy_is_the_training_distributions(make_trainer):
     t = make_trainer("rollout.temperature=0.8", "rollout.top_k=5", "rollout.top_p=0.9")
     e = t.collector.collect(t.state).episodes
     with torch.no_grad():
-        out = completion_logprobs(t.model, e.prompt_ids, e.prompt_mask, e.completion_ids, e.attention_mask, temperature=0.8,
-                                  with_entropy=True)
+        out = completion_logprobs(
+            t.model, e.prompt_ids, e.prompt_mask, e.completion_ids, e.attention_mask, temperature=0.8, with_entropy=True
+        )
     m = e.loss_mask.bool()
     torch.testing.assert_close(e.sampling_entropy[m], out.entropy[m], rtol=0, atol=1e-5)
     assert (e.sampling_entropy[~m] == 0).all()
@@ -213,9 +238,19 @@ def test_cli_run_with_no_signal_logs_the_true_entropy(rlvr_cli, tiny_model_dir, 
     """Issue 16 item 7: every group has equal rewards, so no row is trained; the run's metrics.jsonl
     holds the sampled tokens' entropy (the untrained model's, well above 0), never 0.000."""
     out = tmp_path / "run"
-    rlvr_cli("train", f"model.path={tiny_model_dir}", "steps=2", "rollout.prompts_per_step=2", "rollout.group_size=4",
-             "rollout.max_new_tokens=4", "eval_before_after=false", "report_to=[]", f"output_dir={out}",
-             reward_file(tmp_path, CONSTANT, "constant"), check=True)
+    rlvr_cli(
+        "train",
+        f"model.path={tiny_model_dir}",
+        "steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=4",
+        "eval_before_after=false",
+        "report_to=[]",
+        f"output_dir={out}",
+        reward_file(tmp_path, CONSTANT, "constant"),
+        check=True,
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["frac_reward_zero_std"] for r in rows] == [1.0, 1.0]
     assert all(r["entropy"] > 1.0 for r in rows), [r["entropy"] for r in rows]  # random tiny model: ~ln(V)
@@ -345,6 +380,6 @@ def test_without_dropout_no_extra_forward(make_trainer):
 
 def test_algorithms_doc_describes_the_lora_reference():
     text = (Path(__file__).parents[1] / "docs" / "algorithms.md").read_text()
-    kl = text[text.index("## 7. KL penalty"): text.index("## 8.")]
+    kl = text[text.index("## 7. KL penalty") : text.index("## 8.")]
     assert "Not yet implemented" not in kl
     assert "adapter disabled" in kl

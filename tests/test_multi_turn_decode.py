@@ -69,8 +69,10 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, mon
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     random.seed(0)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-               for q in ("12+34=", "5-3=", "87+9=")]  # different lengths: left padding
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in ("12+34=", "5-3=", "87+9=")
+    ]  # different lengths: left padding
     G = 4
     driver = ScriptedDriver(tok, stops=["1", "5"], turns=2, delays=delays)
     engine = HFEngine(model, tok)

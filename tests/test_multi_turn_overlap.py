@@ -116,12 +116,20 @@ class Logged:
 def rollout(tiny_tools, env_class, runner, targets, *, G, temperature, max_turns=6, on_event=None):
     model, tok = tiny_tools
     env = EnvironmentFactory(env_class)
-    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"),
-                      describe=False)  # tiny-tools learnt the tags without a description
+    fmt = make_format(
+        "tags", tok, tool_names=env.names, schemas=env.schemas, tags={}, result_tags=("<result>", "</result>"), describe=False
+    )  # tiny-tools learnt the tags without a description
     engine = Logged(HFEngine(model, tok), on_event)
     # 270 new tokens fit the model's 320 positions after the 30-token prompt: no episode is cut short
-    source = MultiTurnSource(engine, tok, SamplingParams(n=G, temperature=temperature, max_new_tokens=270), fmt=fmt,
-                             environment=env, runner=runner, max_turns=max_turns)
+    source = MultiTurnSource(
+        engine,
+        tok,
+        SamplingParams(n=G, temperature=temperature, max_new_tokens=270),
+        fmt=fmt,
+        environment=env,
+        runner=runner,
+        max_turns=max_turns,
+    )
     with runner:
         episodes = source.rollout([gn.row(t) for t in targets], [100 + i for i in range(len(targets))])
     return episodes, engine.events
@@ -154,8 +162,9 @@ def test_a_slow_tool_does_not_hold_back_the_other_episodes(tiny_tools, greedy_in
         if done >= set(range(len(targets) * G)) - slow_rows:
             others_done.set()
 
-    held, events = rollout(tiny_tools, game(hold_first_guess), ToolRunner(timeout_s=60), targets, G=G, temperature=0.0,
-                           max_turns=3, on_event=on_event)
+    held, events = rollout(
+        tiny_tools, game(hold_first_guess), ToolRunner(timeout_s=60), targets, G=G, temperature=0.0, max_turns=3, on_event=on_event
+    )
     assert released == [True] * G  # each held call was let go by the other episodes ending, not by its timeout
     assert not held.truncated.any()
     first_slow_return = min(i for i, (kind, row) in enumerate(events) if kind == "resumed" and row in slow_rows)
@@ -174,8 +183,9 @@ def test_episodes_do_not_depend_on_when_tools_finish(tiny_tools, sampled_instant
         time.sleep(delays.random() * 0.03)
 
     instant, n = sampled_instant, len(SAMPLED_TARGETS) * SAMPLED_G
-    delayed, _ = rollout(tiny_tools, game(random_delay), ToolRunner(timeout_s=30, max_workers=workers), SAMPLED_TARGETS,
-                         G=SAMPLED_G, temperature=1.0)
+    delayed, _ = rollout(
+        tiny_tools, game(random_delay), ToolRunner(timeout_s=30, max_workers=workers), SAMPLED_TARGETS, G=SAMPLED_G, temperature=1.0
+    )
     assert float(instant.info["tool_calls"].sum()) >= 2 * n  # several rounds of calls per episode
     assert len(set(map(tuple, instant.completion_ids.tolist()))) > len(SAMPLED_TARGETS)  # sampled: a group's episodes differ
     assert_same_rows(delayed, instant, range(n))
@@ -214,8 +224,10 @@ class TwoCalls:
         pass
 
     def generate_episodes(self, prompts, params, seeds, driver):
-        turn = ('<tool_call>{"name": "slow", "arguments": {"x": "a"}}</tool_call>'
-                '<tool_call>{"name": "fast", "arguments": {"x": "b"}}</tool_call><|im_end|>')
+        turn = (
+            '<tool_call>{"name": "slow", "arguments": {"x": "a"}}</tool_call>'
+            '<tool_call>{"name": "fast", "arguments": {"x": "b"}}</tool_call><|im_end|>'
+        )
         tr = Trace(ids=self.tok(turn, add_special_tokens=False)["input_ids"])
         tr.loss, tr.logps = [1] * len(tr.ids), [0.0] * len(tr.ids)
         assert driver.end_turn(0, list(tr.ids), True)
@@ -257,8 +269,9 @@ def test_a_blocked_decode_waits_for_a_whole_turn_of_calls_without_spinning():
     finished), and the results come back in the order of the calls."""
     tok = hermes_tokenizer()
     engine = TwoCalls(tok)
-    source = MultiTurnSource(engine, tok, SamplingParams(n=1), fmt=HermesFormat(), tools=ToolSet([slow, fast]),
-                             runner=ToolRunner(timeout_s=30))
+    source = MultiTurnSource(
+        engine, tok, SamplingParams(n=1), fmt=HermesFormat(), tools=ToolSet([slow, fast]), runner=ToolRunner(timeout_s=30)
+    )
     with source.runner:
         e = source.rollout([{"prompt": [{"role": "user", "content": "go"}]}], [0])
     assert len(engine.blocked) == 1 and list(engine.blocked[0]) == [0]

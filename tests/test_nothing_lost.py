@@ -18,8 +18,17 @@ from safetensors.torch import load_file
 from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
 from rlvr.train.run_control import AbandonStep, StopAtOnce, StopRequest
 
-FAST = ["model.path=tiny", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8", "eval_before_after=false",
-        "optim.lr=1e-3", "log_completions_every=0", "threads=1", "report_to=[]"]
+FAST = [
+    "model.path=tiny",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "eval_before_after=false",
+    "optim.lr=1e-3",
+    "log_completions_every=0",
+    "threads=1",
+    "report_to=[]",
+]
 
 
 def _tree(folder: Path) -> dict[str, str]:
@@ -117,7 +126,7 @@ def test_an_old_finished_run_with_an_older_checkpoint_needs_force(tmp_path, rlvr
     assert forced.returncode == 0, forced.stderr[-2000:]
     kept = _siblings(run, "replaced")
     assert len(kept) == 1
-    assert _tree(kept[0] / "final") == {k[len("final/"):]: v for k, v in before.items() if k.startswith("final/")}
+    assert _tree(kept[0] / "final") == {k[len("final/") :]: v for k, v in before.items() if k.startswith("final/")}
     assert _tree(kept[0])["metrics.jsonl"] == before["metrics.jsonl"]
     assert f"the files as they were are kept in {kept[0]}" in forced.stdout
     assert _steps(run) == [1, 2, 3, 4, 5, 6, 7]
@@ -252,8 +261,15 @@ def test_a_run_written_before_a_field_existed_resumes_as_it_ran(tmp_path, rlvr_c
     import yaml
 
     run = tmp_path / "run"
-    small = ["rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=24", "eval_before_after=false",
-             "threads=1", "report_to=[]", "log_completions_every=0"]
+    small = [
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=24",
+        "eval_before_after=false",
+        "threads=1",
+        "report_to=[]",
+        "log_completions_every=0",
+    ]
     rlvr_cli("train", "examples/tools-calculator.yaml", *small, "steps=1", f"output_dir={run}", check=True, timeout=300)
     for path in [run / "config.yaml", *run.glob("checkpoints/step-*/config.yaml")]:
         cfg = yaml.safe_load(path.read_text())

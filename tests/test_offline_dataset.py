@@ -15,32 +15,56 @@ REFUSED = "127.0.0.1:9 cannot be reached (Connection refused)"
 
 
 def _env(tmp_path: Path) -> dict:
-    return {"HF_ENDPOINT": NO_HUB, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
-            "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"}  # the reason given is the refused connection
+    return {
+        "HF_ENDPOINT": NO_HUB,
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_DATASETS_OFFLINE": "0",
+    }  # the reason given is the refused connection
 
 
 def test_train_on_an_uncached_hub_dataset_offline_fails_fast(tmp_path, rlvr_cli):
     t0 = time.perf_counter()
-    proc = rlvr_cli("train", "data.path=openai/gsm8k", "data.subset=main", "data.prompt_column=question", "rewards=[math]", "steps=1",
-                    f"output_dir={tmp_path / 'run'}", env=_env(tmp_path), timeout=60)
+    proc = rlvr_cli(
+        "train",
+        "data.path=openai/gsm8k",
+        "data.subset=main",
+        "data.prompt_column=question",
+        "rewards=[math]",
+        "steps=1",
+        f"output_dir={tmp_path / 'run'}",
+        env=_env(tmp_path),
+        timeout=60,
+    )
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         "rlvr: error: data.path: openai/gsm8k is not a local file or folder nor in the `datasets` cache, and the Hugging Face hub cannot "
         f"be reached ({REFUSED}): load it once where there is network, or save it to a file there "
-        "(datasets.load_dataset('openai/gsm8k', 'main', split='train').to_json('gsm8k.jsonl')) and set data.path=gsm8k.jsonl"]
+        "(datasets.load_dataset('openai/gsm8k', 'main', split='train').to_json('gsm8k.jsonl')) and set data.path=gsm8k.jsonl"
+    ]
     assert "Retrying" not in proc.stdout + proc.stderr
     assert elapsed < 10, f"took {elapsed:.1f}s"
     assert not (tmp_path / "run").exists()  # refused before any output was written
 
 
 def test_eval_data_hub_id_offline_names_eval_data(tmp_path, rlvr_cli):
-    proc = rlvr_cli("train", "eval.data=someone/held-out", "eval.reward=math", "steps=1", f"output_dir={tmp_path / 'run'}",
-                    env=_env(tmp_path), timeout=60)
+    proc = rlvr_cli(
+        "train",
+        "eval.data=someone/held-out",
+        "eval.reward=math",
+        "steps=1",
+        f"output_dir={tmp_path / 'run'}",
+        env=_env(tmp_path),
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("rlvr: error: eval.data: someone/held-out is not a local file or folder nor in the `datasets` cache")
-    assert ("(datasets.load_dataset('someone/held-out', split='test').to_json('held-out.jsonl')) and set eval.data=held-out.jsonl"
-            in proc.stderr)
+    assert (
+        "(datasets.load_dataset('someone/held-out', split='test').to_json('held-out.jsonl')) and set eval.data=held-out.jsonl"
+        in proc.stderr
+    )
 
 
 def _cache_a_dataset(cache: Path, repo: str, config: str, rows: list[dict]) -> None:
@@ -79,5 +103,7 @@ def test_a_cached_hub_dataset_loads_offline_without_retries(tmp_path, monkeypatc
     assert datasets.config.HF_HUB_OFFLINE is False  # offline mode only for that call
     with pytest.raises(DataError) as refused:
         load_rows("someone/other")
-    assert str(refused.value).startswith("data.path: someone/other is not a local file or folder nor in the `datasets` cache, and the "
-                                         f"Hugging Face hub cannot be reached ({REFUSED})")
+    assert str(refused.value).startswith(
+        "data.path: someone/other is not a local file or folder nor in the `datasets` cache, and the "
+        f"Hugging Face hub cannot be reached ({REFUSED})"
+    )

@@ -14,8 +14,16 @@ import yaml
 from rlvr.config import ConfigError, load_config, to_dict, upgrade
 
 OLD = Path(__file__).parent / "data" / "config_before_grouping.yaml"
-MOVED = ("eval_before_after", "eval_every", "save_every", "keep_checkpoints", "log_completions_every", "num_completions_logged",
-         "report_to", "doctor_every")
+MOVED = (
+    "eval_before_after",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "log_completions_every",
+    "num_completions_logged",
+    "report_to",
+    "doctor_every",
+)
 
 
 def test_a_config_yaml_written_before_the_grouping_loads_as_the_new_keys():
@@ -32,16 +40,35 @@ def test_a_config_yaml_written_before_the_grouping_loads_as_the_new_keys():
 
 
 def test_old_names_work_as_overrides_and_a_conflict_is_refused(tmp_path):
-    cfg = load_config(None, ["save_every=4", "keep_checkpoints=1", "eval_every=3", "report_to=[wandb]", "report_to.0=trackio",
-                             "doctor_every=0", "log_completions_every=2", "num_completions_logged=3", "eval_before_after=false"])
+    cfg = load_config(
+        None,
+        [
+            "save_every=4",
+            "keep_checkpoints=1",
+            "eval_every=3",
+            "report_to=[wandb]",
+            "report_to.0=trackio",
+            "doctor_every=0",
+            "log_completions_every=2",
+            "num_completions_logged=3",
+            "eval_before_after=false",
+        ],
+    )
     assert (cfg.checkpoint.every, cfg.checkpoint.keep, cfg.eval.every, cfg.eval.before_after) == (4, 1, 3, False)
     assert (cfg.logging.report_to, cfg.logging.doctor_every, cfg.logging.completions_every, cfg.logging.num_completions) == (
-        ["trackio"], 0, 2, 3)
+        ["trackio"],
+        0,
+        2,
+        3,
+    )
     assert load_config(None, ["checkpoint.every=2", "save_every=5"]).checkpoint.every == 5  # later ones win, whatever the name
     both = tmp_path / "both.yaml"
     both.write_text("save_every: 5\ncheckpoint:\n  every: 3\n")
-    with pytest.raises(ConfigError, match=rf"`save_every` \(the old name of `checkpoint.every`\) and `checkpoint.every` are both "
-                                          rf"set in {both}, to 5 and 3: keep `checkpoint.every`"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"`save_every` \(the old name of `checkpoint.every`\) and `checkpoint.every` are both "
+        rf"set in {both}, to 5 and 3: keep `checkpoint.every`",
+    ):
         load_config(both)
     both.write_text("save_every: 3\ncheckpoint:\n  every: 3\n")
     assert load_config(both).checkpoint.every == 3

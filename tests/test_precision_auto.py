@@ -39,8 +39,11 @@ def cache_file(tmp_path, monkeypatch):
 def _linear_outputs(model) -> tuple[list[tuple[torch.dtype, bool]], list]:
     """(dtype, under autograd) of every Linear output from now on (forward hooks), and the hooks to remove."""
     seen = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((out.dtype, torch.is_grad_enabled())))
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: seen.append((out.dtype, torch.is_grad_enabled())))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     return seen, hooks
 
 
@@ -68,8 +71,12 @@ def test_the_choice_is_printed_and_recorded_and_a_second_run_reads_the_cache(mak
     summary = first.train()
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("precision:"))
     assert line == f"precision: fp32 (step estimate fp32 0.75 s, bf16 2.50 s; measured at stub sizes; cached in {cache_file})"
-    assert summary["precision"] == {"name": "fp32", "autocast": "none", "reason": line[len("precision: fp32 ("):-1],
-                                    "step_seconds": {"none": 0.75, "bf16": 2.5}}
+    assert summary["precision"] == {
+        "name": "fp32",
+        "autocast": "none",
+        "reason": line[len("precision: fp32 (") : -1],
+        "step_seconds": {"none": 0.75, "bf16": 2.5},
+    }
     assert json.loads((first.output_dir / "summary.json").read_text())["precision"] == summary["precision"]
 
     second = make_trainer("model.autocast=auto", "steps=1", run="b")
@@ -79,8 +86,10 @@ def test_the_choice_is_printed_and_recorded_and_a_second_run_reads_the_cache(mak
     assert len(json.loads(cache_file.read_text())) == 1
 
 
-@pytest.mark.parametrize("overrides, expected", [(["model.autocast=bf16"], "bf16"), (["model.autocast=none"], "none"),
-                                                 (["model.autocast=auto", "model.dtype=bfloat16"], "none")])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [(["model.autocast=bf16"], "bf16"), (["model.autocast=none"], "none"), (["model.autocast=auto", "model.dtype=bfloat16"], "none")],
+)
 def test_forced_precision_and_low_precision_weights_are_never_timed(make_trainer, cache_file, monkeypatch, overrides, expected):
     timer = StubTimer(1.0, 0.5)
     monkeypatch.setattr(precision_choice, "measure_step", timer)

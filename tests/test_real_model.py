@@ -40,14 +40,24 @@ def test_converted_gguf_is_a_normal_trainable_model(smollm2_dir):
 
 def test_grpo_step_on_the_real_model_through_gguf_file(make_trainer, tmp_path):
     gguf = smollm2_gguf()
-    rows = [{"question": f"What is {a} plus {b}? Answer with the number only.", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
-            for a, b in [(2, 3), (7, 5)]]
+    rows = [
+        {"question": f"What is {a} plus {b}? Answer with the number only.", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"}
+        for a, b in [(2, 3), (7, 5)]
+    ]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     trainer = make_trainer(
-        f"model.path={gguf.parent}", f"model.gguf_file={gguf.name}", "data.task=null", f"data.path={data}",
-        "data.prompt_column=question", "rewards=[math]", "rollout.prompts_per_step=2", "rollout.group_size=2",
-        "rollout.max_new_tokens=8", "steps=1", "optim.lr=1e-5",
+        f"model.path={gguf.parent}",
+        f"model.gguf_file={gguf.name}",
+        "data.task=null",
+        f"data.path={data}",
+        "data.prompt_column=question",
+        "rewards=[math]",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+        "steps=1",
+        "optim.lr=1e-5",
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -104,17 +114,37 @@ def test_a_merged_stop_token_episode_reads_as_written(smollm2_dir, make_trainer,
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"prompt": "x", "answer": "1"}) + "\n")
-    t = make_trainer(f"model.path={smollm2_dir}", "data.task=null", f"data.path={data}", "tools.functions=[calculator]",
-                     "tools.tags=[calculator=calc]", "tools.format=tags", "tools.max_turns=2", "tools.describe=false",
-                     "rewards=[final_answer]")  # the few-shot prompt below shows the tag
-    source = make_source(t.cfg, t.engine, t.tokenizer, SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
-                         context_length=None, device=t.device, precision=t.precision.autocast)
-    shot = [{"role": "user", "content": "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
-                                        "End with the answer in <answer></answer> tags.\n\nA box holds 24 pencils. How many pencils are in 13 boxes?"},
-            {"role": "assistant", "content": "<calc>24*13</calc><result>312</result> <answer>312</answer>"},
-            {"role": "user", "content": "Each shelf has 57 cans. How many cans are on 36 shelves?"},
-            {"role": "assistant", "content": "<calc>57*36</calc><result>2052</result> <answer>2052</answer>"},
-            {"role": "user", "content": "Each bus carries 24 students. How many students do 38 buses carry?"}]
+    t = make_trainer(
+        f"model.path={smollm2_dir}",
+        "data.task=null",
+        f"data.path={data}",
+        "tools.functions=[calculator]",
+        "tools.tags=[calculator=calc]",
+        "tools.format=tags",
+        "tools.max_turns=2",
+        "tools.describe=false",
+        "rewards=[final_answer]",
+    )  # the few-shot prompt below shows the tag
+    source = make_source(
+        t.cfg,
+        t.engine,
+        t.tokenizer,
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
+        context_length=None,
+        device=t.device,
+        precision=t.precision.autocast,
+    )
+    shot = [
+        {
+            "role": "user",
+            "content": "Solve the problem. For arithmetic, write <calc>expression</calc> and the result appears. "
+            "End with the answer in <answer></answer> tags.\n\nA box holds 24 pencils. How many pencils are in 13 boxes?",
+        },
+        {"role": "assistant", "content": "<calc>24*13</calc><result>312</result> <answer>312</answer>"},
+        {"role": "user", "content": "Each shelf has 57 cans. How many cans are on 36 shelves?"},
+        {"role": "assistant", "content": "<calc>57*36</calc><result>2052</result> <answer>2052</answer>"},
+        {"role": "user", "content": "Each bus carries 24 students. How many students do 38 buses carry?"},
+    ]
     ep = source.rollout([{"prompt": shot, "answer": "912"}], [0])
     ids = ep.completion_ids[0][ep.attention_mask[0].bool()].tolist()
     text = t.tokenizer.decode(ids)
@@ -124,5 +154,7 @@ def test_a_merged_stop_token_episode_reads_as_written(smollm2_dir, make_trainer,
     loss = ep.loss_mask[0][ep.attention_mask[0].bool()].tolist()
     k = pieces.index("><")
     assert loss[k] == 1 and loss[k + 1] == 0 and t.tokenizer.decode(ids[k + 1 : k + 3]) == "result>"
-    assert ep.completions[0][:2] == [{"role": "assistant", "content": "<calc>24*38</calc>"},
-                                     {"role": "tool", "name": "calculator", "content": "912"}]
+    assert ep.completions[0][:2] == [
+        {"role": "assistant", "content": "<calc>24*38</calc>"},
+        {"role": "tool", "name": "calculator", "content": "912"},
+    ]

@@ -102,12 +102,24 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     if chromium is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     shot = tmp_path / "report.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}",
-             "--enable-logging=stderr", "--v=0", "--hide-scrollbars"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--hide-scrollbars",
+    ]
     url = (report / "report.html").as_uri()
-    proc = subprocess.run([chromium, *flags, f"--screenshot={shot}", "--window-size=1400,2400", url],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [chromium, *flags, f"--screenshot={shot}", "--window-size=1400,2400", url], capture_output=True, text=True, timeout=120
+    )
     assert shot.is_file(), proc.stderr[-3000:]
     img = _is_real_plot(shot)
     assert img.shape[1] == 1400

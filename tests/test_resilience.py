@@ -14,8 +14,15 @@ from rlvr.train import TrainingError
 from rlvr.train.checkpoint import latest_checkpoint
 
 # The bundled model (it solves some problems: real signal) on 4 prompts x 4 completions of 8 tokens.
-FAST = ["model.path=tiny", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=8", "eval_before_after=false",
-        "optim.lr=1e-3", "log_completions_every=0"]
+FAST = [
+    "model.path=tiny",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "eval_before_after=false",
+    "optim.lr=1e-3",
+    "log_completions_every=0",
+]
 
 
 def _metrics(run):

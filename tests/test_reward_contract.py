@@ -18,15 +18,22 @@ def length_curriculum(completions, trainer_state, log_metric, log_extra, **kwarg
     return [-abs(len(t) - target) for t in texts]
 '''
 
-BREAKS_AT_STEP_2 = '''
+BREAKS_AT_STEP_2 = """
 def flaky(prompts, completions, trainer_state, **kwargs):
     if trainer_state.global_step >= 2:
         raise ValueError("grader bug: no such column")
     return [0.0] * len(completions)
-'''
+"""
 
-FAST = ["model.path=tiny", "rollout.group_size=4", "rollout.prompts_per_step=4", "rollout.max_new_tokens=4", "eval_before_after=false",
-        "report_to=[]", "threads=1"]
+FAST = [
+    "model.path=tiny",
+    "rollout.group_size=4",
+    "rollout.prompts_per_step=4",
+    "rollout.max_new_tokens=4",
+    "eval_before_after=false",
+    "report_to=[]",
+    "threads=1",
+]
 
 
 def _config(tmp_path: Path, source: str, fn: str) -> Path:
@@ -42,8 +49,16 @@ def _jsonl(path: Path) -> list[dict]:
 
 def test_a_trl_reward_function_trains_unchanged_and_its_metric_and_column_are_logged(tmp_path, rlvr_cli):
     out = tmp_path / "run"
-    rlvr_cli("train", _config(tmp_path, TRL_REWARD, "length_curriculum"), *FAST, "steps=3", "log_completions_every=1",
-             f"output_dir={out}", check=True, timeout=300)
+    rlvr_cli(
+        "train",
+        _config(tmp_path, TRL_REWARD, "length_curriculum"),
+        *FAST,
+        "steps=3",
+        "log_completions_every=1",
+        f"output_dir={out}",
+        check=True,
+        timeout=300,
+    )
     metrics = _jsonl(out / "metrics.jsonl")
     assert [m["curriculum/global_step"] for m in metrics] == [0.0, 1.0, 2.0]  # the steps done before each batch
     assert [m["curriculum/max_steps"] for m in metrics] == [3.0, 3.0, 3.0]
@@ -59,8 +74,18 @@ def test_a_trl_reward_function_trains_unchanged_and_its_metric_and_column_are_lo
 
 def test_a_reward_failing_on_every_sample_stops_the_run_naming_it(tmp_path, rlvr_cli):
     out = tmp_path / "run"
-    proc = rlvr_cli("train", _config(tmp_path, BREAKS_AT_STEP_2, "flaky"), *FAST, "steps=20", "save_every=1", "keep_checkpoints=2",
-                    "max_failed_reward_steps=2", "log_completions_every=0", f"output_dir={out}", timeout=300)
+    proc = rlvr_cli(
+        "train",
+        _config(tmp_path, BREAKS_AT_STEP_2, "flaky"),
+        *FAST,
+        "steps=20",
+        "save_every=1",
+        "keep_checkpoints=2",
+        "max_failed_reward_steps=2",
+        "log_completions_every=0",
+        f"output_dir={out}",
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     message = proc.stderr.strip().splitlines()[-1]
     assert "reward function 'flaky' failed on every sample for 2 steps in a row (max_failed_reward_steps=2)" in message

@@ -121,13 +121,16 @@ def test_a_misspelt_reward_name_gets_the_nearest_one(tmp_path, monkeypatch):
     """A typo names the spec and the nearest name: among the built-ins for a bare name, among the
     module's public functions for `file.py:fn` and `module:fn`; nothing close, no suggestion."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "my.py").write_text("import math\n\ndef correct(prompts, completions, **kw):\n    return [1.0] * len(completions)\n\n"
-                                    "def _correct_helper():\n    pass\n")
-    cases = [("mth", r"reward 'mth': use a built-in name \(.*\).* \(did you mean 'math'\?\)$"),
-             ("format_stritc(x=1)", r"reward 'format_stritc\(x=1\)': .* \(did you mean 'format_strict'\?\)$"),
-             ("my.py:corect", r"reward 'my.py:corect': my.py has no function 'corect' \(did you mean 'correct'\?\)$"),
-             ("rlvr.tasks.guess_number:gessed", r"has no function 'gessed' \(did you mean 'guessed'\?\)$"),
-             ("my.py:zzz", r"reward 'my.py:zzz': my.py has no function 'zzz'$")]
+    (tmp_path / "my.py").write_text(
+        "import math\n\ndef correct(prompts, completions, **kw):\n    return [1.0] * len(completions)\n\ndef _correct_helper():\n    pass\n"
+    )
+    cases = [
+        ("mth", r"reward 'mth': use a built-in name \(.*\).* \(did you mean 'math'\?\)$"),
+        ("format_stritc(x=1)", r"reward 'format_stritc\(x=1\)': .* \(did you mean 'format_strict'\?\)$"),
+        ("my.py:corect", r"reward 'my.py:corect': my.py has no function 'corect' \(did you mean 'correct'\?\)$"),
+        ("rlvr.tasks.guess_number:gessed", r"has no function 'gessed' \(did you mean 'guessed'\?\)$"),
+        ("my.py:zzz", r"reward 'my.py:zzz': my.py has no function 'zzz'$"),
+    ]
     for spec, message in cases:
         with pytest.raises(RewardError, match=message):
             load_reward_fn(spec)

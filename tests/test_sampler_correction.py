@@ -76,8 +76,10 @@ def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_pat
     from test_trainer_variants import CHECKSUM, advantages_of, reward_file  # the trainer tests' helpers
 
     grads, metrics = {}, {}
-    for name, overrides in (("plain", ["algo.sampler_correction=none"]),
-                            ("corrected", [f"algo.sampler_correction={mode}", f"algo.sampler_correction_cap={cap}"])):
+    for name, overrides in (
+        ("plain", ["algo.sampler_correction=none"]),
+        ("corrected", [f"algo.sampler_correction={mode}", f"algo.sampler_correction_cap={cap}"]),
+    ):
         t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0", *overrides, run=name)
         batch = t.collector.collect(t.state)
         ep = batch.episodes

@@ -80,7 +80,8 @@ def test_infinite_loop_times_out():
 
 @root_only
 def test_fork_bomb_is_bounded_and_leaves_no_process_behind():
-    counted = sandbox("""
+    counted = sandbox(
+        """
         import os, time
         n = 0
         try:
@@ -92,11 +93,16 @@ def test_fork_bomb_is_bounded_and_leaves_no_process_behind():
         except OSError:
             pass
         print(n)
-    """, tests=None, max_procs=12, timeout_s=3)
+    """,
+        tests=None,
+        max_procs=12,
+        timeout_s=3,
+    )
     assert counted.status == "passed" and int(counted.stdout) < 12  # forks refused past the limit
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n" + GOOD
-    bomb_r, good_r = run_many([dict(program=bomb, tests=ADD_TESTS, timeout_s=2, max_procs=12),
-                               dict(program=GOOD, tests=ADD_TESTS, timeout_s=5)], workers=2)
+    bomb_r, good_r = run_many(
+        [dict(program=bomb, tests=ADD_TESTS, timeout_s=2, max_procs=12), dict(program=GOOD, tests=ADD_TESTS, timeout_s=5)], workers=2
+    )
     contained(bomb_r)
     assert bomb_r.status == "timeout"
     assert good_r.status == "passed", "a fork bomb in one sandbox starved another"
@@ -110,34 +116,43 @@ def test_allocating_20_gb_hits_the_memory_limit():
 
 
 def test_writing_a_5_gb_file_is_stopped_at_the_file_size_limit(tmp_path):
-    r = sandbox("""
+    r = sandbox(
+        """
         chunk = b"\\0" * 2**20
         with open("big.bin", "wb") as f:
             for _ in range(5 * 1024):
                 f.write(chunk)
-    """ + GOOD, file_mb=8)
+    """
+        + GOOD,
+        file_mb=8,
+    )
     contained(r)
     assert r.status in ("failed", "limit")
 
 
 def test_printing_1_gb_is_cut_at_the_output_limit():
-    r = sandbox("import sys\nline = 'x' * 65535 + '\\n'\nfor _ in range(2**14):\n    sys.stdout.write(line)\n" + GOOD,
-                output_limit=64 * 1024)
+    r = sandbox(
+        "import sys\nline = 'x' * 65535 + '\\n'\nfor _ in range(2**14):\n    sys.stdout.write(line)\n" + GOOD, output_limit=64 * 1024
+    )
     contained(r)
     assert r.status == "limit" and len(r.stdout) <= 64 * 1024
 
 
-@pytest.mark.parametrize("program", [
-    "def f(n):\n    return f(n + 1)\nf(0)\n",
-    "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1) + 1\nf(0)\n",
-])
+@pytest.mark.parametrize(
+    "program",
+    [
+        "def f(n):\n    return f(n + 1)\nf(0)\n",
+        "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1) + 1\nf(0)\n",
+    ],
+)
 def test_recursion_bomb(program):
     r = sandbox(program + GOOD, timeout_s=2)
     contained(r)  # RecursionError, a C-stack crash, MemoryError or the clock: all earn nothing
 
 
 def test_daemonised_child_is_gone_afterwards():
-    r = sandbox("""
+    r = sandbox(
+        """
         import os, subprocess, time
         subprocess.Popen(["sleep", "120"], start_new_session=True)
         if os.fork() == 0:
@@ -147,7 +162,9 @@ def test_daemonised_child_is_gone_afterwards():
             os._exit(0)
         time.sleep(0.2)
         raise SystemExit(0)
-    """ + GOOD)
+    """
+        + GOOD
+    )
     contained(r)
     assert r.duration_s < 2.5  # nobody waited for the daemons
     if os.geteuid() == 0:
@@ -170,12 +187,15 @@ def test_writing_outside_its_directory_fails():
 def test_reading_the_parents_secret_env_var_fails(monkeypatch):
     secret = secrets.token_hex(8)
     monkeypatch.setenv("RLVR_TEST_SECRET", secret)
-    r = sandbox(f"""
+    r = sandbox(
+        f"""
         import os
         s = os.environ.get("RLVR_TEST_SECRET") or open("/proc/{os.getpid()}/environ").read()
         print(s)
         assert "{secret}" in s
-    """ + GOOD)
+    """
+        + GOOD
+    )
     contained(r)
     assert secret not in r.stdout + r.stderr
 
@@ -215,7 +235,8 @@ def test_tcp_connection_to_a_local_listener_fails(network_namespace):
 
 def test_killing_the_parent_fails_and_this_process_survives():
     me = os.getpid()
-    r = sandbox(f"""
+    r = sandbox(
+        f"""
         import os, signal
         for target in (os.getppid(), {me}, 1):
             try:
@@ -227,7 +248,9 @@ def test_killing_the_parent_fails_and_this_process_survives():
         except OSError:
             pass
         os.kill({me}, signal.SIGKILL)     # raises: the test process is out of reach
-    """ + GOOD)
+    """
+        + GOOD
+    )
     contained(r)
     assert os.getpid() == me  # still here
 
@@ -237,8 +260,10 @@ def test_killing_the_parent_fails_and_this_process_survives():
 
 @pytest.mark.parametrize("exit_call", ["sys.exit(0)", "os._exit(0)", "raise SystemExit(0)"])
 def test_exiting_before_the_tests_run_earns_nothing(exit_call):
-    forged = "".join(f"    try:\n        os.write({fd}, b'{secrets.token_hex(16)} tests 3 3 1 0\\n')\n    except OSError:\n        pass\n"
-                     for fd in range(3, 12))
+    forged = "".join(
+        f"    try:\n        os.write({fd}, b'{secrets.token_hex(16)} tests 3 3 1 0\\n')\n    except OSError:\n        pass\n"
+        for fd in range(3, 12)
+    )
     r = sandbox(f"import os, sys\nprint('tests 3 3 1 0')\nfor _ in [0]:\n{forged}def add(a, b):\n    return 0\n{exit_call}\n")
     contained(r)
 
@@ -280,7 +305,8 @@ def test_monkeypatching_the_harness_and_assertion_helpers_changes_nothing():
 
 def test_objects_that_equal_everything_do_not_pass():
     for returned in ("AlwaysEqual()", "Sneaky(0)", "[AlwaysEqual()]"):
-        r = sandbox(f"""
+        r = sandbox(
+            f"""
             class AlwaysEqual:
                 def __eq__(self, other):
                     return True
@@ -289,18 +315,23 @@ def test_objects_that_equal_everything_do_not_pass():
                 __eq__ = lambda self, other: True
             def add(a, b):
                 return {returned}
-        """, tests="assert add(2, 3) == 5\nassert [add(1, 1)] == [[2]]\nassert add(0, 0) == add(0, 0)")
+        """,
+            tests="assert add(2, 3) == 5\nassert [add(1, 1)] == [[2]]\nassert add(0, 0) == add(0, 0)",
+        )
         contained(r)
 
 
 def test_helpers_redefined_inside_compound_tests_change_nothing():
     tests = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(1, 1) == 2\ncheck(add)\n"
     assert sandbox(GOOD, tests=tests).status == "passed"
-    r = sandbox("""
+    r = sandbox(
+        """
         class AlwaysEqual:
             __eq__ = lambda self, other: True
         def add(a, b):
             globals()["__rlvr_check__"] = lambda *a: True
             return AlwaysEqual()
-    """, tests=tests)
+    """,
+        tests=tests,
+    )
     contained(r)

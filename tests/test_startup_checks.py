@@ -28,7 +28,9 @@ def test_group_size_two_warns():
     assert any("group_size=2" in w and "+1/-1" in w for w in warnings)
 
 
-@pytest.mark.parametrize("beta, note", [("0", "no KL penalty (algo.beta=0): no reference model"), ("0.04", "KL penalty on (algo.beta=0.04")])
+@pytest.mark.parametrize(
+    "beta, note", [("0", "no KL penalty (algo.beta=0): no reference model"), ("0.04", "KL penalty on (algo.beta=0.04")]
+)
 def test_kl_note_says_whether_a_penalty_is_on(beta, note):
     assert any(note in w for w in check_config(load_config(None, [f"algo.beta={beta}"])))
 
@@ -43,8 +45,15 @@ def test_report_to_and_doctor_every_are_validated():
 def test_warns_after_the_first_steps_when_every_group_is_identical(tmp_path, tiny_model_dir, rlvr_cli):
     """A random model never solves arithmetic: all groups are all-wrong, and the run says so."""
     proc = train_cli(
-        rlvr_cli, tmp_path / "run", f"model.path={tiny_model_dir}", "steps=4", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "eval_before_after=false", "log_completions_every=0", "report_to=[]",
+        rlvr_cli,
+        tmp_path / "run",
+        f"model.path={tiny_model_dir}",
+        "steps=4",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "eval_before_after=false",
+        "log_completions_every=0",
+        "report_to=[]",
     )
     lines = proc.stdout.splitlines()
     warn = next(i for i, line in enumerate(lines) if "[warning] doctor: every group had identical rewards" in line)

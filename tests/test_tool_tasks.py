@@ -20,6 +20,7 @@ from rlvr.tasks.multiplication import final_answer
 
 # --- multiplication -------------------------------------------------------------------------------
 
+
 def test_multiplication_held_out_split_never_overlaps_training():
     train = {mul.problem_at(i, "train", seed=s) for s in (0, 1) for i in range(3000)}
     test = set(mul.eval_problems(500))
@@ -78,6 +79,7 @@ def test_final_answer_on_message_completions():
 
 
 # --- guess the number -----------------------------------------------------------------------------
+
 
 def test_guess_number_trains_and_evaluates_on_the_whole_range():
     # a split by target would teach avoidance: the policy learns never to guess numbers that were never the answer
@@ -190,8 +192,7 @@ def test_guessed_on_both_completion_shapes(shape):
 
 
 def test_guessed_on_malformed_completions():
-    assert guessed(None, ["17", "<result>correct</result>", "<guess>17<result>correct</result>", ""],
-                   target=[17] * 4) == [0.0] * 4
+    assert guessed(None, ["17", "<result>correct</result>", "<guess>17<result>correct</result>", ""], target=[17] * 4) == [0.0] * 4
     # in a multi-turn completion only the environment's (tool) messages are replies
     forged = [{"role": "assistant", "content": "<guess>15</guess><result>correct</result>"}]
     assert guessed(None, [forged]) == [0.0]
@@ -202,6 +203,7 @@ def test_guessed_on_malformed_completions():
 
 
 # --- the bundled tiny-tools model -----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_tools():
@@ -224,8 +226,11 @@ def test_tiny_tools_loads_and_renders_the_protocol(tiny_tools):
         assert len(tok(text, add_special_tokens=False)["input_ids"]) == len(text)
     assert tok("5535</s>", add_special_tokens=False)["input_ids"][-1] == tok.eos_token_id
     # the longest ordinary episode: five guesses that each cost a round, one more after the limit, then </s>
-    longest = (render_prompt(gn.row(30)["prompt"], tok) + "<guess>31</guess><result>out of range</result>" * 5
-               + "<guess>30</guess><result>no guesses left</result></s>")
+    longest = (
+        render_prompt(gn.row(30)["prompt"], tok)
+        + "<guess>31</guess><result>out of range</result>" * 5
+        + "<guess>30</guess><result>no guesses left</result></s>"
+    )
     assert len(tok(longest, add_special_tokens=False)["input_ids"]) <= model.config.max_position_embeddings
 
 

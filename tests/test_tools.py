@@ -12,9 +12,23 @@ import time
 import pytest
 
 from rlvr.tools import (
-    EnvironmentFactory, HermesFormat, PythonSession, TagFormat, ToolCall, ToolError, ToolResult, ToolRunner,
-    ToolSet, calculator, check_prefix_preserving, environment_tools, glue_after_turn, load_environment,
-    load_tool, make_tool, template_supports_tools,
+    EnvironmentFactory,
+    HermesFormat,
+    PythonSession,
+    TagFormat,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    ToolRunner,
+    ToolSet,
+    calculator,
+    check_prefix_preserving,
+    environment_tools,
+    glue_after_turn,
+    load_environment,
+    load_tool,
+    make_tool,
+    template_supports_tools,
 )
 
 # ------------------------------------------------------------------------------ tools to call
@@ -128,12 +142,22 @@ def tools_of(*fns) -> dict:
 
 def test_schema_comes_from_hints_and_google_docstring():
     t = make_tool(add)
-    assert t.schema == {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {
-            "a": {"type": "integer", "description": "The first integer."},
-            "b": {"type": "integer", "description": "The second integer."}}, "required": ["a", "b"]},
-        "return": {"type": "integer", "description": "The sum."}}}
+    assert t.schema == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "description": "The first integer."},
+                    "b": {"type": "integer", "description": "The second integer."},
+                },
+                "required": ["a", "b"],
+            },
+            "return": {"type": "integer", "description": "The sum."},
+        },
+    }
     assert (t.name, t.params, t.types, t.required, t.is_async) == ("add", ["a", "b"], {"a": int, "b": int}, ["a", "b"], False)
     assert make_tool(aslow).is_async
 
@@ -143,7 +167,8 @@ def test_missing_hints_or_docstring_is_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "bad.py").write_text(
         "def nohint(x):\n    '''Doc.\n\n    Args:\n        x: an x\n    '''\n\n"
         "def nodoc(x: int) -> int:\n    return x\n\n"
-        "def noargs(x: int) -> int:\n    '''Only a summary.'''\n")
+        "def noargs(x: int) -> int:\n    '''Only a summary.'''\n"
+    )
     with pytest.raises(ToolError, match=r"tool 'bad.py:nohint' \(nohint\): cannot build its schema: .*missing a type hint"):
         load_tool("bad.py:nohint")
     with pytest.raises(ToolError, match=r"bad.py:nodoc.*no docstring.*Google-style docstring"):
@@ -160,8 +185,8 @@ def test_load_tool_builtin_module_and_file(tmp_path, monkeypatch):
     assert load_tool("rlvr.tools.builtin:calculator").fn is calculator
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mytools.py").write_text(
-        "def shout(text: str) -> str:\n    '''Shout.\n\n    Args:\n        text: What to shout.\n    '''\n"
-        "    return text.upper()\n")
+        "def shout(text: str) -> str:\n    '''Shout.\n\n    Args:\n        text: What to shout.\n    '''\n    return text.upper()\n"
+    )
     tool = load_tool("mytools.py:shout")
     assert tool.name == "shout" and tool.fn("hi") == "HI"
 
@@ -268,10 +293,15 @@ def test_trl_style_environment(tmp_path, monkeypatch):
     factory = EnvironmentFactory("envs.py:CounterEnv")
     assert factory.names == ["increment", "read"] and factory.has_reward
     assert factory.schemas[0]["function"] == {
-        "name": "increment", "description": "Increment the internal counter.",
-        "parameters": {"type": "object", "properties": {"step": {"type": "integer", "description": "Value to add to the counter."}},
-                       "required": ["step"]},
-        "return": {"type": "integer", "description": "The updated counter value."}}
+        "name": "increment",
+        "description": "Increment the internal counter.",
+        "parameters": {
+            "type": "object",
+            "properties": {"step": {"type": "integer", "description": "Value to add to the counter."}},
+            "required": ["step"],
+        },
+        "return": {"type": "integer", "description": "The updated counter value."},
+    }
     a, b = factory.new(), factory.new()
     assert a is not b
     assert factory.reset(a, {"target": 3, "prompt": "ignored"}) == "Increment the counter to 3."
@@ -328,14 +358,21 @@ def test_calls_bind_convert_and_format():
 def test_every_failure_is_a_message_naming_the_tool():
     tools = tools_of(add, square, boom, nothing, thing, long_text, calculator)
     cases = [
-        (ToolCall("calc", "1+1", ""), "unknown_tool",
-         "error: tool 'calc' is not available; tools: add, square, boom, nothing, thing, long_text, calculator"),
-        (ToolCall("square", "abc", ""), "bad_arguments", 'error: bad arguments for square: argument \'n\' must be an integer, got "abc"'),
-        (ToolCall("square", "2.5", ""), "bad_arguments", 'error: bad arguments for square: argument \'n\' must be an integer, got "2.5"'),
+        (
+            ToolCall("calc", "1+1", ""),
+            "unknown_tool",
+            "error: tool 'calc' is not available; tools: add, square, boom, nothing, thing, long_text, calculator",
+        ),
+        (ToolCall("square", "abc", ""), "bad_arguments", "error: bad arguments for square: argument 'n' must be an integer, got \"abc\""),
+        (ToolCall("square", "2.5", ""), "bad_arguments", "error: bad arguments for square: argument 'n' must be an integer, got \"2.5\""),
         (ToolCall("add", {"a": 1, "c": 2}, ""), "bad_arguments", "error: bad arguments for add: unexpected argument 'c'; expected a, b"),
         (ToolCall("add", {"a": 1}, ""), "bad_arguments", "error: bad arguments for add: missing argument 'b'"),
         (ToolCall("add", "1, 2", ""), "bad_arguments", "error: bad arguments for add: expected a JSON object with a, b"),
-        (ToolCall("add", {"a": True, "b": 1}, ""), "bad_arguments", "error: bad arguments for add: argument 'a' must be an integer, got true"),
+        (
+            ToolCall("add", {"a": True, "b": 1}, ""),
+            "bad_arguments",
+            "error: bad arguments for add: argument 'a' must be an integer, got true",
+        ),
         (ToolCall("boom", {"x": 1}, ""), "raised", "error: boom raised ZeroDivisionError: division by zero"),
         (ToolCall("calculator", "1/0", ""), "raised", "error: calculator raised ZeroDivisionError: division by zero"),
         (ToolCall("nothing", {"x": 1}, ""), "not_a_string", "error: nothing returned None, not a string"),
@@ -462,27 +499,43 @@ def test_the_pool_grows_to_the_calls_a_batch_expects_unless_its_size_was_given()
 # ------------------------------------------------------------------------------ built-in tools
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("12*34", "408"), ("6/3", "2"), ("1/3", "0.3333333333333333"), ("0.1+0.2", "0.30000000000000004"),
-    ("(2+3)**2/5", "5"), ("-(3+4)*2", "-14"), ("7//2", "3"), ("7%3", "1"), ("2**-2", "0.25"),
-    ("2**100", "1267650600228229401496703205376"), (" 1.5e3 ", "1500"), ("1e20/1", "1e+20"), ("+-+5", "-5"),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("12*34", "408"),
+        ("6/3", "2"),
+        ("1/3", "0.3333333333333333"),
+        ("0.1+0.2", "0.30000000000000004"),
+        ("(2+3)**2/5", "5"),
+        ("-(3+4)*2", "-14"),
+        ("7//2", "3"),
+        ("7%3", "1"),
+        ("2**-2", "0.25"),
+        ("2**100", "1267650600228229401496703205376"),
+        (" 1.5e3 ", "1500"),
+        ("1e20/1", "1e+20"),
+        ("+-+5", "-5"),
+    ],
+)
 def test_calculator(expression, value):
     assert calculator(expression) == value
 
 
-@pytest.mark.parametrize("expression, message", [
-    ("9**9**9", "the exponent 387420489 is too large (limit 1000)"),
-    ("10**999*10**5", "the result has more than 1000 digits"),
-    ("10.0**400", "the result is too large"),
-    ("(-8)**(1/3)", "the result is not a real number"),
-    ("x+1", "names are not allowed (found 'x'); use numbers and + - * / // % **"),
-    ("__import__('os')", "function calls are not allowed; use numbers and + - * / // % **"),
-    ("(1).real", "Attribute is not allowed; use numbers and + - * / // % **"),
-    ("2^3", "the operator ^ (use ** for powers) is not supported"),
-    ("'a'*3", "only numbers are allowed, not 'a'"),
-    ("1+", "not an arithmetic expression: invalid syntax"),
-])
+@pytest.mark.parametrize(
+    "expression, message",
+    [
+        ("9**9**9", "the exponent 387420489 is too large (limit 1000)"),
+        ("10**999*10**5", "the result has more than 1000 digits"),
+        ("10.0**400", "the result is too large"),
+        ("(-8)**(1/3)", "the result is not a real number"),
+        ("x+1", "names are not allowed (found 'x'); use numbers and + - * / // % **"),
+        ("__import__('os')", "function calls are not allowed; use numbers and + - * / // % **"),
+        ("(1).real", "Attribute is not allowed; use numbers and + - * / // % **"),
+        ("2^3", "the operator ^ (use ** for powers) is not supported"),
+        ("'a'*3", "only numbers are allowed, not 'a'"),
+        ("1+", "not an arithmetic expression: invalid syntax"),
+    ],
+)
 def test_calculator_refuses_quickly(expression, message):
     t0 = time.monotonic()
     with pytest.raises(ValueError) as e:
@@ -499,8 +552,9 @@ def test_python_session_keeps_state_within_an_episode_only():
     one, two = PythonSession(timeout_s=5), PythonSession(timeout_s=5)
     assert one.python("x = 41\nprint('defined')") == "defined\n"
     assert one.python("print(x + 1)") == "42\n"  # earlier output is not repeated
-    assert one.python("y = 1/0") == ('Traceback (most recent call last):\n  File "<cell>", line 1, in <module>\n'
-                                     "ZeroDivisionError: division by zero")
+    assert one.python("y = 1/0") == (
+        'Traceback (most recent call last):\n  File "<cell>", line 1, in <module>\nZeroDivisionError: division by zero'
+    )
     assert one.python("print(x, 'y' in dir())") == "41 False\n"  # the failed call left no state
     assert one.python("z = 1") == "(no output; print() what you want to see)"
     assert two.python("print(x)").endswith("NameError: name 'x' is not defined")
@@ -543,7 +597,9 @@ def test_tag_format():
     assert TagFormat({"a": "t"}, "<out>", "</out>").result_text([ok]) == "<out>408</out>"
     schemas = ToolSet(["calculator", add]).schemas
     assert [fmt.call_example(schemas[0]), TagFormat({"add": "add"}).call_example(schemas[1])] == [
-        "<calc>expression</calc>", '<add>{"a": ..., "b": ...}</add>']
+        "<calc>expression</calc>",
+        '<add>{"a": ..., "b": ...}</add>',
+    ]
     with pytest.raises(ToolError, match=r"tools 'a' and 'b' share the tag 'x'"):
         TagFormat({"a": "x", "b": "x"})
     with pytest.raises(ToolError, match=r"tag '</x>' must be a plain name"):
@@ -553,33 +609,46 @@ def test_tag_format():
 def test_hermes_format_parses_calls_and_malformed_ones_become_one_error_each():
     fmt = HermesFormat()
     assert fmt.stop_strings == []
-    turn = ('I will add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "square", "arguments": "{\\"n\\": 3}"}\n</tool_call>')
+    turn = (
+        'I will add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "square", "arguments": "{\\"n\\": 3}"}\n</tool_call>'
+    )
     calls = fmt.parse(turn)
     assert [(c.name, c.arguments, c.error) for c in calls] == [("add", {"a": 1, "b": 2}, None), ("square", {"n": 3}, None)]
     assert calls[0].raw == '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
     assert fmt.parse("The answer is 3.") == []
-    malformed = fmt.parse('<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>'
-                          "<tool_call>not json</tool_call>"
-                          '<tool_call>["add"]</tool_call>'
-                          '<tool_call>{"name": "square", "arguments": {"n": 2}}')
+    malformed = fmt.parse(
+        '<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>["add"]</tool_call>'
+        '<tool_call>{"name": "square", "arguments": {"n": 2}}'
+    )
     assert [(c.name, c.error) for c in malformed] == [
         ("add", "the tool call is not valid JSON (Expecting property name enclosed in double quotes)"),
         ("", "the tool call is not valid JSON (Expecting value)"),
         ("", 'expected {"name": "...", "arguments": {...}}'),
-        ("square", "the tool call is missing </tool_call>")]
+        ("square", "the tool call is missing </tool_call>"),
+    ]
     with ToolRunner(timeout_s=2) as runner:
         results = runner.run(malformed, tools_of(add, square))
     assert [(r.error, r.text) for r in results] == [
-        ("bad_arguments", "error: bad arguments for add: the tool call is not valid JSON "
-                          "(Expecting property name enclosed in double quotes)"),
+        (
+            "bad_arguments",
+            "error: bad arguments for add: the tool call is not valid JSON (Expecting property name enclosed in double quotes)",
+        ),
         ("bad_arguments", "error: could not read the tool call: the tool call is not valid JSON (Expecting value)"),
         ("bad_arguments", 'error: could not read the tool call: expected {"name": "...", "arguments": {...}}'),
-        ("bad_arguments", "error: bad arguments for square: the tool call is missing </tool_call>")]
+        ("bad_arguments", "error: bad arguments for square: the tool call is missing </tool_call>"),
+    ]
     assert fmt.result_messages(results[:1]) == [{"role": "tool", "name": "add", "content": results[0].text}]
-    assert fmt.assistant_message(turn, calls) == {"role": "assistant", "content": "I will add.", "tool_calls": [
-        {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
-        {"type": "function", "function": {"name": "square", "arguments": {"n": 3}}}]}
+    assert fmt.assistant_message(turn, calls) == {
+        "role": "assistant",
+        "content": "I will add.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+            {"type": "function", "function": {"name": "square", "arguments": {"n": 3}}},
+        ],
+    }
 
 
 # ------------------------------------------------------------------------------ chat templates
@@ -589,7 +658,7 @@ def test_hermes_format_parses_calls_and_malformed_ones_become_one_error_each():
 QWEN_LIKE = (
     "{%- if tools %}{{- '<|im_start|>system\\nYou are a helpful assistant.\\n\\n# Tools\\n\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nCall a function as <tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n"
+    '{{- \'\\n</tools>\\n\\nCall a function as <tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n'
     "</tool_call><|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
@@ -598,7 +667,7 @@ QWEN_LIKE = (
     "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}{{- tool_call.arguments | tojson }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}{{- tool_call.arguments | tojson }}'
     "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"
     "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
@@ -612,7 +681,8 @@ QWEN_LIKE = (
 DROPS_THINK = QWEN_LIKE.replace(
     "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}",
     "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
-    "{%- if loop.last %}{{- '\\n<think>\\n\\n</think>' }}{%- endif %}")
+    "{%- if loop.last %}{{- '\\n<think>\\n\\n</think>' }}{%- endif %}",
+)
 
 
 def qwen_like_tokenizer(template: str):
@@ -624,8 +694,14 @@ def qwen_like_tokenizer(template: str):
     core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + chars)}, merges=[], unk_token="<unk>"))
     core.add_special_tokens(specials)
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token="<unk>", additional_special_tokens=specials[:2], chat_template=template)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=specials[:2],
+        chat_template=template,
+    )
 
 
 def test_template_supports_tools():
@@ -638,8 +714,11 @@ def test_template_supports_tools():
 def test_prefix_preserving_check():
     schemas = ToolSet(["calculator"]).schemas
     check_prefix_preserving(qwen_like_tokenizer(QWEN_LIKE), schemas)
-    with pytest.raises(ToolError, match=r"not prefix-preserving: appending a tool result rewrites the text before it "
-                                        r"\(at character \d+: .*use `tools.format=tags`"):
+    with pytest.raises(
+        ToolError,
+        match=r"not prefix-preserving: appending a tool result rewrites the text before it "
+        r"\(at character \d+: .*use `tools.format=tags`",
+    ):
         check_prefix_preserving(qwen_like_tokenizer(DROPS_THINK), schemas)
     no_eot = qwen_like_tokenizer("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     with pytest.raises(ToolError, match=r"does not end an assistant turn with '<\|im_end\|>'.*pass end_of_turn="):
@@ -669,11 +748,13 @@ def test_glue_after_turn_reproduces_the_template_rendering():
             full = tok.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
             assert context == full
             assert glue.startswith("\n<|im_start|>user\n<tool_response>\n") and glue.endswith("<|im_start|>assistant\n")
-    assert glue == ("\n<|im_start|>user\n<tool_response>\n409\n</tool_response>\n<tool_response>\n409\n</tool_response>"
-                    "<|im_end|>\n<|im_start|>assistant\n")
+    assert glue == (
+        "\n<|im_start|>user\n<tool_response>\n409\n</tool_response>\n<tool_response>\n409\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     # Tokenising the glue on its own gives the rendering's tokens: it starts right after a special token.
     full_ids = tok(full, add_special_tokens=False)["input_ids"]
     glue_ids = tok(glue, add_special_tokens=False)["input_ids"]
-    assert full_ids[-len(glue_ids):] == glue_ids
+    assert full_ids[-len(glue_ids) :] == glue_ids
     with pytest.raises(ToolError, match="the last message must be the assistant turn"):
         glue_after_turn(tok, messages, schemas, [])

@@ -27,8 +27,14 @@ def _logprobs(model, e):
 # steps_per_generation
 
 
-STEPS_OVERRIDES = ["optim.lr=0.05", "optim.max_grad_norm=0.5", "algo.num_iterations=2", "algo.epsilon_high=0.28",
-                   "rollout.prompts_per_step=6", "optim.shared_prefix=false"]  # the plain forward: float64-tight gradients
+STEPS_OVERRIDES = [
+    "optim.lr=0.05",
+    "optim.max_grad_norm=0.5",
+    "algo.num_iterations=2",
+    "algo.epsilon_high=0.28",
+    "rollout.prompts_per_step=6",
+    "optim.shared_prefix=false",
+]  # the plain forward: float64-tight gradients
 
 
 def _float64_trainer(make_trainer, tmp_path, *overrides, run):
@@ -102,8 +108,13 @@ def test_minibatches_are_whole_groups_in_order(make_trainer, tmp_path):
 
 
 def test_steps_per_generation_through_train_step(make_trainer, tmp_path):
-    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.steps_per_generation=2", "algo.num_iterations=2",
-                     "optim.lr_schedule=linear", "steps=2")
+    t = make_trainer(
+        reward_file(tmp_path, CHECKSUM, "checksum"),
+        "optim.steps_per_generation=2",
+        "algo.num_iterations=2",
+        "optim.lr_schedule=linear",
+        "steps=2",
+    )
     assert "2 minibatches of 8 completions per rank" in t.plan.describe()
     m = t.train_step()
     assert t.scheduler.last_epoch == 4  # mu x k optimizer steps
@@ -115,13 +126,16 @@ def test_steps_per_generation_through_train_step(make_trainer, tmp_path):
 # the loss types and features through the trainer
 
 
-@pytest.mark.parametrize("overrides", [
-    ["algo.loss_type=cispo", "algo.epsilon_high=5.0"],
-    ["algo.loss_type=sapo"],
-    ["algo.loss_type=vespo"],
-    ["algo.loss_type=luspo", "algo.importance_sampling_level=sequence"],
-    ["algo.off_policy_mask_threshold=0.5", "algo.beta=0.04", "algo.kl_bias_correction=true"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algo.loss_type=cispo", "algo.epsilon_high=5.0"],
+        ["algo.loss_type=sapo"],
+        ["algo.loss_type=vespo"],
+        ["algo.loss_type=luspo", "algo.importance_sampling_level=sequence"],
+        ["algo.off_policy_mask_threshold=0.5", "algo.beta=0.04", "algo.kl_bias_correction=true"],
+    ],
+)
 def test_each_loss_type_and_feature_trains(make_trainer, tmp_path, overrides):
     t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.lr=0.05", "algo.num_iterations=2", *overrides)
     start = _params(t.model)
@@ -160,16 +174,19 @@ def test_entropy_bonus_alone_raises_the_entropy(make_trainer, tmp_path):
 # config checks
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algo.loss_type=cispo"], "algo.epsilon_high above 1, e.g. 5.0"),
-    (["algo.loss_type=cispo", "algo.epsilon_high=0.28"], "caps the importance weight at algo.epsilon_high itself"),
-    (["algo.loss_type=sapo", "algo.sapo_temperature_neg=0"], "`algo.sapo_temperature_neg` must be positive"),
-    (["algo.vespo_k_pos=-1"], "`algo.vespo_k_pos` must be >= 0"),
-    (["algo.off_policy_mask_threshold=-0.1"], "`algo.off_policy_mask_threshold` must be positive"),
-    (["optim.steps_per_generation=0"], "`optim.steps_per_generation` must be >= 1"),
-    (["rollout.prompts_per_step=6", "optim.steps_per_generation=4"], "steps_per_generation to one of [1, 2, 3, 6]"),
-    (["algo.loss_type=cispco"], "did you mean 'cispo'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.loss_type=cispo"], "algo.epsilon_high above 1, e.g. 5.0"),
+        (["algo.loss_type=cispo", "algo.epsilon_high=0.28"], "caps the importance weight at algo.epsilon_high itself"),
+        (["algo.loss_type=sapo", "algo.sapo_temperature_neg=0"], "`algo.sapo_temperature_neg` must be positive"),
+        (["algo.vespo_k_pos=-1"], "`algo.vespo_k_pos` must be >= 0"),
+        (["algo.off_policy_mask_threshold=-0.1"], "`algo.off_policy_mask_threshold` must be positive"),
+        (["optim.steps_per_generation=0"], "`optim.steps_per_generation` must be >= 1"),
+        (["rollout.prompts_per_step=6", "optim.steps_per_generation=4"], "steps_per_generation to one of [1, 2, 3, 6]"),
+        (["algo.loss_type=cispco"], "did you mean 'cispo'"),
+    ],
+)
 def test_bad_settings_are_named(overrides, message):
     with pytest.raises(ConfigError, match=__import__("re").escape(message)):
         check_config(load_config(None, overrides))
@@ -178,4 +195,6 @@ def test_bad_settings_are_named(overrides, message):
 def test_trl_s_warnings_for_luspo_and_vespo_levels():
     assert any("luspo" in w for w in check_config(load_config(None, ["algo.loss_type=luspo"])))
     assert any("vespo" in w for w in check_config(load_config(None, ["algo.loss_type=vespo", "algo.importance_sampling_level=sequence"])))
-    assert not any("luspo" in w for w in check_config(load_config(None, ["algo.loss_type=luspo", "algo.importance_sampling_level=sequence"])))
+    assert not any(
+        "luspo" in w for w in check_config(load_config(None, ["algo.loss_type=luspo", "algo.importance_sampling_level=sequence"]))
+    )

@@ -49,8 +49,11 @@ class Spy:
         real = algo.policy_loss
 
         def wrapper(logp, old_logp, advantages, mask, norms, **kw):
-            self.calls.append(dict(logp=logp.detach().clone(), old=old_logp.detach().clone(), mask=mask.clone(),
-                                   norms=norms, adv=advantages.clone(), **kw))
+            self.calls.append(
+                dict(
+                    logp=logp.detach().clone(), old=old_logp.detach().clone(), mask=mask.clone(), norms=norms, adv=advantages.clone(), **kw
+                )
+            )
             return real(logp, old_logp, advantages, mask, norms, **kw)
 
         monkeypatch.setattr(algo, "policy_loss", wrapper)
@@ -59,8 +62,9 @@ class Spy:
 def advantages_of(t, batch):
     """The step's advantages, as Trainer.train_step computes them."""
     a = t.cfg.algo
-    return algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size, mode=a.reward_aggregation,
-                                scale=a.scale_rewards, ddof=a.std_ddof)
+    return algo.combine_rewards(
+        batch.rewards, batch.reward_weights, batch.episodes.group_size, mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,20 +76,31 @@ def test_micro_batches_give_the_full_batch_update(make_trainer, tmp_path):
     every pass of mu=2 (the second with ratios away from 1), with clip-higher and a KL term."""
     results = {}
     for mbs in (0, 5):
-        t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"),
-                         f"optim.micro_batch_size={mbs}", "optim.max_grad_norm=0", "optim.lr=0.05",
-                         "algo.num_iterations=2", "algo.epsilon_high=0.28", "algo.beta=0.04",
-                         # the plain forward: shared-prefix gradients agree only to ~1e-7 relative even in
-                         # float64 (tests/test_fastpaths.py checks them at fp32 tolerance)
-                         "optim.shared_prefix=false", run=f"mb{mbs}")
+        t = make_trainer(
+            reward_file(tmp_path, CHECKSUM, "checksum"),
+            f"optim.micro_batch_size={mbs}",
+            "optim.max_grad_norm=0",
+            "optim.lr=0.05",
+            "algo.num_iterations=2",
+            "algo.epsilon_high=0.28",
+            "algo.beta=0.04",
+            # the plain forward: shared-prefix gradients agree only to ~1e-7 relative even in
+            # float64 (tests/test_fastpaths.py checks them at fp32 tolerance)
+            "optim.shared_prefix=false",
+            run=f"mb{mbs}",
+        )
         t.model.double()  # float64 so that the comparison can be tight
         t.ref_model.double()
         batch = t.collector.collect(t.state)
         adv = advantages_of(t, batch)
         assert adv.abs().max() > 0
         result = t.updater(batch.episodes, adv)
-        results[mbs] = ([p.grad.clone() for p in t.model.parameters()], [p.detach().clone() for p in t.model.parameters()],
-                        result.metrics, result.micro_batch_sizes)
+        results[mbs] = (
+            [p.grad.clone() for p in t.model.parameters()],
+            [p.detach().clone() for p in t.model.parameters()],
+            result.metrics,
+            result.micro_batch_sizes,
+        )
     (g0, p0, m0, n0), (g1, p1, m1, n1) = results[0], results[5]
     assert (n0, n1) == ([16], [5, 5, 5, 1])
     assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-9, abs=1e-12)
@@ -103,8 +118,7 @@ def test_micro_batches_give_the_full_batch_update(make_trainer, tmp_path):
 
 def test_mu_passes_reuse_the_sampling_policy_log_probs_and_start_at_ratio_one(make_trainer, tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
-    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.num_iterations=3",
-                     "optim.micro_batch_size=8", "optim.lr=0.05")
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.num_iterations=3", "optim.micro_batch_size=8", "optim.lr=0.05")
     t.train_step()
     assert len(spy.calls) == 3 * 2  # mu passes x micro-batches
     first, later = spy.calls[:2], spy.calls[2:]
@@ -211,8 +225,12 @@ def test_dynamic_sampling_off_logs_no_sampling_metrics(make_trainer, tmp_path):
 
 def test_truncated_completions_are_masked_out_of_the_loss(make_trainer, tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
-    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.mask_truncated_completions=true", "rollout.max_new_tokens=2",
-                     "optim.skip_zero_advantage=false")  # every row reaches the loss, so the mask can be checked row by row
+    t = make_trainer(
+        reward_file(tmp_path, CHECKSUM, "checksum"),
+        "algo.mask_truncated_completions=true",
+        "rollout.max_new_tokens=2",
+        "optim.skip_zero_advantage=false",
+    )  # every row reaches the loss, so the mask can be checked row by row
     t.train_step()
     episodes = t.last_step.batch.episodes
     trunc = episodes.truncated
@@ -228,8 +246,9 @@ def test_high_entropy_selection_is_made_over_the_whole_batch(make_trainer, tmp_p
     selections = {}
     for mbs in (0, 5):
         spy = Spy(monkeypatch)
-        t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "algo.top_entropy_quantile=0.2",
-                         f"optim.micro_batch_size={mbs}", run=f"e{mbs}")
+        t = make_trainer(
+            reward_file(tmp_path, CHECKSUM, "checksum"), "algo.top_entropy_quantile=0.2", f"optim.micro_batch_size={mbs}", run=f"e{mbs}"
+        )
         t.train_step()
         C = t.last_step.batch.episodes.completion_ids.shape[1]
         rows = [torch.nn.functional.pad(c["token_weights"], (0, C - c["token_weights"].shape[1])) for c in spy.calls]

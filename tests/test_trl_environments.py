@@ -49,8 +49,15 @@ def called_once(environments, completions, **kwargs) -> list[float]:
     return [float(env.calls == 1) for env in environments]
 '''
 
-FAST = ["rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=64", "steps=2", "threads=1", "report_to=[]",
-        "model.autocast=none"]
+FAST = [
+    "rollout.group_size=4",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=64",
+    "steps=2",
+    "threads=1",
+    "report_to=[]",
+    "model.autocast=none",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +69,18 @@ def env_setup(tmp_path_factory):
 
 
 def _run(caller, env, held, out, *more) -> list[str]:
-    return [f"output_dir={out}", f"model.path={caller}", f"data.path={caller / 'data.jsonl'}", f"eval.data={held}",
-            f"tools.environment={env}:CalcEnv", "tools.tags=[multiply=calc]", "tools.format=tags", "tools.describe=false", *FAST, *more]
+    return [
+        f"output_dir={out}",
+        f"model.path={caller}",
+        f"data.path={caller / 'data.jsonl'}",
+        f"eval.data={held}",
+        f"tools.environment={env}:CalcEnv",
+        "tools.tags=[multiply=calc]",
+        "tools.format=tags",
+        "tools.describe=false",
+        *FAST,
+        *more,
+    ]
 
 
 def rlvr(capsys, *args) -> tuple[int, str, str]:
@@ -90,27 +107,68 @@ def test_an_environments_get_reward_scores_eval_data_in_training_and_in_rlvr_eva
     assert rlvr(capsys, "train", *_run(caller, env, held, out, "rewards=[]"))[0] == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["eval_before"], summary["eval_after"], summary["eval_label"]) == (0.6, 0.6, "mean CalcEnv")  # 408 is right 3 times
-    assert rlvr(capsys, "eval", out)[:2] == (0, f"[note] evaluating {out / 'final'} with {out / 'config.yaml'}: multi-turn with "
-                                                f"environment {env}:CalcEnv (tools.format=tags, max_turns=4)\n"
-                                                f"{held} held-out mean CalcEnv (5 rows, greedy): 0.600\n")
-    status, stdout, _ = rlvr(capsys, "eval", caller, "--data", held, "--environment", f"{env}:CalcEnv", "--tool-tags", "multiply=calc",
-                             "--tool-format", "tags", "--max-new-tokens", "64", "tools.describe=false")  # any model; the environment scores
+    assert rlvr(capsys, "eval", out)[:2] == (
+        0,
+        f"[note] evaluating {out / 'final'} with {out / 'config.yaml'}: multi-turn with "
+        f"environment {env}:CalcEnv (tools.format=tags, max_turns=4)\n"
+        f"{held} held-out mean CalcEnv (5 rows, greedy): 0.600\n",
+    )
+    status, stdout, _ = rlvr(
+        capsys,
+        "eval",
+        caller,
+        "--data",
+        held,
+        "--environment",
+        f"{env}:CalcEnv",
+        "--tool-tags",
+        "multiply=calc",
+        "--tool-format",
+        "tags",
+        "--max-new-tokens",
+        "64",
+        "tools.describe=false",
+    )  # any model; the environment scores
     assert status == 0 and f"{held} held-out mean CalcEnv (5 rows, greedy): 0.600" in stdout
-    status, _, err = rlvr(capsys, "eval", caller, "--data", held, "--environment", f"{env}:BrokenEnv", "--tool-tags", "multiply=calc",
-                          "--tool-format", "tags", "--max-new-tokens", "64", "tools.describe=false")
+    status, _, err = rlvr(
+        capsys,
+        "eval",
+        caller,
+        "--data",
+        held,
+        "--environment",
+        f"{env}:BrokenEnv",
+        "--tool-tags",
+        "multiply=calc",
+        "--tool-format",
+        "tags",
+        "--max-new-tokens",
+        "64",
+        "tools.describe=false",
+    )
     assert status == 1 and err.strip().splitlines()[-1] == (
         "rlvr: error: no held-out score: the reward 'BrokenEnv' failed on every one of the 5 rows; "
-        "its first error: BrokenEnv.get_reward(): ZeroDivisionError: division by zero")
+        "its first error: BrokenEnv.get_reward(): ZeroDivisionError: division by zero"
+    )
 
 
 def test_a_reward_of_environments_without_an_environment_points_to_get_reward(env_setup, tmp_path, capsys):
     caller, env, held = env_setup
-    message = ("rlvr: error: reward function 'called_once' takes `environments` (the episodes' environment instances, as TRL passes "
-               "them with environment_factory), but no environment is set: set tools.environment (rlvr eval: --environment) to your "
-               "environment class (file.py:Class), or, with one, let it score itself with a get_reward(self) method (rlvr adds it as "
-               "a reward named after the class, as TRL does) instead of a reward function")
-    status, _, err = rlvr(capsys, "train", f"output_dir={tmp_path / 'run'}", f"model.path={caller}", f"data.path={caller / 'data.jsonl'}",
-                          f"rewards=[{env}:called_once]", *FAST)
+    message = (
+        "rlvr: error: reward function 'called_once' takes `environments` (the episodes' environment instances, as TRL passes "
+        "them with environment_factory), but no environment is set: set tools.environment (rlvr eval: --environment) to your "
+        "environment class (file.py:Class), or, with one, let it score itself with a get_reward(self) method (rlvr adds it as "
+        "a reward named after the class, as TRL does) instead of a reward function"
+    )
+    status, _, err = rlvr(
+        capsys,
+        "train",
+        f"output_dir={tmp_path / 'run'}",
+        f"model.path={caller}",
+        f"data.path={caller / 'data.jsonl'}",
+        f"rewards=[{env}:called_once]",
+        *FAST,
+    )
     assert status == 2 and err.strip().splitlines()[-1] == message
     status, _, err = rlvr(capsys, "eval", caller, "--data", held, "--reward", f"{env}:called_once")
     assert status == 2 and err.strip().splitlines()[-1] == message

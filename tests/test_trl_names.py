@@ -27,35 +27,80 @@ vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min off_policy_m
 log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo use_transformers_continuous_batching
 transformers_continuous_batching_config use_transformers_paged vllm_importance_sampling_cap logging_steps gradient_checkpointing
 bf16 lr_scheduler_kwargs use_liger_kernel torch_empty_cache_steps""".split()
-TRAINING_ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "max_steps", "save_steps",
-                      "output_dir", "seed", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm",
-                      "adam_beta1", "adam_beta2", "save_total_limit", "eval_strategy", "eval_steps", "report_to", "push_to_hub")
+TRAINING_ARGUMENTS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "save_steps",
+    "output_dir",
+    "seed",
+    "lr_scheduler_type",
+    "warmup_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "adam_beta1",
+    "adam_beta2",
+    "save_total_limit",
+    "eval_strategy",
+    "eval_steps",
+    "report_to",
+    "push_to_hub",
+)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("num_generations=4", "unknown config key `num_generations` in the command line: TRL's `num_generations` is rlvr's "
-                          "`rollout.group_size` (completions sampled per prompt)"),
-    ("max_completion_length=256", "unknown config key `max_completion_length` in the command line: TRL's `max_completion_length` "
-                                  "is rlvr's `rollout.max_new_tokens`"),
-    ("learning_rate=1e-6", "unknown config key `learning_rate` in the command line: TRL's `learning_rate` is rlvr's `optim.lr` "
-                           "(TRL's GRPO default is 1e-6; rlvr's 3e-4 suits the bundled tiny model)"),
-    ("rollout.num_generations=4", "unknown config key `rollout.num_generations` in the command line: TRL's `num_generations` is "
-                                  "rlvr's `rollout.group_size` (completions sampled per prompt)"),
-    ("optim.beta=0.04", "unknown config key `optim.beta` in the command line: TRL's `beta` is rlvr's `algo.beta`"),
-    ("use_vllm=true", "unknown config key `use_vllm` in the command line: TRL's `use_vllm` is rlvr's `rollout.engine=vllm`"),
-    ("sync_ref_model=true", "unknown config key `sync_ref_model` in the command line: TRL's `sync_ref_model` has no rlvr equivalent: "
-                            "the reference model (algo.beta > 0) stays the initial policy"),
-    ("model_init_kwargs.torch_dtype=bfloat16", "unknown config key `model_init_kwargs.torch_dtype` in the command line: TRL's "
-                                               "`model_init_kwargs` has no rlvr equivalent: the loading options are model.dtype, "
-                                               "model.trust_remote_code and model.gguf_file"),
-    ("model=Qwen/Qwen2.5-0.5B-Instruct", "`model` must be a mapping, got 'Qwen/Qwen2.5-0.5B-Instruct': TRL's `model` is rlvr's "
-                                         "`model.path` (rlvr's `model` is a section: the model itself is model.path)"),
-    ("optim=adamw_torch", "`optim` must be a mapping, got 'adamw_torch': TRL's `optim` has no rlvr equivalent: the optimizer is "
-                          "always AdamW; rlvr's `optim` section holds its settings (optim.lr, optim.beta1, ...)"),
-    # not TRL names: a field under the wrong section gets its place, a misspelling the closest key
-    ("optim.group_size=4", "unknown config key `optim.group_size` in the command line; did you mean `rollout.group_size`?"),
-    ("optim.lrr=1e-5", "unknown config key `optim.lrr` in the command line; did you mean `optim.lr`?"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "num_generations=4",
+            "unknown config key `num_generations` in the command line: TRL's `num_generations` is rlvr's "
+            "`rollout.group_size` (completions sampled per prompt)",
+        ),
+        (
+            "max_completion_length=256",
+            "unknown config key `max_completion_length` in the command line: TRL's `max_completion_length` "
+            "is rlvr's `rollout.max_new_tokens`",
+        ),
+        (
+            "learning_rate=1e-6",
+            "unknown config key `learning_rate` in the command line: TRL's `learning_rate` is rlvr's `optim.lr` "
+            "(TRL's GRPO default is 1e-6; rlvr's 3e-4 suits the bundled tiny model)",
+        ),
+        (
+            "rollout.num_generations=4",
+            "unknown config key `rollout.num_generations` in the command line: TRL's `num_generations` is "
+            "rlvr's `rollout.group_size` (completions sampled per prompt)",
+        ),
+        ("optim.beta=0.04", "unknown config key `optim.beta` in the command line: TRL's `beta` is rlvr's `algo.beta`"),
+        ("use_vllm=true", "unknown config key `use_vllm` in the command line: TRL's `use_vllm` is rlvr's `rollout.engine=vllm`"),
+        (
+            "sync_ref_model=true",
+            "unknown config key `sync_ref_model` in the command line: TRL's `sync_ref_model` has no rlvr equivalent: "
+            "the reference model (algo.beta > 0) stays the initial policy",
+        ),
+        (
+            "model_init_kwargs.torch_dtype=bfloat16",
+            "unknown config key `model_init_kwargs.torch_dtype` in the command line: TRL's "
+            "`model_init_kwargs` has no rlvr equivalent: the loading options are model.dtype, "
+            "model.trust_remote_code and model.gguf_file",
+        ),
+        (
+            "model=Qwen/Qwen2.5-0.5B-Instruct",
+            "`model` must be a mapping, got 'Qwen/Qwen2.5-0.5B-Instruct': TRL's `model` is rlvr's "
+            "`model.path` (rlvr's `model` is a section: the model itself is model.path)",
+        ),
+        (
+            "optim=adamw_torch",
+            "`optim` must be a mapping, got 'adamw_torch': TRL's `optim` has no rlvr equivalent: the optimizer is "
+            "always AdamW; rlvr's `optim` section holds its settings (optim.lr, optim.beta1, ...)",
+        ),
+        # not TRL names: a field under the wrong section gets its place, a misspelling the closest key
+        ("optim.group_size=4", "unknown config key `optim.group_size` in the command line; did you mean `rollout.group_size`?"),
+        ("optim.lrr=1e-5", "unknown config key `optim.lrr` in the command line; did you mean `optim.lr`?"),
+    ],
+)
 def test_a_trl_name_on_the_command_line_gets_rlvrs_name(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -63,8 +108,11 @@ def test_a_trl_name_on_the_command_line_gets_rlvrs_name(override, message):
 
 
 def test_a_trl_name_in_yaml_at_the_top_or_in_a_section(tmp_path):
-    for text, key in [("num_generations: 4\n", "num_generations"), ("rollout:\n  num_generations: 4\n", "rollout.num_generations"),
-                      ("optim:\n  learning_rate: 1.0e-6\n", "optim.learning_rate")]:
+    for text, key in [
+        ("num_generations: 4\n", "num_generations"),
+        ("rollout:\n  num_generations: 4\n", "rollout.num_generations"),
+        ("optim:\n  learning_rate: 1.0e-6\n", "optim.learning_rate"),
+    ]:
         path = tmp_path / "c.yaml"
         path.write_text(text)
         with pytest.raises(ConfigError) as e:
@@ -76,8 +124,10 @@ def test_a_trl_name_in_yaml_at_the_top_or_in_a_section(tmp_path):
 def test_rlvr_train_with_trl_names_exits_2_with_the_hint(rlvr_cli, tmp_path):
     proc = rlvr_cli("train", "num_generations=4", f"output_dir={tmp_path / 'run'}", timeout=60)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("rlvr: error: unknown config key `num_generations` in the command line: TRL's `num_generations` "
-                                   "is rlvr's `rollout.group_size` (completions sampled per prompt)")
+    assert proc.stderr.strip() == (
+        "rlvr: error: unknown config key `num_generations` in the command line: TRL's `num_generations` "
+        "is rlvr's `rollout.group_size` (completions sampled per prompt)"
+    )
     assert not (tmp_path / "run").exists()
 
 

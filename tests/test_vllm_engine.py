@@ -19,8 +19,16 @@ PROMPTS = ["12+34=", "7-5=", "40+2=", "99-9="]
 @pytest.fixture
 def make(make_trainer):
     """conftest's make_trainer with rollout.engine=vllm on the bundled model."""
-    base = ["model.path=tiny", "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "steps=2", f"rollout.group_size={G}",
-            "rollout.prompts_per_step=4", "rollout.max_new_tokens=8", "doctor_every=0"]
+    base = [
+        "model.path=tiny",
+        "rollout.engine=vllm",
+        "rollout.vllm.enforce_eager=true",
+        "steps=2",
+        f"rollout.group_size={G}",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=8",
+        "doctor_every=0",
+    ]
     return lambda *overrides, **kw: make_trainer(*base, *overrides, **kw)
 
 
@@ -30,8 +38,19 @@ def as_episodes(gen) -> Episodes:
     new_prompt = torch.ones(len(gen.texts), dtype=torch.bool)
     new_prompt[1:] = (gen.prompt_ids[1:] != gen.prompt_ids[:-1]).any(-1)
     group_ids = new_prompt.long().cumsum(0) - 1
-    return Episodes(gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, gen.completion_mask, gen.sampling_logprobs,
-                    gen.truncated, group_ids, len(gen.texts) // int(new_prompt.sum()), list(gen.texts), list(gen.texts))
+    return Episodes(
+        gen.prompt_ids,
+        gen.prompt_mask,
+        gen.completion_ids,
+        gen.completion_mask,
+        gen.completion_mask,
+        gen.sampling_logprobs,
+        gen.truncated,
+        group_ids,
+        len(gen.texts) // int(new_prompt.sum()),
+        list(gen.texts),
+        list(gen.texts),
+    )
 
 
 def trainer_logprobs(t, gen):
@@ -76,7 +95,7 @@ def test_seeds_make_each_prompt_reproducible_whatever_the_batch(trainer):
     sp = SamplingParams(n=G, temperature=1.0, max_new_tokens=8)
     batch = trainer.engine.generate(PROMPTS, sp, seeds=[11, 12, 13, 14])
     alone = trainer.engine.generate(PROMPTS[2:3], sp, seeds=[13])
-    assert alone.texts == batch.texts[2 * G: 3 * G]
+    assert alone.texts == batch.texts[2 * G : 3 * G]
     other = trainer.engine.generate(PROMPTS[2:3], sp, seeds=[99])
     assert other.texts != alone.texts
 
@@ -164,8 +183,15 @@ def test_sleep_mode_order_of_calls(make, monkeypatch):
     t.train_step()  # generate -> sleep, update, sync
     t.train_step()
     assert calls == [
-        ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 1, then the sync after its update
-        ("wake", ("kv_cache",)), ("generate",), ("sleep", 2), ("wake", ("weights",)), ("reload",),  # step 2
+        ("generate",),
+        ("sleep", 2),
+        ("wake", ("weights",)),
+        ("reload",),  # step 1, then the sync after its update
+        ("wake", ("kv_cache",)),
+        ("generate",),
+        ("sleep", 2),
+        ("wake", ("weights",)),
+        ("reload",),  # step 2
     ]
 
 
@@ -210,10 +236,19 @@ def test_multi_turn_episodes_have_the_hf_engines_layout(make):
     from rlvr.models.forward import completion_logprobs
 
     N, C = len(vl), max(len(x.ids) for x in vl)
-    ids, attn, loss, lp = torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C, dtype=torch.long), torch.zeros(N, C)
+    ids, attn, loss, lp = (
+        torch.zeros(N, C, dtype=torch.long),
+        torch.zeros(N, C, dtype=torch.long),
+        torch.zeros(N, C, dtype=torch.long),
+        torch.zeros(N, C),
+    )
     for r, x in enumerate(vl):
         ids[r, : len(x.ids)], attn[r, : len(x.ids)], loss[r, : len(x.ids)], lp[r, : len(x.ids)] = (
-            torch.tensor(x.ids), 1, torch.tensor(x.loss), torch.tensor(x.logps))
+            torch.tensor(x.ids),
+            1,
+            torch.tensor(x.loss),
+            torch.tensor(x.logps),
+        )
     full = completion_logprobs(t.model, p_ids.repeat_interleave(2, 0), p_mask.repeat_interleave(2, 0), ids, attn).logp.detach()
     m = loss.bool()
     torch.testing.assert_close(full[m], lp[m], rtol=0, atol=1e-4)

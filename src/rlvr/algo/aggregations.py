@@ -35,7 +35,9 @@ class BatchNorms(NamedTuple):
     num_tokens: int  # completion tokens in the batch (sum of the loss mask)
     max_completion_length: int  # the generation length limit (max_new_tokens)
     num_micro_batches: int = 1  # how many pieces the batch is split into for accumulation
-    num_entropy_tokens: int | None = None  # tokens the entropy bonus averages over: those the top-entropy selection keeps (None: num_tokens)
+    num_entropy_tokens: int | None = (
+        None  # tokens the entropy bonus averages over: those the top-entropy selection keeps (None: num_tokens)
+    )
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,30 @@ def policy_loss(
     objective, aggregation = _loss_type(loss_type)
     mask = mask.to(logp.dtype)  # [N, L]
     log_ratio = _log_ratio_fn(importance_level)(logp, old_logp, mask)  # [N, L] or [N, 1]
-    hyper = dict(epsilon=epsilon, epsilon_high=epsilon_high, delta=delta, sampler_weights=sampler_weights,
-                 sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
-                 vespo_k_pos=vespo_k_pos, vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)
+    hyper = dict(
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        sampler_weights=sampler_weights,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+        vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg,
+    )
     out = objective.fn(log_ratio, logp, old_logp, advantages, mask, **{k: hyper[k] for k in objective.hyperparameters})
-    per_token = _weighted(out.per_token, objective, advantages, logp, mask, token_weights=token_weights, sampler_weights=sampler_weights,
-                          off_policy_mask_threshold=off_policy_mask_threshold, sampling_logp=sampling_logp)  # [N, L]
+    per_token = _weighted(
+        out.per_token,
+        objective,
+        advantages,
+        logp,
+        mask,
+        token_weights=token_weights,
+        sampler_weights=sampler_weights,
+        off_policy_mask_threshold=off_policy_mask_threshold,
+        sampling_logp=sampling_logp,
+    )  # [N, L]
     kl = None
     if beta != 0.0:
         per_token_kl, kl = _kl_term(logp, ref_logp, log_ratio, mask, kl_estimator=kl_estimator, kl_bias_correction=kl_bias_correction)
@@ -136,9 +154,18 @@ def policy_loss(
     return PolicyLossOutput(loss, *_clip_fractions(out.low_clipped, out.high_clipped, logp, mask), kl)
 
 
-def _weighted(per_token: torch.Tensor, objective: Objective, advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor, *,
-              token_weights: torch.Tensor | None, sampler_weights: torch.Tensor | None, off_policy_mask_threshold: float | None,
-              sampling_logp: torch.Tensor | None) -> torch.Tensor:
+def _weighted(
+    per_token: torch.Tensor,
+    objective: Objective,
+    advantages: torch.Tensor,
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    token_weights: torch.Tensor | None,
+    sampler_weights: torch.Tensor | None,
+    off_policy_mask_threshold: float | None,
+    sampling_logp: torch.Tensor | None,
+) -> torch.Tensor:
     """objective_it * o_i * w_it * s_it: the policy-gradient term's weights. [N, L] -> [N, L]."""
     if off_policy_mask_threshold is not None:
         if sampling_logp is None:
@@ -151,8 +178,15 @@ def _weighted(per_token: torch.Tensor, objective: Objective, advantages: torch.T
     return per_token
 
 
-def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, log_ratio: torch.Tensor, mask: torch.Tensor, *,
-             kl_estimator: str, kl_bias_correction: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _kl_term(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_estimator: str,
+    kl_bias_correction: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(KL_it [x r_it with the bias correction], the mean KL estimate over the mask []): [N, L] -> [N, L], []."""
     if ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp")
@@ -163,8 +197,9 @@ def _kl_term(logp: torch.Tensor, ref_logp: torch.Tensor | None, log_ratio: torch
     return per_token_kl, kl
 
 
-def _entropy_bonus(entropy: torch.Tensor | None, mask: torch.Tensor, token_weights: torch.Tensor | None, norms: BatchNorms, *,
-                   entropy_coef: float) -> torch.Tensor:
+def _entropy_bonus(
+    entropy: torch.Tensor | None, mask: torch.Tensor, token_weights: torch.Tensor | None, norms: BatchNorms, *, entropy_coef: float
+) -> torch.Tensor:
     """entropy_coef * sum(H_it * mask_it * w_it) / (the batch's tokens that w keeps), with its gradient. [N, L] -> []."""
     if entropy is None:
         raise ValueError("entropy_coef != 0 needs entropy")
@@ -174,8 +209,9 @@ def _entropy_bonus(entropy: torch.Tensor | None, mask: torch.Tensor, token_weigh
 
 
 @torch.no_grad()
-def _clip_fractions(low_clipped: torch.Tensor, high_clipped: torch.Tensor, logp: torch.Tensor,
-                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _clip_fractions(
+    low_clipped: torch.Tensor, high_clipped: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(low, high, either side): fractions of the masked tokens clipped. [N, L] or [N, 1] -> [] each."""
     low = low_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
     high = high_clipped.expand_as(logp).to(mask.dtype)  # [N, L]
@@ -201,5 +237,4 @@ def zero_advantage_rows_have_zero_gradient(*, loss_type: str, beta: float, entro
     the mask keeps every row with A >= 0); weights computed from the whole batch, as the top-entropy
     quantile, are the caller's to keep unchanged."""
     objective, aggregation = _loss_type(loss_type)
-    return (objective.zero_gradient_at_zero_advantage and beta == 0 and entropy_coef == 0
-            and not aggregation.normalises_per_micro_batch)
+    return objective.zero_gradient_at_zero_advantage and beta == 0 and entropy_coef == 0 and not aggregation.normalises_per_micro_batch

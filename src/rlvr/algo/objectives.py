@@ -196,8 +196,17 @@ def vespo_objective(
     """VESPO (variational sequence-level soft policy optimisation): loss_it = -sg(phi_i) A_i logp_it, a
     smooth asymmetric gamma-shaped weight of the whole completion's importance weight (vespo_weight)
     instead of a hard clip; the sampler-correction weights enter w_i, not the loss. Nothing is clipped outright."""
-    phi = vespo_weight(logp, old_logp, advantages, mask, sampler_weights, vespo_k_pos=vespo_k_pos,
-                       vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg)  # [N, 1]
+    phi = vespo_weight(
+        logp,
+        old_logp,
+        advantages,
+        mask,
+        sampler_weights,
+        vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg,
+    )  # [N, 1]
     per_token = -phi * advantages.unsqueeze(-1) * logp  # [N, L]
     none = torch.zeros_like(phi, dtype=torch.bool)
     return ObjectiveOutput(per_token, none, none)
@@ -210,6 +219,5 @@ OBJECTIVES: dict[str, Objective] = {
     "clip": Objective(clip_objective, ("epsilon", "epsilon_high", "delta"), zero_gradient_at_zero_advantage=True),
     "cispo": Objective(cispo_objective, ("epsilon", "epsilon_high"), zero_gradient_at_zero_advantage=True),
     "sapo": Objective(sapo_objective, ("sapo_temperature_pos", "sapo_temperature_neg"), zero_gradient_at_zero_advantage=True),
-    "vespo": Objective(vespo_objective, ("sampler_weights", *_VESPO), zero_gradient_at_zero_advantage=True,
-                       takes_sampler_weights=True),
+    "vespo": Objective(vespo_objective, ("sampler_weights", *_VESPO), zero_gradient_at_zero_advantage=True, takes_sampler_weights=True),
 }

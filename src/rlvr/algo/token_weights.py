@@ -1,17 +1,17 @@
 """Per-token weights and masks for the policy-gradient term (policy_loss's `token_weights`, or the loss mask).
 
-    high_entropy_mask   w_it = 1[H_it >= quantile_{1-q}(H over the batch's tokens)]   (Beyond the 80/20 rule:
-                        train only on the high-entropy "forking" tokens)
-    sampler_correction  w_it = f(p_trainer_old(y_it) / p_sampler(y_it)), detached, one of SAMPLER_CORRECTIONS:
-                            token_truncate  min(w, cap)              truncated importance sampling ("TIS")
-                            token_mask      w if w <= cap, else 0     masked importance sampling ("MIS")
-                        so the update is unbiased for the trainer's policy although the tokens came from
-                        the sampler's (e.g. vLLM's) slightly different distribution
-    mask_truncated      m_it = 0 on completions that hit the length limit without EOS
-    off_policy_sequence_mask
-                        w_i = 0 on a completion with A_i < 0 whose mean log-ratio of the sampler to the current
-                        policy, (1 / n_i) sum_t m_it (log p_sampler(y_it) - log p_new(y_it)), exceeds a threshold
-                        delta, else 1 (DeepSeek-V3.2's off-policy sequence masking, "OPSM")
+high_entropy_mask   w_it = 1[H_it >= quantile_{1-q}(H over the batch's tokens)]   (Beyond the 80/20 rule:
+                    train only on the high-entropy "forking" tokens)
+sampler_correction  w_it = f(p_trainer_old(y_it) / p_sampler(y_it)), detached, one of SAMPLER_CORRECTIONS:
+                        token_truncate  min(w, cap)              truncated importance sampling ("TIS")
+                        token_mask      w if w <= cap, else 0     masked importance sampling ("MIS")
+                    so the update is unbiased for the trainer's policy although the tokens came from
+                    the sampler's (e.g. vLLM's) slightly different distribution
+mask_truncated      m_it = 0 on completions that hit the length limit without EOS
+off_policy_sequence_mask
+                    w_i = 0 on a completion with A_i < 0 whose mean log-ratio of the sampler to the current
+                    policy, (1 / n_i) sum_t m_it (log p_sampler(y_it) - log p_new(y_it)), exceeds a threshold
+                    delta, else 1 (DeepSeek-V3.2's off-policy sequence masking, "OPSM")
 """
 
 from __future__ import annotations

@@ -40,8 +40,13 @@ def _is_file(path: str | None) -> bool:
 def _data(cfg: Config) -> list[str]:
     d, task, evaluates = cfg.data, cfg.data.builtin_task, cfg.eval.before_after or cfg.eval.every > 0
     if task is None:
-        out = _say("data.", d, ("digits", "operators", "eval_size"), f"it configures a built-in task, and data.path={d.path} trains on "
-                   "a dataset (its held-out set is eval.data, limited by eval.size)")
+        out = _say(
+            "data.",
+            d,
+            ("digits", "operators", "eval_size"),
+            f"it configures a built-in task, and data.path={d.path} trains on "
+            "a dataset (its held-out set is eval.data, limited by eval.size)",
+        )
         if _is_file(d.path):
             out += _say("data.", d, ("split", "subset"), f"data.path={d.path} is a file; {_DATASETS_ONLY}")
         return out
@@ -74,11 +79,19 @@ def _model_and_rollout(cfg: Config) -> list[str]:
     r = cfg.rollout
     out = []
     if cfg.model.lora.r == 0:
-        out += _say("model.lora.", cfg.model.lora, ("alpha", "dropout", "target_modules"),
-                    "LoRA is off (model.lora.r=0); set model.lora.r (e.g. 16) to train adapters")
+        out += _say(
+            "model.lora.",
+            cfg.model.lora,
+            ("alpha", "dropout", "target_modules"),
+            "LoRA is off (model.lora.r=0); set model.lora.r (e.g. 16) to train adapters",
+        )
     if r.engine != "vllm":
-        out += _say("rollout.vllm.", r.vllm, [f.name for f in dataclasses.fields(r.vllm)],
-                    f"it configures the vllm engine, and rollout.engine={r.engine}")
+        out += _say(
+            "rollout.vllm.",
+            r.vllm,
+            [f.name for f in dataclasses.fields(r.vllm)],
+            f"it configures the vllm engine, and rollout.engine={r.engine}",
+        )
     if r.temperature == 0:
         out += _say("rollout.", r, ("top_p", "top_k"), "rollout.temperature=0 decodes greedily")
     return out
@@ -92,8 +105,11 @@ def _algo_and_logging(cfg: Config) -> list[str]:
     if not a.dynamic_sampling:
         out += _say("algo.", a, ("max_resample_rounds",), "algo.dynamic_sampling is off")
     if applied_sampler_correction(cfg) == "none":
-        why = "algo.sampler_correction=none" if a.sampler_correction == "none" else \
-            f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} (its sampler is the trained model)"
+        why = (
+            "algo.sampler_correction=none"
+            if a.sampler_correction == "none"
+            else f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} (its sampler is the trained model)"
+        )
         out += _say("algo.", a, ("sampler_correction_cap",), why)
     if a.scale_rewards == "none":
         out += _say("algo.", a, ("std_ddof",), "algo.scale_rewards=none divides by no standard deviation")

@@ -45,7 +45,8 @@ def upgrade(tree: dict, where: str = "") -> dict:
         if not isinstance(section, dict):
             continue  # `eval: 3`: the group itself is wrong, and loading says so naming it
         if leaf in section and section[leaf] != value:
-            raise ConfigError(f"`{old}` (the old name of `{new}`) and `{new}` are both set{where}, to {value!r} and "
-                              f"{section[leaf]!r}: keep `{new}`")
+            raise ConfigError(
+                f"`{old}` (the old name of `{new}`) and `{new}` are both set{where}, to {value!r} and {section[leaf]!r}: keep `{new}`"
+            )
         section[leaf] = value
     return out

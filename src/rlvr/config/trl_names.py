@@ -18,9 +18,26 @@ class TrlName(NamedTuple):
 _G, _T, _R, _C = "GRPOConfig", "TrainingArguments", "GRPOTrainer", "trl CLI"
 _T4 = "TrainingArguments (transformers 4)"
 
-_ALGO_SAME = ("beta", "num_iterations", "epsilon", "epsilon_high", "delta", "importance_sampling_level", "loss_type", "scale_rewards",
-              "mask_truncated_completions", "top_entropy_quantile", "entropy_coef", "off_policy_mask_threshold", "sapo_temperature_pos",
-              "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
+_ALGO_SAME = (
+    "beta",
+    "num_iterations",
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "importance_sampling_level",
+    "loss_type",
+    "scale_rewards",
+    "mask_truncated_completions",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "off_policy_mask_threshold",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+)
 _NO_SERVER = "the vllm engine runs colocated, in the training process: there is no vLLM server mode"
 _NO_ADAPTIVE_ENTROPY = "the entropy bonus has a fixed coefficient, algo.entropy_coef (no adaptive control)"
 _NO_HUB = "rlvr writes the trained model to <output_dir>/final/; upload that folder yourself (huggingface_hub's upload_folder)"
@@ -33,8 +50,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "top_p": TrlName(_G, "rollout.top_p"),
     "top_k": TrlName(_G, "rollout.top_k"),
     "generation_batch_size": TrlName(_G, "rollout.prompts_per_step", "rlvr counts prompts: generation_batch_size / num_generations"),
-    "steps_per_generation": TrlName(_G, "optim.steps_per_generation",
-                                    "counted in optimizer steps: TRL's value / gradient_accumulation_steps"),
+    "steps_per_generation": TrlName(
+        _G, "optim.steps_per_generation", "counted in optimizer steps: TRL's value / gradient_accumulation_steps"
+    ),
     "num_generations_eval": TrlName(_G, None, "held-out evaluation is greedy, one completion per prompt"),
     "min_p": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
     "repetition_penalty": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
@@ -45,8 +63,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "shuffle_dataset": TrlName(_G, "data.shuffle"),
     "remove_unused_columns": TrlName(_G, None, "every column of a row always reaches the reward functions"),
     "pad_to_multiple_of": TrlName(_G, None, "optim.compile pads lengths to its own buckets; nothing else pads"),
-    "max_tool_calling_iterations": TrlName(_G, "tools.max_turns",
-                                           "rlvr counts model turns: N tool-calling rounds then an answer is max_turns=N+1"),
+    "max_tool_calling_iterations": TrlName(
+        _G, "tools.max_turns", "rlvr counts model turns: N tool-calling rounds then an answer is max_turns=N+1"
+    ),
     # GRPOConfig: vLLM
     "use_vllm": TrlName(_G, "rollout.engine=vllm"),
     "vllm_mode": TrlName(_G, "rollout.engine=vllm", "vllm_mode=colocate; " + _NO_SERVER),
@@ -56,8 +75,10 @@ TRL_NAMES: dict[str, TrlName] = {
     "vllm_tensor_parallel_size": TrlName(_G, None, "each rank's vLLM holds the whole model (tensor parallel size 1)"),
     "vllm_model_impl": TrlName(_G, None, "vLLM's own model implementation is used"),
     "vllm_structured_outputs_regex": TrlName(_G, None, "generation is not constrained"),
-    **{name: TrlName(_G, None, _NO_SERVER) for name in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-                                                        "vllm_server_timeout", "vllm_group_port")},
+    **{
+        name: TrlName(_G, None, _NO_SERVER)
+        for name in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port")
+    },
     "vllm_importance_sampling_correction": TrlName(_G, "algo.sampler_correction", "none turns it off; auto corrects with the vllm engine"),
     "vllm_importance_sampling_mode": TrlName(_G, "algo.sampler_correction", "token_truncate or token_mask (no sequence_* modes)"),
     "vllm_importance_sampling_clip_max": TrlName(_G, "algo.sampler_correction_cap"),
@@ -74,13 +95,16 @@ TRL_NAMES: dict[str, TrlName] = {
     "sync_ref_model": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
     "ref_model_mixup_alpha": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
     "ref_model_sync_steps": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
-    **{name: TrlName(_G, None, _NO_ADAPTIVE_ENTROPY) for name in ("use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max",
-                                                                  "entropy_coef_delta", "entropy_target")},
+    **{
+        name: TrlName(_G, None, _NO_ADAPTIVE_ENTROPY)
+        for name in ("use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")
+    },
     # GRPOConfig: the model
     "model_init_kwargs": TrlName(_G, None, "the loading options are model.dtype, model.trust_remote_code and model.gguf_file"),
     "trust_remote_code": TrlName(_G, "model.trust_remote_code"),
-    "disable_dropout": TrlName(_G, None, "the model's own dropout applies (0 in most chat models' config.json); "
-                                         "LoRA's is model.lora.dropout"),
+    "disable_dropout": TrlName(
+        _G, None, "the model's own dropout applies (0 in most chat models' config.json); LoRA's is model.lora.dropout"
+    ),
     "cast_lm_head_to_fp32": TrlName(_G, None, "the output head runs in model.dtype (or under model.autocast)"),
     "router_aux_loss_coef": TrlName(_G, None, "no MoE auxiliary loss is added"),
     "ds3_gather_for_generation": TrlName(_G, None, "no DeepSpeed; dist.strategy=fsdp shards a model that does not fit one device"),
@@ -94,22 +118,30 @@ TRL_NAMES: dict[str, TrlName] = {
     "log_completions_hub_repo": TrlName(_G, None, _NO_HUB),
     # TrainingArguments
     "learning_rate": TrlName(_T, "optim.lr", "TRL's GRPO default is 1e-6; rlvr's 3e-4 suits the bundled tiny model"),
-    "lr_scheduler_type": TrlName(_T, "optim.lr_schedule",
-                                 "constant, linear or cosine; rlvr's default is constant, TrainingArguments' linear"),
+    "lr_scheduler_type": TrlName(
+        _T, "optim.lr_schedule", "constant, linear or cosine; rlvr's default is constant, TrainingArguments' linear"
+    ),
     "lr_scheduler_kwargs": TrlName(_T, None, "the schedules take optim.warmup_steps only"),
     "warmup_steps": TrlName(_T, "optim.warmup_steps", "a whole number of optimizer updates (no fraction-of-training form)"),
-    "warmup_ratio": TrlName(_T4, "optim.warmup_steps",
-                            "in optimizer updates: ratio x steps x algo.num_iterations x optim.steps_per_generation"),
+    "warmup_ratio": TrlName(
+        _T4, "optim.warmup_steps", "in optimizer updates: ratio x steps x algo.num_iterations x optim.steps_per_generation"
+    ),
     "weight_decay": TrlName(_T, "optim.weight_decay"),
     "max_grad_norm": TrlName(_T, "optim.max_grad_norm"),
     "adam_beta1": TrlName(_T, "optim.beta1"),
     "adam_beta2": TrlName(_T, "optim.beta2"),
     "adam_epsilon": TrlName(_T, None, "AdamW's epsilon is torch's default, 1e-8"),
     "optim": TrlName(_T, None, "the optimizer is always AdamW; rlvr's `optim` section holds its settings (optim.lr, optim.beta1, ...)"),
-    "per_device_train_batch_size": TrlName(_T, "optim.micro_batch_size", "completions per forward/backward; a step trains on "
-                                                                          "rollout.prompts_per_step x rollout.group_size completions"),
-    "gradient_accumulation_steps": TrlName(_T, None, "a step's completions are split into micro-batches of optim.micro_batch_size "
-                                                     "and accumulated into one update by themselves"),
+    "per_device_train_batch_size": TrlName(
+        _T,
+        "optim.micro_batch_size",
+        "completions per forward/backward; a step trains on rollout.prompts_per_step x rollout.group_size completions",
+    ),
+    "gradient_accumulation_steps": TrlName(
+        _T,
+        None,
+        "a step's completions are split into micro-batches of optim.micro_batch_size and accumulated into one update by themselves",
+    ),
     "auto_find_batch_size": TrlName(_T, None, "TRL refuses it for GRPO too; lower optim.micro_batch_size"),
     "per_device_eval_batch_size": TrlName(_T, None, "held-out evaluation batches itself"),
     "num_train_epochs": TrlName(_T, "steps", "rlvr counts steps: one pass over N rows is N / rollout.prompts_per_step steps"),

@@ -69,8 +69,10 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
     choice("dist.strategy", d.strategy, ["ddp", "fsdp"])
     choice("dist.backend", d.backend, ["auto", "gloo", "nccl"])
     if d.strategy == "fsdp" and cfg.nproc > 1 and lo.save_merged:
-        errors.append("`model.lora.save_merged` is not implemented with dist.strategy=fsdp (the sharded model cannot be copied to merge): "
-                      "set it to false and merge final/'s adapter afterwards (peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp")
+        errors.append(
+            "`model.lora.save_merged` is not implemented with dist.strategy=fsdp (the sharded model cannot be copied to merge): "
+            "set it to false and merge final/'s adapter afterwards (peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp"
+        )
     if d.timeout <= 0:
         errors.append(f"`dist.timeout` must be positive (seconds), got {d.timeout}")
     if lo.r < 0:
@@ -83,7 +85,9 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
         errors.append("`model.lora.target_modules` is empty: name the modules to adapt, or [all-linear]")
     choice("model.lora.quantize", lo.quantize, ["none", "4bit", "8bit"])
     if lo.quantize != "none" and lo.r == 0:
-        errors.append(f"`model.lora.quantize`={lo.quantize} freezes quantised base weights: it needs LoRA adapters, set model.lora.r (e.g. 16)")
+        errors.append(
+            f"`model.lora.quantize`={lo.quantize} freezes quantised base weights: it needs LoRA adapters, set model.lora.r (e.g. 16)"
+        )
     if lo.quantize != "none" and cfg.device == "cpu":
         errors.append(f"`model.lora.quantize`={lo.quantize} needs bitsandbytes on a CUDA GPU; set it to none on device=cpu")
     if lo.save_merged and lo.r == 0:
@@ -92,8 +96,14 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
 
 # Settings whose valid values are registries of other packages (passed to `validate` as `choices`).
 REGISTERED = (
-    "algo.loss_type", "algo.importance_sampling_level", "algo.kl_estimator", "algo.scale_rewards",
-    "algo.reward_aggregation", "algo.sampler_correction", "rollout.engine", "data.task",
+    "algo.loss_type",
+    "algo.importance_sampling_level",
+    "algo.kl_estimator",
+    "algo.scale_rewards",
+    "algo.reward_aggregation",
+    "algo.sampler_correction",
+    "rollout.engine",
+    "data.task",
 )
 
 
@@ -101,8 +111,10 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
     """The hyperparameters of the TRL loss types beyond the clipped one, the entropy bonus and OPSM."""
     a = cfg.algo
     if a.loss_type == "cispo" and (a.epsilon_high is None or a.epsilon_high <= 1):
-        errors.append(f"`algo.loss_type`=cispo caps the importance weight at algo.epsilon_high itself (not 1 + epsilon_high), "
-                      f"got {a.epsilon_high}: set algo.epsilon_high above 1, e.g. 5.0 (ScaleRL, TRL's recommendation)")
+        errors.append(
+            f"`algo.loss_type`=cispo caps the importance weight at algo.epsilon_high itself (not 1 + epsilon_high), "
+            f"got {a.epsilon_high}: set algo.epsilon_high above 1, e.g. 5.0 (ScaleRL, TRL's recommendation)"
+        )
     for name in ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
         if getattr(a, name) <= 0:
             errors.append(f"`algo.{name}` must be positive, got {getattr(a, name)} (default {getattr(type(a)(), name)})")
@@ -114,10 +126,14 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
     if a.off_policy_mask_threshold is not None and not a.off_policy_mask_threshold > 0:
         errors.append(f"`algo.off_policy_mask_threshold` must be positive (e.g. 0.5) or null (off), got {a.off_policy_mask_threshold}")
     if a.loss_type == "luspo" and a.importance_sampling_level != "sequence":
-        warnings.append("algo.loss_type=luspo with token-level ratios: LUSPO's paper (and TRL's warning) uses algo.importance_sampling_level=sequence")
+        warnings.append(
+            "algo.loss_type=luspo with token-level ratios: LUSPO's paper (and TRL's warning) uses algo.importance_sampling_level=sequence"
+        )
     if a.loss_type == "vespo" and a.importance_sampling_level != "token":
-        warnings.append("algo.loss_type=vespo forms its own sequence weight: algo.importance_sampling_level=sequence only changes "
-                        "the KL bias correction's ratio; TRL expects token")
+        warnings.append(
+            "algo.loss_type=vespo forms its own sequence weight: algo.importance_sampling_level=sequence only changes "
+            "the KL bias correction's ratio; TRL expects token"
+        )
     if a.kl_bias_correction and a.beta == 0:
         warnings.append("algo.kl_bias_correction=true has no effect without a KL term (algo.beta=0)")
 
@@ -147,8 +163,11 @@ def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
     (Those that depend on the format auto chooses are checked with the tokenizer, in rlvr.rollout.sources.)"""
     t, defaults = cfg.tools, type(cfg.tools)()
     if not t.enabled:
-        changed = [k for k in ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
-                   if getattr(t, k) != getattr(defaults, k)]
+        changed = [
+            k
+            for k in ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
+            if getattr(t, k) != getattr(defaults, k)
+        ]
         warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
     elif t.max_turns == 1:
         warnings.append("tools.max_turns=1: a call made in the last turn is not run, so no tool ever runs; set it to 2 or more")
@@ -164,18 +183,24 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
         errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
     has_held_out = e.data is not None or cfg.data.builtin_task is not None
     if not has_held_out and e.every:
-        errors.append(f"`eval.every`={e.every} but a data.path run has no held-out set: set eval.data (a held-out file) "
-                      "and eval.reward, or eval.every=0")
+        errors.append(
+            f"`eval.every`={e.every} but a data.path run has no held-out set: set eval.data (a held-out file) "
+            "and eval.reward, or eval.every=0"
+        )
     elif not has_held_out and e.before_after:
-        warnings.append("no held-out evaluation: data.path has no held-out split; set eval.data (a held-out file) and "
-                        "eval.reward for before/after numbers")
+        warnings.append(
+            "no held-out evaluation: data.path has no held-out split; set eval.data (a held-out file) and "
+            "eval.reward for before/after numbers"
+        )
 
 
 def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice, engines: Iterable[str], force: bool) -> None:
     """rollout.*: the group, the sampling settings, the engine (and vLLM's own settings)."""
     r = cfg.rollout
     if r.group_size < 2:
-        errors.append(f"`rollout.group_size` must be at least 2 (got {r.group_size}): one completion per prompt has no group to compare with")
+        errors.append(
+            f"`rollout.group_size` must be at least 2 (got {r.group_size}): one completion per prompt has no group to compare with"
+        )
     elif r.group_size == 2:
         warnings.append("rollout.group_size=2: every difference, even grader noise, becomes a full +1/-1 advantage; 4-16 is usual")
     if r.prompts_per_step < 1:
@@ -197,12 +222,18 @@ def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choic
     if not 0 < v.gpu_memory_utilization <= 1:
         errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
     if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
-        errors.append(f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}")
+        errors.append(
+            f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}"
+        )
     choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
     if cfg.model.gguf_file:
-        errors.append("`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result")
+        errors.append(
+            "`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result"
+        )
     if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
-        errors.append("`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf")
+        errors.append(
+            "`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf"
+        )
 
 
 def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice, choices: Mapping[str, Iterable[str]]) -> None:
@@ -249,8 +280,10 @@ def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
         errors.append(f"`optim.steps_per_generation` must be >= 1 (1: one optimizer step per batch and pass), got {o.steps_per_generation}")
     choice("optim.compile", o.compile, ["auto", "on", "off"])
     if o.compile == "on" and cfg.nproc > 1:
-        errors.append("`optim.compile`=on is not supported with nproc > 1 yet (compiling a DDP/FSDP-wrapped model is untested here): "
-                      "set optim.compile=off (or auto), or nproc=1")
+        errors.append(
+            "`optim.compile`=on is not supported with nproc > 1 yet (compiling a DDP/FSDP-wrapped model is untested here): "
+            "set optim.compile=off (or auto), or nproc=1"
+        )
 
 
 def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) -> None:
@@ -266,8 +299,10 @@ def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) 
     if cfg.data.task is not None:
         choice("data.task", cfg.data.task, tasks)
         if cfg.data.path is not None:
-            errors.append(f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
-                          "to null) to train on data.path, or remove data.path to train on the built-in task")
+            errors.append(
+                f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
+                "to null) to train on data.path, or remove data.path to train on the built-in task"
+            )
     lg = cfg.logging
     for name in lg.report_to:
         choice("logging.report_to", name, ["tensorboard", "wandb", "trackio", "none"])
@@ -282,9 +317,13 @@ def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) 
     if a.beta == 0:
         warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
     elif cfg.model.lora.r > 0:
-        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)")
+        warnings.append(
+            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)"
+        )
     else:
-        warnings.append(f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)")
+        warnings.append(
+            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)"
+        )
 
 
 def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:

@@ -26,10 +26,12 @@ def check_reward_columns(reward_fns, row: dict, provided: frozenset[str] | None 
 
 def _no_environments(name: str) -> str:
     """A reward that reads TRL's `environments` in a run without one: say so, and how an environment scores itself."""
-    return (f"reward function {name!r} takes `environments` (the episodes' environment instances, as TRL passes them with "
-            "environment_factory), but no environment is set: set tools.environment (rlvr eval: --environment) to your "
-            "environment class (file.py:Class), or, with one, let it score itself with a get_reward(self) method (rlvr adds it as a reward "
-            "named after the class, as TRL does) instead of a reward function")
+    return (
+        f"reward function {name!r} takes `environments` (the episodes' environment instances, as TRL passes them with "
+        "environment_factory), but no environment is set: set tools.environment (rlvr eval: --environment) to your "
+        "environment class (file.py:Class), or, with one, let it score itself with a get_reward(self) method (rlvr adds it as a reward "
+        "named after the class, as TRL does) instead of a reward function"
+    )
 
 
 def check_prompt_lengths(prompts: list[str], tokenizer, context_length: int | None, max_new_tokens: int) -> None:

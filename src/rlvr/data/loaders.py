@@ -90,15 +90,18 @@ def _cached_hub_dataset(datasets, source: str, split: str, subset: str | None, w
     except ConnectionError:  # not in the cache (OfflineModeIsEnabled is a ConnectionError too)
         args = ", ".join([repr(source), *([repr(subset)] if subset else []), f"split={split!r}"])
         local = source.rsplit("/", 1)[-1] + ".jsonl"
-        raise DataError(f"{what}: {source} is not a local file or folder nor in the `datasets` cache, and the Hugging Face hub cannot "
-                        f"be reached ({why}): load it once where there is network, or save it to a file there "
-                        f"(datasets.load_dataset({args}).to_json({local!r})) and set {what}={local}") from None
+        raise DataError(
+            f"{what}: {source} is not a local file or folder nor in the `datasets` cache, and the Hugging Face hub cannot "
+            f"be reached ({why}): load it once where there is network, or save it to a file there "
+            f"(datasets.load_dataset({args}).to_json({local!r})) and set {what}={local}"
+        ) from None
     finally:
         datasets.config.HF_HUB_OFFLINE = was
 
 
-def load_rows(source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None,
-              what: str = "data.path") -> list[dict]:
+def load_rows(
+    source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None, what: str = "data.path"
+) -> list[dict]:
     """Rows with the prompt under `prompt`; every other column kept as is. `what`: the setting that named `source`, for errors."""
     p = Path(source)
     if p.is_file():

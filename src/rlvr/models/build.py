@@ -5,8 +5,9 @@ from __future__ import annotations
 from transformers import LlamaConfig
 
 
-def char_llama_config(tok, *, hidden_size: int = 128, intermediate_size: int = 384, num_layers: int = 4,
-                      num_heads: int = 4, max_positions: int = 128) -> LlamaConfig:
+def char_llama_config(
+    tok, *, hidden_size: int = 128, intermediate_size: int = 384, num_layers: int = 4, num_heads: int = 4, max_positions: int = 128
+) -> LlamaConfig:
     """A tied-embedding Llama sized for `tok` (rlvr.models.tokenizer.build_char_tokenizer)."""
     return LlamaConfig(
         vocab_size=len(tok),

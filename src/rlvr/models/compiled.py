@@ -73,8 +73,9 @@ def pad_to_buckets(
 def _bucketed_logprobs(model, ids, attn, C: int, temperature: float, with_entropy: bool, entropy_grad: bool):
     """The function torch.compile compiles: the plain path on padded inputs ([N', P' + C'] -> [N', C'])."""
     logits = logits_plain(model, ids, attn, C)  # [N', C', V]
-    out = logprobs_from_logits(logits, ids[:, -C:], temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                               chunk_rows=None)  # symbolic row count: one chunk, the kernels fuse it
+    out = logprobs_from_logits(
+        logits, ids[:, -C:], temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_rows=None
+    )  # symbolic row count: one chunk, the kernels fuse it
     return out.logp, out.entropy
 
 
@@ -147,5 +148,7 @@ def require_cpp_compiler() -> None:
     try:
         get_cpp_compiler()
     except Exception as e:  # inductor's InvalidCxxCompiler, or the search failing
-        raise ConfigError(f"`optim.compile`=on needs a C++ compiler on CPU (torch.compile's inductor writes C++ kernels) and none "
-                          f"was found ({type(e).__name__}: $CXX or g++): install g++, or set optim.compile=off") from e
+        raise ConfigError(
+            f"`optim.compile`=on needs a C++ compiler on CPU (torch.compile's inductor writes C++ kernels) and none "
+            f"was found ({type(e).__name__}: $CXX or g++): install g++, or set optim.compile=off"
+        ) from e

@@ -24,8 +24,14 @@ class TokenLogProbs(NamedTuple):
     entropy: torch.Tensor | None  # [N, C] entropy of each position's distribution (no grad unless entropy_grad)
 
 
-_DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
-                    torch.nn.FeatureAlphaDropout)
+_DROPOUT_MODULES = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
 
 
 def uses_dropout(model) -> bool:
@@ -92,15 +98,22 @@ def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, comple
     ckw = cache_kwarg(model)
     u_ids, u_mask = prompt_ids[starts], prompt_mask[starts]  # [U, P]
     cache = DynamicCache(config=model.config)
-    head = model(input_ids=u_ids, attention_mask=u_mask, position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
-                 use_cache=True, logits_to_keep=1, **{ckw: cache}).logits  # [U, 1, V]
+    head = model(
+        input_ids=u_ids,
+        attention_mask=u_mask,
+        position_ids=(u_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+        **{ckw: cache},
+    ).logits  # [U, 1, V]
     for layer in cache.layers:  # [U, H, P, D] -> [N, H, P, D], differentiable
         layer.keys, layer.values = _repeat_rows(layer.keys, counts), _repeat_rows(layer.values, counts)
     attn = torch.cat([prompt_mask, completion_mask], dim=1)  # [N, P + C]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
     C = completion_ids.shape[1]
-    tail = model(input_ids=completion_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                 logits_to_keep=C, **{ckw: cache}).logits  # [N, C, V]
+    tail = model(
+        input_ids=completion_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=C, **{ckw: cache}
+    ).logits  # [N, C, V]
     return torch.cat([_repeat_rows(head, counts), tail[:, :-1]], dim=1)  # [N, C, V]
 
 
@@ -133,8 +146,15 @@ def completion_logprobs(
     return logprobs_from_logits(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
-def logprobs_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, *, temperature: float, with_entropy: bool,
-                         entropy_grad: bool, chunk_rows: int | None = 16) -> TokenLogProbs:
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_rows: int | None = 16,
+) -> TokenLogProbs:
     """Log-probs (and entropies) of completion_ids [N, C] from logits [N, C, V] at the sampling temperature."""
     if temperature != 1.0:
         logits = logits / temperature

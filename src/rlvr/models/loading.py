@@ -29,8 +29,10 @@ def resolve_existing(path: str, what: str = "model.path") -> str:
     if why := offline_reason():
         if is_cached(resolved):  # the cached folder itself: transformers would ask the hub first, with a minute of retries
             return cached_snapshot(resolved)
-        raise ModelError(f"{what}: {resolved} is not a local folder nor in the Hugging Face cache, and the hub cannot be used "
-                         f"({why}): download it where there is network, or give a local folder")
+        raise ModelError(
+            f"{what}: {resolved} is not a local folder nor in the Hugging Face cache, and the hub cannot be used "
+            f"({why}): download it where there is network, or give a local folder"
+        )
     return resolved
 
 
@@ -49,8 +51,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
     return tok, notes
 
 
-def load_model(path: str, dtype: str = "float32", device: str | torch.device = "cpu", trust_remote_code: bool = False,
-               gguf_file: str | None = None, quantization_config=None):
+def load_model(
+    path: str,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    gguf_file: str | None = None,
+    quantization_config=None,
+):
     from transformers import AutoModelForCausalLM
 
     if gguf_file:
@@ -60,8 +68,11 @@ def load_model(path: str, dtype: str = "float32", device: str | torch.device = "
     where = resolve_existing(path)
     if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
         return AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code,
-            quantization_config=quantization_config, device_map={"": device},
+            where,
+            dtype=DTYPES[dtype],
+            trust_remote_code=trust_remote_code,
+            quantization_config=quantization_config,
+            device_map={"": device},
         )
     model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     return model.to(device)

@@ -79,7 +79,11 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
             from transformers import BitsAndBytesConfig
         except ImportError as e:  # pragma: no cover
             raise ModelError("model.lora.quantize needs transformers with bitsandbytes support") from e
-        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16) if lo.quantize == "4bit" else BitsAndBytesConfig(load_in_8bit=True)
+        quant = (
+            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+            if lo.quantize == "4bit"
+            else BitsAndBytesConfig(load_in_8bit=True)
+        )
     model = load_model(mcfg.path, mcfg.dtype, device, mcfg.trust_remote_code, gguf_file=mcfg.gguf_file, quantization_config=quant)
     if mcfg.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), DDP and FSDP2; only active in train().

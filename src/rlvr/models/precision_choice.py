@@ -65,8 +65,12 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
         entry, how = cache[key], f"timed earlier, cached in {path}"
     else:
         times = measure_step(model, shapes)
-        entry = {"autocast": min(times.seconds, key=times.seconds.get), "step_seconds": times.seconds,
-                 "measured_at": times.measured_at, "note": times.note}
+        entry = {
+            "autocast": min(times.seconds, key=times.seconds.get),
+            "step_seconds": times.seconds,
+            "measured_at": times.measured_at,
+            "note": times.note,
+        }
         _write(path, {**cache, key: entry})
         how = f"cached in {path}"
     s = entry["step_seconds"]
@@ -88,7 +92,10 @@ def cache_key(model, device: torch.device, shapes: StepShapes) -> str:
         "dtype": str(next(model.parameters()).dtype),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "checkpointing": _checkpointing(model),
-        "cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
         "shapes": asdict(shapes),
     }
     return json.dumps(key, sort_keys=True)
@@ -96,7 +103,11 @@ def cache_key(model, device: torch.device, shapes: StepShapes) -> str:
 
 def _checkpointing(model) -> bool:
     """Whether the model recomputes activations in the backward (the name in transformers >= 5.2x, or the older one)."""
-    return bool(getattr(model, "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing", False))
+    return bool(
+        getattr(
+            model, "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing", False
+        )
+    )
 
 
 def cpu_model() -> str:
@@ -119,8 +130,12 @@ def _read(path: Path) -> dict:
 
 
 def _is_entry(entry) -> bool:
-    return isinstance(entry, dict) and entry.get("autocast") in ("bf16", "none") and \
-        isinstance(entry.get("step_seconds"), dict) and {"none", "bf16"} <= set(entry["step_seconds"])
+    return (
+        isinstance(entry, dict)
+        and entry.get("autocast") in ("bf16", "none")
+        and isinstance(entry.get("step_seconds"), dict)
+        and {"none", "bf16"} <= set(entry["step_seconds"])
+    )
 
 
 def _write(path: Path, cache: dict) -> None:

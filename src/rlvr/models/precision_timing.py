@@ -80,10 +80,15 @@ def measure_step(model, shapes: StepShapes) -> StepTimes:
     with _one_thread(), torch.random.fork_rng(devices=[]):
         slowdown = bf16_matmul_slowdown(model)
         fp32 = _time_step(model, "none", shapes)
-        at = f"1 thread, {fp32.rows} rows x {_row_tokens(shapes)} tokens" + (f", decode {fp32.decode_rows} rows" if shapes.decoded_rows else "")
+        at = f"1 thread, {fp32.rows} rows x {_row_tokens(shapes)} tokens" + (
+            f", decode {fp32.decode_rows} rows" if shapes.decoded_rows else ""
+        )
         if slowdown > BAIL_RATIO:
-            return StepTimes({"none": fp32.seconds, "bf16": fp32.seconds * slowdown}, at,
-                             f"bf16 not timed on the model: one of its matmuls ran {slowdown:.1f}x slower than fp32")
+            return StepTimes(
+                {"none": fp32.seconds, "bf16": fp32.seconds * slowdown},
+                at,
+                f"bf16 not timed on the model: one of its matmuls ran {slowdown:.1f}x slower than fp32",
+            )
         bf16 = _time_step(model, "bf16", shapes, rows=fp32.rows, decode_rows=fp32.decode_rows, bail_after=BAIL_RATIO * fp32.first)
     note = "" if bf16.rows else f"bf16 timed on one forward+backward only: {bf16.first / fp32.first:.1f}x slower than fp32"
     return StepTimes({"none": fp32.seconds, "bf16": bf16.seconds}, at, note)
@@ -124,8 +129,9 @@ def _row_tokens(shapes: StepShapes) -> int:
     return max(min(shapes.prompt_tokens + shapes.completion_tokens, MAX_TOKENS), 2)
 
 
-def _time_step(model, kind: str, shapes: StepShapes, *, rows: int | None = None, decode_rows: int | None = None,
-               bail_after: float | None = None) -> _Timed:
+def _time_step(
+    model, kind: str, shapes: StepShapes, *, rows: int | None = None, decode_rows: int | None = None, bail_after: float | None = None
+) -> _Timed:
     """The per-step estimate under `kind`. Sizes not given are chosen from the first forward+backward
     (one row, also the warm-up); past `bail_after` seconds that first one is all that runs (rows 0)."""
     device, vocab = next(model.parameters()).device, model.get_input_embeddings().num_embeddings

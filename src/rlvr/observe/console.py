@@ -58,6 +58,7 @@ class NullLogger:
     def log(self, metrics: dict) -> None: ...
     def run_doctor_when_due(self, step: int) -> list:
         return []
+
     def samples(self, rows: list[dict]) -> None: ...
     def close(self) -> None: ...
 
@@ -129,7 +130,7 @@ class RunLogger:
         out = [("reward", f"{_f(m.get('reward'))}±{_f(m.get('reward_std'))}")]
         for k, v in m.items():
             if k.startswith("rewards/") and k.endswith("/mean"):
-                out.append((k[len("rewards/"):-len("/mean")], _f(v)))
+                out.append((k[len("rewards/") : -len("/mean")], _f(v)))
         if "kl" in m:
             out.append(("kl", _f(m["kl"], ".4f")))
         out.append(("clip", _f(m.get("clip_ratio/region_mean"))))

@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Callable
 
 from rlvr.observe.run_files import read_config, read_metrics
-from rlvr.observe.signals import Exploration, IdenticalGroups, RewardFailure, exploration, fmt, identical_groups, num, reward_failures, series
+from rlvr.observe.signals import (
+    Exploration,
+    IdenticalGroups,
+    RewardFailure,
+    exploration,
+    fmt,
+    identical_groups,
+    num,
+    reward_failures,
+    series,
+)
 
 __all__ = ["RULES", "Context", "Finding", "LiveDoctor", "Thresholds", "diagnose", "diagnose_run", "num", "series"]
 
@@ -117,7 +127,7 @@ class Context:
         return node
 
     def now(self, dotted: str) -> str:
-        """" (now X)" quoting the run's current value of a setting; "" when the config does not have it."""
+        """ " (now X)" quoting the run's current value of a setting; "" when the config does not have it."""
         value = self.setting(dotted, _MISSING)
         return "" if value is _MISSING else f" (now {value})"
 
@@ -154,7 +164,7 @@ def reward_names(history: list[dict]) -> list[str]:
     for m in history[:1] + history[-1:]:
         for k in m:
             if k.startswith("rewards/") and k.endswith("/mean"):
-                n = k[len("rewards/"):-len("/mean")]
+                n = k[len("rewards/") : -len("/mean")]
                 if n not in names:
                     names.append(n)
     return names
@@ -180,21 +190,29 @@ def _correctness_series(history: list[dict], ctx: Context) -> tuple[str, list[in
 
 def _exploration(history: list[dict], ctx: Context) -> Exploration:
     t = ctx.thresholds
-    return exploration(history, min_steps=t.min_steps, entropy_ratio=t.entropy_ratio, entropy_floor=t.entropy_floor,
-                       distinct_ratio=t.distinct_ratio, distinct_floor=t.distinct_floor)
+    return exploration(
+        history,
+        min_steps=t.min_steps,
+        entropy_ratio=t.entropy_ratio,
+        entropy_floor=t.entropy_floor,
+        distinct_ratio=t.distinct_ratio,
+        distinct_floor=t.distinct_floor,
+    )
 
 
 def _failing_rewards(history: list[dict], ctx: Context) -> list[RewardFailure]:
     """Reward functions that failed on more than `reward_error_rate` of the recent samples (or, where
     the share cannot be known, failed in every recent step), worst first; two steps at least."""
+
     def size(key):
         v = ctx.setting(key, None)
         return v if isinstance(v, int) else None
 
     t = ctx.thresholds
     fails = reward_failures(history, t.window, group_size=size("rollout.group_size"), prompts_per_step=size("rollout.prompts_per_step"))
-    bad = [f for f in fails if len(f.steps) >= 2 and (
-        f.rate > t.reward_error_rate if math.isfinite(f.rate) else all(c > 0 for c in f.counts))]
+    bad = [
+        f for f in fails if len(f.steps) >= 2 and (f.rate > t.reward_error_rate if math.isfinite(f.rate) else all(c > 0 for c in f.counts))
+    ]
     return sorted(bad, key=lambda f: -f.rate if math.isfinite(f.rate) else 0.0)
 
 
@@ -224,11 +242,11 @@ def _truncated(history: list[dict], ctx: Context) -> _Truncation | None:
     g = _groups(history, ctx)
     if len(clipped) < 3 or g is None or g.bottom_share < t.side_share:
         return None
-    steps, clipped = steps[-t.window:], clipped[-t.window:]
+    steps, clipped = steps[-t.window :], clipped[-t.window :]
     if statistics.fmean(clipped) <= t.truncated:
         return None
-    ended = series(history[-t.window:], "completions/terminated_reward_mean")[1]
-    cut = series(history[-t.window:], "completions/clipped_reward_mean")[1]
+    ended = series(history[-t.window :], "completions/terminated_reward_mean")[1]
+    cut = series(history[-t.window :], "completions/clipped_reward_mean")[1]
     gap = (statistics.fmean(ended), statistics.fmean(cut)) if ended and cut else None
     if gap is not None and gap[0] <= gap[1] + t.truncation_gap:
         return None  # completions that ended fail as often: the limit is not the cause
@@ -242,7 +260,7 @@ def _reward_fell(history: list[dict], ctx: Context) -> tuple[str, list[int], lis
     key, steps, values = _correctness_series(history, ctx)
     if len(values) < t.min_steps:
         return None
-    best = max(statistics.fmean(values[i:i + 3]) for i in range(len(values) - 3))
+    best = max(statistics.fmean(values[i : i + 3]) for i in range(len(values) - 3))
     recent = statistics.fmean(values[-3:])
     if recent < t.reward_drop * best and best - recent >= t.reward_drop_min:
         return key, steps, values, best, recent
@@ -268,20 +286,24 @@ def reward_failing(history: list[dict], ctx: Context) -> Finding | None:
     worst = bad[0]
     share = f"{worst.rate:.0%} of samples" if math.isfinite(worst.rate) else f"{statistics.fmean(worst.counts):.0f} samples per step"
     where = f"steps {worst.steps[0]}-{worst.steps[-1]}"
-    others = "".join(f"; reward {f.name!r} failed on {f.rate:.0%}" if math.isfinite(f.rate) else f"; reward {f.name!r} failed too"
-                     for f in bad[1:])
+    others = "".join(
+        f"; reward {f.name!r} failed on {f.rate:.0%}" if math.isfinite(f.rate) else f"; reward {f.name!r} failed too" for f in bad[1:]
+    )
     g = identical_groups(history, ctx.thresholds.window)
     groups = f"; {g.describe()}" if g is not None and g.share > ctx.thresholds.zero_std_frac else ""
     rates = worst.rates if math.isfinite(worst.rate) else worst.counts
     return Finding(
-        "reward_failing", f"rewards/{worst.name}/error_rate",
+        "reward_failing",
+        f"rewards/{worst.name}/error_rate",
         f"reward {worst.name!r} failed on {share} ({where}){others}{groups}: failed samples get no reward, "
         "so the groups look alike for a reason that has nothing to do with the prompts",
         fmt(worst.steps, rates) + f" ({'share of samples failed' if math.isfinite(worst.rate) else 'failed samples'}; "
         f"counts in rewards/{worst.name}/errors)",
         f"fix reward {worst.name!r}: its first error is in the run's log ('reward function {worst.name!r} failed'); "
         "call it by hand on a few rows of your data and their completions (samples.jsonl) to reproduce it",
-        worst.steps, rates, severity="error" if math.isfinite(worst.rate) and worst.rate >= 0.5 else "warning",
+        worst.steps,
+        rates,
+        severity="error" if math.isfinite(worst.rate) and worst.rate >= 0.5 else "warning",
     )
 
 
@@ -297,13 +319,15 @@ def truncation(history: list[dict], ctx: Context) -> Finding | None:
     else:
         why = "the answers may be cut off before they arrive (the prompts may also be too hard: no completion ended, so only a longer limit can tell)"
     return Finding(
-        "truncation", "completions/clipped_ratio",
+        "truncation",
+        "completions/clipped_ratio",
         f"{statistics.fmean(clipped):.0%} of completions were cut at rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')} "
         f"and {hit.groups.describe()}; {why}",
         fmt(steps, clipped),
         f"raise rollout.max_new_tokens{ctx.now('rollout.max_new_tokens')}, ask for shorter answers in the prompt, "
         f"or leave cut completions out of the loss (algo.mask_truncated_completions=true{ctx.now('algo.mask_truncated_completions')})",
-        steps, clipped,
+        steps,
+        clipped,
     )
 
 
@@ -324,14 +348,20 @@ def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
         if g.bottom_share >= 0.1 * g.share:
             message += f" (the identical groups are not all solved: {g.bottom_share:.0%} of groups got the step's lowest reward)"
         if g.top_share >= 0.8 * g.share:
-            message += "; most identical groups were all right, so the prompts may also simply be solved (two causes fit: " \
-                       "prompts_too_easy, if held-out accuracy matches the training reward)"
+            message += (
+                "; most identical groups were all right, so the prompts may also simply be solved (two causes fit: "
+                "prompts_too_easy, if held-out accuracy matches the training reward)"
+            )
     return Finding(
-        "entropy_collapse", metric, message, fmt(steps, values),
+        "entropy_collapse",
+        metric,
+        message,
+        fmt(steps, values),
         f"raise rollout.temperature{ctx.now('rollout.temperature')}, widen the clip's high side "
         f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), add an entropy bonus (algo.entropy_coef=0.001{ctx.now('algo.entropy_coef')}), "
         f"or lower optim.lr{ctx.now('optim.lr')}",
-        steps, values,
+        steps,
+        values,
     )
 
 
@@ -345,13 +375,16 @@ def reward_collapse(history: list[dict], ctx: Context) -> Finding | None:
     key, steps, values, best, recent = fell
     g = _groups(history, ctx)
     return Finding(
-        "reward_collapse", key,
+        "reward_collapse",
+        key,
         f"{key} fell from {best:.3g} (its best 3-step mean) to {recent:.3g}: training made the policy worse; it now fails "
         "prompts it used to solve" + (f" ({g.describe()})" if g is not None else ""),
         fmt(steps, values),
         f"lower optim.lr{ctx.now('optim.lr')}, keep optim.max_grad_norm{ctx.now('optim.max_grad_norm')}, add a KL penalty "
         f"(algo.beta=0.04{ctx.now('algo.beta')}); resume from a checkpoint saved before the fall",
-        steps, values, severity="error",
+        steps,
+        values,
+        severity="error",
     )
 
 
@@ -372,15 +405,19 @@ def _difficulty(history: list[dict], ctx: Context, side: str) -> Finding | None:
     rule_name = "prompts_too_easy" if side == "top" else "prompts_too_hard"
     what = "too easy (every completion got the top reward)" if side == "top" else "too hard (every completion got the lowest reward)"
     if g.every_step:
-        message = (f"every group had identical rewards in all {len(series(history, 'frac_reward_zero_std')[0])} steps so far "
-                   f"(zero advantages, no update): prompts look {what}; the policy still explores ({explores.describe()})")
+        message = (
+            f"every group had identical rewards in all {len(series(history, 'frac_reward_zero_std')[0])} steps so far "
+            f"(zero advantages, no update): prompts look {what}; the policy still explores ({explores.describe()})"
+        )
     else:
         message = f"{g.describe()}, and give no gradient: prompts look {what}; the policy still explores ({explores.describe()})"
     if side == "top":
         fix = "filter out prompts the model always solves (difficulty filtering) or use harder ones"
     else:
-        fix = (f"filter out prompts never solved, use easier ones or a curriculum, raise rollout.group_size{ctx.now('rollout.group_size')}; "
-               "check in samples.jsonl that right answers do get the reward")
+        fix = (
+            f"filter out prompts never solved, use easier ones or a curriculum, raise rollout.group_size{ctx.now('rollout.group_size')}; "
+            "check in samples.jsonl that right answers do get the reward"
+        )
     return Finding(rule_name, "frac_reward_zero_std", message, fmt(g.steps, g.zero), fix + _sampling_fix(ctx), g.steps, g.zero)
 
 
@@ -413,16 +450,20 @@ def prompts_split(history: list[dict], ctx: Context) -> Finding | None:
     if ctx.setting("algo.dynamic_sampling", False) is True:
         sampling = "; dynamic sampling is on: raise algo.max_resample_rounds" + ctx.now("algo.max_resample_rounds")
     else:
-        sampling = ("; or set algo.dynamic_sampling=true, which drops groups whose rewards are all equal (both kinds) "
-                    "and draws fresh prompts in their place")
+        sampling = (
+            "; or set algo.dynamic_sampling=true, which drops groups whose rewards are all equal (both kinds) "
+            "and draws fresh prompts in their place"
+        )
     return Finding(
-        "prompts_split", "frac_reward_zero_std",
+        "prompts_split",
+        "frac_reward_zero_std",
         f"{g.describe()}, and give no gradient: the prompt set is split, some prompts always solved and others never "
         f"(not too easy or too hard as a whole); the policy still explores ({explores.describe()})",
         both[0].evidence,
         "keep the prompts in between: filter the data by difficulty (sample a few completions per prompt, drop the prompts "
         "that all or none of them solve) or order it as a curriculum" + sampling,
-        both[0].steps, both[0].values,
+        both[0].steps,
+        both[0].values,
     )
 
 
@@ -433,16 +474,18 @@ def clip_high(history: list[dict], ctx: Context) -> Finding | None:
     steps, values = series(history, "clip_ratio/region_mean")
     if len(values) < t.min_steps:
         return None
-    steps, values = steps[-t.window:], values[-t.window:]
+    steps, values = steps[-t.window :], values[-t.window :]
     high = [v > t.clip_ratio for v in values]
     if sum(high) < t.clip_persist * len(values):
         return None
     return Finding(
-        "clip_high", "clip_ratio/region_mean",
+        "clip_high",
+        "clip_ratio/region_mean",
         f"{sum(high)} of the last {len(values)} steps clipped more than {t.clip_ratio:.0%} of tokens: the learning rate is too high for this model",
         fmt(steps, values),
         f"lower optim.lr (now {ctx.setting('optim.lr')}), or use fewer algo.num_iterations (now {ctx.setting('algo.num_iterations')})",
-        steps, values,
+        steps,
+        values,
     )
 
 
@@ -454,18 +497,21 @@ def kl_runaway(history: list[dict], ctx: Context) -> Finding | None:
     if len(values) < t.min_steps:
         return None
     recent = statistics.fmean(values[-3:])
-    window = values[-t.window:]
+    window = values[-t.window :]
     base = max(min(window[:3]), 1e-12)
     grew = recent > t.kl_growth * base and recent > t.kl_max / 5
     if recent <= t.kl_max and not grew:
         return None
-    s, v = steps[-t.window:], values[-t.window:]
+    s, v = steps[-t.window :], values[-t.window :]
     return Finding(
-        "kl_runaway", "kl",
-        f"KL to the reference model reached {recent:.3g} per token" + (f" ({recent / base:.0f}x within {len(window)} steps)" if grew else ""),
+        "kl_runaway",
+        "kl",
+        f"KL to the reference model reached {recent:.3g} per token"
+        + (f" ({recent / base:.0f}x within {len(window)} steps)" if grew else ""),
         fmt(s, v),
         f"raise algo.beta (now {ctx.setting('algo.beta')}) or lower optim.lr (now {ctx.setting('optim.lr')})",
-        s, v,
+        s,
+        v,
     )
 
 
@@ -482,13 +528,15 @@ def length_bias(history: list[dict], ctx: Context) -> Finding | None:
     if not (l1 - l0 >= t.length_min_tokens and l1 > (1 + t.length_growth) * l0 and c1 - c0 < t.flat_correctness):
         return None
     return Finding(
-        "length_bias", "completions/mean_length",
+        "length_bias",
+        "completions/mean_length",
         f"mean completion length rose from {l0:.1f} to {l1:.1f} tokens while {key} went from {c0:.3f} to {c1:.3f}: "
         "longer answers are not more correct (length bias)",
         fmt(steps, lengths),
         f"use a length-unbiased loss: algo.loss_type=dr_grpo or dapo (now {ctx.setting('algo.loss_type')}); "
         "consider algo.mask_truncated_completions=true or a length penalty reward",
-        steps, lengths,
+        steps,
+        lengths,
     )
 
 
@@ -521,13 +569,15 @@ def reward_hacking(history: list[dict], ctx: Context) -> Finding | None:
     _, n, steps, values, v0, v1 = worst
     idx = names.index(n)
     return Finding(
-        "reward_hacking", f"rewards/{n}/mean",
+        "reward_hacking",
+        f"rewards/{n}/mean",
         f"reward {n!r} rose from {v0:.3f} to {v1:.3f} while the correctness reward {correct!r} stayed at {c0:.3f} -> {c1:.3f}: "
         "the model is likely gaming that reward",
         fmt(steps, values),
         f"read samples.jsonl for completions that score on {n!r} but not on {correct!r}; tighten that reward "
         f"or lower its weight (rewards.{idx}.weight)",
-        steps, values,
+        steps,
+        values,
     )
 
 
@@ -547,12 +597,15 @@ def non_finite(history: list[dict], ctx: Context) -> Finding | None:
     metrics = sorted({k for _, k, _ in hits})
     shown = ", ".join(f"step {s}: {k}={v}" for s, k, v in hits[:6]) + (" ..." if len(hits) > 6 else "")
     return Finding(
-        "non_finite", metrics[0],
+        "non_finite",
+        metrics[0],
         f"{len({s for s, _, _ in hits})} step(s) had non-finite {', '.join(metrics)} (such updates are skipped)",
         shown,
         f"lower optim.lr (now {ctx.setting('optim.lr')}), keep optim.max_grad_norm > 0 (now {ctx.setting('optim.max_grad_norm')}), "
         f"prefer model.dtype=bfloat16 or float32 over float16 (now {ctx.setting('model.dtype')})",
-        [s for s, _, _ in hits], [math.nan] * len(hits), severity="error",
+        [s for s, _, _ in hits],
+        [math.nan] * len(hits),
+        severity="error",
     )
 
 
@@ -564,19 +617,21 @@ def grad_spike(history: list[dict], ctx: Context) -> Finding | None:
     pos = [(s, v) for s, v in zip(steps, values) if v > 0]
     spikes = []
     for i in range(t.min_steps, len(pos)):
-        prev = [v for _, v in pos[max(0, i - t.window):i]]
+        prev = [v for _, v in pos[max(0, i - t.window) : i]]
         med = statistics.median(prev)
         if med > 0 and pos[i][1] > t.grad_spike * med:
             spikes.append((pos[i][0], pos[i][1], med))
     if not spikes:
         return None
     return Finding(
-        "grad_spike", "grad_norm",
+        "grad_spike",
+        "grad_norm",
         f"{len(spikes)} gradient-norm spike(s) above {t.grad_spike:g}x the median of the preceding steps",
         ", ".join(f"step {s}: {v:.3g} (median {m:.3g})" for s, v, m in spikes[:6]),
         f"lower optim.lr (now {ctx.setting('optim.lr')}), add warm-up (optim.warmup_steps, now {ctx.setting('optim.warmup_steps')}), "
         f"keep optim.max_grad_norm > 0 (now {ctx.setting('optim.max_grad_norm')})",
-        [s for s, _, _ in spikes], [v for _, v, _ in spikes],
+        [s for s, _, _ in spikes],
+        [v for _, v, _ in spikes],
     )
 
 

@@ -156,7 +156,9 @@ class _Plotter:
         b.set_title("mean of each reward function")
         for ax in (a, b):
             ax.set_xlabel("step")
-        self.save(fig, "reward", "Reward", "Weighted total reward per step (band: ± the mean within-group std), and each reward function's mean.")
+        self.save(
+            fig, "reward", "Reward", "Weighted total reward per step (band: ± the mean within-group std), and each reward function's mean."
+        )
 
     def accuracy(self):
         evaluated = [r for r in self.runs if "eval_before" in r.summary or "eval_after" in r.summary]
@@ -171,14 +173,21 @@ class _Plotter:
             for i, r in enumerate(evaluated):
                 vals = [r.summary.get("eval_before", math.nan), r.summary.get("eval_after", math.nan)]
                 xs = [x + i * width for x in (0, 1)]
-                bars = ax.bar(xs, [0 if v is None or not math.isfinite(v) else v for v in vals], width, color=self.colors[r.name], label=r.name)
+                bars = ax.bar(
+                    xs, [0 if v is None or not math.isfinite(v) else v for v in vals], width, color=self.colors[r.name], label=r.name
+                )
                 for bar, v in zip(bars, vals):
                     if v is not None and math.isfinite(v):
-                        ax.annotate(_score(v, what), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+                        ax.annotate(
+                            _score(v, what), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8
+                        )
             center = (len(evaluated) - 1) * width / 2
             ax.set_xticks([center, 1 + center], ["before training", "after training"])
             ax.set_ylabel(f"held-out {what} (greedy)")
-            ax.set_ylim(0, max(0.05, max(v for r in evaluated for v in (r.summary.get("eval_before") or 0, r.summary.get("eval_after") or 0)) * 1.25))
+            ax.set_ylim(
+                0,
+                max(0.05, max(v for r in evaluated for v in (r.summary.get("eval_before") or 0, r.summary.get("eval_after") or 0)) * 1.25),
+            )
             ax.set_title(f"held-out {what}")
         if during:
             ax = axes[-1]
@@ -191,9 +200,13 @@ class _Plotter:
                 ax.plot(steps, values, "-o", color=self.colors[r.name], label=r.name, markersize=3)
             ax.set_xlabel("step")
             ax.set_title(f"held-out {what} during training (eval.every)")
-        self.save(fig, "accuracy", f"Held-out {what}",
-                  f"Greedy {what} on the held-out set ({', '.join(sorted({str(r.summary.get('eval_set', '?')) for r in self.runs}))}), "
-                  "before and after training" + (", and every eval.every steps." if during else "."))
+        self.save(
+            fig,
+            "accuracy",
+            f"Held-out {what}",
+            f"Greedy {what} on the held-out set ({', '.join(sorted({str(r.summary.get('eval_set', '?')) for r in self.runs}))}), "
+            "before and after training" + (", and every eval.every steps." if during else "."),
+        )
 
     def zero_std(self):
         fig, (ax,) = self.figure()
@@ -202,7 +215,12 @@ class _Plotter:
         ax.set_ylim(-0.02, 1.02)
         ax.set_title("frac_reward_zero_std (groups with identical rewards: no signal)")
         ax.set_xlabel("step")
-        self.save(fig, "zero_std", "Zero-signal groups", "Share of groups whose rewards were all equal: their advantages are 0 and they teach nothing.")
+        self.save(
+            fig,
+            "zero_std",
+            "Zero-signal groups",
+            "Share of groups whose rewards were all equal: their advantages are 0 and they teach nothing.",
+        )
 
     def clip(self):
         fig, (ax,) = self.figure()
@@ -212,7 +230,12 @@ class _Plotter:
             self.line(ax, r, "clip_ratio/high_mean", self.label(r, "high"), ":")
         ax.set_title("clip ratios (share of tokens clipped)")
         ax.set_xlabel("step")
-        self.save(fig, "clip", "Clip ratios", "Share of tokens whose ratio hit the clip. Always 0 with algo.num_iterations=1; persistently high means the learning rate is too high.")
+        self.save(
+            fig,
+            "clip",
+            "Clip ratios",
+            "Share of tokens whose ratio hit the clip. Always 0 with algo.num_iterations=1; persistently high means the learning rate is too high.",
+        )
 
     def kl(self):
         runs = [r for r in self.runs if r.has("kl")]
@@ -231,7 +254,12 @@ class _Plotter:
             self.line(ax, r, "entropy", self.label(r))
         ax.set_title("mean token entropy (nats)")
         ax.set_xlabel("step")
-        self.save(fig, "entropy", "Entropy", "Mean entropy of the sampling distribution over completion tokens; a collapse to ~0 means no exploration left.")
+        self.save(
+            fig,
+            "entropy",
+            "Entropy",
+            "Mean entropy of the sampling distribution over completion tokens; a collapse to ~0 means no exploration left.",
+        )
 
     def length(self):
         fig, (a, b) = self.figure(2)
@@ -244,7 +272,12 @@ class _Plotter:
         b.set_ylim(-0.02, 1.02)
         for ax in (a, b):
             ax.set_xlabel("step")
-        self.save(fig, "length", "Completion length", "Mean and max completion length, and the share of completions cut off at rollout.max_new_tokens.")
+        self.save(
+            fig,
+            "length",
+            "Completion length",
+            "Mean and max completion length, and the share of completions cut off at rollout.max_new_tokens.",
+        )
 
     def optim(self):
         fig, (a, b) = self.figure(2)
@@ -256,7 +289,9 @@ class _Plotter:
         a.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         for ax in (a, b):
             ax.set_xlabel("step")
-        self.save(fig, "optim", "Learning rate and gradient norm", "The schedule's learning rate and the global gradient norm before clipping.")
+        self.save(
+            fig, "optim", "Learning rate and gradient norm", "The schedule's learning rate and the global gradient norm before clipping."
+        )
 
     def timing(self):
         fig, axes = self.figure(len(self.runs))
@@ -358,8 +393,10 @@ def _runs_table(runs: list[Run]) -> str:
             node = node[p]
         return node
 
-    out = ["<table><tr><th>run</th><th>steps</th><th>model</th><th>loss</th><th>G</th><th>lr</th><th>beta</th>"
-           f"<th>first → last reward</th><th>held-out {held_out_label(runs)}</th><th>train time</th></tr>"]
+    out = [
+        "<table><tr><th>run</th><th>steps</th><th>model</th><th>loss</th><th>G</th><th>lr</th><th>beta</th>"
+        f"<th>first → last reward</th><th>held-out {held_out_label(runs)}</th><th>train time</th></tr>"
+    ]
     for r in runs:
         _, rewards = r.series("reward")
         first = sum(rewards[:5]) / max(1, len(rewards[:5])) if rewards else math.nan
@@ -393,12 +430,17 @@ def _reward_errors_table(runs: list[Run]) -> str:
             total = sum(e for e in errors if math.isfinite(e))
             if total:
                 failing = sum(1 for e in errors if e > 0)
-                rows.append(f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(name)}</td><td class=num>{total:.0f}</td>"
-                            f"<td class=num>{failing} of {len(steps)}</td><td class=num>{_pct(max(rates) if rates else math.nan)}</td></tr>")
+                rows.append(
+                    f"<tr><td>{html.escape(r.name)}</td><td>{html.escape(name)}</td><td class=num>{total:.0f}</td>"
+                    f"<td class=num>{failing} of {len(steps)}</td><td class=num>{_pct(max(rates) if rates else math.nan)}</td></tr>"
+                )
     if not rows:
         return "<p class=ok>No reward function failed.</p>"
-    return ("<table><tr><th>run</th><th>reward</th><th>failed samples</th><th>steps with failures</th><th>worst step</th></tr>"
-            + "".join(rows) + "</table>")
+    return (
+        "<table><tr><th>run</th><th>reward</th><th>failed samples</th><th>steps with failures</th><th>worst step</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _png_width(png: Path) -> int:

@@ -45,7 +45,7 @@ def series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
 def fmt(steps: list[int], values: list[float], limit: int = 6) -> str:
     pairs = [f"step {s}: {v:.4g}" for s, v in zip(steps, values)]
     if len(pairs) > limit:
-        pairs = pairs[: limit // 2] + ["..."] + pairs[-(limit // 2):]
+        pairs = pairs[: limit // 2] + ["..."] + pairs[-(limit // 2) :]
     return ", ".join(pairs)
 
 
@@ -85,8 +85,10 @@ class IdenticalGroups:
     def describe(self) -> str:
         where = f"steps {self.steps[0]}-{self.steps[-1]}" if len(self.steps) > 1 else f"step {self.steps[0]}"
         guessed = " (split guessed from the mean reward: the run did not log frac_reward_zero_std/top)" if self.estimated else ""
-        return (f"{self.share:.0%} of groups had identical rewards ({where}): {self.top_share:.0%} of groups all at the step's top "
-                f"reward, {self.bottom_share:.0%} all at its bottom{guessed}")
+        return (
+            f"{self.share:.0%} of groups had identical rewards ({where}): {self.top_share:.0%} of groups all at the step's top "
+            f"reward, {self.bottom_share:.0%} all at its bottom{guessed}"
+        )
 
 
 def identical_groups(history: list[dict], window: int) -> IdenticalGroups | None:
@@ -138,8 +140,9 @@ class Exploration:
         return ", ".join(parts) or "no entropy or distinct-completion metrics logged"
 
 
-def exploration(history: list[dict], *, min_steps: int, entropy_ratio: float, entropy_floor: float,
-                distinct_ratio: float, distinct_floor: float) -> Exploration:
+def exploration(
+    history: list[dict], *, min_steps: int, entropy_ratio: float, entropy_floor: float, distinct_ratio: float, distinct_floor: float
+) -> Exploration:
     """Collapsed: entropy fell below `entropy_ratio` of its start and below `entropy_floor`, or the
     distinct-completion share fell below `distinct_ratio` of its start and below `distinct_floor`.
     Both are drops, not levels: a short-answer task repeats itself from the first step and is fine."""
@@ -178,7 +181,7 @@ def reward_failures(history: list[dict], window: int, *, group_size: int | None,
     for m in history:
         for k in m:
             for tail in ("/error_rate", "/errors"):
-                if k.startswith("rewards/") and k.endswith(tail) and (n := k[len("rewards/"):-len(tail)]) not in names:
+                if k.startswith("rewards/") and k.endswith(tail) and (n := k[len("rewards/") : -len(tail)]) not in names:
                     names.append(n)
     out = []
     recent = list(enumerate(history))[-window:]

@@ -16,5 +16,4 @@ from __future__ import annotations
 from rlvr.rewards.loading import BUILTIN, RewardError, builtin_rewards, load_reward_fn
 from rlvr.rewards.runner import DEFAULT_TIMEOUT_S, RewardFn, RewardRunner, TrainerState
 
-__all__ = ["BUILTIN", "DEFAULT_TIMEOUT_S", "RewardError", "RewardFn", "RewardRunner", "TrainerState", "builtin_rewards",
-           "load_reward_fn"]
+__all__ = ["BUILTIN", "DEFAULT_TIMEOUT_S", "RewardError", "RewardFn", "RewardRunner", "TrainerState", "builtin_rewards", "load_reward_fn"]

@@ -57,8 +57,11 @@ def code(column: str = "tests", all_or_nothing: bool = False, timeout_s: float =
             raise KeyError(f"code grader: the dataset has no {column!r} column (have: {sorted(columns)})")
         entry_points = columns.get("entry_point") or [None] * len(completions)
         preambles = columns.get("preamble") or [None] * len(completions)
-        rows = [(i, (pre + "\n" if pre else "") + extract_solution(completion_text(c), entry), _decode_tests(t))
-                for i, (c, t, entry, pre) in enumerate(zip(completions, columns[column], entry_points, preambles)) if t is not None]
+        rows = [
+            (i, (pre + "\n" if pre else "") + extract_solution(completion_text(c), entry), _decode_tests(t))
+            for i, (c, t, entry, pre) in enumerate(zip(completions, columns[column], entry_points, preambles))
+            if t is not None
+        ]
         results = sandbox.run_many([dict(program=p, tests=t, timeout_s=timeout_s, memory_mb=memory_mb) for _, p, t in rows])
         out: list[float | None] = [None] * len(completions)
         for (i, _, _), r in zip(rows, results):
@@ -98,9 +101,23 @@ def _ruff_issues(program: str, rules: str) -> int | None:
     if exe is None:
         return None
     proc = subprocess.run(
-        [exe, "check", "--no-cache", "--ignore-noqa", "--isolated", "--select", rules, "--output-format", "json",
-         "--stdin-filename", "solution.py", "-"],
-        input=program.encode(), capture_output=True, timeout=20,
+        [
+            exe,
+            "check",
+            "--no-cache",
+            "--ignore-noqa",
+            "--isolated",
+            "--select",
+            rules,
+            "--output-format",
+            "json",
+            "--stdin-filename",
+            "solution.py",
+            "-",
+        ],
+        input=program.encode(),
+        capture_output=True,
+        timeout=20,
     )
     try:
         return len(json.loads(proc.stdout or b"[]"))
@@ -126,10 +143,17 @@ def builtin_issues(program: str) -> int:
         elif isinstance(node, ast.ExceptHandler) and node.type is None:
             issues += 1
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
-        n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
-    exported = {elt.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
-                and isinstance(n.value, (ast.List, ast.Tuple)) for elt in n.value.elts if isinstance(elt, ast.Constant)}
+        n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    }
+    exported = {
+        elt.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+        and isinstance(n.value, (ast.List, ast.Tuple))
+        for elt in n.value.elts
+        if isinstance(elt, ast.Constant)
+    }
     return issues + sum(1 for name in imported if name not in used and name not in exported)
 
 

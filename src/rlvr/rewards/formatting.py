@@ -54,7 +54,7 @@ def _blocks(text: str) -> list[re.Match] | None:
     if [m.group() for m in found] != list(TAGS):
         return None
     think, end_think, answer, end_answer = found
-    if not text[think.end():end_think.start()].strip() or not text[answer.end():end_answer.start()].strip():
+    if not text[think.end() : end_think.start()].strip() or not text[answer.end() : end_answer.start()].strip():
         return None
     return found
 
@@ -64,9 +64,15 @@ def _is_strict(text: str) -> bool:
     if found is None:
         return False
     think, end_think, answer, end_answer = found
-    return (think.start() == 0 and text[think.end()] == "\n" and text[end_think.start() - 1] == "\n"
-            and text[end_think.end():answer.start()] == "\n" and text[answer.end()] == "\n"
-            and text[end_answer.start() - 1] == "\n" and not text[end_answer.end():].strip())
+    return (
+        think.start() == 0
+        and text[think.end()] == "\n"
+        and text[end_think.start() - 1] == "\n"
+        and text[end_think.end() : answer.start()] == "\n"
+        and text[answer.end()] == "\n"
+        and text[end_answer.start() - 1] == "\n"
+        and not text[end_answer.end() :].strip()
+    )
 
 
 def _is_lenient(text: str) -> bool:
@@ -74,7 +80,7 @@ def _is_lenient(text: str) -> bool:
     if found is None:
         return False
     think, end_think, answer, end_answer = found
-    return not text[:think.start()].strip() and not text[end_think.end():answer.start()].strip() and not text[end_answer.end():].strip()
+    return not text[: think.start()].strip() and not text[end_think.end() : answer.start()].strip() and not text[end_answer.end() :].strip()
 
 
 def _partial(text: str) -> float:

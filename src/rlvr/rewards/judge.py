@@ -68,17 +68,25 @@ def parse_score(reply: str, pattern: str, max_score: float) -> float | None:
 
 
 @reward_factory
-def judge(url: str | None = None, model: str | None = None, prompt_template: str = DEFAULT_TEMPLATE,
-          score_pattern: str = DEFAULT_SCORE_PATTERN, max_score: float = 10.0, timeout_s: float = 60.0,
-          retries: int = 2, max_workers: int = 8, temperature: float = 0.0, api_key_env: str = "OPENAI_API_KEY"):
+def judge(
+    url: str | None = None,
+    model: str | None = None,
+    prompt_template: str = DEFAULT_TEMPLATE,
+    score_pattern: str = DEFAULT_SCORE_PATTERN,
+    max_score: float = 10.0,
+    timeout_s: float = 60.0,
+    retries: int = 2,
+    max_workers: int = 8,
+    temperature: float = 0.0,
+    api_key_env: str = "OPENAI_API_KEY",
+):
     """Build an LLM-judge reward. `url` and `model` are required."""
     if not url or not model:
         raise ValueError("judge needs a url and a model, e.g. fn: \"judge(url='http://127.0.0.1:8000/v1', model='m')\"")
     endpoint = _endpoint(url)
 
     def ask(text: str) -> float | None:
-        body = json.dumps({"model": model, "temperature": temperature,
-                           "messages": [{"role": "user", "content": text}]}).encode()
+        body = json.dumps({"model": model, "temperature": temperature, "messages": [{"role": "user", "content": text}]}).encode()
         headers = {"Content-Type": "application/json"}
         if os.environ.get(api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"

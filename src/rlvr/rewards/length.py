@@ -37,8 +37,9 @@ def overlong(max_length: int = 1024, buffer: int = 256, penalty: float = 1.0):
     start = max_length - buffer
 
     def reward(prompts, completions, completion_ids=None, **kwargs):
-        return [0.0 if n <= start else -penalty * min(1.0, (n - start) / buffer)
-                for n in _token_counts(completions, completion_ids, "overlong")]
+        return [
+            0.0 if n <= start else -penalty * min(1.0, (n - start) / buffer) for n in _token_counts(completions, completion_ids, "overlong")
+        ]
 
     return named(reward, "overlong")
 

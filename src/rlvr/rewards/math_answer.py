@@ -61,8 +61,9 @@ def answer_values(text: str, prompt: str, fallback: str | None) -> list[Value] |
     return values
 
 
-def grade(prompts, completions, golds, *, fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S,
-          use_math_verify: bool = True) -> list[float | None]:
+def grade(
+    prompts, completions, golds, *, fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S, use_math_verify: bool = True
+) -> list[float | None]:
     """1.0 / 0.0 per completion (None where the gold is None); see the module docstring."""
     prompts = prompts if prompts is not None else [None] * len(completions)
     use_math_verify = use_math_verify and symbolic.AVAILABLE
@@ -96,8 +97,9 @@ def grade(prompts, completions, golds, *, fallback: str | None = None, timeout_s
 
 
 @reward_factory
-def math(column: str = "answer", fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S,
-         require_math_verify: bool = False):
+def math(
+    column: str = "answer", fallback: str | None = None, timeout_s: float = symbolic.DEFAULT_TIMEOUT_S, require_math_verify: bool = False
+):
     """Build a math grader reading the ground truth from `column`."""
     if fallback not in FALLBACKS:
         raise ValueError(f"math: fallback must be one of {FALLBACKS}, got {fallback!r} (e.g. fallback='last_number')")

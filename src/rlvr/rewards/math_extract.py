@@ -28,11 +28,12 @@ TOO_LONG = "\x00too long"  # stands for a marked answer longer than any real one
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_OPEN, _ANSWER_CLOSE = re.compile(r"<answer>", re.IGNORECASE), re.compile(r"</answer>", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
-_PHRASE = re.compile(r"(?:\bfinal answer|\bthe answer|^[ \t*#]*answer|\*\*answer)\s*(?:\*\*)?\s*(?:is|:|=|\*\*:)\s*(?:\*\*)?[ \t]*",
-                     re.IGNORECASE | re.MULTILINE)
+_PHRASE = re.compile(
+    r"(?:\bfinal answer|\bthe answer|^[ \t*#]*answer|\*\*answer)\s*(?:\*\*)?\s*(?:is|:|=|\*\*:)\s*(?:\*\*)?[ \t]*",
+    re.IGNORECASE | re.MULTILINE,
+)
 _PHRASE_END = re.compile(r"[.!?](?=\s|$)|\n|;|\s\(|,?\s+(?:because|since|as|which|so|but|for|when|where|given)\b", re.IGNORECASE)
-_FILLER = re.compile(r"^(?:(?:therefore|thus|so|then|just|simply|clearly|exactly|indeed|equal to|equals|given by|[=:])\s*)+",
-                     re.IGNORECASE)
+_FILLER = re.compile(r"^(?:(?:therefore|thus|so|then|just|simply|clearly|exactly|indeed|equal to|equals|given by|[=:])\s*)+", re.IGNORECASE)
 _MARKED = re.compile(r"\\(?:boxed|fbox)\s*\{|<answer>|####", re.IGNORECASE)
 
 
@@ -73,7 +74,7 @@ def _answer_tags(text: str) -> list[tuple[int, str]]:
 def _phrases(text: str) -> list[tuple[int, str]]:
     out = []
     for m in _PHRASE.finditer(text):
-        rest = text[m.end(): m.end() + MAX_ANSWER_CHARS]
+        rest = text[m.end() : m.end() + MAX_ANSWER_CHARS]
         end = _PHRASE_END.search(rest)
         said = _FILLER.sub("", rest[: end.start() if end else len(rest)]).strip().strip("*").strip()
         # "the answer is the number of apples ..." names no answer; "the answer is 42", "$x=3$", "(B)" do
@@ -91,8 +92,8 @@ def _copied(text: str, at: int, prompt_text: str) -> bool:
     example copied from it. (One line alone may well be the model's own "The answer is 7.")"""
     start = text.rfind("\n", 0, at) + 1
     end = text.find("\n", at)
-    line = text[start: end if end >= 0 else len(text)].strip()
-    before = text[text.rfind("\n", 0, max(0, start - 1)) + 1: max(0, start - 1)].strip()
+    line = text[start : end if end >= 0 else len(text)].strip()
+    before = text[text.rfind("\n", 0, max(0, start - 1)) + 1 : max(0, start - 1)].strip()
     return len(line) >= 8 and len(before) >= 8 and line in prompt_text and before in prompt_text
 
 
@@ -114,7 +115,7 @@ def final_answers(text: str, prompt_text: str = "", fallback: str | None = None)
 
 
 def _last_number(text: str) -> list[str]:
-    for sentence in reversed(re.split(r"(?<=[.!?])\s+|\n", text[-4 * MAX_ANSWER_CHARS:])):
+    for sentence in reversed(re.split(r"(?<=[.!?])\s+|\n", text[-4 * MAX_ANSWER_CHARS :])):
         numbers = numbers_in_prose(sentence)
         if numbers:
             return [numbers[-1].text] if len({n.value for n in numbers}) == 1 else []

@@ -53,8 +53,20 @@ Value = Number | NumberList | Expression
 # ------------------------------------------------------------------ normalising
 
 _DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\ufe58\ufe63\uff0d"
-_SYMBOLS = {"\u2212": "-", "\u00d7": "\\times ", "\u22c5": "\\cdot ", "\u00b7": "\\cdot ", "\u00f7": "\\div ", "\u221a": "\\sqrt",
-            "\u03c0": "\\pi ", "\u00b0": "^\\circ", "\u2264": "\\le ", "\u2265": "\\ge ", "\u2260": "\\ne ", "\u221e": "\\infty "}
+_SYMBOLS = {
+    "\u2212": "-",
+    "\u00d7": "\\times ",
+    "\u22c5": "\\cdot ",
+    "\u00b7": "\\cdot ",
+    "\u00f7": "\\div ",
+    "\u221a": "\\sqrt",
+    "\u03c0": "\\pi ",
+    "\u00b0": "^\\circ",
+    "\u2264": "\\le ",
+    "\u2265": "\\ge ",
+    "\u2260": "\\ne ",
+    "\u221e": "\\infty ",
+}
 _UNWRAP = re.compile(r"\\(?:boxed|fbox|textbf|mathbf|displaystyle\s*)\{((?:[^{}]|\{[^{}]*\})*)\}")
 _TEXT = re.compile(r"\\(?:text|textrm|mathrm|mbox|textit|mathit|operatorname)\s*\{([^{}]*)\}")
 
@@ -79,12 +91,16 @@ def normalize(text: str) -> str:
 
 # ------------------------------------------------------------------ numbers
 
-_BODY = (r"(?:\\frac\{(?P<fn>[+-]?\d+(?:\.\d+)?)\}\{(?P<fd>[+-]?\d+(?:\.\d+)?)\}|\\frac(?P<fn1>\d)(?P<fd1>\d)"
-         r"|(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?|\.\d+)(?:/(?P<den>\d+))?)"
-         r"(?:[eE](?P<e>[+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?(?P<p>[+-]?\d+)\}?)?")
+_BODY = (
+    r"(?:\\frac\{(?P<fn>[+-]?\d+(?:\.\d+)?)\}\{(?P<fd>[+-]?\d+(?:\.\d+)?)\}|\\frac(?P<fn1>\d)(?P<fd1>\d)"
+    r"|(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?|\.\d+)(?:/(?P<den>\d+))?)"
+    r"(?:[eE](?P<e>[+-]?\d+)|\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?(?P<p>[+-]?\d+)\}?)?"
+)
 _UNITS = "cm|mm|km|kg|mg|ml|lbs?|oz|ft|mph|kph|hrs?|mins?|sec|yds?|mi"
-_UNIT = (r"(?:\s*(?:\^\s*\{?\\circ\}?|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\mbox\{[^{}]*\})"  # marked-up units
-         rf"|(?:{_UNITS})(?:\^?[23])?\b|\s+[A-Za-z][A-Za-z./']*(?:\^?[23])?)*")  # cm, or words after a space
+_UNIT = (
+    r"(?:\s*(?:\^\s*\{?\\circ\}?|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\mbox\{[^{}]*\})"  # marked-up units
+    rf"|(?:{_UNITS})(?:\^?[23])?\b|\s+[A-Za-z][A-Za-z./']*(?:\^?[23])?)*"
+)  # cm, or words after a space
 _NUMBER = re.compile(rf"(?P<sign>[+-])?\s*(?:\$|USD|€|£)?\s*(?P<sign2>[+-])?\s*{_BODY}\s*(?P<pct>%|percent\b)?(?P<unit>{_UNIT})\s*")
 _NEGATION = re.compile(r"\b(?:not|no|never|neither|nor|except|isn't|cannot|can't)\b|n't\b", re.IGNORECASE)
 _HEDGE = re.compile(r"\b(?:or|either)\b|\\lor\b|\\vee\b|\d\s*to\s*[-+$]?\d|\bbetween\b", re.IGNORECASE)
@@ -204,8 +220,9 @@ def read_answer(text: str) -> list[Value] | None:
     return None if any(v is None for v in values) else values
 
 
-_PERCENT_QUESTION = re.compile(r"\bwhat percent|\bpercentage\b|\bhow many percent|\bas a percent|\bin percent|\bpercent (?:of|did|does|is|was)\b",
-                               re.IGNORECASE)
+_PERCENT_QUESTION = re.compile(
+    r"\bwhat percent|\bpercentage\b|\bhow many percent|\bas a percent|\bin percent|\bpercent (?:of|did|does|is|was)\b", re.IGNORECASE
+)
 
 
 def asks_for_percent(prompt_text: str) -> bool:

@@ -76,8 +76,9 @@ class RewardRunner:
     per function); on_error: "none" (NaN, i.e. not applicable) or "zero" for failed samples.
     """
 
-    def __init__(self, fns: Sequence[RewardFn], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_workers: int | None = None, on_error: str = "none"):
+    def __init__(
+        self, fns: Sequence[RewardFn], *, timeout_s: float = DEFAULT_TIMEOUT_S, max_workers: int | None = None, on_error: str = "none"
+    ):
         names = [f.name for f in fns]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -157,8 +158,9 @@ class RewardRunner:
         for k, rf in sync:
             kwargs = self._kwargs(rf, columns, extra)
             # Daemon threads: one that cannot be stopped (blocked outside Python) must not block the interpreter's exit.
-            t = threading.Thread(target=self._call, args=(gate, k, rf.fn, prompts, completions, kwargs, outcomes),
-                                 name=f"rlvr-reward-{rf.name}", daemon=True)
+            t = threading.Thread(
+                target=self._call, args=(gate, k, rf.fn, prompts, completions, kwargs, outcomes), name=f"rlvr-reward-{rf.name}", daemon=True
+            )
             t.start()
             threads.append((k, t))
         if asyncs:
@@ -187,9 +189,11 @@ class RewardRunner:
 
     def _run_async(self, asyncs, prompts, completions, columns, extra) -> dict:
         """Await every async reward function together, in a private event loop."""
+
         async def one(rf):
             return await asyncio.wait_for(
-                rf.fn(prompts=prompts, completions=completions, **self._kwargs(rf, columns, extra)), self.timeout_s)
+                rf.fn(prompts=prompts, completions=completions, **self._kwargs(rf, columns, extra)), self.timeout_s
+            )
 
         async def gather():
             return await asyncio.gather(*(one(rf) for _, rf in asyncs), return_exceptions=True)
@@ -223,8 +227,9 @@ class RewardRunner:
         if name not in self.first_error:
             self.first_error[name] = _summary(message, error)
             detail = "\n" + "".join(traceback.format_exception(error)) if error is not None else ""
-            log.warning("reward function %r failed (further failures are only counted in rewards/%s/errors): %s%s",
-                        name, name, message, detail)
+            log.warning(
+                "reward function %r failed (further failures are only counted in rewards/%s/errors): %s%s", name, name, message, detail
+            )
 
     def _clean(self, name: str, values, error: BaseException | None, n: int) -> list[float]:
         """Validated rewards; failed samples become NaN (or 0.0) and are counted."""

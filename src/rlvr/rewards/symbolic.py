@@ -38,8 +38,13 @@ class _Worker:
 
     def __init__(self, idle_exit_s: float, memory_mb: int):
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, _WORKER, str(idle_exit_s), str(memory_mb)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, _WORKER, str(idle_exit_s), str(memory_mb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            close_fds=True,
+        )
         self.fd = self.proc.stdout.fileno()
         self.buffer, self.ready, self.started = b"", False, time.monotonic()
 

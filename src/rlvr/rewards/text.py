@@ -56,11 +56,11 @@ def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
         line_end = text.find("\n", fences[k] + 3)
         if line_end < 0:
             break
-        language = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3: line_end]).group(1)
+        language = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3 : line_end]).group(1)
         k = bisect.bisect_left(fences, line_end + 1)
         if k == len(fences):
-            return blocks, text[line_end + 1:] if not blocks else None
-        blocks.append((language, text[line_end + 1: fences[k]]))
+            return blocks, text[line_end + 1 :] if not blocks else None
+        blocks.append((language, text[line_end + 1 : fences[k]]))
         k += 1
     return blocks, None
 

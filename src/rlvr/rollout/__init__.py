@@ -13,5 +13,15 @@ from rlvr.rollout.engines.protocols import Generation, GenerationEngine, MultiTu
 from rlvr.rollout.episodes import Episodes, RolloutSource
 from rlvr.rollout.sources.single_turn import SingleTurnSource, as_completions
 
-__all__ = ["ENGINES", "Episodes", "Generation", "GenerationEngine", "MultiTurnEngine", "RolloutSource", "SamplingParams",
-           "SingleTurnSource", "as_completions", "make_engine"]
+__all__ = [
+    "ENGINES",
+    "Episodes",
+    "Generation",
+    "GenerationEngine",
+    "MultiTurnEngine",
+    "RolloutSource",
+    "SamplingParams",
+    "SingleTurnSource",
+    "as_completions",
+    "make_engine",
+]

@@ -56,22 +56,51 @@ class Episodes:
         """The episodes at these row indices, in this order (group ids kept)."""
         idx = rows.tolist()
         return Episodes(
-            self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.attention_mask[rows],
-            self.loss_mask[rows], self.sampling_logprobs[rows], self.truncated[rows], self.group_ids[rows],
-            self.group_size, [self.completions[i] for i in idx], [self.texts[i] for i in idx],
-            {k: v[rows] for k, v in self.info.items()}, {k: v[rows] for k, v in self.extra_rewards.items()},
-            None if self.valid is None else self.valid[rows], {k: [v[i] for i in idx] for k, v in self.columns.items()},
+            self.prompt_ids[rows],
+            self.prompt_mask[rows],
+            self.completion_ids[rows],
+            self.attention_mask[rows],
+            self.loss_mask[rows],
+            self.sampling_logprobs[rows],
+            self.truncated[rows],
+            self.group_ids[rows],
+            self.group_size,
+            [self.completions[i] for i in idx],
+            [self.texts[i] for i in idx],
+            {k: v[rows] for k, v in self.info.items()},
+            {k: v[rows] for k, v in self.extra_rewards.items()},
+            None if self.valid is None else self.valid[rows],
+            {k: [v[i] for i in idx] for k, v in self.columns.items()},
             None if self.sampling_entropy is None else self.sampling_entropy[rows],
             {k: [v[i] for i in idx] for k, v in self.logged.items()},
         )
 
     def to(self, device) -> "Episodes":
-        t = {k: getattr(self, k).to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "attention_mask",
-                                                       "loss_mask", "sampling_logprobs", "truncated", "group_ids")}
-        return Episodes(**t, group_size=self.group_size, completions=self.completions, texts=self.texts, info=self.info,
-                        extra_rewards=self.extra_rewards, valid=self.valid, columns=self.columns,
-                        sampling_entropy=None if self.sampling_entropy is None else self.sampling_entropy.to(device),
-                        logged=self.logged)
+        t = {
+            k: getattr(self, k).to(device)
+            for k in (
+                "prompt_ids",
+                "prompt_mask",
+                "completion_ids",
+                "attention_mask",
+                "loss_mask",
+                "sampling_logprobs",
+                "truncated",
+                "group_ids",
+            )
+        }
+        return Episodes(
+            **t,
+            group_size=self.group_size,
+            completions=self.completions,
+            texts=self.texts,
+            info=self.info,
+            extra_rewards=self.extra_rewards,
+            valid=self.valid,
+            columns=self.columns,
+            sampling_entropy=None if self.sampling_entropy is None else self.sampling_entropy.to(device),
+            logged=self.logged,
+        )
 
     @staticmethod
     def concat(parts: list["Episodes"], pad_token_id: int) -> "Episodes":
@@ -145,8 +174,9 @@ class RolloutSource(Protocol):
         ...
 
 
-def pad_rows(rows: Sequence[Sequence], value: float, *, left: bool = False, min_width: int = 0,
-             dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(
+    rows: Sequence[Sequence], value: float, *, left: bool = False, min_width: int = 0, dtype: torch.dtype = torch.long
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Lists of different lengths (token ids, log-probs, masks) as one tensor [N, W], W the longest
     (at least min_width), each row padded with `value` on the right (left=True: on the left, as
     prompts are), and the mask [N, W] (long) that is 1 on the lists' own entries."""

@@ -26,8 +26,21 @@ from rlvr.sandbox.result import CRASHED, FAILED, LIMIT, PASSED, STATUSES, TIMEOU
 from rlvr.sandbox.runner import Limits, execute, normalize_output
 
 __all__ = [
-    "run_python", "run_many", "check_compiles", "isolation", "set_max_concurrency", "max_concurrency",
-    "SandboxResult", "Limits", "normalize_output", "PASSED", "FAILED", "TIMEOUT", "CRASHED", "LIMIT", "STATUSES",
+    "run_python",
+    "run_many",
+    "check_compiles",
+    "isolation",
+    "set_max_concurrency",
+    "max_concurrency",
+    "SandboxResult",
+    "Limits",
+    "normalize_output",
+    "PASSED",
+    "FAILED",
+    "TIMEOUT",
+    "CRASHED",
+    "LIMIT",
+    "STATUSES",
 ]
 
 _concurrency = max(1, os.cpu_count() or 1)

@@ -31,15 +31,34 @@ import os
 import sys
 
 BLOCKED_IMPORTS = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "_testcapi", "_testinternalcapi"})
-BLOCKED_EVENTS = frozenset({
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
-    "sys.settrace", "sys.setprofile", "sys.addaudithook", "code.__new__", "os.symlink",
-})
+BLOCKED_EVENTS = frozenset(
+    {
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys._current_frames",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys.addaudithook",
+        "code.__new__",
+        "os.symlink",
+    }
+)
 FROZEN_DEFAULTS = frozenset({"__defaults__", "__kwdefaults__"})  # of the harness's own functions
-NETWORK_EVENTS = frozenset({
-    "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-})
+NETWORK_EVENTS = frozenset(
+    {
+        "socket.connect",
+        "socket.bind",
+        "socket.sendto",
+        "socket.sendmsg",
+        "socket.getaddrinfo",
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+    }
+)
 
 
 def make_undumpable():
@@ -107,8 +126,27 @@ def load_job(path):
     return job
 
 
-def is_plain(value, _type=type, _plain=(int, float, complex, str, bytes, bool, type(None), list, tuple, dict,  # noqa: B008
-             set, frozenset), _dict=dict, _seqs=(list, tuple, set, frozenset), _max=1_000_000):
+def is_plain(
+    value,
+    _type=type,
+    _plain=(
+        int,
+        float,
+        complex,
+        str,
+        bytes,
+        bool,
+        type(None),
+        list,
+        tuple,
+        dict,  # noqa: B008
+        set,
+        frozenset,
+    ),
+    _dict=dict,
+    _seqs=(list, tuple, set, frozenset),
+    _max=1_000_000,
+):
     """True when `value` is built only from built-in value types (exact types, no subclasses).
 
     Every name it uses is a default argument bound at import, before the program runs
@@ -133,9 +171,16 @@ def is_plain(value, _type=type, _plain=(int, float, complex, str, bytes, bool, t
 
 COMPARE_OPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot)
 COMPARE_FNS = (
-    lambda a, b: a == b, lambda a, b: a != b, lambda a, b: a < b, lambda a, b: a <= b,
-    lambda a, b: a > b, lambda a, b: a >= b, lambda a, b: a in b, lambda a, b: a not in b,
-    lambda a, b: a is b, lambda a, b: a is not b,
+    lambda a, b: a == b,
+    lambda a, b: a != b,
+    lambda a, b: a < b,
+    lambda a, b: a <= b,
+    lambda a, b: a > b,
+    lambda a, b: a >= b,
+    lambda a, b: a in b,
+    lambda a, b: a not in b,
+    lambda a, b: a is b,
+    lambda a, b: a is not b,
 )
 
 
@@ -158,8 +203,11 @@ class _RewriteAsserts(ast.NodeTransformer):
 
     def visit_Assert(self, node):
         values, ops = split_assert(node)
-        call = ast.Call(ast.Name("__rlvr_check__", ast.Load()),
-                        [ast.Tuple(values, ast.Load()), ast.Tuple([ast.Constant(i) for i in ops], ast.Load())], [])
+        call = ast.Call(
+            ast.Name("__rlvr_check__", ast.Load()),
+            [ast.Tuple(values, ast.Load()), ast.Tuple([ast.Constant(i) for i in ops], ast.Load())],
+            [],
+        )
         return ast.copy_location(ast.Assert(call, None), node)
 
 
@@ -201,9 +249,21 @@ def run_io_cases(job):
             f.write(text)
         with open(f"in{i}.txt", "rb") as fin, open(f"out{i}.txt", "wb") as fout:
             try:
-                proc = subprocess.run([sys.executable, "-I", "harness.py", "--run", "solution.py", str(int(job["net_isolated"])),
-                                       *(job.get("sys_path") or [])],
-                                      stdin=fin, stdout=fout, stderr=subprocess.DEVNULL, timeout=job["case_timeout_s"])
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-I",
+                        "harness.py",
+                        "--run",
+                        "solution.py",
+                        str(int(job["net_isolated"])),
+                        *(job.get("sys_path") or []),
+                    ],
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=subprocess.DEVNULL,
+                    timeout=job["case_timeout_s"],
+                )
                 ok = proc.returncode == 0
             except subprocess.TimeoutExpired:
                 ok = False
@@ -287,8 +347,7 @@ def main():
     os.set_inheritable(result_fd, False)
     mode = job["mode"]
     make_undumpable()
-    install_guard(job.pop("nonce"), result_fd, block_network=not job["net_isolated"] and mode != "io",
-                  protected=(is_plain, check_values))
+    install_guard(job.pop("nonce"), result_fd, block_network=not job["net_isolated"] and mode != "io", protected=(is_plain, check_values))
     # What reports once the program has run is captured now, as this frame's fast locals, as
     # run_program_and_tests captures what it uses: the program may patch builtins, modules, globals.
     audit, exit_, flush_out, flush_err, base_exc = sys.audit, os._exit, sys.stdout.flush, sys.stderr.flush, BaseException

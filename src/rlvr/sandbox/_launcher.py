@@ -110,8 +110,10 @@ def expose_interpreter(job: dict) -> str:
     for name, source in targets.items():
         point = os.path.join(runtime, name)
         os.makedirs(point, mode=0o755, exist_ok=True)
-        if not (_mount(source, point, None, MS_BIND | MS_REC)
-                and _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)):
+        if not (
+            _mount(source, point, None, MS_BIND | MS_REC)
+            and _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        ):
             return job["python"]
     os.chmod(runtime, 0o755)
     job["harness_job"]["sys_path"] = [os.path.join(runtime, "venv", rel) for rel in py["site_rel"]]

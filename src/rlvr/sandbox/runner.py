@@ -101,7 +101,8 @@ def _interpreter() -> dict | None:
     venv = Path(sys.prefix).resolve()
     sites = [Path(p).resolve() for p in site.getsitepackages()] if hasattr(site, "getsitepackages") else []
     return {
-        "base": str(base), "exe_rel": str(exe.relative_to(base)),
+        "base": str(base),
+        "exe_rel": str(exe.relative_to(base)),
         "venv": str(venv) if venv != base else None,
         "site_rel": [str(p.relative_to(venv)) for p in sites if venv != base and venv in p.parents],
     }
@@ -224,8 +225,9 @@ def _verdict(report: str, mode: str, expected: list[str] | None) -> tuple[str, i
     return CRASHED, 0, 0, "malformed report", None
 
 
-def execute(program: str, *, mode: str, tests=None, inputs=None, expected=None, limits: Limits = Limits(),
-            network_namespace: bool = True) -> SandboxResult:
+def execute(
+    program: str, *, mode: str, tests=None, inputs=None, expected=None, limits: Limits = Limits(), network_namespace: bool = True
+) -> SandboxResult:
     """Run one program in a fresh sandbox. Never raises: any failure is a `crashed` result.
 
     network_namespace=False skips the network namespace (to exercise the socket-level fallback).
@@ -242,7 +244,11 @@ def _execute(program, mode, tests, inputs, expected, limits, network_namespace, 
     nonce = secrets.token_hex(16)
     n_cases = len(inputs or [])
     harness_job = {
-        "nonce": nonce, "mode": mode, "program": program, "tests": tests, "inputs": inputs,
+        "nonce": nonce,
+        "mode": mode,
+        "program": program,
+        "tests": tests,
+        "inputs": inputs,
         "output_limit": limits.output_limit,
         "case_timeout_s": max(0.5, (limits.timeout_s - 0.5) / max(1, n_cases)),
     }
@@ -252,14 +258,27 @@ def _execute(program, mode, tests, inputs, expected, limits, network_namespace, 
     try:
         with sandbox_uid() as (uid, unique):
             job = {
-                "python": sys.executable, "network_namespace": network_namespace, "harness_source": HARNESS_SOURCE, "harness_job": harness_job,
-                "limits": limits.to_json(), "workdir": workdir, "hide": _hidden_dirs(),
-                "uid": uid, "gid": uid, "uid_unique": unique, "result_fd": result_w, "interpreter": _interpreter(),
+                "python": sys.executable,
+                "network_namespace": network_namespace,
+                "harness_source": HARNESS_SOURCE,
+                "harness_job": harness_job,
+                "limits": limits.to_json(),
+                "workdir": workdir,
+                "hide": _hidden_dirs(),
+                "uid": uid,
+                "gid": uid,
+                "uid_unique": unique,
+                "result_fd": result_w,
+                "interpreter": _interpreter(),
             }
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(LAUNCHER)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(result_w,), start_new_session=True, cwd=workdir,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(result_w,),
+                start_new_session=True,
+                cwd=workdir,
                 env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
             )
             os.close(result_w)

@@ -51,8 +51,11 @@ class _Declared(Mapping[str, str]):
         self.attr = attr
 
     def _table(self) -> dict[str, str]:
-        return {name: f"{obj.__module__}:{obj.__qualname__}" for module in TASKS.values()
-                for name, obj in getattr(module, self.attr, {}).items()}
+        return {
+            name: f"{obj.__module__}:{obj.__qualname__}"
+            for module in TASKS.values()
+            for name, obj in getattr(module, self.attr, {}).items()
+        }
 
     def __getitem__(self, name: str) -> str:
         return self._table()[name]

@@ -46,14 +46,20 @@ LOW, HIGH, MAX_GUESSES = 1, 30, 5  # the defaults of the rows and of the environ
 
 # ---------------------------------------------------------------------------- the rows
 
+
 def prompt_text(low: int = LOW, high: int = HIGH) -> str:
     return f"Guess my number from {low} to {high}."
 
 
 def row(target: int, *, low: int = LOW, high: int = HIGH, max_guesses: int = MAX_GUESSES) -> dict:
     """A dataset row: the prompt as chat messages, the secret number and the game's knobs."""
-    return {"prompt": [{"role": "user", "content": prompt_text(low, high)}], "target": int(target),
-            "low": low, "high": high, "max_guesses": max_guesses}
+    return {
+        "prompt": [{"role": "user", "content": prompt_text(low, high)}],
+        "target": int(target),
+        "low": low,
+        "high": high,
+        "max_guesses": max_guesses,
+    }
 
 
 def _check(low: int, high: int, max_guesses: int) -> None:
@@ -165,12 +171,12 @@ def _guesses_in_text(text: str) -> list[tuple[str, str | None]]:
         if k == len(closes["</guess>"]):
             break
         end = closes["</guess>"][k]
-        guess, pos, reply = text[m.end():end], end + len("</guess>"), None
+        guess, pos, reply = text[m.end() : end], end + len("</guess>"), None
         after = re.compile(r"\s*").match(text, pos).end()
         if text.startswith(RESULT_OPEN, after):
             r = bisect.bisect_left(closes[RESULT_CLOSE], after + len(RESULT_OPEN))
             if r < len(closes[RESULT_CLOSE]):
-                reply, pos = text[after + len(RESULT_OPEN): closes[RESULT_CLOSE][r]], closes[RESULT_CLOSE][r] + len(RESULT_CLOSE)
+                reply, pos = text[after + len(RESULT_OPEN) : closes[RESULT_CLOSE][r]], closes[RESULT_CLOSE][r] + len(RESULT_CLOSE)
         out.append((guess.strip(), None if reply is None else reply.strip()))
     return out
 
@@ -191,7 +197,7 @@ def _guess_rounds(completion) -> list[tuple[str, str | None]]:
         elif role == "tool" and rounds and rounds[-1][1] is None:
             reply = text.strip()
             if reply.startswith(RESULT_OPEN) and reply.endswith(RESULT_CLOSE):
-                reply = reply[len(RESULT_OPEN):-len(RESULT_CLOSE)].strip()
+                reply = reply[len(RESULT_OPEN) : -len(RESULT_CLOSE)].strip()
             rounds[-1][1] = reply
     return [(g, r) for g, r in rounds]
 
@@ -217,8 +223,7 @@ def guessed(prompts, completions, target=None, max_guesses=None, **kwargs) -> li
     out = []
     for c, t, k in zip(completions, targets, limits):
         k = MAX_GUESSES if k is None else int(k)
-        won = any(reply == "correct" and (t is None or _same_number(guess, t))
-                  for guess, reply in _guess_rounds(c)[:k])
+        won = any(reply == "correct" and (t is None or _same_number(guess, t)) for guess, reply in _guess_rounds(c)[:k])
         out.append(float(won))
     return out
 

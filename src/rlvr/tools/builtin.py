@@ -22,11 +22,15 @@ MAX_EXPONENT = 1000
 MAX_DIGITS = 1000
 _MAX_BITS = int(MAX_DIGITS * math.log2(10)) + 1
 _OPS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
-_SYMBOLS = {ast.BitXor: "^ (use ** for powers)", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<",
-            ast.RShift: ">>", ast.MatMult: "@"}
+_SYMBOLS = {ast.BitXor: "^ (use ** for powers)", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", ast.RShift: ">>", ast.MatMult: "@"}
 
 
 def _check(value):
@@ -48,7 +52,7 @@ def _power(base, exp):
     # Estimate before computing, so 10**999 * ... chains cannot build a huge number first.
     if abs(base) > 1 and exp > 0 and exp * math.log10(abs(base)) > MAX_DIGITS + 1:
         raise ValueError(f"the result has more than {MAX_DIGITS} digits")
-    return base ** exp
+    return base**exp
 
 
 def _eval(node):
@@ -109,8 +113,7 @@ def calculator(expression: str) -> str:
 class PythonSession:
     """A Python session for one episode (stateful: one instance per episode)."""
 
-    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 900,
-                 traceback_lines: int = 8):
+    def __init__(self, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 900, traceback_lines: int = 8):
         # Defaults sit below ToolRunner's (10 s, 1000 chars), so the session's own messages
         # (its timeout, the error at the end of the output) reach the model intact.
         self.timeout_s = timeout_s
@@ -139,7 +142,7 @@ class PythonSession:
         start = next((i for i, line in enumerate(lines) if '"<cell>"' in line), None)
         lines = lines[start:] if start is not None else lines
         if len(lines) > self.traceback_lines:
-            lines = lines[:1] + ["  ..."] + lines[-(self.traceback_lines - 1):]
+            lines = lines[:1] + ["  ..."] + lines[-(self.traceback_lines - 1) :]
         return "\n".join(["Traceback (most recent call last):", *lines] if start is not None else lines)
 
     def python(self, code: str) -> str:
@@ -167,7 +170,7 @@ class PythonSession:
             error = f"error: {result.status}: {reason}"
         half = self.max_output_chars // 2
         if len(error) > half:  # the end of a traceback says what went wrong
-            error = "..." + error[-(half - 3):]
+            error = "..." + error[-(half - 3) :]
         # The output gets what the error leaves, less room for the truncation marker.
         out = cap(result.stdout.rstrip(), max(0, self.max_output_chars - len(error) - 30))
         return f"{out}\n{error}" if out.strip() else error

@@ -24,8 +24,7 @@ from rlvr.tools.binding import BindError, bind
 from rlvr.tools.pool import DaemonPool, LoopThread
 from rlvr.tools.registry import Tool
 
-UNKNOWN_TOOL, BAD_ARGUMENTS, RAISED, TIMEOUT, NOT_A_STRING = (
-    "unknown_tool", "bad_arguments", "raised", "timeout", "not_a_string")
+UNKNOWN_TOOL, BAD_ARGUMENTS, RAISED, TIMEOUT, NOT_A_STRING = ("unknown_tool", "bad_arguments", "raised", "timeout", "not_a_string")
 ERRORS = (UNKNOWN_TOOL, BAD_ARGUMENTS, RAISED, TIMEOUT, NOT_A_STRING)
 
 
@@ -111,8 +110,11 @@ class PendingCall:
 
     def time_out(self) -> None:
         name = self.call.name
-        self.set(ToolResult(name, f"error: {name} timed out after {float(self._runner.timeout_s)}s",
-                            False, TIMEOUT, time.monotonic() - self.submitted))
+        self.set(
+            ToolResult(
+                name, f"error: {name} timed out after {float(self._runner.timeout_s)}s", False, TIMEOUT, time.monotonic() - self.submitted
+            )
+        )
         if self._cancel is not None:
             self._cancel()
         self._runner.sweep()
@@ -160,8 +162,7 @@ class ToolRunner:
         self._pool.sweep()
 
     def _fail(self, pending: PendingCall, error: str, text: str) -> None:
-        pending.set(ToolResult(pending.call.name, cap(text, self.max_result_chars), False, error,
-                               time.monotonic() - pending.submitted))
+        pending.set(ToolResult(pending.call.name, cap(text, self.max_result_chars), False, error, time.monotonic() - pending.submitted))
 
     def _finish(self, pending: PendingCall, value: Any = None, exc: BaseException | None = None) -> None:
         name = pending.call.name
@@ -180,8 +181,7 @@ class ToolRunner:
             return pending
         tool = tools.get(call.name)
         if tool is None:
-            self._fail(pending, UNKNOWN_TOOL,
-                       f"error: tool {call.name!r} is not available; tools: {', '.join(tools) or 'none'}")
+            self._fail(pending, UNKNOWN_TOOL, f"error: tool {call.name!r} is not available; tools: {', '.join(tools) or 'none'}")
             return pending
         try:
             if call.error is not None:

@@ -20,24 +20,27 @@ import os
 
 from rlvr.tools.registry import ToolError
 
-_FIX = ("use `tools.format=tags`, or a chat template that renders earlier turns the same way "
-        "whatever follows them")
-_PROBE = {"type": "function", "function": {
-    "name": "probe_tool_7f3a", "description": "A probe.",
-    "parameters": {"type": "object", "properties": {"arg_9c1e": {"type": "string", "description": "x"}},
-                   "required": ["arg_9c1e"]}}}
+_FIX = "use `tools.format=tags`, or a chat template that renders earlier turns the same way whatever follows them"
+_PROBE = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool_7f3a",
+        "description": "A probe.",
+        "parameters": {"type": "object", "properties": {"arg_9c1e": {"type": "string", "description": "x"}}, "required": ["arg_9c1e"]},
+    },
+}
 
 
 def _render(tokenizer, messages, tools, generation_prompt, kwargs) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                         tokenize=False, **kwargs)
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False, **kwargs)
 
 
 def _probe_conversation(name: str) -> tuple[list[dict], list[dict]]:
     call = {"type": "function", "function": {"name": name, "arguments": {"arg_9c1e": "value_2b8d"}}}
-    return ([{"role": "user", "content": "question_5e1c"},
-             {"role": "assistant", "content": "", "tool_calls": [call]}],
-            [{"role": "tool", "name": name, "content": "result_4d2a"}])
+    return (
+        [{"role": "user", "content": "question_5e1c"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+        [{"role": "tool", "name": name, "content": "result_4d2a"}],
+    )
 
 
 def tools_problem(tokenizer, **template_kwargs) -> str | None:
@@ -57,8 +60,11 @@ def tools_problem(tokenizer, **template_kwargs) -> str | None:
         return "it ignores the tools argument: the prompt is the same with and without tools"
     if "probe_tool_7f3a" not in with_tools:
         return "it does not show the tools' names"
-    lost = [what for what, s in (("the tool call's arguments", "value_2b8d"), ("the tool message's content", "result_4d2a"))
-            if s not in exchange]
+    lost = [
+        what
+        for what, s in (("the tool call's arguments", "value_2b8d"), ("the tool message's content", "result_4d2a"))
+        if s not in exchange
+    ]
     if lost:
         return f"it drops {' and '.join(lost)}"
     return None
@@ -77,19 +83,32 @@ def choose_format(kind: str, tokenizer, model: str) -> tuple[str, str | None]:
     problem = tools_problem(tokenizer)
     if kind == "chat_template":
         if problem:
-            raise ToolError(f"`tools.format=chat_template`: the chat template of {model} cannot render tools= ({problem}), "
-                            "so the model would be offered no tools: set tools.format=tags (the tools are then described in the "
-                            "system prompt and called as <tag>input</tag>), or tools.format=auto, which chooses tags for this model")
+            raise ToolError(
+                f"`tools.format=chat_template`: the chat template of {model} cannot render tools= ({problem}), "
+                "so the model would be offered no tools: set tools.format=tags (the tools are then described in the "
+                "system prompt and called as <tag>input</tag>), or tools.format=auto, which chooses tags for this model"
+            )
         return kind, None
     if problem:
-        return "tags", (f"tools.format=auto -> tags: the chat template of {model} cannot render tools= ({problem}); "
-                        "the tools are described in the system prompt and called as <tag>input</tag>")
-    return "chat_template", (f"tools.format=auto -> chat_template: the chat template of {model} renders tools= and tool calls "
-                             "(its own call format, results as role: tool messages)")
+        return "tags", (
+            f"tools.format=auto -> tags: the chat template of {model} cannot render tools= ({problem}); "
+            "the tools are described in the system prompt and called as <tag>input</tag>"
+        )
+    return "chat_template", (
+        f"tools.format=auto -> chat_template: the chat template of {model} renders tools= and tool calls "
+        "(its own call format, results as role: tool messages)"
+    )
 
 
-def glue_after_turn(tokenizer, messages: list[dict], tools_schemas: list[dict] | None,
-                    results_messages: list[dict], *, end_of_turn: str | None = None, **template_kwargs) -> str:
+def glue_after_turn(
+    tokenizer,
+    messages: list[dict],
+    tools_schemas: list[dict] | None,
+    results_messages: list[dict],
+    *,
+    end_of_turn: str | None = None,
+    **template_kwargs,
+) -> str:
     """Text to append after the model's finished assistant turn (the last of `messages`, its
     sampled text ending with `end_of_turn`, default the tokenizer's EOS) so that the context
     equals the template's rendering of messages + results + the next assistant header.
@@ -104,18 +123,21 @@ def glue_after_turn(tokenizer, messages: list[dict], tools_schemas: list[dict] |
     start = len(os.path.commonprefix([before, turn]))  # where the assistant turn's text begins
     cut = turn.rfind(eot, start) if eot else -1
     if cut < 0:
-        raise ToolError(f"the chat template does not end an assistant turn with {eot!r} (rendered turn: "
-                        f"{turn[start:][-80:]!r}); pass end_of_turn= the token that ends the model's turns")
+        raise ToolError(
+            f"the chat template does not end an assistant turn with {eot!r} (rendered turn: "
+            f"{turn[start:][-80:]!r}); pass end_of_turn= the token that ends the model's turns"
+        )
     cut += len(eot)
     if not full.startswith(turn[:cut]):
         at = len(os.path.commonprefix([full, turn[:cut]]))
-        raise ToolError(f"the chat template is not prefix-preserving: appending a tool result rewrites the text "
-                        f"before it (at character {at}: {turn[at:at + 40]!r} becomes {full[at:at + 40]!r}); {_FIX}")
+        raise ToolError(
+            f"the chat template is not prefix-preserving: appending a tool result rewrites the text "
+            f"before it (at character {at}: {turn[at : at + 40]!r} becomes {full[at : at + 40]!r}); {_FIX}"
+        )
     return full[cut:]
 
 
-def check_prefix_preserving(tokenizer, tools_schemas: list[dict] | None, *, end_of_turn: str | None = None,
-                            **template_kwargs) -> None:
+def check_prefix_preserving(tokenizer, tools_schemas: list[dict] | None, *, end_of_turn: str | None = None, **template_kwargs) -> None:
     """Raise ToolError (naming the problem and the fix) unless appending a tool message after an
     assistant tool call leaves the text up to that turn's end unchanged. Run it once at start-up."""
     name = tools_schemas[0]["function"]["name"] if tools_schemas else "probe_tool_7f3a"
@@ -125,5 +147,4 @@ def check_prefix_preserving(tokenizer, tools_schemas: list[dict] | None, *, end_
     except ToolError:
         raise
     except Exception as e:
-        raise ToolError(f"the chat template cannot render a tool call and its result ({type(e).__name__}: {e}); "
-                        f"{_FIX}") from None
+        raise ToolError(f"the chat template cannot render a tool call and its result ({type(e).__name__}: {e}); {_FIX}") from None

@@ -23,8 +23,14 @@ def load_environment(spec) -> type:
     if not isinstance(spec, str):
         obj = spec
     else:
-        obj = resolve(ENVIRONMENTS.get(spec.strip(), spec.strip()), setting="environment", spec=spec, builtins=ENVIRONMENTS,
-                      what="function or class", error=ToolError)
+        obj = resolve(
+            ENVIRONMENTS.get(spec.strip(), spec.strip()),
+            setting="environment",
+            spec=spec,
+            builtins=ENVIRONMENTS,
+            what="function or class",
+            error=ToolError,
+        )
     if inspect.isclass(obj) and not callable(getattr(obj, "reset", None)):
         raise ToolError(f"environment {spec!r}: class {obj.__name__} has no reset(self, **kwargs) method")
     return obj
@@ -88,8 +94,7 @@ class EnvironmentFactory:
             row = {k: v for k, v in row.items() if k in names}
         text = call_sync(env.reset, **row)
         if text is not None and not isinstance(text, str):
-            raise ToolError(f"environment {self.name}: reset() returned {type(text).__name__}; "
-                            "it must return a string or None")
+            raise ToolError(f"environment {self.name}: reset() returned {type(text).__name__}; it must return a string or None")
         return text
 
     def get_reward(self, env: Any) -> float | None:

@@ -31,8 +31,7 @@ _NAME = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
 class TagFormat:
     """`tags`: tool name -> tag. A call is `<tag>arguments</tag>`; its result `<result>text</result>`."""
 
-    def __init__(self, tags: dict[str, str], result_open: str = "<result>", result_close: str = "</result>", *,
-                 describe: bool = True):
+    def __init__(self, tags: dict[str, str], result_open: str = "<result>", result_close: str = "</result>", *, describe: bool = True):
         for name, tag in tags.items():
             if not isinstance(tag, str) or not _TAG.fullmatch(tag):
                 raise ToolError(f"tool {name!r}: tag {tag!r} must be a plain name (letters, digits, _ . -)")
@@ -60,7 +59,7 @@ class TagFormat:
                 start = text.rfind(open_, 0, len(text) - len(close))
                 if start < 0:
                     return []  # a closing tag without its opening tag is not a call
-                return [ToolCall(name, text[start + len(open_): len(text) - len(close)], text[start:])]
+                return [ToolCall(name, text[start + len(open_) : len(text) - len(close)], text[start:])]
         return []
 
     def result_text(self, results: list[ToolResult]) -> str:
@@ -82,11 +81,21 @@ class TagFormat:
         shown = [s for s in schemas if s["function"]["name"] in self.tags]
         if not shown:
             return ""
-        lines = ["# Tools", "", "You may call one or more functions to assist with the user query.", "",
-                 "You are provided with function signatures within <tools></tools> XML tags:", "<tools>"]
+        lines = [
+            "# Tools",
+            "",
+            "You may call one or more functions to assist with the user query.",
+            "",
+            "You are provided with function signatures within <tools></tools> XML tags:",
+            "<tools>",
+        ]
         lines += [json.dumps(s, ensure_ascii=False) for s in shown]  # what transformers' `tojson` writes
-        lines += ["</tools>", "", f"To call a function, write its arguments between its tags; the result comes back within "
-                  f"{self.result_open}{self.result_close}:"]
+        lines += [
+            "</tools>",
+            "",
+            f"To call a function, write its arguments between its tags; the result comes back within "
+            f"{self.result_open}{self.result_close}:",
+        ]
         lines += [f"{s['function']['name']}: {self.call_example(s)}" for s in shown]
         return "\n".join(lines)
 
@@ -109,7 +118,7 @@ class HermesFormat:
                 body = turn_text[body_start:]
                 calls.append(self._call(body, turn_text[start:], f"the tool call is missing {self.close_tag}"))
                 break
-            calls.append(self._call(turn_text[body_start:end], turn_text[start: end + len(self.close_tag)]))
+            calls.append(self._call(turn_text[body_start:end], turn_text[start : end + len(self.close_tag)]))
             pos = end + len(self.close_tag)
         return calls
 
@@ -143,7 +152,8 @@ class HermesFormat:
     def assistant_message(self, turn_text: str, calls: list[ToolCall]) -> dict:
         """The assistant turn as a chat message (for rendering the conversation again)."""
         content = turn_text.split(self.open_tag, 1)[0].strip()
-        tool_calls = [{"type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, dict) else {}}}
-                      for c in calls]
+        tool_calls = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, dict) else {}}}
+            for c in calls
+        ]
         return {"role": "assistant", "content": content, **({"tool_calls": tool_calls} if tool_calls else {})}

@@ -57,8 +57,10 @@ def make_tool(fn: Callable, spec: str | None = None) -> Tool:
     try:
         schema = get_json_schema(fn)
     except Exception as e:  # transformers' TypeHintParsingException / DocstringParsingException
-        raise ToolError(f"{where}: cannot build its schema: {e}. A tool needs a type hint on every "
-                        "argument and a Google-style docstring with an Args: line per argument") from None
+        raise ToolError(
+            f"{where}: cannot build its schema: {e}. A tool needs a type hint on every "
+            "argument and a Google-style docstring with an Args: line per argument"
+        ) from None
     try:
         hints = typing.get_type_hints(fn)
     except Exception as e:  # unresolvable forward references
@@ -68,7 +70,9 @@ def make_tool(fn: Callable, spec: str | None = None) -> Tool:
     if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
         raise ToolError(f"{where}: *args cannot be called by name; give each argument a name")
     return Tool(
-        name=schema["function"]["name"], fn=fn, schema=schema,
+        name=schema["function"]["name"],
+        fn=fn,
+        schema=schema,
         params=[p.name for p in plain],
         types={p.name: hints.get(p.name, Any) for p in plain},
         required=[p.name for p in plain if p.default is p.empty],
@@ -107,8 +111,10 @@ def load_tool(spec) -> Tool:
         return make_tool(obj, spec=label)
     tools = environment_tools(_construct(label, obj, params))
     if len(tools) != 1:
-        raise ToolError(f"tool {label!r}: class {obj.__name__} has {len(tools)} public methods "
-                        f"({', '.join(tools) or 'none'}); use ToolSet or an environment for several")
+        raise ToolError(
+            f"tool {label!r}: class {obj.__name__} has {len(tools)} public methods "
+            f"({', '.join(tools) or 'none'}); use ToolSet or an environment for several"
+        )
     return next(iter(tools.values()))
 
 

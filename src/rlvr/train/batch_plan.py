@@ -66,8 +66,10 @@ class BatchPlan:
             steps_per_generation=o.steps_per_generation,
             shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing and not compiled,
             compiled_forward=compiled,
-            skip_zero_advantage=o.skip_zero_advantage and one_process and all_rows and algo.zero_advantage_rows_have_zero_gradient(
-                loss_type=a.loss_type, beta=a.beta, entropy_coef=a.entropy_coef),
+            skip_zero_advantage=o.skip_zero_advantage
+            and one_process
+            and all_rows
+            and algo.zero_advantage_rows_have_zero_gradient(loss_type=a.loss_type, beta=a.beta, entropy_coef=a.entropy_coef),
             pack_by_length=pack,
             packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,
@@ -137,9 +139,15 @@ class BatchPlan:
         lines = [
             f"batch plan: {self.prompts} prompts x {self.group_size} completions = {self.completions} completions per step",
             f"  {self.world_size} ranks ({self.strategy}): {self.prompts // self.world_size} prompts, {self.completions_per_rank} completions per rank"
-            if self.world_size > 1 else "  one process (no torch.distributed)",
-            *([f"  {self.steps_per_generation} minibatches of {self.minibatch_per_rank} completions per rank, each its own optimizer step"]
-              if self.steps_per_generation > 1 else []),
+            if self.world_size > 1
+            else "  one process (no torch.distributed)",
+            *(
+                [
+                    f"  {self.steps_per_generation} minibatches of {self.minibatch_per_rank} completions per rank, each its own optimizer step"
+                ]
+                if self.steps_per_generation > 1
+                else []
+            ),
             f"  micro-batch {self.micro_batch_size} completions -> at most {self.accumulation_steps} forward/backward pass(es) per rank per update"
             + self._fast_paths(),
             f"  parameters {self.num_params / 1e6:.1f}M, trainable {self.trainable_params / 1e6:.2f}M"

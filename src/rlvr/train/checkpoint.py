@@ -45,8 +45,9 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2,
-                    state_dict: dict | None = None) -> Path:
+def save_checkpoint(
+    root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2, state_dict: dict | None = None
+) -> Path:
     """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
     `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
     root.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ def remove_partial_checkpoints(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     for old in sorted(root.glob(".old-step-*")):
-        current = root / old.name[len(".old-"):]
+        current = root / old.name[len(".old-") :]
         if current.exists():
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -131,21 +132,40 @@ def load_weights(path: Path, model) -> None:
 
 # Settings that may change between a run and its resumption: they do not change the math.
 RESUMABLE_CHANGES = {
-    "steps", "output_dir", "resume", "device", "threads", "max_bad_steps", "max_failed_reward_steps",
-    "checkpoint", "logging",  # when checkpoints are written, what is logged where
+    "steps",
+    "output_dir",
+    "resume",
+    "device",
+    "threads",
+    "max_bad_steps",
+    "max_failed_reward_steps",
+    "checkpoint",
+    "logging",  # when checkpoints are written, what is logged where
     "eval",  # what is evaluated, and when: not what is trained
     # Scale-out: the update equals one process doing the whole batch, whatever the ranks.
-    "nproc", "dist.strategy", "dist.backend", "dist.timeout", "model.gradient_checkpointing", "model.lora.save_merged",
+    "nproc",
+    "dist.strategy",
+    "dist.backend",
+    "dist.timeout",
+    "model.gradient_checkpointing",
+    "model.lora.save_merged",
     # vLLM's memory and start-up knobs: same samples, same update.
-    "rollout.vllm.gpu_memory_utilization", "rollout.vllm.sleep", "rollout.vllm.max_model_len", "rollout.vllm.enforce_eager",
+    "rollout.vllm.gpu_memory_utilization",
+    "rollout.vllm.sleep",
+    "rollout.vllm.max_model_len",
+    "rollout.vllm.enforce_eager",
 }
 
 
 # Fields added after runs were written whose default changes what a run does: a saved config without one ran
 # with this value, and resumes with it (every other field it lacks ran as today's default). Each applies only
 # where its setting matters (`tools.describe`: a run with tools).
-OLD_RUN_VALUES = {"tools.describe": (False, lambda saved: bool((saved.get("tools") or {}).get("functions"))
-                                     or (saved.get("tools") or {}).get("environment") is not None)}
+OLD_RUN_VALUES = {
+    "tools.describe": (
+        False,
+        lambda saved: bool((saved.get("tools") or {}).get("functions")) or (saved.get("tools") or {}).get("environment") is not None,
+    )
+}
 
 
 def _lacks(tree: dict, dotted: str) -> bool:
@@ -158,8 +178,11 @@ def _lacks(tree: dict, dotted: str) -> bool:
 def old_run_overrides(saved: dict) -> list[str]:
     """`key=value` overrides that make a config.yaml written before OLD_RUN_VALUES's fields existed run as it ran."""
     saved = upgrade(saved)  # keys that have moved since, at their places now
-    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, (value, applies) in OLD_RUN_VALUES.items()
-            if _lacks(saved, key) and applies(saved)]
+    return [
+        f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+        for key, (value, applies) in OLD_RUN_VALUES.items()
+        if _lacks(saved, key) and applies(saved)
+    ]
 
 
 def complete_saved_config(saved: dict) -> dict:

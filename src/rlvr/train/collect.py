@@ -69,14 +69,11 @@ def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.T
     return rewards
 
 
-
-
 class Collector:
     """Owns what phase 1 reads: the prompt stream, the rollout source, the reward runner, dynamic sampling
     and the gather across ranks. `collect(state)` gives one step's batch (every rank holds the whole batch)."""
 
-    def __init__(self, stream: PromptStream, source: RolloutSource, rewards: RewardRunner, *, cfg: Config, dist, model,
-                 pad_token_id: int):
+    def __init__(self, stream: PromptStream, source: RolloutSource, rewards: RewardRunner, *, cfg: Config, dist, model, pad_token_id: int):
         """`model`: the policy whose weights generation uses (under FSDP2 every rank gathers them for each round)."""
         self.stream, self.source, self.rewards, self.cfg = stream, source, rewards, cfg
         self.dist, self.model, self.pad_token_id = dist, model, pad_token_id
@@ -116,8 +113,17 @@ class Collector:
         generated = torch.cat(generated)
         if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
             return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=generated)
-        return Batch(kept_rows, Episodes.concat(kept_eps, self.pad_token_id), torch.cat(kept_rewards), names, weights, rounds, consumed,
-                     seconds, generated_rewards=generated)
+        return Batch(
+            kept_rows,
+            Episodes.concat(kept_eps, self.pad_token_id),
+            torch.cat(kept_rewards),
+            names,
+            weights,
+            rounds,
+            consumed,
+            seconds,
+            generated_rewards=generated,
+        )
 
     def round(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
         """One generation round over `rows` (drawn from stream position `position`): (episodes, rewards, seconds spent

@@ -27,8 +27,7 @@ from rlvr.train.evaluation import HeldOut, dataset_held_out, held_out_for, task_
 from rlvr.train.setup import check_config
 
 # flag -> the tools.* key it sets (`rlvr eval --help` names both)
-TOOL_FLAGS = {"tools": "functions", "environment": "environment", "tool_format": "format", "tool_tags": "tags",
-              "max_turns": "max_turns"}
+TOOL_FLAGS = {"tools": "functions", "environment": "environment", "tool_format": "format", "tool_tags": "tags", "max_turns": "max_turns"}
 
 
 @dataclass
@@ -90,8 +89,10 @@ def tool_overrides(args) -> list[str]:
         out.append(f"tools.{key}={json.dumps(value)}")
     for item in getattr(args, "overrides", []):
         if not item.split("=", 1)[0].strip().startswith("tools."):
-            raise ConfigError(f"rlvr eval: `{item}`: only tools.* settings can be overridden here (e.g. tools.timeout_s=5); "
-                              "the other flags set what is evaluated (rlvr eval --help)")
+            raise ConfigError(
+                f"rlvr eval: `{item}`: only tools.* settings can be overridden here (e.g. tools.timeout_s=5); "
+                "the other flags set what is evaluated (rlvr eval --help)"
+            )
         out.append(item)
     return out
 
@@ -108,8 +109,13 @@ def held_out(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
         return _runs_own(args, cfg, target)
     d = cfg.data
     own = target.config is not None and args.task == d.builtin_task  # the run's task: its settings and size
-    task = get_task(args.task or "arithmetic", seed=cfg.seed if own else 0, digits=_pick(args.digits, d.digits, own, 2),
-                    operators=_pick(args.operators, d.operators, own, "+-"), eval_size=args.n or (d.eval_size if own else 500))
+    task = get_task(
+        args.task or "arithmetic",
+        seed=cfg.seed if own else 0,
+        digits=_pick(args.digits, d.digits, own, 2),
+        operators=_pick(args.operators, d.operators, own, "+-"),
+        eval_size=args.n or (d.eval_size if own else 500),
+    )
     return task_held_out(task, args.reward or (cfg.eval.reward if own else None)), task
 
 
@@ -124,8 +130,9 @@ def _runs_own(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
         task = get_task(d.builtin_task, seed=cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
     held = held_out_for(cfg, task)
     if held is None:
-        raise ConfigError(f"rlvr eval {target.run}: the run has no held-out set (a data.path run without eval.data): "
-                          "give --data FILE --reward FN")
+        raise ConfigError(
+            f"rlvr eval {target.run}: the run has no held-out set (a data.path run without eval.data): give --data FILE --reward FN"
+        )
     return held, task
 
 
@@ -140,11 +147,20 @@ def _dataset(args, cfg: Config, target: Target) -> HeldOut:
     if reward is None and target.config is not None:
         reward = cfg.eval.reward or (cfg.rewards[0].fn if cfg.rewards else None)
     if reward is None and cfg.tools.environment is None:
-        raise ConfigError("rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or "
-                          "--reward my.py:correct (or an environment whose get_reward() scores: --environment file.py:Class)")
+        raise ConfigError(
+            "rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or "
+            "--reward my.py:correct (or an environment whose get_reward() scores: --environment file.py:Class)"
+        )
     prompt_column = args.prompt_column or (cfg.data.prompt_column if target.config is not None else "prompt")
-    return dataset_held_out(args.data, reward=reward, prompt_column=prompt_column, split=args.split or "test", subset=args.subset,
-                            size=args.n or 0, environment=cfg.tools.environment)
+    return dataset_held_out(
+        args.data,
+        reward=reward,
+        prompt_column=prompt_column,
+        split=args.split or "test",
+        subset=args.subset,
+        size=args.n or 0,
+        environment=cfg.tools.environment,
+    )
 
 
 def max_new_tokens(args, cfg: Config, target: Target, task: Task | None, room: int | None = None) -> int:

@@ -67,8 +67,17 @@ def task_held_out(task: Task, reward: str | None = None) -> HeldOut:
     return HeldOut(task.name, task.eval_rows(), reward or task.reward, "accuracy" if reward is None else _mean_of(reward))
 
 
-def dataset_held_out(source: str, *, reward: str | None, prompt_column: str = "prompt", split: str = "test",
-                     subset: str | None = None, size: int = 0, environment: str | None = None, what: str = "--data") -> HeldOut:
+def dataset_held_out(
+    source: str,
+    *,
+    reward: str | None,
+    prompt_column: str = "prompt",
+    split: str = "test",
+    subset: str | None = None,
+    size: int = 0,
+    environment: str | None = None,
+    what: str = "--data",
+) -> HeldOut:
     """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all); `what` names the setting
     in errors. `reward` None: scored by the get_reward() of `environment` (a tools.environment spec)."""
     scorer = environment_reward_name(environment) if reward is None else None
@@ -87,8 +96,10 @@ def environment_reward_name(spec: str | None) -> str:
         raise ConfigError("nothing scores the held-out rows: name a reward (eval.reward, or rlvr eval --reward)")
     env = EnvironmentFactory(ENVIRONMENTS.get(spec, spec))
     if not env.has_reward:
-        raise ConfigError(f"nothing scores the held-out rows: no reward is named and the environment {env.name} has no "
-                          "get_reward(); set eval.reward (rlvr eval --reward), or give the environment a get_reward() method")
+        raise ConfigError(
+            f"nothing scores the held-out rows: no reward is named and the environment {env.name} has no "
+            "get_reward(); set eval.reward (rlvr eval --reward), or give the environment a get_reward() method"
+        )
     return env.name
 
 
@@ -103,8 +114,16 @@ def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
     e = cfg.eval
     if e.data is not None:
         reward = e.reward or (cfg.rewards[0].fn if cfg.rewards else None)
-        return dataset_held_out(e.data, reward=reward, prompt_column=e.prompt_column or cfg.data.prompt_column,
-                                split=e.split, subset=e.subset, size=e.size, environment=cfg.tools.environment, what="eval.data")
+        return dataset_held_out(
+            e.data,
+            reward=reward,
+            prompt_column=e.prompt_column or cfg.data.prompt_column,
+            split=e.split,
+            subset=e.subset,
+            size=e.size,
+            environment=cfg.tools.environment,
+            what="eval.data",
+        )
     return task_held_out(task, e.reward) if task is not None else None
 
 
@@ -124,8 +143,9 @@ class EvalOutcome:
         return f"the reward {self.reward!r} failed on {self.failed} of {self.rows} held-out rows (counted as 0){first}"
 
 
-def evaluate(source: RolloutSource, rows: list[dict], reward: RewardRunner, *, column: str | None = None,
-             batch_size: int = 128) -> EvalOutcome:
+def evaluate(
+    source: RolloutSource, rows: list[dict], reward: RewardRunner, *, column: str | None = None, batch_size: int = 128
+) -> EvalOutcome:
     """Mean of one reward over the source's episodes of `rows` (one per row; greedy sampling is the
     caller's choice): accuracy for 0/1 verifiers. `column`: the reward column to average (an
     environment's); None: the runner's first function. Raises EvaluationError when it failed on every row."""
@@ -148,6 +168,8 @@ def evaluate(source: RolloutSource, rows: list[dict], reward: RewardRunner, *, c
     first = reward.first_error.get(name) or getattr(source, "first_env_error", None)
     outcome = EvalOutcome(total / len(rows), len(rows), failed, str(name), first)
     if failed and failed >= len(rows):
-        raise EvaluationError(f"no held-out score: the reward {outcome.reward!r} failed on every one of the {len(rows)} rows; "
-                              f"its first error: {first or 'unknown'}")
+        raise EvaluationError(
+            f"no held-out score: the reward {outcome.reward!r} failed on every one of the {len(rows)} rows; "
+            f"its first error: {first or 'unknown'}"
+        )
     return outcome

@@ -51,8 +51,10 @@ def length_sorted_order(
         return None
     asis = [torch.arange(i, min(i + micro_batch_size, N)) for i in range(0, N, micro_batch_size)]
     order = torch.sort(lengths, descending=True, stable=True).indices
-    packed = [order[i: i + size] for i in range(0, N, size)]
-    if _padded_cost(lengths, groups, packed, prompt_len, shared_prefix) < 0.9 * _padded_cost(lengths, groups, asis, prompt_len, shared_prefix):
+    packed = [order[i : i + size] for i in range(0, N, size)]
+    if _padded_cost(lengths, groups, packed, prompt_len, shared_prefix) < 0.9 * _padded_cost(
+        lengths, groups, asis, prompt_len, shared_prefix
+    ):
         return order, size
     return None
 
@@ -74,8 +76,14 @@ def update_rows(
     if not plan.pack_by_length or len(idx) < 2:
         return rows, plan.micro_batch_size
     P = int((prompt_mask.sum(0) > 0).sum())
-    packed = length_sorted_order(lengths[idx], group_ids[idx], prompt_len=P, micro_batch_size=plan.micro_batch_size,
-                                 pieces=plan.packing_pieces, shared_prefix=plan.shared_prefix)
+    packed = length_sorted_order(
+        lengths[idx],
+        group_ids[idx],
+        prompt_len=P,
+        micro_batch_size=plan.micro_batch_size,
+        pieces=plan.packing_pieces,
+        shared_prefix=plan.shared_prefix,
+    )
     if packed is None:
         return rows, plan.micro_batch_size
     order, size = packed

@@ -40,8 +40,12 @@ def minibatches(batch: Batch, advantages: torch.Tensor, k: int) -> list[tuple[Ba
     pieces = []
     for lo, hi in zip(bounds, bounds[1:]):
         idx = torch.arange(lo * G, hi * G)
-        pieces.append((dataclasses.replace(batch, rows=batch.rows[lo:hi], episodes=batch.episodes.select(idx),
-                                           rewards=batch.rewards[idx]), advantages[idx]))
+        pieces.append(
+            (
+                dataclasses.replace(batch, rows=batch.rows[lo:hi], episodes=batch.episodes.select(idx), rewards=batch.rewards[idx]),
+                advantages[idx],
+            )
+        )
     return pieces
 
 
@@ -57,8 +61,9 @@ def local_share(batch: Batch, advantages: torch.Tensor, dist) -> tuple[Batch, to
     if groups.stop == groups.start:
         groups, weight = slice(0, 1), 0.0
     idx = torch.arange(groups.start * G, groups.stop * G)
-    local = dataclasses.replace(batch, rows=batch.rows[groups], episodes=batch.episodes.select(idx), rewards=batch.rewards[idx],
-                                loss_weight=weight)
+    local = dataclasses.replace(
+        batch, rows=batch.rows[groups], episodes=batch.episodes.select(idx), rewards=batch.rewards[idx], loss_weight=weight
+    )
     return local, advantages[idx]
 
 

@@ -60,14 +60,18 @@ class StopRequest:
             if self.phase == "end":
                 _say(f"[stop] {name}: the run is writing its end (checkpoint, final model, evaluation) and stops when done")
             else:
-                _say(f"[stop] {name}: finishing step {self.step} ({self.phase}), then writing a checkpoint and exiting; "
-                     f"{name} again to stop sooner")
+                _say(
+                    f"[stop] {name}: finishing step {self.step} ({self.phase}), then writing a checkpoint and exiting; "
+                    f"{name} again to stop sooner"
+                )
         elif self.count == 2 and self.abandonable:
             _say(f"[stop] second {name}: abandoning step {self.step}'s {self.phase}; checkpointing step {self.step - 1} and exiting")
             raise AbandonStep
         elif self.count == 2:
-            _say(f"[stop] second {name}: step {self.step}'s {self.phase} must finish for a consistent checkpoint; "
-                 f"{name} a third time exits at once, keeping the newest complete checkpoint")
+            _say(
+                f"[stop] second {name}: step {self.step}'s {self.phase} must finish for a consistent checkpoint; "
+                f"{name} a third time exits at once, keeping the newest complete checkpoint"
+            )
         else:
             _say(f"[stop] {name} again: exiting at once")
             raise StopAtOnce

@@ -30,8 +30,19 @@ from rlvr.observe.run_files import read_jsonl
 from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
 
 # What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "samples.parquet", "summary.json", "config.yaml", "checkpoints", "tb",
-             "final", "final-merged", "report", "wandb")
+RUN_FILES = (
+    "metrics.jsonl",
+    "samples.jsonl",
+    "samples.parquet",
+    "summary.json",
+    "config.yaml",
+    "checkpoints",
+    "tb",
+    "final",
+    "final-merged",
+    "report",
+    "wandb",
+)
 LOGS = ("metrics.jsonl", "samples.jsonl", "samples.parquet", "summary.json", "config.yaml")  # copied aside before a cut
 FINAL_DIRS = ("final", "final-merged")
 
@@ -59,8 +70,11 @@ class RunProgress:
 def read_progress(output_dir: Path) -> RunProgress:
     ckpt = latest_checkpoint(output_dir / "checkpoints")
     logged = [r.get("step", 0) for r in read_jsonl(output_dir / "metrics.jsonl")]
-    return RunProgress(checkpoint_step=int(ckpt.name.split("-")[1]) if ckpt else 0, logged_step=max(logged, default=0),
-                       finished_step=_finished_step(output_dir, max(logged, default=0)))
+    return RunProgress(
+        checkpoint_step=int(ckpt.name.split("-")[1]) if ckpt else 0,
+        logged_step=max(logged, default=0),
+        finished_step=_finished_step(output_dir, max(logged, default=0)),
+    )
 
 
 def _finished_step(output_dir: Path, logged_step: int) -> int | None:
@@ -77,8 +91,11 @@ def _finished_step(output_dir: Path, logged_step: int) -> int | None:
 def holds_a_run(output_dir: Path) -> bool:
     """Whether the folder holds (part of) a run: logged steps, a checkpoint or a final model."""
     metrics = output_dir / "metrics.jsonl"
-    return ((metrics.is_file() and metrics.stat().st_size > 0) or latest_checkpoint(output_dir / "checkpoints") is not None
-            or (output_dir / "final").exists())
+    return (
+        (metrics.is_file() and metrics.stat().st_size > 0)
+        or latest_checkpoint(output_dir / "checkpoints") is not None
+        or (output_dir / "final").exists()
+    )
 
 
 # ---------------------------------------------------------------------------- deciding a resume
@@ -98,8 +115,9 @@ class ResumePlan:
     def describe(self, kept: Path) -> str:
         parts = []
         if self.recompute:
-            parts.append(f"steps {self.recompute[0]}-{self.recompute[1]} were logged after checkpoint step {self.from_step} "
-                         "and are done again")
+            parts.append(
+                f"steps {self.recompute[0]}-{self.recompute[1]} were logged after checkpoint step {self.from_step} and are done again"
+            )
         if self.replaces_final:
             parts.append(f"the finished run's final/ and summary.json (step {self.progress.finished_step}) are replaced")
         if self.newer_checkpoints:
@@ -124,28 +142,37 @@ def check_resume(output_dir: Path, steps: int, *, force: bool, checkpoint: Path 
     from_step = checkpoint_step(checkpoint) if own else p.checkpoint_step
     if checkpoint is not None and not own:  # another run's checkpoint: a warm start into this folder
         if holds_a_run(output_dir):
-            raise ConfigError(f"resume={checkpoint} is another run's checkpoint but output_dir {run} already holds a run: "
-                              "choose an empty output_dir")
+            raise ConfigError(
+                f"resume={checkpoint} is another run's checkpoint but output_dir {run} already holds a run: choose an empty output_dir"
+            )
         return ResumePlan(p, checkpoint_step(checkpoint), None, False, False)
     if steps < p.done:
-        raise ConfigError(f"steps={steps}: the run in {run} has done {p.done} steps, and resuming never undoes steps; "
-                          f"give steps > {p.done} to train it further, or start a new run (another output_dir) for a shorter one")
+        raise ConfigError(
+            f"steps={steps}: the run in {run} has done {p.done} steps, and resuming never undoes steps; "
+            f"give steps > {p.done} to train it further, or start a new run (another output_dir) for a shorter one"
+        )
     if p.finished_step is not None and steps == p.finished_step == p.done:
-        raise RunFinished(f"{run} finished at step {p.finished_step}: nothing to do, nothing changed "
-                          f"(give steps=N with N > {p.finished_step} to train it further)")
+        raise RunFinished(
+            f"{run} finished at step {p.finished_step}: nothing to do, nothing changed "
+            f"(give steps=N with N > {p.finished_step} to train it further)"
+        )
     recompute = (from_step + 1, p.logged_step) if p.logged_step > from_step else None
     replaces_final = p.finished_step is not None and from_step < p.finished_step
     newer_checkpoints = from_step < p.checkpoint_step
     if replaces_final and not force and not newer_checkpoints:
         first, last = recompute or (from_step + 1, p.finished_step)
-        raise ConfigError(f"{run} finished at step {p.finished_step} but its newest checkpoint is step {from_step} "
-                          f"(written before rlvr saved the end of every run): continuing would recompute steps {first}-{last} "
-                          "and replace final/. Pass --force to do so (the replaced files are kept in a sibling folder), "
-                          "or start a new run")
+        raise ConfigError(
+            f"{run} finished at step {p.finished_step} but its newest checkpoint is step {from_step} "
+            f"(written before rlvr saved the end of every run): continuing would recompute steps {first}-{last} "
+            "and replace final/. Pass --force to do so (the replaced files are kept in a sibling folder), "
+            "or start a new run"
+        )
     if newer_checkpoints and not force:
-        raise ConfigError(f"resume={checkpoint}: the run in {run} has a newer checkpoint (step {p.checkpoint_step}); resuming "
-                          f"from step {from_step} would recompute steps {from_step + 1}-{p.done}. Pass --force to do so (what it "
-                          "replaces is kept in a sibling folder), or resume=auto to continue from the newest")
+        raise ConfigError(
+            f"resume={checkpoint}: the run in {run} has a newer checkpoint (step {p.checkpoint_step}); resuming "
+            f"from step {from_step} would recompute steps {from_step + 1}-{p.done}. Pass --force to do so (what it "
+            "replaces is kept in a sibling folder), or resume=auto to continue from the newest"
+        )
     return ResumePlan(p, from_step, recompute, replaces_final, newer_checkpoints)
 
 
@@ -249,8 +276,7 @@ def replace_final(output_dir: Path, name: str, write) -> None:
     """Write `output_dir/name` (a model folder) through `write(folder)` so that a kill at any moment
     leaves the old folder or the new one, never a mix: written as `.name.tmp`, renamed `.name.new`
     once complete, then swapped in. `recover_final` finishes or undoes a swap a kill interrupted."""
-    tmp, new, old, final = (output_dir / f".{name}.tmp", output_dir / f".{name}.new", output_dir / f".{name}.old",
-                            output_dir / name)
+    tmp, new, old, final = (output_dir / f".{name}.tmp", output_dir / f".{name}.new", output_dir / f".{name}.old", output_dir / name)
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     fsync_tree(tmp)
@@ -266,8 +292,7 @@ def recover_final(output_dir: Path) -> None:
     """Undo what a kill left of `replace_final`: a half-written folder is deleted, a complete one that was
     not yet swapped in is dropped (the run's end is redone from its checkpoint), the old one put back."""
     for name in FINAL_DIRS:
-        tmp, new, old, final = (output_dir / f".{name}.tmp", output_dir / f".{name}.new", output_dir / f".{name}.old",
-                                output_dir / name)
+        tmp, new, old, final = (output_dir / f".{name}.tmp", output_dir / f".{name}.new", output_dir / f".{name}.old", output_dir / name)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(new, ignore_errors=True)
         if old.exists() and not final.exists():

@@ -50,8 +50,11 @@ def unused_objective_settings(cfg: Config) -> list[str]:
             users.setdefault(name, []).append(loss_type)
     used = algo.OBJECTIVES[algo.LOSS_TYPES[cfg.algo.loss_type].objective].hyperparameters
     names = [n for n in users if hasattr(cfg.algo, n) and n not in used]
-    return [f"algo.{n}={getattr(cfg.algo, n)} has no effect: algo.loss_type={cfg.algo.loss_type} does not use it "
-            f"(used by: {', '.join(users[n])})" for n in changed(cfg.algo, names)]
+    return [
+        f"algo.{n}={getattr(cfg.algo, n)} has no effect: algo.loss_type={cfg.algo.loss_type} does not use it "
+        f"(used by: {', '.join(users[n])})"
+        for n in changed(cfg.algo, names)
+    ]
 
 
 def check_config(cfg: Config, *, force: bool = False) -> list[str]:
@@ -60,7 +63,9 @@ def check_config(cfg: Config, *, force: bool = False) -> list[str]:
     if cfg.algo.loss_type in algo.LOSS_TYPES:
         warnings += unused_objective_settings(cfg)
     if cfg.model.autocast == "bf16" and cfg.device != "cuda" and not cpu_has_fast_bf16():
-        warnings.append("model.autocast=bf16 on a CPU without avx512_bf16/AMX: bf16 matmuls are emulated there and usually slower than fp32")
+        warnings.append(
+            "model.autocast=bf16 on a CPU without avx512_bf16/AMX: bf16 matmuls are emulated there and usually slower than fp32"
+        )
     return warnings
 
 
@@ -74,9 +79,13 @@ def run_precision(cfg: Config, plan: BatchPlan, model, device: torch.device, dis
     rlvr.models.precision_choice); every rank takes rank 0's choice. Before the model is wrapped:
     the timing runs forward+backward passes on this rank alone."""
     rows = plan.completions_per_rank
-    shapes = StepShapes(rows_per_backward=min(plan.micro_batch_size, rows), trained_rows=rows * cfg.algo.num_iterations,
-                        prompt_tokens=plan.seq_len - plan.completion_len, completion_tokens=plan.completion_len,
-                        decoded_rows=0 if cfg.rollout.engine == "vllm" else rows)  # vLLM decodes in its own dtype
+    shapes = StepShapes(
+        rows_per_backward=min(plan.micro_batch_size, rows),
+        trained_rows=rows * cfg.algo.num_iterations,
+        prompt_tokens=plan.seq_len - plan.completion_len,
+        completion_tokens=plan.completion_len,
+        decoded_rows=0 if cfg.rollout.engine == "vllm" else rows,
+    )  # vLLM decodes in its own dtype
     choice = choose_precision(cfg.model.autocast, model, device, shapes) if dist.is_main else None
     return dist.all_gather_object(choice, what="model.autocast")[0]
 

@@ -56,14 +56,24 @@ class Checkpointer:
             self.dist.barrier("checkpoint")
             return path
         saved = {k: v for k, v in asdict(state).items() if k != "bad_steps_in_a_row"}
-        saved.update({
-            "optimizer": self.optimizer.state_dict() if full_optim is None else full_optim,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.stream.state_dict(),
-            "rng": rng_state(),
-        })
-        path = save_checkpoint(self.root, state.step, model=model, tokenizer=self.tokenizer, trainer_state=saved,
-                               config=to_dict(self.cfg), keep=self.cfg.checkpoint.keep, state_dict=full)
+        saved.update(
+            {
+                "optimizer": self.optimizer.state_dict() if full_optim is None else full_optim,
+                "scheduler": self.scheduler.state_dict(),
+                "data": self.stream.state_dict(),
+                "rng": rng_state(),
+            }
+        )
+        path = save_checkpoint(
+            self.root,
+            state.step,
+            model=model,
+            tokenizer=self.tokenizer,
+            trainer_state=saved,
+            config=to_dict(self.cfg),
+            keep=self.cfg.checkpoint.keep,
+            state_dict=full,
+        )
         self.dist.barrier("checkpoint")
         return path
 
@@ -80,7 +90,8 @@ class Checkpointer:
         if changes and not force:
             raise ConfigError(
                 f"resume: the config differs from checkpoint {path} in settings that change the math:\n  - "
-                + "\n  - ".join(changes) + f"\nrevert them (`rlvr train --resume {self.root.parent}` resumes with the run's own config.yaml), "
+                + "\n  - ".join(changes)
+                + f"\nrevert them (`rlvr train --resume {self.root.parent}` resumes with the run's own config.yaml), "
                 "or pass --force to resume anyway"
             )
         saved = load_trainer_state(path)
@@ -97,6 +108,11 @@ class Checkpointer:
         self.scheduler.load_state_dict(saved["scheduler"])
         self.stream.load_state_dict(saved["data"])
         set_rng_state(saved["rng"])
-        state = TrainState(step=saved["step"], num_tokens=saved["num_tokens"], skipped_steps=saved.get("skipped_steps", 0),
-                           train_seconds=saved.get("train_seconds", 0.0), eval_before=saved.get("eval_before"))
+        state = TrainState(
+            step=saved["step"],
+            num_tokens=saved["num_tokens"],
+            skipped_steps=saved.get("skipped_steps", 0),
+            train_seconds=saved.get("train_seconds", 0.0),
+            eval_before=saved.get("eval_before"),
+        )
         return state, path

@@ -31,20 +31,28 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
     generated = batch.rewards if batch.generated_rewards is None else batch.generated_rewards
     m = reward_metrics(generated, batch.reward_weights, batch.reward_names, r.group_size)
     total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N] the trained batch's
-    m.update({
-        "distinct_completions": distinct_share(r.texts, r.group_size),
-        "completions/mean_length": float(lengths.mean()),
-        "completions/min_length": float(lengths.min()),
-        "completions/max_length": float(lengths.max()),
-        "completions/clipped_ratio": float(r.truncated.float().mean()),
-        **_reward_by_ending(total, r.truncated.bool()),
-        "advantages/abs_mean": float(advantages.abs().mean()),
-    })
+    m.update(
+        {
+            "distinct_completions": distinct_share(r.texts, r.group_size),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(r.truncated.float().mean()),
+            **_reward_by_ending(total, r.truncated.bool()),
+            "advantages/abs_mean": float(advantages.abs().mean()),
+        }
+    )
     if batch.generated_rewards is not None:  # dynamic sampling
         kept = reward_metrics(batch.rewards, batch.reward_weights, batch.reward_names, r.group_size)
-        m.update({"sampling/rounds": batch.rounds, "sampling/prompts_consumed": batch.prompts_consumed,
-                  "sampling/groups_kept": len(batch.rows), "sampling/kept_reward": kept["reward"],
-                  "sampling/kept_frac_reward_zero_std": kept["frac_reward_zero_std"]})
+        m.update(
+            {
+                "sampling/rounds": batch.rounds,
+                "sampling/prompts_consumed": batch.prompts_consumed,
+                "sampling/groups_kept": len(batch.rows),
+                "sampling/kept_reward": kept["reward"],
+                "sampling/kept_frac_reward_zero_std": kept["frac_reward_zero_std"],
+            }
+        )
     return m
 
 
@@ -103,15 +111,17 @@ def completion_rows(batch, advantages: torch.Tensor, step: int, n: int) -> list[
     order = sorted(range(N), key=lambda i: (i % group_size, i // group_size))
     out = []
     for i in sorted(order[: min(n, N)]):
-        out.append({
-            "step": step,
-            "prompt": batch.rows[i // group_size]["prompt"],
-            "completion": batch.episodes.texts[i],
-            **_conversation(batch.episodes.completions[i]),
-            **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(batch.reward_names)},
-            "advantage": float(advantages[i]),
-            **{k: v[i] for k, v in batch.episodes.logged.items() if not k.startswith("reward/") and k not in _ROW_KEYS},
-        })
+        out.append(
+            {
+                "step": step,
+                "prompt": batch.rows[i // group_size]["prompt"],
+                "completion": batch.episodes.texts[i],
+                **_conversation(batch.episodes.completions[i]),
+                **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(batch.reward_names)},
+                "advantage": float(advantages[i]),
+                **{k: v[i] for k, v in batch.episodes.logged.items() if not k.startswith("reward/") and k not in _ROW_KEYS},
+            }
+        )
     return out
 
 

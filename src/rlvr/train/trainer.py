@@ -62,8 +62,10 @@ class Trainer:
         self.device = device_for(cfg.device)
         self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device, strategy=cfg.dist.strategy)
         if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
-            raise ConfigError(f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: "
-                              f"set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`")
+            raise ConfigError(
+                f"`nproc`={cfg.nproc} but torchrun started {self.dist.world_size} processes: "
+                f"set nproc={self.dist.world_size}, or launch with `rlvr train nproc=N`"
+            )
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
         seed_everything(cfg.seed)
@@ -85,21 +87,40 @@ class Trainer:
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
-        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model,
-                                    prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt))
+        self.plan = BatchPlan.build(
+            cfg, self.dist.world_size, self.model, prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt)
+        )
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
         self.source = source or self._source()
         self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
-        self.collector = Collector(self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model,
-                                   pad_token_id=self.tokenizer.pad_token_id)
+        self.collector = Collector(
+            self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model, pad_token_id=self.tokenizer.pad_token_id
+        )
         self.optimizer, self.scheduler = self._optimizer()
-        self.updater = Updater(cfg, self.plan, policy=self.policy, train_model=self.train_model, optimizer=self.optimizer,
-                               scheduler=self.scheduler, dist=self.dist, device=self.device, precision=self.precision.autocast)
-        self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-                                         stream=self.stream, tokenizer=self.tokenizer, dist=self.dist)
+        self.updater = Updater(
+            cfg,
+            self.plan,
+            policy=self.policy,
+            train_model=self.train_model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            dist=self.dist,
+            device=self.device,
+            precision=self.precision.autocast,
+        )
+        self.checkpointer = Checkpointer(
+            self.output_dir,
+            cfg,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            stream=self.stream,
+            tokenizer=self.tokenizer,
+            dist=self.dist,
+        )
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
         self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
         self._prepare_output_dir(force)
@@ -110,9 +131,11 @@ class Trainer:
         cfg = self.cfg
         self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
         if not cfg.resume and not force and holds_a_run(self.output_dir):
-            raise ConfigError(f"output_dir {self.output_dir} already holds a run: continue it with "
-                              f"`rlvr train --resume {self.output_dir}`, choose another output_dir, or pass --force to start over "
-                              "(the old run is moved aside)")
+            raise ConfigError(
+                f"output_dir {self.output_dir} already holds a run: continue it with "
+                f"`rlvr train --resume {self.output_dir}`, choose another output_dir, or pass --force to start over "
+                "(the old run is moved aside)"
+            )
         if self.dist.is_main and self.output_dir.is_dir():  # what a kill left half-written goes before the folder is read
             remove_partial_checkpoints(self.output_dir / "checkpoints")
             recover_final(self.output_dir)
@@ -133,11 +156,18 @@ class Trainer:
         (None: the training one, rollout.*)."""
         if sampling is None:
             r = self.cfg.rollout
-            sampling = SamplingParams(n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                      max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos)
+            sampling = SamplingParams(
+                n=r.group_size,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_new_tokens=r.max_new_tokens,
+                ignore_eos=r.ignore_eos,
+            )
         context = getattr(self.model.config, "max_position_embeddings", None)
-        return make_source(self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device,
-                           precision=self.precision.autocast)
+        return make_source(
+            self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device, precision=self.precision.autocast
+        )
 
     def _prepare_output_dir(self, force: bool) -> None:
         out = self.output_dir
@@ -152,9 +182,11 @@ class Trainer:
             self.source.sync_weights()
             planned = yaml.safe_load((self.resumed_from / "config.yaml").read_text()).get("steps")
             if planned != self.cfg.steps and self.cfg.optim.lr_schedule != "constant":
-                self.warnings.append(f"optim.lr_schedule={self.cfg.optim.lr_schedule} was laid out for {planned} steps; from step "
-                                     f"{self.state.step + 1} it follows the one for steps={self.cfg.steps}, so the learning rates "
-                                     "differ from a straight run of that length")
+                self.warnings.append(
+                    f"optim.lr_schedule={self.cfg.optim.lr_schedule} was laid out for {planned} steps; from step "
+                    f"{self.state.step + 1} it follows the one for steps={self.cfg.steps}, so the learning rates "
+                    "differ from a straight run of that length"
+                )
 
     # ------------------------------------------------------------------ one step
 
@@ -178,8 +210,14 @@ class Trainer:
     def advantages(self, batch: Batch) -> torch.Tensor:
         """[N] group-relative advantages of the whole batch (every rank computes the same)."""
         a = self.cfg.algo
-        return algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size,
-                                    mode=a.reward_aggregation, scale=a.scale_rewards, ddof=a.std_ddof)
+        return algo.combine_rewards(
+            batch.rewards,
+            batch.reward_weights,
+            batch.episodes.group_size,
+            mode=a.reward_aggregation,
+            scale=a.scale_rewards,
+            ddof=a.std_ddof,
+        )
 
     def update(self, batch: Batch, advantages: torch.Tensor) -> UpdateResult:
         """mu epochs over this rank's share of each minibatch, the sampler given the new weights, the counters moved on."""
@@ -193,22 +231,25 @@ class Trainer:
         state.num_tokens += int(e.prompt_mask.sum() + e.attention_mask.sum())
         return result
 
-    def step_metrics(self, batch: Batch, advantages: torch.Tensor, result: UpdateResult, *, t0: float, t_collect: float,
-                     t_train: float) -> dict:
+    def step_metrics(
+        self, batch: Batch, advantages: torch.Tensor, result: UpdateResult, *, t0: float, t_collect: float, t_train: float
+    ) -> dict:
         """The step's metrics (TRL's names): the update's, the batch's, the rollout source's, the reward functions' and the times."""
         state = self.state
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
         metrics.update({k: v for k, v in self.reward_health.step_metrics().items() if k not in metrics})  # errors, log_metric
-        metrics.update({
-            "step": state.step,
-            "num_tokens": state.num_tokens,
-            "time/generate": t_collect - batch.reward_seconds,
-            "time/reward": batch.reward_seconds,
-            "time/train": t_train,
-            "time/step": time.perf_counter() - t0,
-        })
+        metrics.update(
+            {
+                "step": state.step,
+                "num_tokens": state.num_tokens,
+                "time/generate": t_collect - batch.reward_seconds,
+                "time/reward": batch.reward_seconds,
+                "time/train": t_train,
+                "time/step": time.perf_counter() - t0,
+            }
+        )
         if self.device.type == "cuda":
             metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
@@ -310,8 +351,10 @@ class Trainer:
         and always at the first and last step of the run and at a stop (so a run shorter than the interval still shows some)."""
         cfg, step = self.cfg, self.state.step
         if metrics.get("time/compile"):
-            log.info(f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
-                     f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)")
+            log.info(
+                f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
+                f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)"
+            )
         due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
         if cfg.logging.completions_every and due:
             r = self.last_step

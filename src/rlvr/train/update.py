@@ -65,8 +65,10 @@ class MinibatchInputs(NamedTuple):
 
     def after_first_epoch(self, first: FirstEpoch) -> MinibatchInputs:
         """The inputs of the epochs after the first: what the first took from its own forwards filled in."""
-        return self._replace(old_logp=tuple(first.logp) if self.old_logp is None else self.old_logp,
-                             entropy_weights=first.entropy_weights if self.entropy_weights is None else self.entropy_weights)
+        return self._replace(
+            old_logp=tuple(first.logp) if self.old_logp is None else self.old_logp,
+            entropy_weights=first.entropy_weights if self.entropy_weights is None else self.entropy_weights,
+        )
 
 
 @dataclass
@@ -108,12 +110,26 @@ class Updater:
         a = cfg.algo
         self.cfg, self.plan, self.policy, self.model, self.train_model = cfg, plan, policy, policy.model, train_model
         self.optimizer, self.scheduler, self.dist, self.device, self.precision = optimizer, scheduler, dist, device, precision
-        self.loss_kwargs = dict(loss_type=a.loss_type, epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
-                                importance_level=a.importance_sampling_level, beta=a.beta, kl_estimator=a.kl_estimator)
+        self.loss_kwargs = dict(
+            loss_type=a.loss_type,
+            epsilon=a.epsilon,
+            epsilon_high=a.epsilon_high,
+            delta=a.delta,
+            importance_level=a.importance_sampling_level,
+            beta=a.beta,
+            kl_estimator=a.kl_estimator,
+        )
         self.loss_kwargs.update(  # the TRL loss types beyond the clipped one, the KL bias correction, the entropy bonus, OPSM
-            sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg, vespo_k_pos=a.vespo_k_pos,
-            vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg, vespo_lambda_neg=a.vespo_lambda_neg,
-            kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef, off_policy_mask_threshold=a.off_policy_mask_threshold)
+            sapo_temperature_pos=a.sapo_temperature_pos,
+            sapo_temperature_neg=a.sapo_temperature_neg,
+            vespo_k_pos=a.vespo_k_pos,
+            vespo_lambda_pos=a.vespo_lambda_pos,
+            vespo_k_neg=a.vespo_k_neg,
+            vespo_lambda_neg=a.vespo_lambda_neg,
+            kl_bias_correction=a.kl_bias_correction,
+            entropy_coef=a.entropy_coef,
+            off_policy_mask_threshold=a.off_policy_mask_threshold,
+        )
         self.correction = applied_sampler_correction(cfg)  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
@@ -160,8 +176,9 @@ class Updater:
             self.micro_batch_step(minibatch, micro_batch, first, sums, last=last)
         return self.optimizer_step(sums, has_rows=bool(minibatch.micro_batches))
 
-    def micro_batch_step(self, minibatch: MinibatchInputs, micro_batch: MicroBatch, first: FirstEpoch | None, sums: MetricSums, *,
-                         last: bool) -> None:
+    def micro_batch_step(
+        self, minibatch: MinibatchInputs, micro_batch: MicroBatch, first: FirstEpoch | None, sums: MetricSums, *, last: bool
+    ) -> None:
         """Forward, loss and backward of one micro-batch; its metrics added to `sums`."""
         rows, e = micro_batch.rows, minibatch.episodes
         with no_grad_sync(self.dist, self.train_model, skip=not last):
@@ -175,8 +192,19 @@ class Updater:
             if minibatch.entropy_from_first_epoch:
                 sums.add_sampled_entropy(entropy, e.loss_mask[rows, :C])
         ref = None if minibatch.ref_logp is None else minibatch.ref_logp[rows, :C]
-        res = algo.policy_loss(out.logp, old, minibatch.advantages[rows], m, minibatch.norms, ref_logp=ref, token_weights=w,
-                               sampler_weights=is_w, sampling_logp=e.sampling_logprobs[rows, :C], entropy=out.entropy, **self.loss_kwargs)
+        res = algo.policy_loss(
+            out.logp,
+            old,
+            minibatch.advantages[rows],
+            m,
+            minibatch.norms,
+            ref_logp=ref,
+            token_weights=w,
+            sampler_weights=is_w,
+            sampling_logp=e.sampling_logprobs[rows, :C],
+            entropy=out.entropy,
+            **self.loss_kwargs,
+        )
         with no_grad_sync(self.dist, self.train_model, skip=not last):
             (res.loss * (micro_batch.weight * loss_scale(self.dist))).backward()
         if micro_batch.weight:
@@ -193,8 +221,9 @@ class Updater:
         w = None if selection is None else selection[rows, :C]
         is_w = None
         if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
-            is_w = algo.sampler_correction(old_logp, minibatch.episodes.sampling_logprobs[rows, :C], m, self.correction,
-                                           a.sampler_correction_cap)
+            is_w = algo.sampler_correction(
+                old_logp, minibatch.episodes.sampling_logprobs[rows, :C], m, self.correction, a.sampler_correction_cap
+            )
         return w, is_w
 
     def optimizer_step(self, sums: MetricSums, *, has_rows: bool) -> bool:
@@ -226,9 +255,18 @@ class Updater:
         old = self.generating_forwards(rows, after_a_step, entropy=select_now or minibatch.episodes.sampling_entropy is None)
         entropy_weights, norms = self.top_entropy_tokens(rows, old) if select_now else (None, rows.norms)
         sampled_entropy, from_first_epoch = self.entropy_before_epochs(minibatch.episodes, rows, old)
-        return MinibatchInputs(rows.episodes, rows.advantages, rows.loss_mask, rows.micro_batches, norms, ref_logp,
-                               None if old is None else tuple(o.logp for o in old), entropy_weights,
-                               minibatch.loss_weight * sampled_entropy, from_first_epoch)
+        return MinibatchInputs(
+            rows.episodes,
+            rows.advantages,
+            rows.loss_mask,
+            rows.micro_batches,
+            norms,
+            ref_logp,
+            None if old is None else tuple(o.logp for o in old),
+            entropy_weights,
+            minibatch.loss_weight * sampled_entropy,
+            from_first_epoch,
+        )
 
     def rows_to_run(self, minibatch: Minibatch) -> RowsToRun:
         """The rows run (zero-advantage ones left out, packed by length when the plan says so), their
@@ -245,10 +283,22 @@ class Updater:
             episodes, mask, advantages = episodes.select(keep), mask[keep], advantages[keep]
         slices = _slices(len(episodes), size)
         n_mb = self.dist.sum(loss_weight * len(slices), what="micro-batches")[0]
-        norms = algo.BatchNorms(num_sequences=int(n_seq), num_tokens=int(n_tok), max_completion_length=self.cfg.rollout.max_new_tokens,
-                                num_micro_batches=max(int(n_mb), 1))
-        return RowsToRun(keep, episodes.to(self.device), advantages.to(self.device, torch.float32), mask.to(self.device), slices, size,
-                         self.lockstep(slices, loss_weight), norms)
+        norms = algo.BatchNorms(
+            num_sequences=int(n_seq),
+            num_tokens=int(n_tok),
+            max_completion_length=self.cfg.rollout.max_new_tokens,
+            num_micro_batches=max(int(n_mb), 1),
+        )
+        return RowsToRun(
+            keep,
+            episodes.to(self.device),
+            advantages.to(self.device, torch.float32),
+            mask.to(self.device),
+            slices,
+            size,
+            self.lockstep(slices, loss_weight),
+            norms,
+        )
 
     def lockstep(self, slices: list[slice], weight: float) -> tuple[MicroBatch, ...]:
         """This rank's micro-batches, then weight-0 repeats of the last until it runs as many forward/backward
@@ -289,6 +339,7 @@ class Updater:
         count known before the epochs, whether the first epoch adds those of the rows it runs). The sampler's
         entropies when the source gives them (no forward); otherwise a forward without dropout: the first
         epoch's own (or the old log-probs' when prepared), and one of their own for rows the update skips."""
+
         def sums(entropy: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
             sampled = sampled[:, : entropy.shape[1]].to(self.device, torch.float64)
             return torch.stack([(entropy.to(self.device, torch.float64) * sampled).sum(), sampled.sum()])
@@ -298,8 +349,9 @@ class Updater:
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         if rows.keep is not None and len(rows.keep) < len(share):
             skipped = share.select(_other_rows(rows.keep, len(share))).to(self.device)
-            total += sums(self.fixed_logprobs(self.model, skipped, _slices(len(skipped), rows.micro_batch_size), entropy=True),
-                          skipped.loss_mask)
+            total += sums(
+                self.fixed_logprobs(self.model, skipped, _slices(len(skipped), rows.micro_batch_size), entropy=True), skipped.loss_mask
+            )
         for mb, o in zip(rows.slices, old or []):
             total += sums(o.entropy, rows.episodes.loss_mask[mb])
         return total, old is None

@@ -60,8 +60,9 @@ class MetricSums:
         normalisers and the sampled-token entropy known before the epochs)."""
         fr = torch.stack(self.fractions).tolist() if self.fractions else []
         sampled = sum(s.sampled_entropy for s in minibatches) + self.sampled_entropy
-        host = torch.stack([self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, *self.clipped,
-                            *sampled, self.gap_max]).tolist()
+        host = torch.stack(
+            [self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, *self.clipped, *sampled, self.gap_max]
+        ).tolist()
         tokens, tokens_first, ent, kl, gap, isw, low, high, region, s_ent, s_tokens = dist.sum(*host[:11], what="metrics")
         # clip fractions: over each optimizer step's whole minibatch (skipped rows: ratio 1, never clipped), averaged
         # over the optimizer steps run (minibatch after minibatch, epoch after epoch)

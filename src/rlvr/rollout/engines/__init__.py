@@ -1,11 +1,11 @@
 """Generation engines: what samples the model's tokens for the rollout sources.
 
-    protocols.py  GenerationEngine (single-turn) and MultiTurnEngine (episodes with tools), SamplingParams, Generation
-    sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
-    turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
-    hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
-    vllm.py       colocated vLLM
-    __init__.py   ENGINES and make_engine: the engine `rollout.engine` names, imported only when chosen
+protocols.py  GenerationEngine (single-turn) and MultiTurnEngine (episodes with tools), SamplingParams, Generation
+sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
+turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
+hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
+vllm.py       colocated vLLM
+__init__.py   ENGINES and make_engine: the engine `rollout.engine` names, imported only when chosen
 """
 
 from __future__ import annotations
@@ -31,9 +31,16 @@ def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> Gen
             raise ValueError("make_engine('vllm', ...) needs the run's config")
         v = cfg.rollout.vllm
         return VLLMEngine(
-            model, tokenizer, model_path=resolve_existing(cfg.model.path),
+            model,
+            tokenizer,
+            model_path=resolve_existing(cfg.model.path),
             dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
-            gpu_memory_utilization=v.gpu_memory_utilization, sleep=v.sleep, max_model_len=v.max_model_len,
-            enforce_eager=v.enforce_eager, seed=cfg.seed, lora_rank=cfg.model.lora.r, save_adapter=save_adapter,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            sleep=v.sleep,
+            max_model_len=v.max_model_len,
+            enforce_eager=v.enforce_eager,
+            seed=cfg.seed,
+            lora_rank=cfg.model.lora.r,
+            save_adapter=save_adapter,
         )
     raise ValueError(f"rollout.engine: unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")

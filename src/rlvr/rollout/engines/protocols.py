@@ -61,8 +61,9 @@ class MultiTurnEngine(Protocol):
     """What multi-turn rollouts run on (rlvr.rollout.sources.multi_turn): episodes of model turns and
     external tokens. The hf and vllm engines implement it besides GenerationEngine."""
 
-    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
-                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+    def generate_episodes(
+        self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
         """params.n episodes per prompt: (prompt_ids [B, P] left-padded, prompt_mask [B, P], one Trace per
         episode, prompt-major). params.max_new_tokens bounds each episode's tokens after the prompt
         (model and external); prompt i's randomness comes from seeds[i] alone."""

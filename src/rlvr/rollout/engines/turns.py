@@ -63,7 +63,7 @@ class StopMatcher:
             self._may_end[t] = any(c in self.tokenizer.decode([t]) for c in self.last_chars)
         if not self._may_end[t]:
             return False
-        text = self.tokenizer.decode(turn[-self.tail:])
+        text = self.tokenizer.decode(turn[-self.tail :])
         return any(s in text for s in self.stops)
 
 
@@ -82,8 +82,18 @@ def eos_ids(model, tokenizer) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def take_sampled(tr: Trace, row: int, tokens: list[int], logps: list[float], *, driver: TurnDriver, stop: StopMatcher,
-                 eos: set[int], ignore_eos: bool, budget: int) -> None:
+def take_sampled(
+    tr: Trace,
+    row: int,
+    tokens: list[int],
+    logps: list[float],
+    *,
+    driver: TurnDriver,
+    stop: StopMatcher,
+    eos: set[int],
+    ignore_eos: bool,
+    budget: int,
+) -> None:
     """The model sampled `tokens` (with their log-probs) for row `row`: they join its trace (trained)
     and its turn. A turn ends at EOS or at a stop string: the driver takes it, and the row waits for
     its tools or its episode is done. An episode whose tokens fill the budget ends truncated."""

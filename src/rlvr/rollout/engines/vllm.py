@@ -46,9 +46,21 @@ class VLLMEngine:
     """GenerationEngine and MultiTurnEngine on a colocated `vllm.LLM`. `model` is the trainer's; with LoRA (lora_rank > 0)
     `save_adapter(path)` writes its adapter (peft's save_pretrained) for vLLM to load."""
 
-    def __init__(self, model, tokenizer, *, model_path: str | Path, dtype: str = "auto", gpu_memory_utilization: float = 0.3,
-                 sleep: bool = True, max_model_len: int | None = None, enforce_eager: bool = False, seed: int = 0,
-                 lora_rank: int = 0, save_adapter=None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        model_path: str | Path,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.3,
+        sleep: bool = True,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        lora_rank: int = 0,
+        save_adapter=None,
+    ):
         # The engine core must run in this process: weight syncs reach its model object directly.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = import_vllm()
@@ -159,14 +171,16 @@ class VLLMEngine:
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], per_prompt,
-                                    lora_request=self._lora_request, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], per_prompt, lora_request=self._lora_request, use_tqdm=False
+        )
         if self.sleep_between:
             self._sleep()
         return self._to_rollout(prompt_ids, outputs, params)
 
-    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
-                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+    def generate_episodes(
+        self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
         """Multi-turn episodes, the same layout as the hf engine's (rlvr.rollout.engines.hf.episode_decode):
         each model turn is one vLLM request over the episode so far (prefix caching makes the repeated
         prefix cheap), external tokens are appended as ids. vLLM stops at EOS or at a token that may
@@ -174,8 +188,15 @@ class VLLMEngine:
         not one is continued in the next request."""
         self._wake()
         prompt_ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        run = _EpisodeRun(prompt_ids, [Trace() for _ in range(len(prompts) * params.n)], params, seeds, driver,
-                          StopMatcher(self.tokenizer, driver.stop_strings), self._stop_candidates(driver.stop_strings))
+        run = _EpisodeRun(
+            prompt_ids,
+            [Trace() for _ in range(len(prompts) * params.n)],
+            params,
+            seeds,
+            driver,
+            StopMatcher(self.tokenizer, driver.stop_strings),
+            self._stop_candidates(driver.stop_strings),
+        )
         while True:
             self._sample_turns(run)
             resume_ready(run.traces, driver, params.max_new_tokens)
@@ -199,20 +220,41 @@ class VLLMEngine:
             return
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=run.prompt_ids[r // G] + traces[r].ids) for r in rows],
-            [self._turn_params(params, T - len(traces[r].ids), run.candidates, row_seed(run.seeds[r // G], r % G, run.requests[r]))
-             for r in rows],
-            lora_request=self._lora_request, use_tqdm=False)
+            [
+                self._turn_params(params, T - len(traces[r].ids), run.candidates, row_seed(run.seeds[r // G], r % G, run.requests[r]))
+                for r in rows
+            ],
+            lora_request=self._lora_request,
+            use_tqdm=False,
+        )
         for r, out in zip(rows, outs):
             run.requests[r] += 1
             sample = out.outputs[0]
-            take_sampled(traces[r], r, list(sample.token_ids), _logprobs(sample), driver=run.driver, stop=run.stop,
-                         eos=set(self.stop_ids), ignore_eos=params.ignore_eos, budget=T)
+            take_sampled(
+                traces[r],
+                r,
+                list(sample.token_ids),
+                _logprobs(sample),
+                driver=run.driver,
+                stop=run.stop,
+                eos=set(self.stop_ids),
+                ignore_eos=params.ignore_eos,
+                budget=T,
+            )
 
     def _turn_params(self, params: SamplingParams, budget: int, candidates: list[int], seed: int):
         return self._vllm.SamplingParams(
-            n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, max_tokens=budget,
-            ignore_eos=params.ignore_eos, stop_token_ids=([] if params.ignore_eos else self.stop_ids) + candidates,
-            logprobs=0, seed=None if params.temperature == 0 else seed, detokenize=False)
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=budget,
+            ignore_eos=params.ignore_eos,
+            stop_token_ids=([] if params.ignore_eos else self.stop_ids) + candidates,
+            logprobs=0,
+            seed=None if params.temperature == 0 else seed,
+            detokenize=False,
+        )
 
     def _stop_candidates(self, stops: Sequence[str]) -> list[int]:
         """Token ids whose text holds the last character of a stop string (decoded once per set of stops)."""

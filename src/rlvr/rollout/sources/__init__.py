@@ -1,9 +1,9 @@
 """Rollout sources: what makes a batch's Episodes (rlvr.rollout.episodes.RolloutSource) from dataset rows.
 
-    single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
-    multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
-    function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
-    __init__.py     make_source: the source a config describes
+single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
+multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
+function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
+__init__.py     make_source: the source a config describes
 """
 
 from __future__ import annotations
@@ -16,8 +16,17 @@ from rlvr.rollout.sources.single_turn import SingleTurnSource
 from rlvr.specs import did_you_mean
 
 
-def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingParams, *, context_length: int | None,
-                device: torch.device, precision: str, tool_runner=None):
+def make_source(
+    cfg,
+    engine: GenerationEngine,
+    tokenizer,
+    sampling: SamplingParams,
+    *,
+    context_length: int | None,
+    device: torch.device,
+    precision: str,
+    tool_runner=None,
+):
     """`cfg` is an rlvr.config.Config; `sampling` its sampling (or greedy, for evaluation); `precision`
     the run's resolved model.autocast, `bf16` or `none` (rlvr.models.precision_choice).
     `tool_runner`: share one rlvr.tools.ToolRunner (its threads) between sources."""
@@ -36,17 +45,28 @@ def make_source(cfg, engine: GenerationEngine, tokenizer, sampling: SamplingPara
     tools = ToolSet(t.functions) if t.functions else None
     env = EnvironmentFactory(ENVIRONMENTS.get(t.environment, t.environment)) if t.environment else None
     if env is not None and not env.has_reward and not cfg.rewards:
-        raise ValueError(f"`rewards` is empty and the environment {env.name} has no get_reward(): nothing scores the episodes; "
-                         "add a reward function (e.g. rewards: [final_answer])")
+        raise ValueError(
+            f"`rewards` is empty and the environment {env.name} has no get_reward(): nothing scores the episodes; "
+            "add a reward function (e.g. rewards: [final_answer])"
+        )
     names = (tools.names if tools else []) + (env.names if env else [])
     schemas = (tools.schemas if tools else []) + (env.schemas if env else [])
     tags = tag_map(t.tags, names)
     kind, note = choose_format(t.format, tokenizer, cfg.model.path)
-    fmt = make_format(kind, tokenizer, tool_names=names, schemas=schemas, tags=tags, result_tags=tuple(t.result_tags),
-                      describe=t.describe, model=cfg.model.path)
+    fmt = make_format(
+        kind,
+        tokenizer,
+        tool_names=names,
+        schemas=schemas,
+        tags=tags,
+        result_tags=tuple(t.result_tags),
+        describe=t.describe,
+        model=cfg.model.path,
+    )
     runner = tool_runner or ToolRunner(timeout_s=t.timeout_s, max_result_chars=t.max_result_chars)
-    source = MultiTurnSource(engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner,
-                             max_turns=t.max_turns, **common)
+    source = MultiTurnSource(
+        engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner, max_turns=t.max_turns, **common
+    )
     source.notes = ([note] if note else []) + unused_with_format(t, kind)
     return source
 
@@ -57,8 +77,10 @@ def tag_map(pairs: list[str], names: list[str]) -> dict[str, str]:
     unknown = [n for n in tags if n not in names]
     if unknown:
         listed = "; ".join(f"{n}={tags[n]}{did_you_mean(n, names)}" for n in unknown)
-        raise ConfigError(f"`tools.tags` names {'a tool' if len(unknown) == 1 else 'tools'} this run does not have: {listed}; "
-                          f"its tools are {', '.join(names) or 'none'}")
+        raise ConfigError(
+            f"`tools.tags` names {'a tool' if len(unknown) == 1 else 'tools'} this run does not have: {listed}; "
+            f"its tools are {', '.join(names) or 'none'}"
+        )
     return tags
 
 

@@ -75,5 +75,17 @@ class FunctionSource:
         completions = out.get("completions") or as_completions([p for p in prompts for _ in range(G)], texts)
         truncated = torch.tensor([len(c) >= self.sampling.max_new_tokens and (not c or c[-1] != self.tokenizer.eos_token_id) for c in comp])
         columns = {k: list(v) for k, v in out.items() if k not in (*REQUIRED, "env_mask", "completions")}
-        return Episodes(prompt_ids, prompt_mask, ids, attn, loss, logp, truncated, torch.arange(len(rows)).repeat_interleave(G), G,
-                        completions, texts, columns=columns)
+        return Episodes(
+            prompt_ids,
+            prompt_mask,
+            ids,
+            attn,
+            loss,
+            logp,
+            truncated,
+            torch.arange(len(rows)).repeat_interleave(G),
+            G,
+            completions,
+            texts,
+            columns=columns,
+        )

@@ -62,10 +62,22 @@ class _Row:
 class MultiTurnSource:
     """RolloutSource: G episodes per row, each a conversation of model turns and tool results."""
 
-    def __init__(self, engine: MultiTurnEngine, tokenizer, sampling: SamplingParams, *, fmt, tools: ToolSet | None = None,
-                 environment: EnvironmentFactory | None = None, runner: ToolRunner | None = None, max_turns: int = 4,
-                 system_prompt: str | None = None, context_length: int | None = None, autocast: str = "none",
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        engine: MultiTurnEngine,
+        tokenizer,
+        sampling: SamplingParams,
+        *,
+        fmt,
+        tools: ToolSet | None = None,
+        environment: EnvironmentFactory | None = None,
+        runner: ToolRunner | None = None,
+        max_turns: int = 4,
+        system_prompt: str | None = None,
+        context_length: int | None = None,
+        autocast: str = "none",
+        device: torch.device | str = "cpu",
+    ):
         if not isinstance(engine, MultiTurnEngine):
             raise ValueError(f"{type(engine).__name__} cannot run multi-turn episodes; use rollout.engine=hf")
         self.engine, self.tokenizer, self.sampling, self.fmt = engine, tokenizer, sampling, fmt
@@ -129,8 +141,9 @@ class MultiTurnSource:
 
     def _render(self, prompt) -> str:
         if isinstance(self.fmt, HermesFormat):
-            return self.tokenizer.apply_chat_template(prompt_messages(prompt, self.system_prompt), tools=self.schemas,
-                                                      add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                prompt_messages(prompt, self.system_prompt), tools=self.schemas, add_generation_prompt=True, tokenize=False
+            )
         if self.description:
             return render_prompt(_with_system_text(prompt_messages(prompt, self.system_prompt), self.description), self.tokenizer)
         return render_prompt(prompt, self.tokenizer, self.system_prompt)
@@ -142,8 +155,10 @@ class MultiTurnSource:
             if not self.description:
                 raise
             n = len(self.tokenizer(self.description, add_special_tokens=False)["input_ids"])
-            raise ValueError(f"{e}; {n} of its tokens are the tools' description in the system prompt: set tools.describe=false "
-                             "for a model trained on the tags without it, or use a model with a longer context") from None
+            raise ValueError(
+                f"{e}; {n} of its tokens are the tools' description in the system prompt: set tools.describe=false "
+                "for a model trained on the tags without it, or use a model with a longer context"
+            ) from None
 
     def _episodes(self, rows, states, p_ids, p_mask, traces) -> Episodes:
         G, pad = self.group_size, self.tokenizer.pad_token_id
@@ -165,9 +180,23 @@ class MultiTurnSource:
         }
         texts = self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True)
         columns = {"environments": [s.row.env for s in states]} if self.environment is not None else {}
-        return Episodes(p_ids.cpu(), p_mask.cpu(), ids, attn, loss, logp, torch.tensor([t.truncated for t in traces]),
-                        torch.arange(len(rows)).repeat_interleave(G), G, [s.row.messages for s in states], texts,
-                        info=info, extra_rewards=extra, valid=valid, columns=columns)
+        return Episodes(
+            p_ids.cpu(),
+            p_mask.cpu(),
+            ids,
+            attn,
+            loss,
+            logp,
+            torch.tensor([t.truncated for t in traces]),
+            torch.arange(len(rows)).repeat_interleave(G),
+            G,
+            [s.row.messages for s in states],
+            texts,
+            info=info,
+            extra_rewards=extra,
+            valid=valid,
+            columns=columns,
+        )
 
     def _tool_names(self) -> list[str]:
         return (self.tools.names if self.tools else []) + (self.environment.names if self.environment else [])
@@ -208,7 +237,7 @@ class MultiTurnSource:
         }
         for key, v in info.items():
             if key.startswith("calls/"):
-                m[f"tools/{key[len('calls/'):]}/call_frequency"] = float(v.sum()) / n
+                m[f"tools/{key[len('calls/') :]}/call_frequency"] = float(v.sum()) / n
         return m
 
 
@@ -234,7 +263,7 @@ class _Driver:
         text = full = self.tok.decode(turn_ids, skip_special_tokens=True)
         if not eos:  # ended at a stop string, perhaps inside its last token
             text = cut_after_stop(full, self.stop_strings)
-        r.after_stop = full[len(text):]
+        r.after_stop = full[len(text) :]
         calls = fmt.parse(text) if r.valid else []
         if not calls:
             self.turn_text[row] = text
@@ -273,11 +302,16 @@ class _Driver:
             r.messages += [{"role": "tool", "name": x.name, "content": x.text} for x in results]
             text = fmt.result_text(results)
             if r.after_stop and text.startswith(r.after_stop):  # the model already wrote the result tag's start
-                text = text[len(r.after_stop):]
+                text = text[len(r.after_stop) :]
         else:
             tool_msgs = fmt.result_messages(results)
-            text = glue_after_turn(self.tok, prompt_messages(s.prompt, self.source.system_prompt) + r.messages, self.source.schemas,
-                                   tool_msgs, end_of_turn=r.end_of_turn)
+            text = glue_after_turn(
+                self.tok,
+                prompt_messages(s.prompt, self.source.system_prompt) + r.messages,
+                self.source.schemas,
+                tool_msgs,
+                end_of_turn=r.end_of_turn,
+            )
             r.messages += tool_msgs
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
@@ -312,8 +346,17 @@ def _append_to_prompt(prompt, text: str | None):
     return messages
 
 
-def make_format(kind: str, tokenizer, *, tool_names: list[str], schemas: list[dict], tags: dict[str, str],
-                result_tags: tuple[str, str], describe: bool = True, model: str = "the model"):
+def make_format(
+    kind: str,
+    tokenizer,
+    *,
+    tool_names: list[str],
+    schemas: list[dict],
+    tags: dict[str, str],
+    result_tags: tuple[str, str],
+    describe: bool = True,
+    model: str = "the model",
+):
     """The call format `tools.format` names (`auto`: rlvr.tools.chat_template.choose_format). `describe`: the
     tags format shows the tools in the system prompt. A template that cannot render tools, or rewrites earlier
     turns when a tool message is added, is refused for chat_template here."""

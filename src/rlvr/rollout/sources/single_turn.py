@@ -24,8 +24,17 @@ def as_completions(prompts: list, texts: list[str]) -> list:
 class SingleTurnSource:
     """RolloutSource: prompt -> G sampled completions, each one model segment."""
 
-    def __init__(self, engine: GenerationEngine, tokenizer, sampling: SamplingParams, *, system_prompt: str | None = None,
-                 context_length: int | None = None, autocast: str = "none", device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer,
+        sampling: SamplingParams,
+        *,
+        system_prompt: str | None = None,
+        context_length: int | None = None,
+        autocast: str = "none",
+        device: torch.device | str = "cpu",
+    ):
         self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
         self.system_prompt, self.context_length = system_prompt, context_length
         self.autocast, self.device = autocast, torch.device(device)

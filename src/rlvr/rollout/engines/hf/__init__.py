@@ -1,16 +1,16 @@
 """The hf engine: generation with any transformers causal LM, sharing the trainer's model.
 
-    engine.py          HFEngine (GenerationEngine and MultiTurnEngine): the single-turn decode loop
-    forward.py         the model's forward as the decodes use it: generation mode, the prefill, the padding bias
-  decode steps
-    steps.py           the single-turn step and the KV layout it runs on (lean, shared prefix, repeated)
-    lean_decode.py     the step of Llama-family models without transformers' per-token machinery
-    shared_prefix.py   attention that reads a prompt's keys/values once for its G samples
-    episode_decode.py  the multi-turn decode: rows advance independently, tools answer in between
-  KV layouts
-    kv_buffers.py      cache layers in buffers allocated once (the repeated layout)
-    episode_cache.py   the multi-turn cache: each row writes at its own position
-    attention.py       SDPA in the cache's dtype under bf16 autocast
+  engine.py          HFEngine (GenerationEngine and MultiTurnEngine): the single-turn decode loop
+  forward.py         the model's forward as the decodes use it: generation mode, the prefill, the padding bias
+decode steps
+  steps.py           the single-turn step and the KV layout it runs on (lean, shared prefix, repeated)
+  lean_decode.py     the step of Llama-family models without transformers' per-token machinery
+  shared_prefix.py   attention that reads a prompt's keys/values once for its G samples
+  episode_decode.py  the multi-turn decode: rows advance independently, tools answer in between
+KV layouts
+  kv_buffers.py      cache layers in buffers allocated once (the repeated layout)
+  episode_cache.py   the multi-turn cache: each row writes at its own position
+  attention.py       SDPA in the cache's dtype under bf16 autocast
 """
 
 from rlvr.rollout.engines.hf.engine import HFEngine

@@ -39,8 +39,15 @@ AttentionMaskInterface.register("rlvr_episode", sdpa_mask)
 class HFEngine:
     """Generation engine for transformers causal LMs (the model is shared with the trainer)."""
 
-    def __init__(self, model, tokenizer, drop_finished_fraction: float = 0.25, static_cache: bool = True, shared_prefix: bool = True,
-                 lean: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        drop_finished_fraction: float = 0.25,
+        static_cache: bool = True,
+        shared_prefix: bool = True,
+        lean: bool = True,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.drop_finished_fraction = drop_finished_fraction
@@ -65,14 +72,17 @@ class HFEngine:
         return self._generation(pre.prompt_ids, pre.prompt_mask, completion, logprobs, entropies, params)
 
     @torch.no_grad()
-    def generate_episodes(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int],
-                          driver: TurnDriver) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+    def generate_episodes(
+        self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
         """MultiTurnEngine: episodes continue from their KV cache between turns (rlvr.rollout.engines.hf.episode_decode).
         Needs plain causal full attention (supports_shared_prefix)."""
         model = self.model
         if not supports_shared_prefix(model.config):
-            raise ValueError("multi-turn episodes with the hf engine need a model with plain full causal attention and "
-                             f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)")
+            raise ValueError(
+                "multi-turn episodes with the hf engine need a model with plain full causal attention and "
+                f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)"
+            )
         cache_dtype = torch.float32 if cpu_bf16_autocast(model) else None
         with generation_mode(model, "rlvr_episode"):
             return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype)

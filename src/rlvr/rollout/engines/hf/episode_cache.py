@@ -51,7 +51,8 @@ class EpisodeState:
         dtype = self.prefix_bias.dtype
         # a row outside the forward also sees its next, unwritten slot (zeros): finite, and its output is dropped
         self.own_bias = torch.zeros(len(self.read_rows), 1, 1, L, dtype=dtype, device=rows.device).masked_fill(
-            (slots[None, :] > lengths[self.read_rows][:, None])[:, None, None, :], torch.finfo(dtype).min)
+            (slots[None, :] > lengths[self.read_rows][:, None])[:, None, None, :], torch.finfo(dtype).min
+        )
 
 
 class EpisodeLayer(DynamicLayer):
@@ -95,8 +96,18 @@ def episode_attention(module, query, key, value, attention_mask, scaling=None, d
         q = query.to(dtype)  # [n, Hq, 1, D]
         if m != n:  # in place: a query for every row, the rows outside the forward left at zero
             q = q.new_zeros(m, *q.shape[1:]).index_copy_(0, st.rows, q)
-        out = attend_prefix_and_own(q, key, value, layer.prefix_keys, layer.prefix_values, rows=st.read_rows,
-                                    group_size=st.group_size, prefix_bias=st.prefix_bias, scaling=scaling, own_bias=st.own_bias)
+        out = attend_prefix_and_own(
+            q,
+            key,
+            value,
+            layer.prefix_keys,
+            layer.prefix_values,
+            rows=st.read_rows,
+            group_size=st.group_size,
+            prefix_bias=st.prefix_bias,
+            scaling=scaling,
+            own_bias=st.own_bias,
+        )
         if m != n:
             out = out[st.rows]
     return out.to(query.dtype), None

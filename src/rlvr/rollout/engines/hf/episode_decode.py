@@ -41,8 +41,16 @@ from rlvr.rollout.engines.turns import (
 
 
 @torch.no_grad()
-def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver,
-                    *, cache_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
+def decode_episodes(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    params: SamplingParams,
+    seeds: Sequence[int],
+    driver: TurnDriver,
+    *,
+    cache_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
     """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
     params.max_new_tokens bounds each episode's tokens after the prompt (model and external)."""
     G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
@@ -70,8 +78,13 @@ def decode_episodes(model, tokenizer, prompts: Sequence[str], params: SamplingPa
             rows = torch.tensor([r for r, _ in feed], device=device)
             tokens = torch.tensor([t for _, t in feed], device=device)
             state.prepare(rows, lengths, N)
-            out = model(input_ids=tokens[:, None], position_ids=(start[rows] + lengths[rows])[:, None], use_cache=True,
-                        rlvr_episode=state, **{ckw: cache})
+            out = model(
+                input_ids=tokens[:, None],
+                position_ids=(start[rows] + lengths[rows])[:, None],
+                use_cache=True,
+                rlvr_episode=state,
+                **{ckw: cache},
+            )
             logits[rows] = out.logits[:, -1].float()
             lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces

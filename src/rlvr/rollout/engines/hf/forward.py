@@ -45,8 +45,14 @@ def prefill(model, tokenizer, prompts: Sequence[str], group_size: int) -> Prefil
     enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg(model): cache},
+    )
     return Prefill(prompt_ids, prompt_mask, cache, out.logits[:, -1].float().repeat_interleave(group_size, 0))
 
 
@@ -60,5 +66,8 @@ def padding_bias(prompt_mask: torch.Tensor, dtype: torch.dtype, fill: float | No
 def cpu_bf16_autocast(model) -> bool:
     """The model runs on CPU under bf16 autocast: the decodes then keep their KV cache in fp32
     (rlvr.rollout.engines.hf.attention says why)."""
-    return next(model.parameters()).device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+    return (
+        next(model.parameters()).device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )

@@ -28,8 +28,8 @@ class BufferedLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         m = key_states.shape[-2]
-        self.kbuf[..., self.n: self.n + m, :] = key_states
-        self.vbuf[..., self.n: self.n + m, :] = value_states
+        self.kbuf[..., self.n : self.n + m, :] = key_states
+        self.vbuf[..., self.n : self.n + m, :] = value_states
         self.n += m
         self._views()
         return self.keys, self.values

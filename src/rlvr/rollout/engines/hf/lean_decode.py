@@ -104,8 +104,9 @@ class LeanDecoder:
         self.kv_heads = lm.config.num_key_value_heads
         self.q_heads = lm.config.num_attention_heads
 
-    def start(self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None,
-              shared: bool = True) -> DecodeState:
+    def start(
+        self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
+    ) -> DecodeState:
         """State from the prefill's DynamicCache (keys/values [B, Hkv, P, D] per layer): buffers for
         `capacity` new tokens per row, in `dtype` when given (fp32 under bf16 autocast on CPU)."""
         keys = [layer.keys.to(dtype) if dtype else layer.keys for layer in cache.layers]
@@ -157,14 +158,16 @@ class LeanDecoder:
         q = q.to(own_k.dtype)
         if state.prefix_keys is None:  # repeated layout: prompt and own tokens in one buffer
             with torch.autocast(q.device.type, enabled=False):
-                out = F.scaled_dot_product_attention(q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]],
-                                                     scale=scale, enable_gqa=rep > 1)
+                out = F.scaled_dot_product_attention(
+                    q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]], scale=scale, enable_gqa=rep > 1
+                )
             return out.reshape(n, Hkv * rep * D)
         pk, pv = state.prefix_keys[i], state.prefix_values[i]
         B = pk.shape[0]
         if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.engines.hf.shared_prefix)
-            out = attend_prefix_and_own(q.view(n, Hkv * rep, 1, D), own_k, own_v, pk, pv, rows=state.rows,
-                                        group_size=G, prefix_bias=state.bias, scaling=scale)
+            out = attend_prefix_and_own(
+                q.view(n, Hkv * rep, 1, D), own_k, own_v, pk, pv, rows=state.rows, group_size=G, prefix_bias=state.bias, scaling=scale
+            )
             return out.reshape(n, Hkv * rep * D)
         with torch.autocast("cpu", enabled=False):
             qr = q.view(n, Hkv, rep, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
@@ -172,8 +175,9 @@ class LeanDecoder:
             full = n == B * G
             qf = qr if full else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, state.rows, qr)
             qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
-            o_p, lse_p = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qf, pk, pv, 0.0, False,
-                                                                                   attn_mask=state.bias, scale=scale)
+            o_p, lse_p = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qf, pk, pv, 0.0, False, attn_mask=state.bias, scale=scale
+            )
             o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)
             lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)
             if not full:

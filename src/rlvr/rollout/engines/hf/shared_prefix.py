@@ -77,13 +77,23 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     dtype = layer.prefix_keys.dtype  # the cache's dtype (fp32 also under bf16 autocast: see rlvr.rollout.engines.hf.attention)
     with torch.autocast(query.device.type, enabled=False):
-        out = attend_prefix_and_own(query.to(dtype), key, value, layer.prefix_keys, layer.prefix_values, rows=rlvr_prefix.rows,
-                                    group_size=rlvr_prefix.group_size, prefix_bias=rlvr_prefix.prefix_bias, scaling=scaling)
+        out = attend_prefix_and_own(
+            query.to(dtype),
+            key,
+            value,
+            layer.prefix_keys,
+            layer.prefix_values,
+            rows=rlvr_prefix.rows,
+            group_size=rlvr_prefix.group_size,
+            prefix_bias=rlvr_prefix.prefix_bias,
+            scaling=scaling,
+        )
     return out.to(query.dtype), None
 
 
-def attend_prefix_and_own(query, key, value, prefix_keys, prefix_values, *, rows, group_size: int, prefix_bias, scaling=None,
-                          own_bias=None):
+def attend_prefix_and_own(
+    query, key, value, prefix_keys, prefix_values, *, rows, group_size: int, prefix_bias, scaling=None, own_bias=None
+):
     """One new token per row: attention over its group's prompt (prefix_keys/values [B, Hkv, P, D],
     once per group) and over its own tokens (key/value [n, Hkv, t, D]; own_bias [n, 1, 1, t] masks
     slots a row has not written), the two partial softmaxes merged exactly. query [n, Hq, 1, D];

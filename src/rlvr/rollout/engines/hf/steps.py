@@ -98,8 +98,14 @@ class TransformersStep:
             self.attn_mask = torch.cat([self.attn_mask, torch.ones_like(self.attn_mask[:, :1])], dim=1)
         if "rlvr_prefix" in self.extra:
             self.extra["rlvr_prefix"].rows = rows
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.attn_mask, position_ids=positions[:, None],
-                         **{self.ckw: self.cache}, use_cache=True, **self.extra)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.attn_mask,
+            position_ids=positions[:, None],
+            **{self.ckw: self.cache},
+            use_cache=True,
+            **self.extra,
+        )
         return out.logits[:, -1].float()
 
 
