@@ -632,7 +632,8 @@ def write_report(path: Path, results, peak, versions, cpu, isa, cmd, loads, log_
             L.append(f"> - {b}")
         L.append("")
     L.append(
-        "| config | variant | lib | step median (min-max) s | generate s | reward s | train s | completion tok/s | len min-max | peak RSS MB | TRL/rlvr |"
+        "| config | variant | lib | step median (min-max) s | generate s | reward s | train s "
+        "| completion tok/s | len min-max | peak RSS MB | TRL/rlvr |"
     )
     L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:

@@ -191,7 +191,8 @@ def spawn(kind: str, spec: dict, cache_dir: str | None = None) -> dict:
     out = json.loads(lines[-1][len("RESULT ") :])
     out["process_s"] = time.perf_counter() - t0
     print(
-        f"  {kind} {spec.get('compiled') or spec.get('variant')}{' (cache ' + cache_dir + ')' if cache_dir else ''}: {json.dumps(out)[:300]}",
+        f"  {kind} {spec.get('compiled') or spec.get('variant')}{' (cache ' + cache_dir + ')' if cache_dir else ''}: "
+        f"{json.dumps(out)[:300]}",
         flush=True,
     )
     return out
@@ -290,8 +291,10 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
         [
             "# torch.compile of the training forward+backward (optim.compile)",
             "",
-            f"Command: `nice -n 19 python bench/compile_buckets.py --reps {a.reps} --run-steps {a.run_steps}` ({started}, {wall / 60:.1f} min)  ",
-            f"CPU: {cpu_model()}, {THREADS} threads, torch {torch.__version__}, fp32. Load average before / after: {load_before} / {load_after}"
+            f"Command: `nice -n 19 python bench/compile_buckets.py --reps {a.reps} --run-steps {a.run_steps}` "
+            f"({started}, {wall / 60:.1f} min)  ",
+            f"CPU: {cpu_model()}, {THREADS} threads, torch {torch.__version__}, fp32. "
+            f"Load average before / after: {load_before} / {load_after}"
             + (
                 " - **the machine was shared with other jobs during this run**: wall times are inflated and noisy; eager and compiled "
                 "steps are interleaved so their ratio holds better than their values. Re-run it idle."
@@ -299,7 +302,8 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
                 else "."
             ),
             "",
-            f"Model: compare_trl.py's config B (25M Llama, hidden 512, 8 layers, vocab 103), random weights. One micro-batch of {ROWS} rows",
+            "Model: compare_trl.py's config B (25M Llama, hidden 512, 8 layers, vocab 103), random weights. "
+            f"One micro-batch of {ROWS} rows",
             f"(8 groups of {GROUP} sharing a 6-8 token prompt) x C completion tokens: forward, log-probs, entropies and the backward",
             "of a token-weighted loss (the optimizer step is the same either way). Medians over the interleaved rounds that",
             "compiled nothing.",
@@ -338,7 +342,8 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
             "## What optim.compile=auto does with this",
             "",
             (
-                f"With an empty inductor cache the bucketed compile pays for its two graphs after ~{after_steps['bucketed', 'cold']:.0f} steps "
+                "With an empty inductor cache the bucketed compile pays for its two graphs "
+                f"after ~{after_steps['bucketed', 'cold']:.0f} steps "
                 f"of config B (~{after_steps['bucketed', 'warm']:.0f} with a warm cache, which a first run on a machine does not have; "
                 "an EOS run whose packed micro-batches meet all four buckets of max_new_tokens=64 compiles twice as much). "
                 if after_steps["bucketed", "cold"] < float("inf")
@@ -349,7 +354,10 @@ def render(a, res, counts, shapes, started, load_before, load_after, wall) -> st
                 if after_steps["bucketed", "cold"] > 20
                 else "**That is within a run's first steps: `COMPILE_WINS_ON` in src/rlvr/models/compiled.py should include cpu.** "
             )
-            + "On CUDA it is unmeasured (no GPU was lent), so `auto` is off there; `optim.compile=on` turns it on anywhere (single process).",
+            + (
+                "On CUDA it is unmeasured (no GPU was lent), so `auto` is off there; "
+                "`optim.compile=on` turns it on anywhere (single process)."
+            ),
             "bf16 is not measured here (emulated on this CPU); vs_trl.md's earlier measurement on a machine with fast bf16 saw",
             "the bf16 forward+backward go 3.2 s -> 2.2 s, a larger saving per step than fp32's, against compiles of the same order.",
             "",

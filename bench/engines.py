@@ -153,7 +153,8 @@ def main() -> None:
         f"Each run: `rlvr train`, {a.steps} steps of 8 prompts x 8 completions, every completion max_new_tokens long; "
         f"medians over steps {a.warmup + 1}-{a.steps}. Models with random weights, built from configs (see the script).",
         "",
-        "| model | new tokens | engine | step s (min-max) | generate s | train s | generated tok/s | sampler gap (mean abs logp) | IS weight | peak GPU GiB | vllm speed-up (generate) |",
+        "| model | new tokens | engine | step s (min-max) | generate s | train s | generated tok/s "
+        "| sampler gap (mean abs logp) | IS weight | peak GPU GiB | vllm speed-up (generate) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -168,7 +168,8 @@ def main() -> None:
         same_w, same_m = a["weights"] == b["weights"], a["metrics"] == b["metrics"]
         ok &= same_w and same_m
         lines.append(
-            f"| {n} | {b['steps']} | {'yes' if same_w else 'NO'} | {'yes' if same_m else 'NO'} | {b['eval_after']} | `{' '.join(CONFIGS[n])}` |"
+            f"| {n} | {b['steps']} | {'yes' if same_w else 'NO'} | {'yes' if same_m else 'NO'} "
+            f"| {b['eval_after']} | `{' '.join(CONFIGS[n])}` |"
         )
     lines += ["", "All identical." if ok else "DIFFERENCES FOUND."]
     text = "\n".join(lines) + "\n"

@@ -96,14 +96,15 @@ def main() -> None:
     lines = [
         "# The math grader against math-verify on the labelled set",
         "",
-        f"Command: `PYTHONPATH=src python bench/graders.py --out bench/results/graders.md`  ",
+        "Command: `PYTHONPATH=src python bench/graders.py --out bench/results/graders.md`  ",
         f"CPU: {cpu_model()}; Python {platform.python_version()}; math-verify "
         f"{__import__('importlib.metadata').metadata.version('math-verify')}; worker pool size {symbolic.POOL.size}; "
         f"load average during the run {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (shared machine: times inflated).  ",
         f"Cases: {len(CASES)} (tests/math_grading_cases.py), {sum(c.right for c in CASES)} right answers and "
         f"{sum(1 - c.right for c in CASES)} wrong ones; accuracy is agreement with the label.",
         "",
-        "| grader | accuracy | wrong answers paid | right answers missed | median per call | max per call | classes of wrong answers paid |",
+        "| grader | accuracy | wrong answers paid | right answers missed | median per call | max per call "
+        "| classes of wrong answers paid |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:

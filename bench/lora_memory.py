@@ -138,7 +138,8 @@ def main() -> None:
     ]
     for v, r in res.items():
         lines.append(
-            f"| {v} | {r['params_m']:.1f} | {r['trainable_m']:.2f} | {r['peak_rss_mb']:.0f} | {r['base_copies']} | {r['sec_per_step']:.2f} |"
+            f"| {v} | {r['params_m']:.1f} | {r['trainable_m']:.2f} | {r['peak_rss_mb']:.0f} "
+            f"| {r['base_copies']} | {r['sec_per_step']:.2f} |"
         )
     out = Path(__file__).parent / "results" / "lora_memory.md"
     out.write_text("\n".join(lines) + "\n")

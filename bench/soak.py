@@ -88,7 +88,8 @@ def main() -> None:
     lines = [
         "# Soak: kill -9 at random points, resume, compare with an uninterrupted run",
         "",
-        f"Command: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} python bench/soak.py --steps {args.steps} --save-every {args.save_every} --kills {args.kills} --seed {args.seed}`",
+        f"Command: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')} python bench/soak.py "
+        f"--steps {args.steps} --save-every {args.save_every} --kills {args.kills} --seed {args.seed}`",
         f"(bundled tiny model on `arithmetic`, default demo settings, CPU, {time.strftime('%Y-%m-%d')})",
         "",
         f"- uninterrupted run: {t_straight:.0f} s; killed {args.kills} times and resumed: {t_killed:.0f} s in all",

@@ -126,7 +126,8 @@ def main() -> None:
         f"`python bench/tools_demo.py{' --eval-size ' + str(args.eval_size) if args.eval_size else ''}` at {commit}, "
         f"{time.strftime('%Y-%m-%d %H:%M')}; CPU: {cpu()}; 2 threads per run, runs one after the other.",
         "Evaluation: the run's own greedy evaluation before and after training (calculator: problems never trained on; "
-        "guess_number: every target of the range once, see rlvr.tasks.guess_number for why not a held-out split), 95% Wilson intervals. Tool metrics: mean of the first and of the last five training steps (sampling at temperature 1).",
+        "guess_number: every target of the range once, see rlvr.tasks.guess_number for why not a held-out split), "
+        "95% Wilson intervals. Tool metrics: mean of the first and of the last five training steps (sampling at temperature 1).",
         "",
     ]
     for name in [args.only] if args.only else list(RUNS):

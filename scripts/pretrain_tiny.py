@@ -387,7 +387,8 @@ def pretrain_tools(args) -> None:
         char_llama_config(tok, hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads, max_positions=max_pos)
     )
     print(
-        f"parameters: {sum(p.numel() for p in model.parameters()):,}; p_call {args.p_call}, keep digits {args.keep_digits} then {args.direct_tail}, "
+        f"parameters: {sum(p.numel() for p in model.parameters()):,}; p_call {args.p_call}, "
+        f"keep digits {args.keep_digits} then {args.direct_tail}, "
         f"p_bisect {args.p_bisect}, p_stray {args.p_stray}; per step {args.batch} multiplication rows + {args.extra_calls} "
         f"extra calls, {args.guess_batch} guess-number transcripts"
     )
