@@ -157,7 +157,7 @@ def test_entropy_bonus_alone_raises_the_entropy(make_trainer, tmp_path):
         e = t.last_step.batch.episodes
         mask = e.loss_mask.bool()
 
-        def mean_entropy():
+        def mean_entropy(t=t, e=e, mask=mask):
             return t.updater.fixed_logprobs(t.model, e, [slice(0, len(e))], entropy=True)[mask].mean().item()
 
         after = mean_entropy()
