@@ -126,6 +126,9 @@ def load_job(path):
     return job
 
 
+NONE_TYPE = type(None)  # named here, not called in is_plain's defaults (ruff B008); still bound at import
+
+
 def is_plain(
     value,
     _type=type,
@@ -136,10 +139,10 @@ def is_plain(
         str,
         bytes,
         bool,
-        type(None),
+        NONE_TYPE,
         list,
         tuple,
-        dict,  # noqa: B008
+        dict,
         set,
         frozenset,
     ),
