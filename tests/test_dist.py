@@ -327,7 +327,8 @@ def test_checkpoint_resumes_under_any_strategy(tmp_path, checkpoints, source, wo
     assert loss_diff < 1e-5 and weight_diff < 1e-5, (straight["loss"], r["loss"], weight_diff)
     assert any(m["grad_norm"] > 0 for m in r["metrics"])  # real updates after the resume
     print(
-        f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, {time.time() - t0:.0f}s"
+        f"{source} checkpoint resumed by {world} process(es): loss diff {loss_diff:.2e}, weight diff {weight_diff:.2e}, "
+        f"{time.time() - t0:.0f}s"
     )
 
 

@@ -108,7 +108,8 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         why = (
             "algo.sampler_correction=none"
             if a.sampler_correction == "none"
-            else f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} (its sampler is the trained model)"
+            else f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} "
+            "(its sampler is the trained model)"
         )
         out += _say("algo.", a, ("sampler_correction_cap",), why)
     if a.scale_rewards == "none":

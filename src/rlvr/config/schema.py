@@ -52,7 +52,11 @@ class ModelConfig:
 @dataclass
 class DistConfig:
     strategy: str = "ddp"
-    """With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard: weights, gradients and optimizer state sharded, for models that do not fit one device; tested on CPU/gloo, not yet on GPU/nccl; checkpoints are written unsharded, as one process writes them, and resume under any strategy)."""
+    (
+        "With several processes: `ddp` (every rank holds all weights) or `fsdp` (FSDP2 fully_shard: weights, gradients and "
+        "optimizer state sharded, for models that do not fit one device; tested on CPU/gloo, not yet on GPU/nccl; "
+        "checkpoints are written unsharded, as one process writes them, and resume under any strategy)."
+    )
     backend: str = "auto"
     """torch.distributed backend: auto (nccl on GPU, gloo on CPU), gloo or nccl."""
     timeout: float = 900.0

@@ -33,11 +33,13 @@ def batch_split_errors(cfg, world_size: int) -> list[str]:
         errors.append(
             f"`optim.steps_per_generation`={k} does not split {P} prompts into {k} minibatches of whole groups"
             + (f" over {W} ranks each" if W > 1 else "")
-            + f": set rollout.prompts_per_step to a multiple of {k * W} (e.g. {math.ceil(P / (k * W)) * k * W}), or steps_per_generation to one of {fits}"
+            + f": set rollout.prompts_per_step to a multiple of {k * W} (e.g. {math.ceil(P / (k * W)) * k * W}), "
+            f"or steps_per_generation to one of {fits}"
         )
     if W > 1 and a.top_entropy_quantile < 1:
         errors.append(
-            f"`algo.top_entropy_quantile`={a.top_entropy_quantile} picks tokens by a whole-batch quantile, which is not reduced across ranks yet: "
+            f"`algo.top_entropy_quantile`={a.top_entropy_quantile} picks tokens by a whole-batch quantile, "
+            "which is not reduced across ranks yet: "
             "set it to 1.0, or nproc to 1"
         )
     return errors
@@ -71,7 +73,8 @@ def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
     if d.strategy == "fsdp" and cfg.nproc > 1 and lo.save_merged:
         errors.append(
             "`model.lora.save_merged` is not implemented with dist.strategy=fsdp (the sharded model cannot be copied to merge): "
-            "set it to false and merge final/'s adapter afterwards (peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp"
+            "set it to false and merge final/'s adapter afterwards "
+            "(peft: PeftModel.from_pretrained(base, 'final').merge_and_unload()), or use ddp"
         )
     if d.timeout <= 0:
         errors.append(f"`dist.timeout` must be positive (seconds), got {d.timeout}")
@@ -223,16 +226,19 @@ def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choic
         errors.append(f"`rollout.vllm.gpu_memory_utilization` must be in (0, 1], got {v.gpu_memory_utilization}")
     if v.max_model_len is not None and v.max_model_len <= r.max_new_tokens:
         errors.append(
-            f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: it must exceed rollout.max_new_tokens={r.max_new_tokens}"
+            f"`rollout.vllm.max_model_len`={v.max_model_len} leaves no room for prompts: "
+            f"it must exceed rollout.max_new_tokens={r.max_new_tokens}"
         )
     choice("rollout.vllm.dtype", v.dtype, ["auto", "float32", "bfloat16", "float16"])
     if cfg.model.gguf_file:
         errors.append(
-            "`rollout.engine`=vllm loads a Hugging Face folder: convert the GGUF once with `rlvr convert-gguf` and point model.path at the result"
+            "`rollout.engine`=vllm loads a Hugging Face folder: "
+            "convert the GGUF once with `rlvr convert-gguf` and point model.path at the result"
         )
     if cfg.nproc > 1 and cfg.dist.strategy == "fsdp":
         errors.append(
-            "`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): use ddp, or engine=hf"
+            "`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): "
+            "use ddp, or engine=hf"
         )
 
 
@@ -318,11 +324,13 @@ def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) 
         warnings.append("no KL penalty (algo.beta=0): no reference model is loaded")
     elif cfg.model.lora.r > 0:
         warnings.append(
-            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): the reference is the base model with the adapter disabled (no second copy)"
+            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): "
+            "the reference is the base model with the adapter disabled (no second copy)"
         )
     else:
         warnings.append(
-            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): a frozen reference model is loaded (a second copy of the weights)"
+            f"KL penalty on (algo.beta={a.beta}, {a.kl_estimator} estimator): "
+            "a frozen reference model is loaded (a second copy of the weights)"
         )
 
 

@@ -315,9 +315,15 @@ def truncation(history: list[dict], ctx: Context) -> Finding | None:
         return None
     steps, clipped = hit.steps, hit.clipped
     if hit.gap is not None:
-        why = f"completions that ended scored {hit.gap[0]:.3g} on average, cut ones {hit.gap[1]:.3g}: the answers are cut off before they arrive"
+        why = (
+            f"completions that ended scored {hit.gap[0]:.3g} on average, cut ones {hit.gap[1]:.3g}: "
+            "the answers are cut off before they arrive"
+        )
     else:
-        why = "the answers may be cut off before they arrive (the prompts may also be too hard: no completion ended, so only a longer limit can tell)"
+        why = (
+            "the answers may be cut off before they arrive "
+            "(the prompts may also be too hard: no completion ended, so only a longer limit can tell)"
+        )
     return Finding(
         "truncation",
         "completions/clipped_ratio",
@@ -358,7 +364,8 @@ def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
         message,
         fmt(steps, values),
         f"raise rollout.temperature{ctx.now('rollout.temperature')}, widen the clip's high side "
-        f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), add an entropy bonus (algo.entropy_coef=0.001{ctx.now('algo.entropy_coef')}), "
+        f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), "
+        f"add an entropy bonus (algo.entropy_coef=0.001{ctx.now('algo.entropy_coef')}), "
         f"or lower optim.lr{ctx.now('optim.lr')}",
         steps,
         values,
@@ -481,7 +488,8 @@ def clip_high(history: list[dict], ctx: Context) -> Finding | None:
     return Finding(
         "clip_high",
         "clip_ratio/region_mean",
-        f"{sum(high)} of the last {len(values)} steps clipped more than {t.clip_ratio:.0%} of tokens: the learning rate is too high for this model",
+        f"{sum(high)} of the last {len(values)} steps clipped more than {t.clip_ratio:.0%} of tokens: "
+        "the learning rate is too high for this model",
         fmt(steps, values),
         f"lower optim.lr (now {ctx.setting('optim.lr')}), or use fewer algo.num_iterations (now {ctx.setting('algo.num_iterations')})",
         steps,

@@ -138,18 +138,20 @@ class BatchPlan:
         total = sum(mem.values())
         lines = [
             f"batch plan: {self.prompts} prompts x {self.group_size} completions = {self.completions} completions per step",
-            f"  {self.world_size} ranks ({self.strategy}): {self.prompts // self.world_size} prompts, {self.completions_per_rank} completions per rank"
+            f"  {self.world_size} ranks ({self.strategy}): {self.prompts // self.world_size} prompts, "
+            f"{self.completions_per_rank} completions per rank"
             if self.world_size > 1
             else "  one process (no torch.distributed)",
             *(
                 [
-                    f"  {self.steps_per_generation} minibatches of {self.minibatch_per_rank} completions per rank, each its own optimizer step"
+                    f"  {self.steps_per_generation} minibatches of {self.minibatch_per_rank} completions per rank, "
+                    "each its own optimizer step"
                 ]
                 if self.steps_per_generation > 1
                 else []
             ),
-            f"  micro-batch {self.micro_batch_size} completions -> at most {self.accumulation_steps} forward/backward pass(es) per rank per update"
-            + self._fast_paths(),
+            f"  micro-batch {self.micro_batch_size} completions -> "
+            f"at most {self.accumulation_steps} forward/backward pass(es) per rank per update" + self._fast_paths(),
             f"  parameters {self.num_params / 1e6:.1f}M, trainable {self.trainable_params / 1e6:.2f}M"
             + (", gradient checkpointing on" if self.gradient_checkpointing else ""),
             "  memory per rank (estimate): " + ", ".join(f"{k} {_size(v)}" for k, v in mem.items()) + f"; total ~{_size(total)}",
