@@ -142,12 +142,14 @@ def findings_html(findings: list[Finding]) -> str:
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1320px;padding:0 1em;color:#222}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0;font-size:.9em} td,th{border:1px solid #ddd;padding:.3em .5em;vertical-align:top;text-align:left}
+table{border-collapse:collapse;margin:.5em 0;font-size:.9em}
+td,th{border:1px solid #ddd;padding:.3em .5em;vertical-align:top;text-align:left}
 th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 pre{margin:0;white-space:pre-wrap;word-break:break-word;max-width:36em;font-size:.95em}
 .dim{color:#777;font-size:.9em} .ok{color:#1a7f37} li.warning{color:#8a5a00} li.error{color:#b42318} li{margin-bottom:.6em}
 .plots{display:flex;flex-wrap:wrap;gap:0 1.5em;align-items:flex-start}
-figure{margin:1em 0;max-width:100%} figure h3{margin:.2em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{color:#555;font-size:.9em}
+figure{margin:1em 0;max-width:100%} figure h3{margin:.2em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:.9em}
 div.turn,div.tool{padding:.15em .4em;margin:.1em 0;border-left:3px solid #9bb7d4} div.tool{border-left-color:#d4a72c;background:#fffbeb}
 """
 

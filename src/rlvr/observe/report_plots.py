@@ -168,7 +168,8 @@ class Plotter:
             fig,
             "clip",
             "Clip ratios",
-            "Share of tokens whose ratio hit the clip. Always 0 with algo.num_iterations=1; persistently high means the learning rate is too high.",
+            "Share of tokens whose ratio hit the clip. Always 0 with algo.num_iterations=1; "
+            "persistently high means the learning rate is too high.",
         )
 
     def kl(self):
