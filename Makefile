@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rlvr-installed
 
-.PHONY: demo test test-browser test-vllm setup clean pretrain-tiny
+.PHONY: demo test lint typecheck test-browser test-vllm setup clean pretrain-tiny
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ demo: $(STAMP)
 # spinning two threads each on a 2-core machine run many times slower.
 test: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q
+
+# The habits CI enforces before the tests: ruff's rules and its formatting (line length 140, pyproject.toml), and
+# mypy (basic everywhere, strict on algo/, config/, the Episodes seam and the engine Protocols).
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 # Renders report.html in headless Chromium (Debian: apt-get install -y chromium), screenshots it,
 # and checks the page logs no console errors. Deselected from `make test` (pytest marker `browser`).

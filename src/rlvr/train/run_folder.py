@@ -27,7 +27,7 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.dist import full_model_state
 from rlvr.observe.run_files import read_jsonl
-from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
+from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint, remove_partial_checkpoints
 
 # What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
 RUN_FILES = (
@@ -319,3 +319,24 @@ def save_final(output_dir: Path, policy, tokenizer, dist, *, merged: bool) -> No
     replace_final(output_dir, "final", final)  # whole or not at all: a kill mid-write leaves the previous final/
     if merged:
         replace_final(output_dir, "final-merged", final_merged)
+
+
+def open_output_dir(cfg, dist, *, force: bool) -> tuple[Path, ResumePlan | None]:
+    """The run's folder, before anything is loaded: refused when it holds a run that is neither resumed nor forced,
+    cleared of what a kill left half-written, and, on a resume, the plan of what resuming keeps (refused when it
+    would undo, redo or replace finished work; RunFinished when a finished run is resumed at its steps)."""
+    output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
+    if not cfg.resume and not force and holds_a_run(output_dir):
+        raise ConfigError(
+            f"output_dir {output_dir} already holds a run: continue it with "
+            f"`rlvr train --resume {output_dir}`, choose another output_dir, or pass --force to start over "
+            "(the old run is moved aside)"
+        )
+    if dist.is_main and output_dir.is_dir():  # what a kill left half-written goes before the folder is read
+        remove_partial_checkpoints(output_dir / "checkpoints")
+        recover_final(output_dir)
+    dist.barrier("output folder")
+    if not cfg.resume:
+        return output_dir, None
+    explicit = None if cfg.resume == "auto" else Path(cfg.resume)  # a checkpoint folder, or the newest in output_dir
+    return output_dir, check_resume(output_dir, cfg.steps, force=force, checkpoint=explicit)

@@ -118,3 +118,14 @@ def columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
     if cfg.rollout.function:
         return FunctionSource.reward_columns
     return frozenset({"environments"}) if cfg.tools.environment else frozenset()  # TRL's: the episodes' environment instances
+
+
+def make_optimizer(model, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters, and its learning-rate schedule over every optimizer step of the run."""
+    from rlvr.train.run_control import lr_lambda
+
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)

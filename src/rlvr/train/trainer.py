@@ -30,23 +30,22 @@ from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
-from rlvr.train.checkpoint import latest_checkpoint, remove_partial_checkpoints, rng_state, set_rng_state
+from rlvr.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from rlvr.train.collect import Batch, Collector
 from rlvr.train.evaluation import EvaluationError, evaluate, held_out_for
 from rlvr.train.minibatches import this_ranks_minibatches
 from rlvr.train.reward_health import RewardHealth
-from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, lr_lambda, seed_everything
-from rlvr.train.run_folder import (
-    check_resume,
-    holds_a_run,
-    keep_before_resume,
-    recover_final,
-    save_final,
-    set_aside,
-    truncate_jsonl,
-    write_atomically,
+from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
+from rlvr.train.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside, truncate_jsonl, write_atomically
+from rlvr.train.setup import (
+    check_config,
+    columns_the_rollout_adds,
+    device_for,
+    make_optimizer,
+    prompt_tokens,
+    run_precision,
+    training_prompts,
 )
-from rlvr.train.setup import check_config, columns_the_rollout_adds, device_for, prompt_tokens, run_precision, training_prompts
 from rlvr.train.state import Checkpointer, TrainState
 from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows
 from rlvr.train.update import Updater, UpdateResult
@@ -60,6 +59,29 @@ class Trainer:
         self.cfg, self.logger_live = cfg, logger_live
         self.warnings = check_config(cfg, force=force)
         self.device = device_for(cfg.device)
+        self._join_processes()
+        seed_everything(cfg.seed)
+        # Everything a mistake in the output folder, data or rewards would stop, before the (slow) model load.
+        self.output_dir, self.resume_plan = open_output_dir(cfg, self.dist, force=force)
+        first_row = self._prompts_and_rewards(source)
+        self._load_model(first_row)
+        self.source = source or self._source()
+        self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
+        pad = self.tokenizer.pad_token_id
+        self.collector = Collector(self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model, pad_token_id=pad)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
+        optim = {"optimizer": self.optimizer, "scheduler": self.scheduler, "dist": self.dist}
+        self.updater = Updater(
+            cfg, self.plan, policy=self.policy, train_model=self.train_model, device=self.device, precision=self.precision.autocast, **optim
+        )
+        self.checkpointer = Checkpointer(self.output_dir, cfg, policy=self.policy, stream=self.stream, tokenizer=self.tokenizer, **optim)
+        self.state, self.resumed_from, self.last_step = TrainState(), None, None
+        self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
+        self._prepare_output_dir(force)
+
+    def _join_processes(self) -> None:
+        """This process's place in the job (torchrun's ranks, or one process), checked against the config."""
+        cfg = self.cfg
         self.dist = Dist.from_env(backend=cfg.dist.backend, timeout=cfg.dist.timeout, device=self.device, strategy=cfg.dist.strategy)
         if self.dist.world_size != cfg.nproc and cfg.nproc > 1:
             raise ConfigError(
@@ -68,9 +90,10 @@ class Trainer:
             )
         if split_errors := batch_split_errors(cfg, self.dist.world_size):
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(split_errors))
-        seed_everything(cfg.seed)
-        # Everything a mistake in the output folder, data or rewards would stop, before the (slow) model load.
-        self._check_output_dir(force)
+
+    def _prompts_and_rewards(self, source) -> dict:
+        """The reward runner, the prompt stream and the held-out set, each checked against the data; the first row."""
+        cfg = self.cfg
         self.rewards = RewardRunner.from_config(cfg.rewards)
         self.reward_health = RewardHealth(self.rewards, self.dist, cfg.max_failed_reward_steps)
         self.rewards.state.is_world_process_zero, self.rewards.state.is_local_process_zero = self.dist.is_main, self.dist.local_rank == 0
@@ -80,76 +103,23 @@ class Trainer:
         self.stream.position = 0
         self.held_out = held_out_for(cfg, self.task) if cfg.eval.before_after or cfg.eval.every else None
         self.eval_reward = self.held_out.runner(columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
+        return first_row
 
+    def _load_model(self, first_row: dict) -> None:
+        """Tokenizer, policy (and reference), the batch plan, the precision, the parallel wrapper and the engine."""
+        cfg = self.cfg
         self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
-        self.plan = BatchPlan.build(
-            cfg, self.dist.world_size, self.model, prompt_tokens=prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt)
-        )
+        tokens = prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt)
+        self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model, prompt_tokens=tokens)
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
         self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
-        self.source = source or self._source()
-        self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
-        self.collector = Collector(
-            self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model, pad_token_id=self.tokenizer.pad_token_id
-        )
-        self.optimizer, self.scheduler = self._optimizer()
-        self.updater = Updater(
-            cfg,
-            self.plan,
-            policy=self.policy,
-            train_model=self.train_model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            dist=self.dist,
-            device=self.device,
-            precision=self.precision.autocast,
-        )
-        self.checkpointer = Checkpointer(
-            self.output_dir,
-            cfg,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            stream=self.stream,
-            tokenizer=self.tokenizer,
-            dist=self.dist,
-        )
-        self.state, self.resumed_from, self.last_step = TrainState(), None, None
-        self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
-        self._prepare_output_dir(force)
-
-    def _check_output_dir(self, force: bool) -> None:
-        """The output folder: refused when it holds a run not resumed or forced, cleared of what a kill left half-written,
-        and, on a resume, the plan of what resuming keeps (refused when it would undo, redo or replace finished work)."""
-        cfg = self.cfg
-        self.output_dir = Path(cfg.output_dir or time.strftime("runs/%Y%m%d-%H%M%S"))
-        if not cfg.resume and not force and holds_a_run(self.output_dir):
-            raise ConfigError(
-                f"output_dir {self.output_dir} already holds a run: continue it with "
-                f"`rlvr train --resume {self.output_dir}`, choose another output_dir, or pass --force to start over "
-                "(the old run is moved aside)"
-            )
-        if self.dist.is_main and self.output_dir.is_dir():  # what a kill left half-written goes before the folder is read
-            remove_partial_checkpoints(self.output_dir / "checkpoints")
-            recover_final(self.output_dir)
-        self.dist.barrier("output folder")
-        # a resume of a finished run at its steps is a no-op (RunFinished)
-        self.resume_plan = check_resume(self.output_dir, cfg.steps, force=force, checkpoint=_explicit(cfg.resume)) if cfg.resume else None
-
-    def _optimizer(self):
-        """AdamW over the trainable parameters, and its learning-rate schedule over every optimizer step of the run."""
-        cfg, o = self.cfg, self.cfg.optim
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
-        schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     def _source(self, sampling: SamplingParams | None = None):
         """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling
@@ -425,8 +395,3 @@ class Trainer:
                 f"{s.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient (max_bad_steps={self.cfg.max_bad_steps}); "
                 f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
             )
-
-
-def _explicit(resume: str | None) -> Path | None:
-    """The checkpoint folder `resume` names, or None for `auto` (the newest in output_dir)."""
-    return None if resume in (None, "auto") else Path(resume)

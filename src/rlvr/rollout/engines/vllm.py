@@ -42,6 +42,31 @@ def import_vllm():
     return vllm
 
 
+def _engine_args(model_path, *, dtype, seed, max_model_len, enforce_eager, lora_rank, gpu_memory_utilization, sleep) -> dict:
+    """vllm.LLM's arguments; `gpu_memory_utilization` None: not on a GPU."""
+    kwargs = dict(
+        model=str(model_path),
+        skip_tokenizer_init=True,  # rlvr tokenizes and decodes itself: same ids as training
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",  # after temperature/top-k/top-p: what was sampled from
+        enable_prefix_caching=True,  # a group's G samples share the prompt's KV blocks
+    )
+    if gpu_memory_utilization is not None:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep)
+        if initialized_world_size() > 1:
+            # torchrun: one engine per rank on that rank's GPU (tensor parallel size 1), set up
+            # from the launcher's environment as TRL's colocate mode does. Not yet run here (no GPU).
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
+    if lora_rank > 0:
+        # vLLM sizes its LoRA buffers by one of a few ranks: the smallest that holds ours
+        max_rank = next((k for k in (8, 16, 32, 64, 128, 256, 320, 512) if k >= lora_rank), lora_rank)
+        kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+    return kwargs
+
+
 class VLLMEngine:
     """GenerationEngine and MultiTurnEngine on a colocated `vllm.LLM`. `model` is the trainer's; with LoRA (lora_rank > 0)
     `save_adapter(path)` writes its adapter (peft's save_pretrained) for vLLM to load."""
@@ -71,26 +96,16 @@ class VLLMEngine:
         self.save_adapter = save_adapter
         self.on_gpu = next(model.parameters()).device.type == "cuda"
         self.sleep_between = sleep and self.on_gpu  # vLLM's sleep mode is CUDA-only
-        kwargs = dict(
-            model=str(model_path),
-            skip_tokenizer_init=True,  # rlvr tokenizes and decodes itself: same ids as training
+        kwargs = _engine_args(
+            model_path,
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
             enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",  # after temperature/top-k/top-p: what was sampled from
-            enable_prefix_caching=True,  # a group's G samples share the prompt's KV blocks
+            lora_rank=lora_rank,
+            gpu_memory_utilization=gpu_memory_utilization if self.on_gpu else None,
+            sleep=self.sleep_between,
         )
-        if self.on_gpu:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_between)
-            if initialized_world_size() > 1:
-                # torchrun: one engine per rank on that rank's GPU (tensor parallel size 1), set up
-                # from the launcher's environment as TRL's colocate mode does. Not yet run here (no GPU).
-                kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
-        if self.lora:
-            # vLLM sizes its LoRA buffers by one of a few ranks: the smallest that holds ours
-            max_rank = next((k for k in (8, 16, 32, 64, 128, 256, 320, 512) if k >= lora_rank), lora_rank)
-            kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
         self.llm = vllm.LLM(**{k: v for k, v in kwargs.items() if v is not None})
         self._vllm = vllm
         self._lora_request = None

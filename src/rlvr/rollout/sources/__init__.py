@@ -38,10 +38,24 @@ def make_source(
         return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
     if not t.enabled:
         return SingleTurnSource(engine, tokenizer, sampling, **common)
-    from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
-    from rlvr.tasks import ENVIRONMENTS
-    from rlvr.tools import EnvironmentFactory, ToolRunner, ToolSet, choose_format
+    from rlvr.rollout.sources.multi_turn import MultiTurnSource
 
+    tools, env = _tools_and_environment(cfg)
+    fmt, kind, note = _tool_format(cfg, tokenizer, tools, env)
+    runner = tool_runner or _tool_runner(t)
+    source = MultiTurnSource(
+        engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner, max_turns=t.max_turns, **common
+    )
+    source.notes = ([note] if note else []) + unused_with_format(t, kind)
+    return source
+
+
+def _tools_and_environment(cfg):
+    """The run's tool set and environment factory (either may be None); an error when nothing can score an episode."""
+    from rlvr.tasks import ENVIRONMENTS
+    from rlvr.tools import EnvironmentFactory, ToolSet
+
+    t = cfg.tools
     tools = ToolSet(t.functions) if t.functions else None
     env = EnvironmentFactory(ENVIRONMENTS.get(t.environment, t.environment)) if t.environment else None
     if env is not None and not env.has_reward and not cfg.rewards:
@@ -49,26 +63,35 @@ def make_source(
             f"`rewards` is empty and the environment {env.name} has no get_reward(): nothing scores the episodes; "
             "add a reward function (e.g. rewards: [final_answer])"
         )
+    return tools, env
+
+
+def _tool_format(cfg, tokenizer, tools, env):
+    """(the tool format, its kind, the note saying how tools.format=auto chose it or None)."""
+    from rlvr.rollout.sources.multi_turn import make_format
+    from rlvr.tools import choose_format
+
+    t = cfg.tools
     names = (tools.names if tools else []) + (env.names if env else [])
     schemas = (tools.schemas if tools else []) + (env.schemas if env else [])
-    tags = tag_map(t.tags, names)
     kind, note = choose_format(t.format, tokenizer, cfg.model.path)
     fmt = make_format(
         kind,
         tokenizer,
         tool_names=names,
         schemas=schemas,
-        tags=tags,
+        tags=tag_map(t.tags, names),
         result_tags=tuple(t.result_tags),
         describe=t.describe,
         model=cfg.model.path,
     )
-    runner = tool_runner or ToolRunner(timeout_s=t.timeout_s, max_result_chars=t.max_result_chars)
-    source = MultiTurnSource(
-        engine, tokenizer, sampling, fmt=fmt, tools=tools, environment=env, runner=runner, max_turns=t.max_turns, **common
-    )
-    source.notes = ([note] if note else []) + unused_with_format(t, kind)
-    return source
+    return fmt, kind, note
+
+
+def _tool_runner(t):
+    from rlvr.tools import ToolRunner
+
+    return ToolRunner(timeout_s=t.timeout_s, max_result_chars=t.max_result_chars)
 
 
 def tag_map(pairs: list[str], names: list[str]) -> dict[str, str]:
