@@ -111,7 +111,7 @@ ALL_ONE_VALUE = {
 }
 
 
-# 75-100 % identical groups after step 20 (mean 86 %), as in the run of issue 19.
+# 75-100 % identical groups after step 20 (mean 86 %), as in a real SmolLM2 run that collapsed.
 def _smollm2_zero(s):
     return ramp(0.3, 0.75, s, 20) if s <= 20 else (0.75, 0.875, 1.0, 0.875, 0.75, 0.9)[s % 6]
 
@@ -150,7 +150,7 @@ def synthetic_cases() -> list[Case]:
         Case("healthy", "reward rises, a third of the groups identical, the policy explores", history(), set()),
         Case(
             "smollm2_collapse",
-            "issue 19's SmolLM2 run: entropy 0.62 -> 0.03 in 20 steps, 75-100 % identical groups, "
+            "a SmolLM2 run: entropy 0.62 -> 0.03 in 20 steps, 75-100 % identical groups, "
             "math reward ~0.57 (identical groups both right and wrong)",
             _smollm2(lambda s: decay(0.62, 0.03, s, 20), lambda s: decay(0.95, 0.45, s, 20)),
             {"entropy_collapse"},

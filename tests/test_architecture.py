@@ -295,3 +295,16 @@ def test_train_has_no_function_over_50_lines_and_no_file_over_400():
     """The loop and the update read in one sitting: small functions, small files."""
     assert not _long_functions(SRC / "train", 50), "functions over 50 lines:\n" + "\n".join(_long_functions(SRC / "train", 50))
     assert not _long_files(SRC / "train", 400), "files over 400 lines:\n" + "\n".join(_long_files(SRC / "train", 400))
+
+
+def _issue_numbers(root: Path) -> list[str]:
+    """Lines naming a tracker issue by number: they belong in commit messages and bench/results, not in code."""
+    pattern = re.compile(r"\b" + "issue" + r"s? #?\d+", re.IGNORECASE)
+    return [f"{p}:{i}" for p in sorted(root.rglob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+
+
+def test_no_issue_numbers_in_src_or_tests(tmp_path):
+    tests = Path(__file__).resolve().parent
+    assert not _issue_numbers(SRC) + _issue_numbers(tests), _issue_numbers(SRC) + _issue_numbers(tests)
+    (tmp_path / "a.py").write_text('"""As asked in ' + 'Issue 12."""\n')
+    assert _issue_numbers(tmp_path) == [f"{tmp_path / 'a.py'}:1"]

@@ -1,4 +1,4 @@
-"""The built-in `code` task (issue 20): its held-out splits, the solution extraction the code graders use,
+"""The built-in `code` task: its held-out splits, the solution extraction the code graders use,
 and `rlvr eval --task code / humaneval` through the sandbox."""
 
 import pytest

@@ -34,7 +34,7 @@ def test_the_labelled_set_covers_every_cause_and_real_runs():
 
 
 def test_smollm2_collapse_is_entropy_collapse_not_easy_prompts():
-    """Issue 19's run: the doctor said "prompts look too easy"; the policy had stopped exploring."""
+    """A real SmolLM2 run: the doctor said "prompts look too easy"; the policy had stopped exploring."""
     (f,) = _verdict(CASES["smollm2_collapse"]).values()
     assert f.rule == "entropy_collapse" and f.metric == "entropy"
     assert "token entropy 0.533 -> 0.03 nats" in f.message  # means of the first and last 3 steps

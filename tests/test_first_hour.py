@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 16): own data and reward, held-out numbers for them, starting
+"""A new user's first hour: own data and reward, held-out numbers for them, starting
 over, resuming, interrupting, and mistakes that fail fast with one line. CLI-level where the user
 meets it."""
 

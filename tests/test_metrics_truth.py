@@ -1,4 +1,4 @@
-"""Metrics that tell the truth (issue 17 item 2, issue 16 item 7): clip fractions averaged over the
+"""Metrics that tell the truth: clip fractions averaged over the
 mu passes with min/max over what can clip, the learning rate the update used, the generated and
 the kept view of the rewards under dynamic sampling, entropy over every sampled token (also when
 no row is trained), held-out evaluation with the training system prompt, the arithmetic split
@@ -196,7 +196,7 @@ def test_entropy_when_no_row_is_trained(make_trainer, sampler_entropy):
 
 @pytest.mark.parametrize("sampler_entropy", [True, False])
 def test_entropy_with_minibatches_is_over_the_whole_generated_batch(make_trainer, tmp_path, sampler_entropy):
-    """optim.steps_per_generation=2 (issue 17): the logged `entropy` covers every sampled token of the
+    """optim.steps_per_generation=2: the logged `entropy` covers every sampled token of the
     whole batch under the policy that generated it: not only the last minibatch's, nor measured after
     the first minibatch's optimizer step moved the weights (lr 0.05 moves them measurably here)."""
     t = make_trainer(
@@ -235,7 +235,7 @@ def test_hf_sampler_entropy_is_the_training_distributions(make_trainer):
 
 
 def test_cli_run_with_no_signal_logs_the_true_entropy(rlvr_cli, tiny_model_dir, tmp_path):
-    """Issue 16 item 7: every group has equal rewards, so no row is trained; the run's metrics.jsonl
+    """Every group has equal rewards, so no row is trained; the run's metrics.jsonl
     holds the sampled tokens' entropy (the untrained model's, well above 0), never 0.000."""
     out = tmp_path / "run"
     rlvr_cli(

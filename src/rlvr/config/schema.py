@@ -306,8 +306,7 @@ class OptimConfig:
     """Sort completions by length into micro-batches (each trimmed to its own longest) when that computes fewer tokens; same update."""
     compile: str = "auto"
     """torch.compile the training forward+backward: `on`, `off`, or `auto` (on where measured to win within a run's
-    first steps: nowhere yet. On a 2-core CPU in fp32 a compiled step is within ~10% of eager and each bucket's first
-    compile takes 50-80 s; on CUDA it is unmeasured; bench/results/compile.md). Lengths are padded to buckets
+    first steps: nowhere yet, see bench/results/compile.md; each bucket's first compile takes a while). Lengths are padded to buckets
     (multiples of 16, then 4 per doubling) with masked tokens, so a run compiles once per bucket it meets; same
     update. Single process; the shared-prefix forward is then off. `compile/count` and `time/compile` in the metrics."""
 

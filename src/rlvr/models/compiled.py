@@ -1,7 +1,7 @@
 """The training forward under torch.compile, compiled a handful of times per run.
 
 torch.compile specialises a graph to the shapes it is called with, and building the forward and
-backward graphs of a 25M Llama takes a minute or more on CPU: a new graph at every completion
+backward graphs of even a small Llama takes long on CPU: a new graph at every completion
 length costs more than it saves (bench/results/compile.md). So:
 
 - lengths go in buckets (`bucket_length`): the prompt is padded on the left and the completion on
@@ -30,10 +30,8 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.models.forward import TokenLogProbs, logits_plain, logprobs_from_logits
 
-# Device types where the compiled forward is measured to win within a run's first steps (optim.compile=auto).
-# None yet: on CPU (AMD EPYC, 2 threads, fp32, config B) a compiled step is within ~10% of eager, either way,
-# and each bucket's first compile takes 50-80 s with an empty inductor cache; on CUDA it is unmeasured.
-# bench/results/compile.md
+# Device types where the compiled forward is measured to win within a run's first steps (optim.compile=auto):
+# none yet (bench/results/compile.md: on CPU no faster than eager, and unmeasured on CUDA).
 COMPILE_WINS_ON: frozenset[str] = frozenset()
 BUCKET_STEP = 16  # the finest bucket step (lengths up to 128)
 RECOMPILE_LIMIT = 64  # graphs of the compiled forward before torch.compile falls back to eager (its default: 8)

@@ -27,9 +27,8 @@ and the final `</s>`, the environment the results. Bisection always wins when
 
 Training draws targets uniformly from the whole range, and evaluation plays every target of the
 range once (greedy): success over the game, not over unseen secrets. A split by target does not
-measure strategy: a policy can learn never to guess numbers that were never the answer. Measured
-(bench/results/tools_demo.md): trained on 21 of the 30 targets, the bundled tiny-tools model went
-to greedy success 0.95 on those and 0.00 on the other 9.
+measure strategy: a policy can learn never to guess numbers that were never the answer
+(bench/results/tools_demo.md measured it on the bundled tiny-tools model).
 """
 
 from __future__ import annotations
