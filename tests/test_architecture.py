@@ -306,5 +306,5 @@ def _issue_numbers(root: Path) -> list[str]:
 def test_no_issue_numbers_in_src_or_tests(tmp_path):
     tests = Path(__file__).resolve().parent
     assert not _issue_numbers(SRC) + _issue_numbers(tests), _issue_numbers(SRC) + _issue_numbers(tests)
-    (tmp_path / "a.py").write_text('"""As asked in ' + 'Issue 12."""\n')
+    (tmp_path / "a.py").write_text('"""As asked in Issue' + ' 12."""\n')
     assert _issue_numbers(tmp_path) == [f"{tmp_path / 'a.py'}:1"]
