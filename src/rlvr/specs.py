@@ -102,6 +102,7 @@ def _load_file(where: str, setting: str, spec: str, error: type[Exception]) -> t
         if module is None:
             mod_name = f"rlvr_user_{abs(hash(key))}"
             module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert module_spec is not None and module_spec.loader is not None, "a .py file always gets a source loader"
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[mod_name] = module  # dataclasses, pickling and typing look the module up by name
             try:

@@ -6,7 +6,7 @@ A reward of NaN means "not applicable" (a reward function returned None for that
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -80,15 +80,31 @@ def group_advantages(
     return torch.nan_to_num(centred / divisor, nan=0.0).reshape(-1)
 
 
-def _sum_then_normalize(rewards, weights, group_size, **kw):  # rewards [B x G, K], weights [K]
+def _sum_then_normalize(
+    rewards: torch.Tensor,  # [B x G, K]
+    weights: torch.Tensor,  # [K]
+    group_size: int,
+    *,
+    scale: str = "group",
+    ddof: int = 0,
+    eps: float = 1e-8,
+) -> torch.Tensor:  # [B x G]
     """The weighted sum of the rewards (NaN = not applicable, skipped), then group advantages of the sum."""
     total = (rewards * weights).nansum(dim=-1)  # [B x G] a None from one function does not erase the others
     all_nan = rewards.isnan().all(dim=-1)
     total = total.masked_fill(all_nan, float("nan"))
-    return group_advantages(total, group_size, **kw)
+    return group_advantages(total, group_size, scale=scale, ddof=ddof, eps=eps)
 
 
-def _normalize_then_sum(rewards, weights, group_size, *, scale="group", ddof=0, eps=1e-8):  # [B x G, K], [K]
+def _normalize_then_sum(
+    rewards: torch.Tensor,  # [B x G, K]
+    weights: torch.Tensor,  # [K]
+    group_size: int,
+    *,
+    scale: str = "group",
+    ddof: int = 0,
+    eps: float = 1e-8,
+) -> torch.Tensor:  # [B x G]
     """GDPO: each reward normalised in its own group, the weighted sum of those advantages, then
     batch-wise normalisation of the sum (its std over the whole batch) so that the advantage's
     range does not grow with the number of reward functions. With scale="none" only centring
@@ -104,26 +120,38 @@ def _normalize_then_sum(rewards, weights, group_size, *, scale="group", ddof=0, 
     return centred / (_nan_std(total.reshape(1, -1), ddof).reshape(()) + eps)
 
 
-REWARD_AGGREGATIONS = {
+class RewardAggregation(Protocol):
+    """Maps per-function rewards [B x G, K] (NaN = not applicable) and weights [K] to advantages [B x G]."""
+
+    def __call__(
+        self, rewards: torch.Tensor, weights: torch.Tensor, group_size: int, *, scale: str, ddof: int, eps: float
+    ) -> torch.Tensor: ...
+
+
+REWARD_AGGREGATIONS: dict[str, RewardAggregation] = {
     "sum_then_normalize": _sum_then_normalize,  # weighted sum of rewards, then group-normalise (default)
     "normalize_then_sum": _normalize_then_sum,  # group-normalise each reward, weighted sum, batch-normalise (GDPO)
 }
 
 
-def _signal_sum_then_normalize(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+def _signal_sum_then_normalize(
+    rewards: torch.Tensor, weights: torch.Tensor, group_size: int, tol: float
+) -> torch.Tensor:  # [B x G, K], [K] -> [B]
     """The group's weighted reward sums differ (spread > tol)."""
     total = (rewards * weights).nansum(dim=-1).masked_fill(rewards.isnan().all(dim=-1), float("nan"))
     return _group_spread(total.reshape(-1, group_size)) > tol
 
 
-def _signal_normalize_then_sum(rewards, weights, group_size, tol):  # [B x G, K], [K] -> [B]
+def _signal_normalize_then_sum(
+    rewards: torch.Tensor, weights: torch.Tensor, group_size: int, tol: float
+) -> torch.Tensor:  # [B x G, K], [K] -> [B]
     """Some reward with a non-zero weight differs within the group (spread > tol)."""
     spreads = torch.stack([_group_spread(rewards[:, k].reshape(-1, group_size)) for k in range(rewards.shape[1])], dim=-1)
     return ((spreads > tol) & (weights != 0)).any(dim=-1)
 
 
 # Whether each group yields a non-zero advantage under each aggregation mode (dynamic sampling).
-GROUP_SIGNAL = {
+GROUP_SIGNAL: dict[str, Callable[[torch.Tensor, torch.Tensor, int, float], torch.Tensor]] = {
     "sum_then_normalize": _signal_sum_then_normalize,
     "normalize_then_sum": _signal_normalize_then_sum,
 }

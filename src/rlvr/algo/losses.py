@@ -26,7 +26,7 @@ zero_advantage_rows_have_zero_gradient and rows_can_be_regrouped.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -74,7 +74,7 @@ def _loss_type(loss_type: str) -> tuple[Objective, Aggregation]:
     return OBJECTIVES[objective], LOSS_AGGREGATIONS[aggregation]
 
 
-def _log_ratio_fn(importance_level: str):
+def _log_ratio_fn(importance_level: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     if importance_level not in IMPORTANCE_LEVELS:
         raise ValueError(f"importance_level must be one of {sorted(IMPORTANCE_LEVELS)}, got {importance_level!r}")
     return IMPORTANCE_LEVELS[importance_level]

@@ -12,8 +12,9 @@ import re
 import textwrap
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 import yaml
 
@@ -21,17 +22,29 @@ from rlvr.config.renamed import RENAMED, current_key, upgrade
 from rlvr.config.schema import Config, ConfigError, RewardConfig
 from rlvr.config.trl_names import trl_hint
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_D = TypeVar("_D", bound="DataclassInstance")
+
 
 # ---------------------------------------------------------------------------------------------
 # Field documentation, read from the attribute docstrings above.
 
 
-def field_docs(cls) -> dict[str, str]:
+def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    class_def = tree.body[0]
+    assert isinstance(class_def, ast.ClassDef), "getsource of a class is its class statement"
+    body = class_def.body
     docs = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)  # a field; class bodies have no `a.b: T` / `a[i]: T` targets
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
             docs[node.target.id] = str(nxt.value.value)
     return docs
 
@@ -41,14 +54,14 @@ def old_names() -> list[str]:
     return [f"{old} = {new}" for old, new in RENAMED.items()]
 
 
-def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
+def describe(cls: type[DataclassInstance] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, default, doc) for every leaf field, for --help-config."""
     rows = []
     docs = field_docs(cls)
     defaults = cls()
     for f in dataclasses.fields(cls):
         value = getattr(defaults, f.name)
-        if dataclasses.is_dataclass(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a default: an instance
             rows += describe(type(value), f"{prefix}{f.name}.")
         else:
             rows.append((prefix + f.name, repr(value), docs.get(f.name, "")))
@@ -59,16 +72,21 @@ def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
 # Building a Config from plain data (YAML) with types checked and unknown keys named.
 
 
-def _valid_keys(cls=Config, prefix: str = "") -> list[str]:
+def _is_dataclass_type(hint: object) -> TypeGuard[type[DataclassInstance]]:
+    """dataclasses.is_dataclass for a type hint (a class, never an instance)."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _valid_keys(cls: type[DataclassInstance] = Config, prefix: str = "") -> list[str]:
     keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         keys.append(prefix + f.name)
         t = hints[f.name]
-        if dataclasses.is_dataclass(t):
+        if _is_dataclass_type(t):
             keys += _valid_keys(t, f"{prefix}{f.name}.")
-        elif typing.get_origin(t) is list and dataclasses.is_dataclass(typing.get_args(t)[0]):
-            keys += _valid_keys(typing.get_args(t)[0], f"{prefix}{f.name}.N.")
+        elif typing.get_origin(t) is list and _is_dataclass_type(inner := typing.get_args(t)[0]):
+            keys += _valid_keys(inner, f"{prefix}{f.name}.N.")
     return keys
 
 
@@ -116,7 +134,7 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"`{key}` must be a list, got {value!r}")
         return [_coerce(v, inner, f"{key}.{i}") for i, v in enumerate(value)]
-    if dataclasses.is_dataclass(t):
+    if _is_dataclass_type(t):
         if isinstance(value, str) and t is RewardConfig:
             value = {"fn": value}  # `rewards: [arithmetic, my.py:fn]` shorthand
         if not isinstance(value, dict):  # `model: Qwen/...`, `tools: [calculator]`: TRL's meaning of the name
@@ -149,10 +167,10 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
     return value
 
 
-def _from_dict(cls, data: dict, prefix: str = ""):
+def _from_dict(cls: type[_D], data: dict[Any, Any], prefix: str = "") -> _D:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for k, v in data.items():
         if k not in names:
             raise _unknown_key(prefix + str(k), "")
@@ -160,11 +178,11 @@ def _from_dict(cls, data: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
-def to_dict(cfg) -> dict:
+def to_dict(cfg: DataclassInstance) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _set_dotted(tree: dict, key: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node: Any = tree
     for i, part in enumerate(parts[:-1]):
@@ -190,7 +208,7 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
         node[last] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """A Config from an optional YAML file plus `dotted.key=value` overrides (values parsed as YAML)."""
     tree = to_dict(Config())
     if path is not None:
@@ -225,7 +243,7 @@ def _check_key(key: str) -> None:
         raise _unknown_key(key, " in the command line")
 
 
-def _merge(tree: dict, loaded: dict, prefix: str, source) -> None:
+def _merge(tree: dict[str, Any], loaded: dict[Any, Any], prefix: str, source: str | Path) -> None:
     for k, v in loaded.items():
         key = prefix + str(k)
         if k not in tree:

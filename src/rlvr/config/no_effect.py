@@ -9,6 +9,7 @@ YAML cannot tell what the user meant, and a default value changes nothing either
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
 
 from rlvr.config.schema import Config, applied_sampler_correction
@@ -19,17 +20,17 @@ _DATASETS_ONLY = "split and subset pick part of a `datasets` dataset"
 _EVAL_FIELDS = ("data", "split", "subset", "prompt_column", "reward", "size")
 
 
-def changed(section, names) -> list[str]:
+def changed(section: object, names: Iterable[str]) -> list[str]:
     """The fields of a config section (a dataclass) among `names` whose value differs from the default."""
     default = type(section)()
     return [n for n in names if getattr(section, n) != getattr(default, n)]
 
 
-def _say(prefix: str, section, names, why: str) -> list[str]:
+def _say(prefix: str, section: object, names: Iterable[str], why: str) -> list[str]:
     return [f"{prefix}{n}={_show(getattr(section, n))} has no effect: {why}" for n in changed(section, names)]
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
 
 

@@ -8,6 +8,7 @@ This module imports nothing else of rlvr but the schema's ConfigError.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from rlvr.config.schema import ConfigError
 
@@ -30,7 +31,7 @@ def current_key(key: str) -> str:
     return RENAMED[head] + (f".{rest}" if rest else "") if head in RENAMED else key
 
 
-def upgrade(tree: dict, where: str = "") -> dict:
+def upgrade(tree: dict[str, Any], where: str = "") -> dict[str, Any]:
     """A config mapping (config.yaml as read) with every old key moved to its place now; a copy, the input is left
     as it is. An old key and its new one both given with different values: ConfigError (`where` names the file)."""
     out = copy.deepcopy(tree)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Iterable, Mapping
+from typing import Callable, Collection, Mapping
 
 from rlvr.config.no_effect import no_effect_warnings
 from rlvr.config.schema import Config, ConfigError
 
+# choice(key, value, options): an error naming `key` unless value is one of options (the closest one suggested)
+Choice = Callable[[str, object, Collection[str]], None]
 
-def batch_split_errors(cfg, world_size: int) -> list[str]:
+
+def batch_split_errors(cfg: Config, world_size: int) -> list[str]:
     """Problems with splitting cfg's batch over `world_size` ranks, each naming what to change."""
     r, o, a = cfg.rollout, cfg.optim, cfg.algo
-    errors = []
+    errors: list[str] = []
     P, G, W = r.prompts_per_step, r.group_size, world_size
     if P < 1 or G < 1:
         return errors  # reported elsewhere
@@ -45,7 +48,7 @@ def batch_split_errors(cfg, world_size: int) -> list[str]:
     return errors
 
 
-def micro_batch_note(cfg, world_size: int) -> str | None:
+def micro_batch_note(cfg: Config, world_size: int) -> str | None:
     """A micro-batch larger than the completions one update has per rank is those completions, in one forward/backward:
     say so (shrinking rollout.prompts_per_step below a pinned micro_batch_size is no mistake)."""
     P, G, W = cfg.rollout.prompts_per_step, cfg.rollout.group_size, world_size
@@ -61,7 +64,7 @@ def micro_batch_note(cfg, world_size: int) -> str | None:
     return f"optim.micro_batch_size={m} is larger than the {minibatch} completions {what}: each update runs them as one micro-batch"
 
 
-def _validate_scale_out(cfg: Config, errors: list[str], choice) -> None:
+def _validate_scale_out(cfg: Config, errors: list[str], choice: Choice) -> None:
     """nproc, dist.*, model.lora.* and how the batch splits across ranks."""
     lo, d = cfg.model.lora, cfg.dist
     if cfg.nproc < 1:
@@ -141,7 +144,7 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
         warnings.append("algo.kl_bias_correction=true has no effect without a KL term (algo.beta=0)")
 
 
-def _validate_tools(cfg: Config, errors: list[str], choice) -> None:
+def _validate_tools(cfg: Config, errors: list[str], choice: Choice) -> None:
     t = cfg.tools
     choice("tools.format", t.format, ["auto", "tags", "chat_template"])
     if t.max_turns < 1:
@@ -197,7 +200,7 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
         )
 
 
-def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice, engines: Iterable[str], force: bool) -> None:
+def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice: Choice, engines: Collection[str], force: bool) -> None:
     """rollout.*: the group, the sampling settings, the engine (and vLLM's own settings)."""
     r = cfg.rollout
     if r.group_size < 2:
@@ -242,7 +245,7 @@ def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choic
         )
 
 
-def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice, choices: Mapping[str, Iterable[str]]) -> None:
+def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice: Choice, choices: Mapping[str, Collection[str]]) -> None:
     """algo.*: the registered names, the clipping and sampling hyperparameters, the objectives' own."""
     a = cfg.algo
     choice("algo.sampler_correction", a.sampler_correction, ["auto", "none", *choices["algo.sampler_correction"]])
@@ -269,7 +272,7 @@ def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice, 
         errors.append(f"`algo.max_resample_rounds` must be >= 0, got {a.max_resample_rounds}")
 
 
-def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
+def _validate_optim(cfg: Config, errors: list[str], choice: Choice) -> None:
     """optim.*, and the precision and device the optimizer steps run in."""
     o = cfg.optim
     choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
@@ -292,7 +295,7 @@ def _validate_optim(cfg: Config, errors: list[str], choice) -> None:
         )
 
 
-def _validate_run(cfg: Config, errors: list[str], choice, tasks: Iterable[str]) -> None:
+def _validate_run(cfg: Config, errors: list[str], choice: Choice, tasks: Collection[str]) -> None:
     """The run's length and stopping rules, what scores it, where its data comes from and its logging."""
     if cfg.max_bad_steps < 1:
         errors.append(f"`max_bad_steps` must be >= 1, got {cfg.max_bad_steps}")
@@ -334,14 +337,15 @@ def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) 
         )
 
 
-def validate(cfg: Config, *, choices: Mapping[str, Iterable[str]], force: bool = False) -> list[str]:
+def validate(cfg: Config, *, choices: Mapping[str, Collection[str]], force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
     `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
     if missing := [k for k in REGISTERED if k not in choices]:
         raise ValueError(f"validate: no choices given for {missing}")
-    errors, warnings = [], []
+    errors: list[str] = []
+    warnings: list[str] = []
 
-    def choice(key, value, options):
+    def choice(key: str, value: object, options: Collection[str]) -> None:
         if value not in options:
             close = difflib.get_close_matches(str(value), list(options), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

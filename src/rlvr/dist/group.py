@@ -30,7 +30,7 @@ class Dist:
     def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, timeout: float = 600.0, strategy: str = "none"):
         self.rank, self.world_size, self.local_rank, self.timeout = rank, world_size, local_rank, timeout
         self.strategy = strategy if world_size > 1 else "none"
-        self._store = None
+        self._store: torch.distributed.TCPStore | None = None
         self._beat: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -45,8 +45,9 @@ class Dist:
     # ------------------------------------------------------------------ set-up
 
     @classmethod
-    def from_env(cls, *, backend: str = "auto", timeout: float = 600.0, device: torch.device | None = None,
-                 strategy: str = "ddp") -> "Dist":
+    def from_env(
+        cls, *, backend: str = "auto", timeout: float = 600.0, device: torch.device | None = None, strategy: str = "ddp"
+    ) -> "Dist":
         """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), its ranks
         splitting the model by `strategy` (dist.strategy); a plain single process when there is none."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -70,7 +71,7 @@ class Dist:
         if not port:
             return
         try:
-            self._store = torch.distributed.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+            self._store = store = torch.distributed.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
         except Exception:  # heartbeats only improve error messages; training does not need them
             self._store = None
             return
@@ -78,7 +79,7 @@ class Dist:
         def beat():
             while not self._stop.is_set():
                 try:
-                    self._store.set(f"rlvr/heartbeat/{self.rank}", str(time.time()))
+                    store.set(f"rlvr/heartbeat/{self.rank}", str(time.time()))
                 except Exception:
                     return
                 self._stop.wait(1.0)

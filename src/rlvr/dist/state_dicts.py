@@ -6,6 +6,8 @@ calls it); with DDP or one process there is nothing to gather (None: the model's
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlvr.dist.group import Dist
 
 
@@ -37,8 +39,10 @@ def full_optimizer_state(dist: Dist, model, optimizer) -> dict | None:
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    named = dist.run("gather optimizer state", lambda: get_optimizer_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+    named = dist.run(
+        "gather optimizer state",
+        lambda: get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+    )
     if not dist.is_main:
         return {}
     index = {name: i for i, name in enumerate(n for g in named["param_groups"] for n in g["params"])}
@@ -63,11 +67,13 @@ def load_full_model_state(dist: Dist, model, state: dict, *, strict: bool = True
         for n in names:
             if present and n not in state:
                 state[n] = state[present[0]]
-    result = dist.run("load weights", lambda: set_model_state_dict(
-        model, state, options=StateDictOptions(full_state_dict=True, strict=strict)))
+    result = dist.run(
+        "load weights", lambda: set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
+    )
     if strict and (result.missing_keys or result.unexpected_keys):
-        raise RuntimeError(f"resume: checkpoint does not match the model (missing {result.missing_keys[:3]}, "
-                           f"unexpected {result.unexpected_keys[:3]})")
+        raise RuntimeError(
+            f"resume: checkpoint does not match the model (missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
 
 
 def load_full_optimizer_state(dist: Dist, model, optimizer, state: dict) -> None:
@@ -78,11 +84,14 @@ def load_full_optimizer_state(dist: Dist, model, optimizer, state: dict) -> None
     names = {id(p): n for n, p in model.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     if len(order) != sum(len(g["params"]) for g in state["param_groups"]):
-        raise RuntimeError(f"resume: the checkpoint's optimizer state has {sum(len(g['params']) for g in state['param_groups'])} "
-                           f"parameters, the model trains {len(order)}")
-    named = {
+        raise RuntimeError(
+            f"resume: the checkpoint's optimizer state has {sum(len(g['params']) for g in state['param_groups'])} "
+            f"parameters, the model trains {len(order)}"
+        )
+    named: dict[str, Any] = {
         "state": {order[i]: s for i, s in state["state"].items()},
         "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]],
     }
-    dist.run("load optimizer state", lambda: set_optimizer_state_dict(
-        model, optimizer, named, options=StateDictOptions(full_state_dict=True)))
+    dist.run(
+        "load optimizer state", lambda: set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+    )

@@ -17,7 +17,8 @@ def char_llama_config(
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
         max_position_embeddings=max_positions,
-        rope_theta=10000.0,
+        # transformers 5 still takes rope_theta (into rope_parameters) but its generated signature omits it; 4.x needs it
+        rope_theta=10000.0,  # type: ignore[call-arg]
         tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad
-from rlvr.models.kv_cache import cache_kwarg
+from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 
 
 class TokenLogProbs(NamedTuple):
@@ -41,7 +41,7 @@ def uses_dropout(model) -> bool:
     if any(isinstance(m, _DROPOUT_MODULES) and m.p > 0 for m in model.modules()):
         return True
     config = getattr(model, "config", None)
-    settings = config.to_dict() if hasattr(config, "to_dict") else {}
+    settings = config.to_dict() if config is not None and hasattr(config, "to_dict") else {}
     return any(k.endswith(("dropout", "pdrop")) and type(v) in (int, float) and v > 0 for k, v in settings.items())
 
 
@@ -106,8 +106,9 @@ def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, comple
         logits_to_keep=1,
         **{ckw: cache},
     ).logits  # [U, 1, V]
-    for layer in cache.layers:  # [U, H, P, D] -> [N, H, P, D], differentiable
-        layer.keys, layer.values = _repeat_rows(layer.keys, counts), _repeat_rows(layer.values, counts)
+    for layer in map(dynamic_layer, cache.layers):  # [U, H, P, D] -> [N, H, P, D], differentiable
+        keys, values = prefilled_kv(layer)
+        layer.keys, layer.values = _repeat_rows(keys, counts), _repeat_rows(values, counts)
     attn = torch.cat([prompt_mask, completion_mask], dim=1)  # [N, P + C]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
     C = completion_ids.shape[1]

@@ -75,7 +75,8 @@ def load_model(
             device_map={"": device},
         )
     model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    return model.to(device)
+    # transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to), whose typing loses the bound self
+    return model.to(device)  # type: ignore[arg-type]
 
 
 def frozen_copy(model):

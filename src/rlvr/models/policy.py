@@ -11,17 +11,22 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from rlvr.models.loading import ModelError, frozen_copy, load_model
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
 
 @dataclass
 class Policy:
-    model: object  # the transformers model that trains and generates (adapters injected when LoRA)
-    peft: object | None  # the PeftModel wrapping it, or None (full fine-tune)
-    ref_model: object | None  # full fine-tune with beta > 0: a frozen copy; otherwise None
+    model: PreTrainedModel  # the transformers model that trains and generates (adapters injected when LoRA)
+    peft: PeftModel | None  # the PeftModel wrapping it, or None (full fine-tune)
+    ref_model: PreTrainedModel | None  # full fine-tune with beta > 0: a frozen copy; otherwise None
 
     @contextlib.contextmanager
     def reference(self):
@@ -37,12 +42,14 @@ class Policy:
         """The trained weights: the adapter (adapter_model.safetensors + adapter_config.json) with
         LoRA, the whole model otherwise. `state_dict`: FSDP2's gathered full weights."""
         m = self.peft or self.model
-        m.save_pretrained(path) if state_dict is None else m.save_pretrained(path, state_dict=state_dict)
+        # peft annotates save_directory as str; it is only joined with os.path, so a Path works as for transformers
+        m.save_pretrained(path) if state_dict is None else m.save_pretrained(path, state_dict=state_dict)  # type: ignore[arg-type]
 
     def save_merged(self, path: Path) -> None:
         """Base weights with the adapter merged in, loadable without peft. Leaves the model as is."""
         import copy
 
+        assert self.peft is not None, "validation: model.lora.save_merged needs LoRA (model.lora.r > 0)"
         merged = copy.deepcopy(self.peft).merge_and_unload()
         merged.save_pretrained(path)
 
@@ -53,6 +60,7 @@ class Policy:
         from safetensors.torch import load_file
 
         saved = load_file(path / "adapter_model.safetensors")
+        assert self.peft is not None, "only a LoRA run resumes an adapter"
         adapter = self.peft.active_adapter
         names = {n.replace(f".{adapter}", ""): n for n, p in self.peft.named_parameters() if p.requires_grad}
         if unknown := [k for k in saved if k not in names]:
@@ -66,8 +74,8 @@ class Policy:
         from safetensors.torch import load_file
 
         result = set_peft_model_state_dict(self.peft, load_file(path / "adapter_model.safetensors"))
-        if getattr(result, "unexpected_keys", None):
-            raise RuntimeError(f"resume: adapter in {path} does not match the model (unexpected {result.unexpected_keys[:3]})")
+        if unexpected := getattr(result, "unexpected_keys", None):
+            raise RuntimeError(f"resume: adapter in {path} does not match the model (unexpected {unexpected[:3]})")
 
 
 def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
@@ -103,6 +111,7 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
     targets = lo.target_modules[0] if list(lo.target_modules) == ["all-linear"] else list(lo.target_modules)
     config = peft.LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets, task_type="CAUSAL_LM")
     wrapped = peft.get_peft_model(model, config)
-    base = wrapped.get_base_model()  # the same modules, adapters injected, base weights frozen
+    # the same modules, adapters injected, base weights frozen (peft types it a Module: it is the model passed in)
+    base = cast("PreTrainedModel", wrapped.get_base_model())
     base.train()
     return Policy(base, wrapped, None)

@@ -66,7 +66,7 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
     else:
         times = measure_step(model, shapes)
         entry = {
-            "autocast": min(times.seconds, key=times.seconds.get),
+            "autocast": min(times.seconds, key=times.seconds.__getitem__),
             "step_seconds": times.seconds,
             "measured_at": times.measured_at,
             "note": times.note,

@@ -103,7 +103,7 @@ def bf16_matmul_slowdown(model) -> float:
     rows = int(min(max(PROBE_FLOPS / (2 * in_features * out_features), 1), 512))
     x = torch.randn(rows, in_features, device=weight.device, dtype=weight.dtype)
 
-    times = {"none": [], "bf16": []}
+    times: dict[str, list[float]] = {"none": [], "bf16": []}
     for _ in range(4):  # alternating, so that both see the same machine; the first of each is a warm-up
         for kind, seen in times.items():
             t0 = time.perf_counter()

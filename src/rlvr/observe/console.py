@@ -15,6 +15,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any, Mapping
 
 from rich.columns import Columns
 from rich.console import Console, Group
@@ -22,7 +23,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from rlvr.config import upgrade
+from rlvr.config import Config, upgrade
 from rlvr.observe.doctor import Context, LiveDoctor
 from rlvr.observe.run_files import read_metrics
 from rlvr.observe.sinks import make_sinks
@@ -71,7 +72,7 @@ class RunLogger:
         start_step: int = 0,
         *,
         live: bool | None = None,
-        config=None,
+        config: Config | Mapping[str, Any] | None = None,
     ):
         """`config` (a Config or its dict) selects sinks (`logging.report_to`), the doctor's cadence
         (`logging.doctor_every`) and lets the doctor quote current settings in its advice."""
@@ -143,6 +144,7 @@ class RunLogger:
         return out
 
     def _render(self):
+        assert self.progress is not None, "the live display exists only with the progress bar"
         parts = [self.progress.get_renderable()]
         if self.last:
             # one `label value` item per field; a narrow terminal wraps between items, never inside
@@ -174,6 +176,7 @@ class RunLogger:
         rate_s = f"{rate:.2f} steps/s" if math.isfinite(rate) else ""
         if self.progress is not None:
             self.progress.update(self.task, completed=step, eta=_fmt_time(left), rate=rate_s)
+            assert self._live is not None, "started with the progress bar"
             self._live.refresh()
         else:
             fields = "  ".join(f"{label} {value}" for label, value in self.summary_fields(metrics))

@@ -454,6 +454,7 @@ def prompts_split(history: list[dict], ctx: Context) -> Finding | None:
     if (both := _split(history, ctx)) is None:
         return None
     g, explores = _groups(history, ctx), _exploration(history, ctx)
+    assert g is not None, "_split found prompts too easy and too hard, each of which needs the groups"
     if ctx.setting("algo.dynamic_sampling", False) is True:
         sampling = "; dynamic sampling is on: raise algo.max_resample_rounds" + ctx.now("algo.max_resample_rounds")
     else:

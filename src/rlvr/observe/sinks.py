@@ -10,12 +10,16 @@ Weights & Biases (`wandb`) and trackio. Each sink is small: `log(metrics)`, `sam
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 BACKENDS = ("tensorboard", "wandb", "trackio")
 
@@ -122,7 +126,7 @@ class TensorBoard:
 
         purge = {"purge_step": start_step + 1} if start_step > 0 else {}
         self._open = lambda: SummaryWriter(log_dir=str(run_dir / "tb"), **purge)
-        self._writer = None
+        self._writer: SummaryWriter | None = None
 
     @property
     def writer(self):
@@ -195,6 +199,7 @@ def make_sinks(run_dir: Path, report_to: list[str], config: dict | None = None, 
     a missing wandb or trackio that was asked for gets a note."""
     sinks: list[Sink] = [MetricsJsonl(run_dir), CompletionsTable(run_dir)]
     notes: list[str] = []
+    factory: Callable[[], Sink]
     for name in report_to:
         if name == "none":
             continue
@@ -206,8 +211,7 @@ def make_sinks(run_dir: Path, report_to: list[str], config: dict | None = None, 
             if importlib.util.find_spec(name) is None:
                 notes.append(f"report_to has {name!r} but the {name} package is not installed (pip install {name}): not logging there")
                 continue
-            cls = Wandb if name == "wandb" else Trackio
-            factory = lambda cls=cls: cls(run_dir, config or {})  # noqa: E731
+            factory = functools.partial(Wandb if name == "wandb" else Trackio, run_dir, config or {})
         else:
             notes.append(f"report_to: unknown backend {name!r} (choose from {', '.join(BACKENDS)}, none)")
             continue

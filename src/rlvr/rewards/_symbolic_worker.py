@@ -50,7 +50,7 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_cap, resource.RLIM_INFINITY))  # SIGXCPU ends a runaway request
         try:
             gold, answer = parse_once(request["gold"]), parse_once(request["answer"])
-            reply = {"equal": bool(gold and answer and verify(gold, answer, timeout_seconds=None))}
+            reply: dict[str, bool | str] = {"equal": bool(gold and answer and verify(gold, answer, timeout_seconds=None))}
         except (Exception, RecursionError, MemoryError) as e:  # a malformed or monstrous expression is not equal
             reply = {"equal": False, "error": f"{type(e).__name__}: {e}"[:300]}
         stdout.write(json.dumps(reply) + "\n")

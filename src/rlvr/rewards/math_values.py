@@ -189,8 +189,8 @@ def read_value(s: str) -> Value | None:
         return number
     items = _split_top_level(s, ",;") if re.search(r"[,;]", s) else re.split(r"\s+(?:and\s+)?|\s*\\text\{\s*and\s*\}\s*", s)
     if len(items) > 1 and all(items):
-        numbers = [read_number(x) for x in items]
-        if all(n is not None for n in numbers):
+        numbers = [n for x in items if (n := read_number(x)) is not None]
+        if len(numbers) == len(items):
             return NumberList(tuple(n.written for n in numbers), s)
     plain = _TEXT.sub(r"\1", s)
     if _is_prose(plain):
@@ -216,8 +216,8 @@ def read_answer(text: str) -> list[Value] | None:
     if len(sides) > 1:
         named = [x for x in sides if not re.search(r"\d", x)]
         sides = [x for x in sides if x not in named] or sides[-1:]
-    values = [read_value(x) for x in sides]
-    return None if any(v is None for v in values) else values
+    values = [v for x in sides if (v := read_value(x)) is not None]
+    return values if len(values) == len(sides) else None
 
 
 _PERCENT_QUESTION = re.compile(

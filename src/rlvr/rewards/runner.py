@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -178,6 +178,7 @@ class RewardRunner:
 
     @staticmethod
     def _call(gate, k, fn, prompts, completions, kwargs, outcomes) -> None:
+        result: tuple[Any, Exception | None]
         try:
             with gate:
                 result = (fn(prompts=prompts, completions=completions, **kwargs), None)

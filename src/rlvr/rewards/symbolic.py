@@ -45,12 +45,15 @@ class _Worker:
             stderr=self.stderr,
             close_fds=True,
         )
-        self.fd = self.proc.stdout.fileno()
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None, "opened with stdin=PIPE, stdout=PIPE"
+        self.stdin, self.stdout = stdin, stdout
+        self.fd = stdout.fileno()
         self.buffer, self.ready, self.started = b"", False, time.monotonic()
 
     def send(self, gold: str, answer: str, limit_s: float) -> None:
-        self.proc.stdin.write(json.dumps({"gold": gold, "answer": answer, "limit_s": limit_s}).encode() + b"\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps({"gold": gold, "answer": answer, "limit_s": limit_s}).encode() + b"\n")
+        self.stdin.flush()
 
     def replies(self) -> list[dict] | None:
         """The complete lines that arrived; None when the process ended."""
@@ -68,7 +71,7 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+        for f in (self.stdin, self.stdout, self.stderr):
             try:
                 f.close()
             except OSError:  # a broken pipe to a killed worker
@@ -99,7 +102,7 @@ class SymbolicPool:
         with self._lock:
             return self._run(pairs, timeout_s)
 
-    def _run(self, pairs, timeout_s) -> list[bool]:
+    def _run(self, pairs: list[tuple[str, str]], timeout_s: float) -> list[bool]:
         results = [False] * len(pairs)
         todo = collections.deque(range(len(pairs)))
         busy: dict[_Worker, tuple[int, float]] = {}

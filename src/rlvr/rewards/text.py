@@ -51,12 +51,15 @@ def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str | None]:
     """([(language, code)] of the complete ``` blocks, in order; the code after an opening fence
     that is never closed, or None)."""
     fences = [m.start() for m in re.finditer("```", text)]
-    blocks, k = [], 0
+    blocks: list[tuple[str, str]] = []
+    k = 0
     while k < len(fences):
         line_end = text.find("\n", fences[k] + 3)
         if line_end < 0:
             break
-        language = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3 : line_end]).group(1)
+        header = re.match(r"[ \t]*([\w+-]*)", text[fences[k] + 3 : line_end])
+        assert header is not None, "the pattern matches the empty string"
+        language = header.group(1)
         k = bisect.bisect_left(fences, line_end + 1)
         if k == len(fences):
             return blocks, text[line_end + 1 :] if not blocks else None

@@ -66,12 +66,12 @@ def test_writing(reference_column: str = "reference", buggy_column: str = "buggy
         verdicts: dict[int, list] = {}
         for i, r in zip(owners, results):
             verdicts.setdefault(i, []).append(r)
-        out = []
+        out: list[float | None] = []
         for i, (ref, bad) in enumerate(zip(columns[reference_column], columns[buggy_column])):
             if ref is None or bad is None:
                 out.append(None)
                 continue
-            rs = verdicts.get(i)
+            rs = verdicts.get(i, [])
             good = bool(rs) and rs[0].ok and rs[0].total > 0 and not any(r.ok for r in rs[1:])
             out.append(float(good))
         return out
@@ -79,4 +79,4 @@ def test_writing(reference_column: str = "reference", buggy_column: str = "buggy
     return named(reward, "test_writing")
 
 
-test_writing.__test__ = False  # tell pytest this is not a test
+setattr(test_writing, "__test__", False)  # noqa: B010 (mypy types no attributes on a Callable); tell pytest this is not a test

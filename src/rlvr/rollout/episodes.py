@@ -11,7 +11,7 @@ RolloutSource, and nothing in rlvr.train changes for it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -30,16 +30,16 @@ class Episodes:
     truncated: torch.Tensor  # [N] bool: ran out of token budget before finishing
     group_ids: torch.Tensor  # [N] long: the group (prompt) of each row, unique within the batch
     group_size: int  # G: episodes per prompt
-    completions: list  # [N] what reward functions see (TRL's shape): text, or a list of messages
+    completions: list[str | list[dict[str, Any]]]  # [N] what reward functions see (TRL's shape): text, or a list of messages
     texts: list[str]  # [N] the decoded text after the prompt, special tokens removed (logs)
     info: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] per-episode numbers the source reports (e.g. tool calls)
     extra_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N] rewards the rollout itself gave (NaN: none)
     valid: torch.Tensor | None = None  # [N] bool; False: the episode failed to start and is left out (no reward, no loss)
-    columns: dict[str, list] = field(default_factory=dict)  # name -> [N] values reward functions get as keyword arguments
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # name -> [N] values reward functions get as keyword arguments
     # [N, C] the sampler's entropy of each model token's distribution (at the sampling temperature, before
     # top-k/top-p), 0 elsewhere; None when the source does not give it (the trainer then runs a forward)
     sampling_entropy: torch.Tensor | None = None
-    logged: dict[str, list] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
+    logged: dict[str, list[Any]] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -75,7 +75,7 @@ class Episodes:
             {k: [v[i] for i in idx] for k, v in self.logged.items()},
         )
 
-    def to(self, device) -> "Episodes":
+    def to(self, device: torch.device | str) -> "Episodes":
         t = {
             k: getattr(self, k).to(device)
             for k in (
@@ -113,16 +113,18 @@ class Episodes:
         P = max(e.prompt_ids.shape[1] for e in parts)
         C = max(e.completion_ids.shape[1] for e in parts)
 
-        def left(x, value):
+        def left(x: torch.Tensor, value: float) -> torch.Tensor:
             return torch.nn.functional.pad(x, (P - x.shape[1], 0), value=value)
 
-        def right(x, value):
+        def right(x: torch.Tensor, value: float) -> torch.Tensor:
             return torch.nn.functional.pad(x, (0, C - x.shape[1]), value=value)
 
-        offsets, total = [], 0
+        offsets: list[int] = []
+        total = 0
         for e in parts:
             offsets.append(total)
             total += int(e.group_ids.max()) + 1 if len(e) else 0
+        entropies = [e.sampling_entropy for e in parts if e.sampling_entropy is not None]
         return Episodes(
             torch.cat([left(e.prompt_ids, pad_token_id) for e in parts]),
             torch.cat([left(e.prompt_mask, 0) for e in parts]),
@@ -139,13 +141,13 @@ class Episodes:
             _concat_dicts([e.extra_rewards for e in parts]),
             None if all(e.valid is None for e in parts) else torch.cat([_valid(e) for e in parts]),
             {k: [x for e in parts for x in e.columns[k]] for k in parts[0].columns},
-            None if any(e.sampling_entropy is None for e in parts) else torch.cat([right(e.sampling_entropy, 0.0) for e in parts]),
+            None if len(entropies) < len(parts) else torch.cat([right(x, 0.0) for x in entropies]),
             {k: [x for e in parts for x in e.logged.get(k, [None] * len(e))] for k in sorted({k for e in parts for k in e.logged})},
         )
 
 
-def _concat_dicts(dicts: list[dict]) -> dict:
-    keys = set().union(*dicts)
+def _concat_dicts(dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    keys: set[str] = set().union(*dicts)
     if any(set(d) != keys for d in dicts):
         raise ValueError(f"cannot concatenate episodes that report different fields: {[sorted(d) for d in dicts]}")
     return {k: torch.cat([d[k] for d in dicts]) for k in sorted(keys)}
@@ -160,7 +162,7 @@ class RolloutSource(Protocol):
 
     group_size: int
 
-    def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
+    def rollout(self, rows: list[dict[str, Any]], seeds: list[int]) -> Episodes:
         """Episodes of `rows` (row i's group is group i); row i's randomness comes from seeds[i] alone,
         so an episode does not depend on the batch, rank or resume it lands in."""
         ...
@@ -175,7 +177,7 @@ class RolloutSource(Protocol):
 
 
 def pad_rows(
-    rows: Sequence[Sequence], value: float, *, left: bool = False, min_width: int = 0, dtype: torch.dtype = torch.long
+    rows: Sequence[Sequence[float]], value: float, *, left: bool = False, min_width: int = 0, dtype: torch.dtype = torch.long
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Lists of different lengths (token ids, log-probs, masks) as one tensor [N, W], W the longest
     (at least min_width), each row padded with `value` on the right (left=True: on the left, as

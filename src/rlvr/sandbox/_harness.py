@@ -224,7 +224,7 @@ def split_assert(node):
 
 def compile_tests(source):
     """Split test code into a tuple of steps: ("assert", code, ops) / ("block", code) / ("setup", code)."""
-    steps = []
+    steps: list[tuple[object, ...]] = []  # (kind, code) or (kind, code, ops)
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assert):
             values, ops = split_assert(node)

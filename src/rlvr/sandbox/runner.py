@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlvr.sandbox.identity import sandbox_uid, wait_until_gone
 from rlvr.sandbox.result import CRASHED, FAILED, LIMIT, PASSED, TIMEOUT, SandboxResult
@@ -119,6 +120,7 @@ def _collect(proc: subprocess.Popen, result_r: int, deadline: float, output_limi
     """Read stdout/stderr/result until all close, the deadline passes, or output overflows."""
     bufs = {"stdout": bytearray(), "stderr": bytearray(), "result": bytearray()}
     sel = selectors.DefaultSelector()
+    assert proc.stdout is not None and proc.stderr is not None, "started with stdout=PIPE, stderr=PIPE"
     sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
     sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
     result_file = os.fdopen(result_r, "rb", buffering=0)
@@ -135,7 +137,7 @@ def _collect(proc: subprocess.Popen, result_r: int, deadline: float, output_limi
             if exited_at is not None and now - exited_at > EXIT_GRACE_S:
                 break  # something left behind still holds a pipe; the group kill below ends it
             for key, _ in sel.select(timeout=min(0.05, deadline - now)):
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)  # the fileno() of key.fileobj
                 if not chunk:
                     sel.unregister(key.fileobj)
                     open_streams -= 1
@@ -169,7 +171,8 @@ def _reap(proc: subprocess.Popen) -> None:
 
 def _parse_result(raw: bytes, nonce: str) -> tuple[dict, str | None]:
     """The launcher's isolation lines come first; the report is the line carrying the nonce."""
-    iso, report = {}, None
+    iso: dict[str, Any] = {}
+    report: str | None = None
     for line in raw.decode("utf-8", "replace").splitlines():
         if line.startswith(nonce + " "):
             report = line[len(nonce) + 1 :]
@@ -208,6 +211,7 @@ def _verdict(report: str, mode: str, expected: list[str] | None) -> tuple[str, i
     if kind == "error":
         return FAILED, 0, 1, ast.literal_eval(rest), None
     if kind == "io":
+        assert expected is not None, "io jobs carry their expected outputs (rlvr.sandbox)"
         outputs = ast.literal_eval(rest)
         if not isinstance(outputs, list) or len(outputs) != len(expected):
             return CRASHED, 0, len(expected), "malformed report", None
@@ -283,6 +287,7 @@ def _execute(program, mode, tests, inputs, expected, limits, network_namespace, 
             )
             os.close(result_w)
             result_w = -1
+            assert proc.stdin is not None, "started with stdin=PIPE"
             try:
                 proc.stdin.write(json.dumps(job).encode())
                 proc.stdin.close()

@@ -88,7 +88,9 @@ def problems(split: str, *, seed: int, digits: int = 2, operators: str = "+-") -
 
 def eval_problems(n: int, *, digits: int = 2, operators: str = "+-", seed: int = 1234) -> list[Problem]:
     """The held-out evaluation set: n distinct problems, the same for every run with the same knobs."""
-    out, seen, misses = [], set(), 0
+    out: list[Problem] = []
+    seen: set[Problem] = set()
+    misses = 0
     for p in problems("test", seed=seed, digits=digits, operators=operators):
         if p in seen:
             misses += 1

@@ -171,7 +171,9 @@ def _guesses_in_text(text: str) -> list[tuple[str, str | None]]:
             break
         end = closes["</guess>"][k]
         guess, pos, reply = text[m.end() : end], end + len("</guess>"), None
-        after = re.compile(r"\s*").match(text, pos).end()
+        space = re.compile(r"\s*").match(text, pos)
+        assert space is not None, "\\s* matches the empty string"
+        after = space.end()
         if text.startswith(RESULT_OPEN, after):
             r = bisect.bisect_left(closes[RESULT_CLOSE], after + len(RESULT_OPEN))
             if r < len(closes[RESULT_CLOSE]):

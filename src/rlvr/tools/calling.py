@@ -18,7 +18,7 @@ import numbers
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from rlvr.tools.binding import BindError, bind
 from rlvr.tools.pool import DaemonPool, LoopThread
@@ -86,7 +86,7 @@ class PendingCall:
         self._result: ToolResult | None = None
         self._lock = threading.Lock()
         self._event = threading.Event()
-        self._cancel = None  # cancels the async task once the deadline has passed
+        self._cancel: Callable[[], bool] | None = None  # cancels the async task once the deadline has passed
 
     def set(self, result: ToolResult) -> None:
         """The first outcome wins: a result arriving after a timeout was reported is dropped."""
@@ -106,6 +106,7 @@ class PendingCall:
             self._event.wait(remaining)
         if not self._event.is_set():
             self.time_out()
+        assert self._result is not None, "set by the call, or else by time_out()"
         return self._result
 
     def time_out(self) -> None:

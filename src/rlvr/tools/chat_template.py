@@ -127,6 +127,7 @@ def glue_after_turn(
             f"the chat template does not end an assistant turn with {eot!r} (rendered turn: "
             f"{turn[start:][-80:]!r}); pass end_of_turn= the token that ends the model's turns"
         )
+    assert eot is not None, "cut >= 0: eot was found in the turn"
     cut += len(eot)
     if not full.startswith(turn[:cut]):
         at = len(os.path.commonprefix([full, turn[:cut]]))

@@ -35,7 +35,7 @@ class TagFormat:
         for name, tag in tags.items():
             if not isinstance(tag, str) or not _TAG.fullmatch(tag):
                 raise ToolError(f"tool {name!r}: tag {tag!r} must be a plain name (letters, digits, _ . -)")
-        by_tag = {}
+        by_tag: dict[str, str] = {}
         for name, tag in tags.items():
             if tag in by_tag:
                 raise ToolError(f"tools {by_tag[tag]!r} and {name!r} share the tag {tag!r}; give each its own")

@@ -170,9 +170,10 @@ OLD_RUN_VALUES = {
 
 def _lacks(tree: dict, dotted: str) -> bool:
     *parents, leaf = dotted.split(".")
+    node: object = tree
     for key in parents:
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return not isinstance(tree, dict) or leaf not in tree
+        node = node.get(key) if isinstance(node, dict) else None
+    return not isinstance(node, dict) or leaf not in node
 
 
 def old_run_overrides(saved: dict) -> list[str]:

@@ -85,7 +85,8 @@ class Collector:
         rs = self.rewards.state
         rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
         a, prompts = self.cfg.algo, self.cfg.rollout.prompts_per_step
-        kept_rows, kept_eps, kept_rewards, generated = [], [], [], []
+        kept_rows: list[dict] = []
+        kept_eps, kept_rewards, generated = [], [], []
         rounds = consumed = 0
         seconds = 0.0
         while True:
@@ -110,9 +111,9 @@ class Collector:
                 kept_rewards.append(rewards[idx])
             if len(kept_rows) == prompts or rounds > a.max_resample_rounds:
                 break
-        generated = torch.cat(generated)
+        every_round = torch.cat(generated)
         if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=generated)
+            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=every_round)
         return Batch(
             kept_rows,
             Episodes.concat(kept_eps, self.pad_token_id),
@@ -122,7 +123,7 @@ class Collector:
             rounds,
             consumed,
             seconds,
-            generated_rewards=generated,
+            generated_rewards=every_round,
         )
 
     def round(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:

@@ -83,7 +83,9 @@ def dataset_held_out(
     scorer = environment_reward_name(environment) if reward is None else None
     rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset, what=what)
     rows = rows[:size] if size else rows
-    return HeldOut(source, rows, reward, _mean_of(reward or scorer), environment=scorer)
+    if (scored_by := reward or scorer) is None:  # reward == ""
+        raise ConfigError(f"{what}: the reward name is empty")
+    return HeldOut(source, rows, reward, _mean_of(scored_by), environment=scorer)
 
 
 def environment_reward_name(spec: str | None) -> str:
@@ -165,6 +167,7 @@ def evaluate(
             failed += reward.last_errors[name]
         else:  # the rollout's own reward (an environment's get_reward): its failures are the episodes' environment errors
             failed += int(episodes.info.get("env_errors", torch.zeros(0)).sum())
+    assert name is not None, "rows is not empty: the first batch named the column"
     first = reward.first_error.get(name) or getattr(source, "first_env_error", None)
     outcome = EvalOutcome(total / len(rows), len(rows), failed, str(name), first)
     if failed and failed >= len(rows):

@@ -37,7 +37,7 @@ class RewardHealth:
             errors = {n: sum(p[0][n] for p in parts) for n in r.names}
             scored = sum(p[1] for p in parts)
             logged = {k: [v for p in parts for v in p[2].get(k, [])] for k in sorted({k for p in parts for k in p[2]})}
-        metrics = {}
+        metrics: dict[str, float] = {}
         for n in r.names:
             metrics[f"rewards/{n}/errors"] = errors[n]
             metrics[f"rewards/{n}/error_rate"] = errors[n] / scored if scored else 0.0

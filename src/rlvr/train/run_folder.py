@@ -139,7 +139,7 @@ def check_resume(output_dir: Path, steps: int, *, force: bool, checkpoint: Path 
     p = read_progress(output_dir)
     run = output_dir
     own = checkpoint is not None and checkpoint.resolve().parent == (output_dir / "checkpoints").resolve()
-    from_step = checkpoint_step(checkpoint) if own else p.checkpoint_step
+    from_step = checkpoint_step(checkpoint) if own and checkpoint is not None else p.checkpoint_step
     if checkpoint is not None and not own:  # another run's checkpoint: a warm start into this folder
         if holds_a_run(output_dir):
             raise ConfigError(

@@ -105,7 +105,9 @@ def training_prompts(cfg: Config) -> tuple[Task | None, PromptStream]:
     d = cfg.data
     if d.builtin_task:
         task = get_task(d.builtin_task, seed=cfg.seed, digits=d.digits, operators=d.operators, eval_size=d.eval_size)
+        assert task.train_row is not None, "validation: data.task names only tasks with training rows"
         return task, PromptStream(task.train_row, None, seed=cfg.seed)
+    assert d.path is not None, "no built-in task: data.path is set"
     rows = load_rows(d.path, prompt_column=d.prompt_column, split=d.split, subset=d.subset)
     return None, PromptStream.from_rows(rows, seed=cfg.seed, shuffle=d.shuffle)
 

@@ -53,6 +53,8 @@ from rlvr.train.update import Updater, UpdateResult
 
 class Trainer:
     eval_failures: str | None = None  # the last held-out evaluation's note on the rows its reward failed on, if any
+    resumed_from: Path | None  # the checkpoint this run resumed from
+    last_step: StepRecord | None  # the batch and advantages of the last step trained
 
     def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None, source=None):
         """`source`: a RolloutSource to learn from instead of the single-turn one the config describes."""
@@ -230,6 +232,7 @@ class Trainer:
         the full weights, then wait while rank 0 generates."""
         if self.held_out is None:
             return None
+        assert self.eval_reward is not None, "made with the held-out set"
         greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
         outcome, error = None, None
         with full_weights_for_generation(self.dist, self.model):
@@ -325,6 +328,7 @@ class Trainer:
                 f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
                 f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)"
             )
+        assert self.stop is not None and self.last_step is not None, "train() runs this after a step"
         due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
         if cfg.logging.completions_every and due:
             r = self.last_step
@@ -334,6 +338,7 @@ class Trainer:
         """After a logged step: stop on a failing reward or too many bad steps, stop on a signal (all ranks
         together), else checkpoint every `checkpoint.every` steps. "stop" or "next"."""
         cfg, state = self.cfg, self.state
+        assert self.stop is not None, "train() runs this"
         self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
         if state.bad_steps_in_a_row:
             self._after_bad_step(log)
@@ -348,6 +353,7 @@ class Trainer:
     def _stopped(self, log, summary: dict) -> dict:
         """A stop signal ended the run after step `state.step`: checkpoint it (unless that checkpoint exists) and say how to go on."""
         self._phase("checkpoint")
+        assert self.stop is not None, "train() runs this"
         out, step = self.output_dir, self.state.step
         newest = latest_checkpoint(out / "checkpoints")
         path = newest if newest is not None and newest.name == f"step-{step:07d}" else self.save_checkpoint()
@@ -366,7 +372,8 @@ class Trainer:
         summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
         save_final(self.output_dir, self.policy, self.tokenizer, self.dist, merged=self.cfg.model.lora.save_merged)
         if cfg.eval.before_after and (after := self._evaluate_and_say("after training", log)) is not None:
-            summary.update(self.held_out.summary(state.eval_before, after))  # a score: there is a held-out set
+            assert self.held_out is not None, "a score: there is a held-out set"
+            summary.update(self.held_out.summary(state.eval_before, after))
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))
         self.dist.barrier("end of training")
@@ -381,6 +388,7 @@ class Trainer:
         """Evaluate (every rank), and print rank 0's score."""
         score = self.evaluate()
         if score is not None:
+            assert self.held_out is not None, "a score: there is a held-out set"
             log.info(f"held-out {self.held_out.label} {when}: {score:.3f}")
             if self.eval_failures:
                 log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")

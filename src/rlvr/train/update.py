@@ -40,7 +40,7 @@ from rlvr.train.update_metrics import MetricSums
 class MicroBatch(NamedTuple):
     """One forward and backward."""
 
-    index: int  # which of the minibatch's micro-batches (the one a lockstep repeat repeats)
+    position: int  # which of the minibatch's micro-batches (the one a lockstep repeat repeats); `index` is tuple's
     rows: slice  # into MinibatchInputs.episodes
     weight: float  # its weight in the loss: 0 for a repeat that only keeps this rank in lockstep with busier ones
 
@@ -184,7 +184,7 @@ class Updater:
         with no_grad_sync(self.dist, self.train_model, skip=not last):
             out, C = self.forward(self.train_model, e, rows, with_entropy=True, compiled=self.compiled)
         m = minibatch.loss_mask[rows, :C]
-        old, own_old = _old_logprobs(minibatch, micro_batch.index, out, first)
+        old, own_old = _old_logprobs(minibatch, micro_batch.position, out, first)
         entropy = out.entropy.detach()  # out.entropy keeps its gradient for the entropy bonus
         w, is_w = self.token_weights(minibatch, rows, C, entropy, m, old, first)
         if first is not None and micro_batch.weight:
@@ -215,6 +215,7 @@ class Updater:
         a = self.cfg.algo
         selection = minibatch.entropy_weights
         if a.top_entropy_quantile < 1 and selection is None:  # one micro-batch: its first forward is the whole minibatch
+            assert first is not None, "later epochs get the selection from the first (after_first_epoch)"
             if first.entropy_weights is None:
                 first.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
             selection = first.entropy_weights
@@ -394,6 +395,7 @@ def _old_logprobs(minibatch: MinibatchInputs, i: int, out, first: FirstEpoch | N
     """(micro-batch i's old log-probs, whether they are this very forward's: ratio exactly 1, nothing clips)."""
     if minibatch.old_logp is not None:
         return minibatch.old_logp[i], False
+    assert first is not None, "later epochs get the old log-probs from the first (after_first_epoch)"
     if i < len(first.logp):  # a lockstep repeat of the last micro-batch: the log-probs its first run took
         return first.logp[i], False
     first.logp.append(out.logp.detach())

@@ -47,6 +47,12 @@ class Generation:
 class GenerationEngine(Protocol):
     """What single-turn rollouts run on (rlvr.rollout.sources.single_turn)."""
 
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trainer's model: the one the engine samples with (hf) or copies weights from (vllm); a
+        rollout function (rlvr.rollout.sources.function) generates with it."""
+        ...
+
     def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
         """Sample params.n completions for each prompt; prompt i's randomness comes from seeds[i] alone."""
         ...

@@ -125,6 +125,7 @@ class VLLMEngine:
         """Copy the trainer's current weights (or its LoRA adapter) into vLLM."""
         if self.lora:
             self._lora_version += 1
+            assert self._lora_dir is not None, "made in __init__ with LoRA"
             path = Path(self._lora_dir.name) / f"v{self._lora_version}"
             self.save_adapter(path)  # adapter weights + adapter_config.json only
             from vllm.lora.request import LoRARequest

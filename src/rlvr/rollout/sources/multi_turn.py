@@ -25,7 +25,7 @@ import torch
 from rlvr.data import prompt_messages, render_prompt
 from rlvr.data.checks import check_prompt_lengths
 from rlvr.models.precision import autocast_context
-from rlvr.rollout.engines.protocols import MultiTurnEngine, SamplingParams
+from rlvr.rollout.engines.protocols import GenerationEngine, MultiTurnEngine, SamplingParams
 from rlvr.rollout.engines.turns import cut_after_stop
 from rlvr.rollout.episodes import Episodes, pad_rows
 from rlvr.tools import (
@@ -64,7 +64,7 @@ class MultiTurnSource:
 
     def __init__(
         self,
-        engine: MultiTurnEngine,
+        engine: GenerationEngine,  # a MultiTurnEngine too (checked)
         tokenizer,
         sampling: SamplingParams,
         *,
@@ -205,6 +205,7 @@ class MultiTurnSource:
         """get_reward() of the episode's environment; NaN (no reward) when it has none or it raised."""
         if r.env is None:
             return float("nan")
+        assert self.environment is not None, "an episode has an env only when the source has an environment"
         try:
             value = self.environment.get_reward(r.env)
         except Exception as e:
@@ -214,6 +215,7 @@ class MultiTurnSource:
         return float("nan") if value is None else value
 
     def _env_failed(self, where: str, error: Exception) -> None:
+        assert self.environment is not None, "only an environment's calls fail here"
         if self.first_env_error is None:
             self.first_env_error = f"{self.environment.name}.{where}: {type(error).__name__}: {error}"
 
@@ -286,7 +288,7 @@ class _Driver:
         # until some row is whole (waking on any done call would spin while a row's slower call runs).
         while block and waiting and not any(all(p.done() for p in self.states[i].row.pending) for i in waiting):
             self.source.runner.wait_any([p for i in waiting for p in self.states[i].row.pending if not p.done()])
-        out = {}
+        out: dict[int, list[int] | None] = {}
         for i in waiting:
             r = self.states[i].row
             if all(p.done() for p in r.pending):

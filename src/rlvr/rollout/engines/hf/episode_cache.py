@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
@@ -60,7 +61,7 @@ class EpisodeLayer(DynamicLayer):
 
     def __init__(self, layer: DynamicLayer, state: EpisodeState, num_rows: int, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
-        k, v = layer.keys, layer.values  # [B, H, P, D]
+        k, v = prefilled_kv(layer)  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
         self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
         self.kbuf = k.new_zeros(num_rows, H, capacity, D, dtype=dtype or k.dtype)  # [N, H, T, D]
@@ -72,6 +73,7 @@ class EpisodeLayer(DynamicLayer):
         st = self.state  # key_states [n, H, 1, D]
         self.kbuf[st.rows, :, st.write_pos] = key_states[:, :, 0].to(self.kbuf.dtype)
         self.vbuf[st.rows, :, st.write_pos] = value_states[:, :, 0].to(self.vbuf.dtype)
+        assert st.own_bias is not None, "the decode loop calls state.prepare() before every forward"
         L = st.own_bias.shape[-1]
         if st.in_place:
             return self.kbuf[:, :, :L], self.vbuf[:, :, :L]  # [N, H, L, D] views

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
-from rlvr.models.kv_cache import cache_kwarg
+from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
 from rlvr.rollout.engines.protocols import SamplingParams
@@ -93,9 +93,9 @@ def decode_episodes(
 def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None) -> tuple[DynamicCache, EpisodeState]:
     """The prefill's cache, each prompt's keys/values then shared by its G rows, each row writing at its own position."""
     cache, N = pre.cache, pre.prompt_ids.shape[0] * G
-    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, cache_dtype or cache.layers[0].keys.dtype))
+    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, cache_dtype or prefilled_kv(cache.layers[0])[0].dtype))
     for i, layer in enumerate(cache.layers):
-        cache.layers[i] = EpisodeLayer(layer, state, N, T, cache_dtype)
+        cache.layers[i] = EpisodeLayer(dynamic_layer(layer), state, N, T, cache_dtype)
     return cache, state
 
 

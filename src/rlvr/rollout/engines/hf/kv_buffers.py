@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.models.kv_cache import prefilled_kv
+
 
 class BufferedLayer(DynamicLayer):
     """A DynamicLayer whose keys/values live in buffers allocated once for the whole decode:
@@ -13,7 +15,7 @@ class BufferedLayer(DynamicLayer):
 
     def __init__(self, layer: DynamicLayer, capacity: int, repeats: int = 1, dtype: torch.dtype | None = None):
         super().__init__()
-        k, v = layer.keys, layer.values  # [B, H, P, D] -> buffers [B x repeats, H, capacity, D]
+        k, v = prefilled_kv(layer)  # [B, H, P, D] -> buffers [B x repeats, H, capacity, D]
         B, H, self.n, D = k.shape
         self.kbuf = k.new_empty(B * repeats, H, capacity, D, dtype=dtype or k.dtype)
         self.vbuf = v.new_empty(B * repeats, H, capacity, D, dtype=dtype or v.dtype)

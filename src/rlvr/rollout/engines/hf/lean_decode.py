@@ -76,14 +76,14 @@ class DecodeState:
     the prompt G times costs less than a second attention call): prefix_* is None and each row's
     buffer starts with its prompt's keys/values."""
 
-    own_keys: list  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots
-    own_values: list
+    own_keys: list[torch.Tensor]  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots
+    own_values: list[torch.Tensor]
     bias: torch.Tensor  # shared: [B, 1, 1, P] over the prefix; repeated: [n, 1, 1, S]; 0 or -inf (left padding)
     rows: torch.Tensor  # [n] which of the B x G rows are still decoding
     group_size: int
     written: int  # slots of own_* in use (rows decode in lockstep)
-    prefix_keys: list | None = None  # shared layout: per layer [B, Hkv, P, D]
-    prefix_values: list | None = None
+    prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
+    prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (indices into the current n): the few compaction points of a decode."""
@@ -162,6 +162,7 @@ class LeanDecoder:
                     q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]], scale=scale, enable_gqa=rep > 1
                 )
             return out.reshape(n, Hkv * rep * D)
+        assert state.prefix_values is not None, "set together with prefix_keys"
         pk, pv = state.prefix_keys[i], state.prefix_values[i]
         B = pk.shape[0]
         if q.device.type != "cpu":  # the same math, unfused (rlvr.rollout.engines.hf.shared_prefix)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 
@@ -30,7 +31,7 @@ class SharedPrefixLayer(BufferedLayer):
 
     def __init__(self, layer: DynamicLayer, group_size: int, capacity: int, dtype: torch.dtype | None = None):
         DynamicLayer.__init__(self)
-        k, v = layer.keys, layer.values  # [B, H, P, D]
+        k, v = prefilled_kv(layer)  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
         self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
         self.kbuf = k.new_empty(B * group_size, H, capacity, D, dtype=dtype or k.dtype)  # [N, H, T, D]

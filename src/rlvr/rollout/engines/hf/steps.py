@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rlvr.models.kv_cache import cache_kwarg
+from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.rollout.engines.hf.forward import Prefill, cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 from rlvr.rollout.engines.hf.lean_decode import DecodeState, LeanDecoder, lean_decoder_for
@@ -63,9 +63,9 @@ def start_decode(model, pre: Prefill, layout: Layout, group_size: int, max_new_t
         shared = layout.share_prompt and P >= SHARED_PREFIX_MIN_PROMPT
         return LeanStep(layout.lean, layout.lean.start(cache, pre.prompt_mask, G, T, layout.cache_dtype, shared=shared))
     if layout.shared:  # prompt K/V stay once per prompt; each sample's tokens get their own buffer
+        bias = padding_bias(pre.prompt_mask, layout.cache_dtype or prefilled_kv(cache.layers[0])[0].dtype)  # the prefix keys' dtype
         for i, layer in enumerate(cache.layers):
-            cache.layers[i] = SharedPrefixLayer(layer, G, T, layout.cache_dtype)
-        bias = padding_bias(pre.prompt_mask, cache.layers[0].prefix_keys.dtype)
+            cache.layers[i] = SharedPrefixLayer(dynamic_layer(layer), G, T, layout.cache_dtype)
         state = PrefixState(cache, torch.arange(B * G, device=pre.prompt_ids.device), G, bias)
         return TransformersStep(model, cache, None, {"rlvr_prefix": state})  # the prefix bias and lockstep decode need no mask
     _repeat_and_preallocate(cache, G, P + T if layout.static else None, layout.cache_dtype)
@@ -79,7 +79,8 @@ def _repeat_and_preallocate(cache: DynamicCache, repeats: int, capacity: int | N
         if capacity is not None and type(layer) is DynamicLayer and layer.is_initialized:
             cache.layers[i] = BufferedLayer(layer, capacity, repeats, dtype)
         else:
-            layer.batch_repeat_interleave(repeats)
+            # transformers' layer mixins do not declare it; the dynamic and dummy layers a DynamicCache holds define it
+            layer.batch_repeat_interleave(repeats)  # type: ignore[union-attr]
 
 
 class TransformersStep:
