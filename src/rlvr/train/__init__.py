@@ -5,7 +5,8 @@ trainer.py         the loop: a step in four numbered phases (rollout and score, 
 collect.py         phase 1: the Collector (prompt stream, rollout source, reward runner, dynamic
                    sampling, the gather across ranks) and the Batch it gives
 minibatches.py     the batch as minibatches of whole groups, and this rank's share of each
-update.py          phase 3: the Updater (epochs, minibatches, micro-batches) and its frozen inputs
+update.py          phase 3: the Updater (epochs, minibatches, micro-batches)
+update_inputs.py   what the update reads (a minibatch's frozen inputs, micro-batches) and returns
 update_metrics.py  the update's metrics, summed on the device
 step_metrics.py    the batch's metrics, the completions table, the last step's record
 batch_plan.py      every derived batch value resolved once; fast_paths.py: work the update may leave out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import math
 from dataclasses import dataclass
 
@@ -136,3 +138,13 @@ def _conversation(completion) -> dict:
 def _num(x: torch.Tensor):
     v = float(x)
     return None if math.isnan(v) else v
+
+
+def step_times(batch, *, t0: float, t_collect: float, t_train: float) -> dict:
+    """Where the step's wall time went: generating (collecting less scoring), scoring, the update, in all (since `t0`)."""
+    return {
+        "time/generate": t_collect - batch.reward_seconds,
+        "time/reward": batch.reward_seconds,
+        "time/train": t_train,
+        "time/step": time.perf_counter() - t0,
+    }

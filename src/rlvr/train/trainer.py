@@ -47,8 +47,9 @@ from rlvr.train.setup import (
     training_prompts,
 )
 from rlvr.train.state import Checkpointer, TrainState
-from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows
-from rlvr.train.update import Updater, UpdateResult
+from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, step_times
+from rlvr.train.update import Updater
+from rlvr.train.update_inputs import UpdateResult
 
 
 class Trainer:
@@ -213,14 +214,7 @@ class Trainer:
         metrics.update(self.source.metrics(batch.episodes))
         metrics.update({k: v for k, v in self.reward_health.step_metrics().items() if k not in metrics})  # errors, log_metric
         metrics.update(
-            {
-                "step": state.step,
-                "num_tokens": state.num_tokens,
-                "time/generate": t_collect - batch.reward_seconds,
-                "time/reward": batch.reward_seconds,
-                "time/train": t_train,
-                "time/step": time.perf_counter() - t0,
-            }
+            {"step": state.step, "num_tokens": state.num_tokens, **step_times(batch, t0=t0, t_collect=t_collect, t_train=t_train)}
         )
         if self.device.type == "cuda":
             metrics["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
