@@ -8,7 +8,7 @@ _compute_loss is called unbound with a stand-in `self` that holds TRL's settings
 given log-probs and entropies from its forward; everything after the forward is TRL's code. For
 every loss type x importance level x feature (OPSM, KL with/without bias correction, entropy bonus,
 sampler weights) it reports the largest |loss difference| and |gradient difference| (w.r.t. the
-log-probs and the entropies) over 5 seeds. (tests/test_algo_trl_objectives.py holds a line-by-line
+log-probs and the entropies) over 5 seeds. (tests/algo/test_algo_trl_objectives.py holds a line-by-line
 transcription of the same code, so the suite does not need trl.)
 """
 

@@ -1,4 +1,4 @@
-"""One rank of a distributed test run (launched by tests/test_dist.py with RANK/WORLD_SIZE set).
+"""One rank of a distributed test run (launched by tests/dist/test_dist.py with RANK/WORLD_SIZE set).
 
 argv: OUT_FILE STEPS key=value ... Runs STEPS train_steps and (rank 0) saves per-step loss,
 gradients and the final weights to OUT_FILE. RLVR_TEST_DIE=RANK:STEP makes that rank kill

@@ -5,8 +5,8 @@ may name them too, and then says that two causes fit).
 Synthetic histories are written step by step from curves, one per problem and its look-alikes
 (collapse that looks like easy prompts, hard prompts with a policy that still explores, a failing
 reward, a healthy run that solves more and more groups, ...). Real histories are `metrics.jsonl`
-files of short real runs kept in tests/data/doctor/ (the commands that made them are in its
-README.md). tests/test_doctor_cases.py asserts the verdict on every case; bench/doctor_eval.py
+files of short real runs kept in tests/fixtures/doctor/ (the commands that made them are in its
+README.md). tests/observe/test_doctor_cases.py asserts the verdict on every case; bench/doctor_eval.py
 computes each rule's precision and recall over them for docs/observability.md.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
+from _paths import TESTS
 
-REAL = Path(__file__).parent / "data" / "doctor"
+REAL = TESTS / "fixtures" / "doctor"
 
 # The settings the synthetic runs quote (config.yaml of a run as `rlvr train` writes it, abridged).
 CONFIG = {
@@ -418,7 +418,7 @@ def synthetic_cases() -> list[Case]:
 
 
 def real_cases() -> list[Case]:
-    """The real runs of tests/data/doctor/: each folder holds metrics.jsonl, config.yaml and label.json."""
+    """The real runs of tests/fixtures/doctor/: each folder holds metrics.jsonl, config.yaml and label.json."""
     out = []
     for run in sorted(p for p in REAL.glob("*") if (p / "metrics.jsonl").is_file()):
         meta = json.loads((run / "label.json").read_text())

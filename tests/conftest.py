@@ -56,7 +56,7 @@ def tiny_model_dir(tmp_path_factory):
 def trainer_defaults(model_path: str, output_dir) -> list[str]:
     """Fast defaults for an in-process Trainer: a few short steps, nothing but metrics.jsonl written,
     fp32 (the tests compare numbers at fp32 tolerances, whichever precision this machine runs fastest;
-    tests/test_precision_auto.py tests model.autocast=auto)."""
+    tests/models/test_precision_auto.py tests model.autocast=auto)."""
     return [
         f"model.path={model_path}",
         "eval_before_after=false",

@@ -1,6 +1,6 @@
 """A labelled set for the `math` grader: (kind, gold, completion, right) rows, plus a prompt where it
 matters. `right` is what a careful human grader says: 1 only when the completion's final answer is
-unambiguously the gold one. Used by tests/test_math_grader.py (case by case) and bench/graders.py.
+unambiguously the gold one. Used by tests/rewards/test_math_grader.py (case by case) and bench/graders.py.
 
 Kinds: gsm8k / math / aime (ordinary completions, right and wrong), then the hacks a policy finds:
 hedge_* (several answers), no_marker (no final answer: the last number is not one), number_* (how

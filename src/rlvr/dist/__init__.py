@@ -4,7 +4,7 @@ Launch with `torchrun --nproc_per_node N -m rlvr train ...` (or `rlvr train npro
 torchrun itself). Each rank generates and scores its own whole groups of the step's prompts,
 with the same weights; reward statistics, loss normalisers and metrics are reduced across ranks
 so the update equals one process doing the whole batch. Both DDP and FSDP2 are tested on
-CPU/gloo against one process (tests/test_dist.py); neither has run on nccl yet.
+CPU/gloo against one process (tests/dist/test_dist.py); neither has run on nccl yet.
 
 | file | what |
 |---|---|

@@ -28,7 +28,7 @@ from rlvr.rollout.engines.turns import Trace, TurnDriver
 AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
 # transformers builds no attention mask at all for an attention name it has no mask function for:
 # without this line the left padding of shorter prompts was attended to (found by
-# tests/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
+# tests/rollout/test_rollout.py::test_bf16_autocast_decode_respects_prompt_padding).
 AttentionMaskInterface.register("rlvr_sdpa", sdpa_mask)
 AttentionInterface.register("rlvr_prefix", shared_prefix_attention)
 AttentionMaskInterface.register("rlvr_prefix", sdpa_mask)  # the prefill is plain masked SDPA

@@ -16,7 +16,7 @@ finished rows out (DecodeState.select).
 
 Only architectures whose layers are exactly pre-norm attention + MLP with rotary embeddings
 (llama, mistral without a window, qwen2, qwen3) take it; anything else keeps the transformers path.
-tests/test_lean_decode.py checks tokens and log-probs against that plain path.
+tests/rollout/test_lean_decode.py checks tokens and log-probs against that plain path.
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ import pytest
 from rlvr.sandbox import isolation, run_many, run_python
 from rlvr.sandbox.identity import SLOTS, live_processes, uid_base
 from rlvr.sandbox.runner import execute, Limits
+from _paths import REPO
 
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15"
 GOOD = "def add(a, b):\n    return a + b\n"
 SLACK_S = 1.5  # start-up and reaping on a loaded 2-core machine
-REPO = Path(__file__).resolve().parents[1]
 ISO = isolation()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to a private uid")
 

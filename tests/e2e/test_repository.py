@@ -5,9 +5,9 @@ name exists and makes a plan there."""
 import re
 import shutil
 import subprocess
-from pathlib import Path
+from _paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _tracked() -> list[tuple[str, str]]:

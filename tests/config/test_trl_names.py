@@ -3,14 +3,14 @@ spelling), at the top level or nested under any section, from the command line o
 `rlvr train --help-config` and docs/config.md carry the whole TRL -> rlvr table."""
 
 import re
-from pathlib import Path
 
 import pytest
 
 from rlvr.config import TRL_NAMES, ConfigError, load_config, trl_table
 from rlvr.config.load import _valid_keys
+from _paths import REPO
 
-DOCS = Path(__file__).parent.parent / "docs" / "config.md"
+DOCS = REPO / "docs" / "config.md"
 
 # Every field of TRL 1.16's GRPOConfig (its own and those it overrides from TrainingArguments).
 GRPO_CONFIG_1_16 = """learning_rate model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32

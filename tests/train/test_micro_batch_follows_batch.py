@@ -1,14 +1,13 @@
 """optim.micro_batch_size bounds the completions per forward/backward; a batch smaller than it (a
 shrunk example: fewer prompts per step) runs as one micro-batch with a note, never an error."""
 
-from pathlib import Path
-
 import pytest
 
 from rlvr.config import load_config
 from rlvr.train.setup import check_config
+from _paths import REPO
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 def test_a_micro_batch_larger_than_the_step_trains_the_step_in_one_pass(tmp_path, tiny_model_dir, rlvr_cli):

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _paths import REPO
 
 pytest.importorskip("peft")
 
@@ -108,9 +109,8 @@ def test_lora_peak_rss_below_full_finetune(tmp_path):
     """Fast version of bench/lora_memory.py on a small model (the 25M numbers are in bench/results)."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    bench = Path(__file__).parents[1] / "bench" / "lora_memory.py"
+    bench = REPO / "bench" / "lora_memory.py"
     out = subprocess.run([sys.executable, str(bench), "--small", "--json"], capture_output=True, text=True, timeout=170)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])

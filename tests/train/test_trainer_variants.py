@@ -85,7 +85,7 @@ def test_micro_batches_give_the_full_batch_update(make_trainer, tmp_path):
             "algo.epsilon_high=0.28",
             "algo.beta=0.04",
             # the plain forward: shared-prefix gradients agree only to ~1e-7 relative even in
-            # float64 (tests/test_fastpaths.py checks them at fp32 tolerance)
+            # float64 (tests/train/test_fastpaths.py checks them at fp32 tolerance)
             "optim.shared_prefix=false",
             run=f"mb{mbs}",
         )

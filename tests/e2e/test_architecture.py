@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _paths import REPO, TESTS
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "rlvr"
+SRC = REPO / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
@@ -304,7 +305,7 @@ def _issue_numbers(root: Path) -> list[str]:
 
 
 def test_no_issue_numbers_in_src_or_tests(tmp_path):
-    tests = Path(__file__).resolve().parent
+    tests = TESTS
     assert not _issue_numbers(SRC) + _issue_numbers(tests), _issue_numbers(SRC) + _issue_numbers(tests)
     (tmp_path / "a.py").write_text('"""As asked in Issue' + ' 12."""\n')
     assert _issue_numbers(tmp_path) == [f"{tmp_path / 'a.py'}:1"]

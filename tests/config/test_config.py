@@ -89,7 +89,7 @@ FSDP = ["nproc=2", "dist.strategy=fsdp"]
 def test_fsdp_refusals(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(load_config(None, overrides))
-    check_config(load_config(None, FSDP + ["model.lora.r=4"]))  # LoRA itself is fine (tests/test_dist.py)
+    check_config(load_config(None, FSDP + ["model.lora.r=4"]))  # LoRA itself is fine (tests/dist/test_dist.py)
     # Checkpoints and resume work under FSDP2 (written unsharded, as one process writes them)
     check_config(load_config(None, FSDP + ["save_every=5", "resume=auto", "model.lora.r=4"]))
 

@@ -11,9 +11,10 @@ import torch
 from rlvr.config import load_config
 from rlvr.train.batch_plan import GiB, BatchPlan
 from rlvr.train.setup import check_config
+from _paths import REPO
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("gsm8k-*.yaml"))  # GPU configs
-CPU_EXAMPLES = sorted(set((Path(__file__).parent.parent / "examples").glob("*.yaml")) - set(EXAMPLES))
+EXAMPLES = sorted((REPO / "examples").glob("gsm8k-*.yaml"))  # GPU configs
+CPU_EXAMPLES = sorted(set((REPO / "examples").glob("*.yaml")) - set(EXAMPLES))
 PROMPT_TOKENS = 256  # GSM8K question + system prompt, rounded up
 
 # config.json of Qwen/Qwen2.5-{0.5B,1.5B}-Instruct (the fields that set the parameter count)

@@ -1,4 +1,4 @@
-"""The top-level keys grouped into eval, checkpoint and logging: a config.yaml written before (tests/data/
+"""The top-level keys grouped into eval, checkpoint and logging: a config.yaml written before (tests/fixtures/
 config_before_grouping.yaml, written by rlvr before the move) loads as the new keys, old names still work as
 overrides, and a run folder holding that config.yaml resumes; new runs write the new names."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
 from rlvr.config import ConfigError, load_config, to_dict, upgrade
+from _paths import TESTS
 
-OLD = Path(__file__).parent / "data" / "config_before_grouping.yaml"
+OLD = TESTS / "fixtures" / "config_before_grouping.yaml"
 MOVED = (
     "eval_before_after",
     "eval_every",

@@ -18,8 +18,9 @@ from rlvr.train.checkpoint import latest_checkpoint
 from rlvr.train.setup import check_config
 
 from _runs import DENSE_REWARD
+from _paths import TESTS
 
-WORKER = str(Path(__file__).with_name("_dist_worker.py"))
+WORKER = str(TESTS / "_dist_worker.py")
 
 
 def _free_port() -> int:
@@ -39,7 +40,7 @@ def _launch(world: int, out: Path, steps: int, overrides: list[str], extra_env: 
     for rank in range(world):
         # Keep the caller's PYTHONPATH (e.g. a worktree's src/) after tests/ so the workers
         # import the same rlvr as the test itself, not whichever one is pip-installed.
-        pythonpath = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+        pythonpath = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
         if world > 1:
             env.update(_rank_env(rank, world, port))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ import torch
 from rlvr import algo
 from rlvr.models.forward import completion_logprobs
 from test_trainer_variants import CHECKSUM, CONSTANT, PARITY, reward_file
+from _paths import REPO
 
 G = 4
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
@@ -379,7 +379,7 @@ def test_without_dropout_no_extra_forward(make_trainer):
 
 
 def test_algorithms_doc_describes_the_lora_reference():
-    text = (Path(__file__).parents[1] / "docs" / "algorithms.md").read_text()
+    text = (REPO / "docs" / "algorithms.md").read_text()
     kl = text[text.index("## 7. KL penalty") : text.index("## 8.")]
     assert "Not yet implemented" not in kl
     assert "adapter disabled" in kl
