@@ -98,3 +98,14 @@ def test_group_size_two_warns_and_kl_note():
     warnings = check_config(load_config(None, ["rollout.group_size=2"]))
     assert any("group_size=2" in w for w in warnings)
     assert any("no reference model" in w for w in warnings)
+
+
+def test_negative_intervals_and_counts_are_refused_naming_the_key():
+    cfg = load_config(None, ["checkpoint.every=-1", "checkpoint.keep=-1", "logging.completions_every=-2", "logging.num_completions=-1"])
+    with pytest.raises(ConfigError) as e:
+        check_config(cfg)
+    text = str(e.value)
+    assert "`checkpoint.every` must be >= 0 (0: only at the end and at a stop), got -1" in text
+    assert "`checkpoint.keep` must be >= 0 (0: keep every one), got -1" in text
+    assert "`logging.completions_every` must be >= 0 (0: never), got -2" in text
+    assert "`logging.num_completions` must be >= 0 (0: none), got -1" in text

@@ -120,9 +120,10 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 0
-    """Checkpoint every N steps (0: only the final model). A stop by SIGINT, SIGTERM or SIGHUP saves a checkpoint in any case."""
+    """Checkpoint every N steps (0: none between). The end of a run and a stop by SIGINT, SIGTERM or SIGHUP are checkpointed
+    in any case, so a finished run continues with `--resume RUN steps=M`."""
     keep: int = 2
-    """Checkpoints kept on disk; older ones are deleted."""
+    """Checkpoints kept on disk; older ones are deleted (0: keep every one)."""
 
 
 @dataclass

@@ -315,8 +315,15 @@ def _validate_run(cfg: Config, errors: list[str], choice: Choice, tasks: Collect
     lg = cfg.logging
     for name in lg.report_to:
         choice("logging.report_to", name, ["tensorboard", "wandb", "trackio", "none"])
-    if lg.doctor_every < 0:
-        errors.append(f"`logging.doctor_every` must be >= 0, got {lg.doctor_every}")
+    for key, value, zero in (
+        ("logging.doctor_every", lg.doctor_every, "never"),
+        ("logging.completions_every", lg.completions_every, "never"),
+        ("logging.num_completions", lg.num_completions, "none"),
+        ("checkpoint.every", cfg.checkpoint.every, "only at the end and at a stop"),
+        ("checkpoint.keep", cfg.checkpoint.keep, "keep every one"),
+    ):
+        if value < 0:
+            errors.append(f"`{key}` must be >= 0 (0: {zero}), got {value}")
 
 
 def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) -> None:
