@@ -6,7 +6,7 @@ environment; `TASKS` names them.
 | `arithmetic.py` | `a+b=` problems of `data.digits` digits | `arithmetic` | |
 | `multiplication.py` | 3-digit products, made for a calculator tool | `final_answer` | |
 | `guess_number.py` | find a number from higher / lower replies | `guessed` | `guess_number` |
-| `code.py` | write one Python function, hidden tests | `code` (rlvr.rewards.code_exec) | |
+| `code/` | write one Python function, hidden tests (families.py: the function families) | `code` (rlvr.rewards.code_exec) | |
 | `humaneval.py` | OpenAI's HumanEval, for `rlvr eval --task` only | `code` | |
 | `task.py` | `Task` and `TaskOptions`, what every task module builds | | |
 
