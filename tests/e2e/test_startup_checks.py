@@ -38,7 +38,7 @@ def test_kl_note_says_whether_a_penalty_is_on(beta, note):
 def test_report_to_and_doctor_every_are_validated():
     with pytest.raises(ConfigError, match=r"`logging.report_to` must be one of .* got 'tensorbord' \(did you mean 'tensorboard'\?\)"):
         check_config(load_config(None, ["report_to=[tensorbord]"]))
-    with pytest.raises(ConfigError, match="`logging.doctor_every` must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"`logging.doctor_every` must be >= 0 \(0: never\), got -1"):
         check_config(load_config(None, ["doctor_every=-1"]))
 
 
