@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, describe, load_config, old_names, to_dict, trl_table
+from rlvr.serve import command as serve_command
 
 
 def _train_config(args) -> Config:
@@ -219,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
 
     _eval_parser(sub)
+    serve_command.add_parser(sub)
 
     rp = sub.add_parser("report", help="write report.html (self-contained) and PNG plots for one or more runs, overlaid")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (with metrics.jsonl)")
@@ -309,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     if args.command in ("train", "eval") and not any(a.startswith("-") for a in extra):
         args.overrides += extra  # key=value overrides after a flag (`rlvr train my.yaml --force steps=3`)
+    elif args.command == "serve":
+        args.extra = extra  # vLLM's own arguments (rlvr serve --engine vllm)
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)}")
     args.raw_argv = list(argv) if argv is not None else None
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(trl_table()))
                 return 0
             return _train(args)
+        if args.command == "serve":
+            return serve_command.run(args)
         if args.command == "convert-gguf":
             return _convert_gguf(args)
         if args.command == "report":

@@ -173,6 +173,24 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
+    servers: list[str] = field(default_factory=list)
+    """Generation servers (`rlvr serve`, engine hf or vllm) as URLs, e.g. [http://10.0.0.5:8000]: rollouts are made there,
+    rows spread across them, weights pushed after every update (docs/scale-out.md). Empty: generation in this process.
+    A token for servers bound beyond loopback comes from $RLVR_SERVER_TOKEN."""
+    max_staleness: int = 0
+    """k: the next steps' rollouts are generated while the trainer updates, from weights at most k updates older than
+    the weights they train (older rows are dropped and regenerated). 0: synchronous. Without rollout.servers, k > 0
+    starts a local generation process (the hf engine with its own copy of the weights)."""
+    weight_sync: str = "distributed"
+    """How weights reach the servers: `distributed` (torch.distributed: gloo on CPU, NCCL on GPU; the servers must reach
+    rollout.trainer_host) or `filesystem` (safetensors in rollout.weight_dir, a folder the servers also see)."""
+    weight_dir: str | None = None
+    """weight_sync=filesystem: the shared folder the weights are written to (each version in its own subfolder)."""
+    trainer_host: str | None = None
+    """The address the servers reach this trainer's rank 0 at for weight sync (default: 127.0.0.1 when every server is
+    on loopback, else this host's name)."""
+    server_timeout_s: float = 600.0
+    """Seconds a server may take to answer a request (or a sync) before it is dropped and its rows regenerated elsewhere."""
     function: str | None = None
     """A rollout function that makes the episodes itself (TRL's `rollout_func`): `file.py:function` or
     `module:function`, called as fn(prompts, model=, tokenizer=, sampling=, seeds=); see docs/agents.md."""
@@ -369,8 +387,11 @@ class Config:
 
 
 def applied_sampler_correction(cfg: Config) -> str:
-    """algo.sampler_correction as it applies: `auto` resolved for the engine in use (token_truncate with vllm,
-    none with hf, whose sampler is the trained model itself)."""
+    """algo.sampler_correction as it applies: `auto` resolved for the engine in use (token_truncate with vllm, with
+    generation servers and with rollout.max_staleness > 0; none with the in-process hf engine, whose sampler is the
+    trained model itself)."""
     if cfg.algo.sampler_correction != "auto":
         return cfg.algo.sampler_correction
-    return "token_truncate" if cfg.rollout.engine == "vllm" else "none"
+    r = cfg.rollout
+    # another engine's probabilities (vLLM), or weights that may be older than the trained ones (servers, k > 0)
+    return "token_truncate" if r.engine == "vllm" or r.servers or r.max_staleness > 0 else "none"

@@ -160,8 +160,8 @@ def _validate_tools(cfg: Config, errors: list[str], choice: Choice) -> None:
             errors.append(f"`tools.tags` entries are `tool=tag` (e.g. calculator=calc), got {pair!r}")
     if t.enabled and cfg.rollout.function:
         errors.append("`rollout.function` makes the episodes itself: it cannot be combined with `tools`; run the tools inside it")
-    if t.enabled and cfg.nproc > 1:
-        errors.append("`tools` with nproc > 1 is not supported yet: set nproc=1")
+    if t.enabled and cfg.nproc > 1 and not (cfg.rollout.servers or cfg.rollout.max_staleness):
+        errors.append("`tools` with nproc > 1 runs through generation servers: set rollout.servers (see `rlvr serve`), or nproc=1")
 
 
 def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
@@ -222,6 +222,7 @@ def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choic
     if r.top_k < 0:
         errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
     choice("rollout.engine", r.engine, engines)
+    _validate_servers(cfg, errors, choice)
     if r.engine != "vllm":
         return
     v = r.vllm
@@ -242,6 +243,28 @@ def _validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choic
         errors.append(
             "`rollout.engine`=vllm with dist.strategy=fsdp is not supported (each rank's vLLM needs the full weights): "
             "use ddp, or engine=hf"
+        )
+
+
+def _validate_servers(cfg: Config, errors: list[str], choice: Choice) -> None:
+    """rollout.servers and what goes with them: asynchronous steps, the weight sync."""
+    r = cfg.rollout
+    for url in r.servers:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1].strip("/")) == 0:
+            errors.append(f"`rollout.servers`: {url!r} is not a URL; give e.g. http://127.0.0.1:8000")
+    if len(set(r.servers)) != len(r.servers):
+        errors.append(f"`rollout.servers` lists a server twice: {r.servers}")
+    if r.max_staleness < 0:
+        errors.append(f"`rollout.max_staleness` must be >= 0 (0: synchronous), got {r.max_staleness}")
+    choice("rollout.weight_sync", r.weight_sync, ["distributed", "filesystem"])
+    if r.weight_sync == "filesystem" and not r.weight_dir:
+        errors.append("`rollout.weight_sync`=filesystem needs `rollout.weight_dir`: a folder the trainer and every server see")
+    if r.server_timeout_s <= 0:
+        errors.append(f"`rollout.server_timeout_s` must be positive, got {r.server_timeout_s}")
+    if (r.servers or r.max_staleness) and r.engine == "vllm":
+        errors.append(
+            "`rollout.engine`=vllm is the colocated engine; with rollout.servers (or max_staleness > 0) generation runs in the "
+            "servers: start them with `rlvr serve MODEL --engine vllm` and leave rollout.engine=hf"
         )
 
 

@@ -44,6 +44,16 @@ class PromptStream:
         self.position += n
         return rows
 
+    def rows_at(self, position: int, n: int) -> list[dict]:
+        """The n rows from `position` on, without moving the stream."""
+        return [self._row(position + k) for k in range(n)]
+
+    def fork(self) -> "PromptStream":
+        """The same rows in the same order, with its own position and epoch cache (to read ahead from another thread)."""
+        other = PromptStream(self._row_at, self.size, seed=self.seed, shuffle=self.shuffle)
+        other.position = self.position
+        return other
+
     @property
     def epoch(self) -> float:
         return self.position / self.size if self.size else 0.0

@@ -101,7 +101,9 @@ def buckets(metas: Sequence[TensorMeta], bucket_bytes: int = BUCKET_BYTES) -> li
 
 class _Pair:
     def __init__(self, host: str, port: int, rank: int, backend: str, timeout: float, device: torch.device | str):
-        self.device = torch.device(device)
+        # gloo moves CPU tensors (a GPU's weights are copied through host memory): the one way between two
+        # processes on one GPU, where NCCL refuses a group whose ranks share a device
+        self.device = torch.device(device) if backend == "nccl" else torch.device("cpu")
         self.store, self.group = _pair_group(host, port, rank, backend, timeout, self.device)
 
     def broadcast(self, t: torch.Tensor) -> None:

@@ -40,6 +40,8 @@ class Episodes:
     # top-k/top-p), 0 elsewhere; None when the source does not give it (the trainer then runs a forward)
     sampling_entropy: torch.Tensor | None = None
     logged: dict[str, list[Any]] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
+    # [N] long: the weight version (trainer steps) each episode was sampled under; None: the trainer's current weights
+    versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -73,6 +75,7 @@ class Episodes:
             {k: [v[i] for i in idx] for k, v in self.columns.items()},
             None if self.sampling_entropy is None else self.sampling_entropy[rows],
             {k: [v[i] for i in idx] for k, v in self.logged.items()},
+            None if self.versions is None else self.versions[rows.to(self.versions.device)],
         )
 
     def to(self, device: torch.device | str) -> "Episodes":
@@ -100,6 +103,7 @@ class Episodes:
             columns=self.columns,
             sampling_entropy=None if self.sampling_entropy is None else self.sampling_entropy.to(device),
             logged=self.logged,
+            versions=self.versions,
         )
 
     @staticmethod
@@ -125,6 +129,7 @@ class Episodes:
             offsets.append(total)
             total += int(e.group_ids.max()) + 1 if len(e) else 0
         entropies = [e.sampling_entropy for e in parts if e.sampling_entropy is not None]
+        versions = [e.versions for e in parts if e.versions is not None]
         return Episodes(
             torch.cat([left(e.prompt_ids, pad_token_id) for e in parts]),
             torch.cat([left(e.prompt_mask, 0) for e in parts]),
@@ -143,6 +148,7 @@ class Episodes:
             {k: [x for e in parts for x in e.columns[k]] for k in parts[0].columns},
             None if len(entropies) < len(parts) else torch.cat([right(x, 0.0) for x in entropies]),
             {k: [x for e in parts for x in e.logged.get(k, [None] * len(e))] for k in sorted({k for e in parts for k in e.logged})},
+            None if len(versions) < len(parts) else torch.cat([v.cpu() for v in versions]),
         )
 
 

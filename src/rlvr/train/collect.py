@@ -42,6 +42,7 @@ class Batch:
     loss_weight: float = 1.0  # 0: a placeholder share that only keeps a rank in step (minibatches.local_share)
     errors: dict = field(default_factory=dict)  # reward function name -> samples that failed in it
     generated_rewards: torch.Tensor | None = None  # [M, K] dynamic sampling: every group of every round, kept or not
+    stale_dropped: int = 0  # episodes sampled more than rollout.max_staleness versions ago, dropped and made again (this rank's)
 
 
 def reward_columns(runner: RewardRunner, episodes: Episodes) -> tuple[list[str], torch.Tensor]:
@@ -77,11 +78,13 @@ class Collector:
         """`model`: the policy whose weights generation uses (under FSDP2 every rank gathers them for each round)."""
         self.stream, self.source, self.rewards, self.cfg = stream, source, rewards, cfg
         self.dist, self.model, self.pad_token_id = dist, model, pad_token_id
+        self.version, self.stale_dropped = 0, 0
 
     def collect(self, state: TrainState) -> Batch:
         """Episodes of this step's prompts, scored. `state`: the run so far, which reward functions see as TRL's trainer_state.
         Draws `rollout.prompts_per_step` rows; with dynamic sampling, groups whose rewards are all equal are dropped
         and fresh prompts drawn until the batch is full or `algo.max_resample_rounds` extra rounds are spent."""
+        self.version, self.stale_dropped = state.step, 0  # the weights this batch trains have had `state.step` updates
         rs = self.rewards.state
         rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
         a, prompts = self.cfg.algo, self.cfg.rollout.prompts_per_step
@@ -99,7 +102,7 @@ class Collector:
             names, weights = reward_columns(self.rewards, episodes)
             seconds += t
             if not a.dynamic_sampling:
-                return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
+                return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, stale_dropped=self.stale_dropped)
             generated.append(rewards)
             G = episodes.group_size
             signal = algo.groups_with_signal(rewards, weights, G, mode=a.reward_aggregation)
@@ -113,7 +116,9 @@ class Collector:
                 break
         every_round = torch.cat(generated)
         if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=every_round)
+            return Batch(
+                rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=every_round, stale_dropped=self.stale_dropped
+            )
         return Batch(
             kept_rows,
             Episodes.concat(kept_eps, self.pad_token_id),
@@ -124,6 +129,7 @@ class Collector:
             consumed,
             seconds,
             generated_rewards=every_round,
+            stale_dropped=self.stale_dropped,
         )
 
     def round(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
@@ -146,7 +152,29 @@ class Collector:
     def rollout_and_score(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:
         """(episodes, rewards, seconds spent in rewards) of `rows`, drawn from stream position `position`. Prompt i's
         randomness is seeded by its stream position, so it gets the same episodes whatever batch, rank or resume it lands in."""
-        episodes = self.source.rollout(rows, [self.cfg.seed * 2**32 + position + i for i in range(len(rows))])
+        seeds = self.seeds_of(position, len(rows))
+        episodes = self.fresh(rows, seeds, self.source.rollout(rows, seeds))
         t = time.perf_counter()
         rewards = score(self.rewards, rows, episodes)
         return episodes, rewards, time.perf_counter() - t
+
+    def seeds_of(self, position: int, n: int) -> list[int]:
+        """The seeds of n rows drawn from stream position `position`: each row's own, whatever batch it lands in."""
+        return [self.cfg.seed * 2**32 + position + i for i in range(n)]
+
+    def fresh(self, rows: list[dict], seeds: list[int], episodes: Episodes) -> Episodes:
+        """`episodes` with every group sampled more than rollout.max_staleness versions before the weights this step
+        trains made again (a group whose rows a server made under older weights than allowed); counted in stale_dropped."""
+        k, G = self.cfg.rollout.max_staleness, episodes.group_size
+        while episodes.versions is not None:
+            oldest = episodes.versions.view(-1, G).min(-1).values  # [groups]
+            stale = (oldest < self.version - k).nonzero().squeeze(-1).tolist()
+            if not stale:
+                break
+            self.stale_dropped += len(stale) * G
+            redo = self.source.rollout([rows[g] for g in stale], [seeds[g] for g in stale])
+            both = Episodes.concat([episodes, redo], self.pad_token_id)
+            where = {g: len(episodes) + i * G for i, g in enumerate(stale)}  # group g's first row in `both`
+            order = [where.get(g, g * G) + j for g in range(len(rows)) for j in range(G)]
+            episodes = both.select(torch.tensor(order))
+        return episodes

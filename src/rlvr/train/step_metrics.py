@@ -148,3 +148,12 @@ def step_times(batch, *, t0: float, t_collect: float, t_train: float) -> dict:
         "time/train": t_train,
         "time/step": time.perf_counter() - t0,
     }
+
+
+def staleness_metrics(batch, trained_version: int) -> dict[str, float]:
+    """How many updates older than the weights they train the batch's episodes were sampled (only when versions are known)."""
+    v = batch.episodes.versions
+    if v is None or not len(v):
+        return {}
+    lag = (trained_version - v).float()
+    return {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max()), "rollout/stale_dropped": float(batch.stale_dropped)}

@@ -28,6 +28,7 @@ from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
+from rlvr.rollout.engines.remote.pool import NoServersLeft
 from rlvr.rollout.sources import make_source
 from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
@@ -47,7 +48,8 @@ from rlvr.train.setup import (
     training_prompts,
 )
 from rlvr.train.state import Checkpointer, TrainState
-from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, step_times
+from rlvr.train.servers import ahead_source, remote_engine, server_metrics, uses_servers
+from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, staleness_metrics, step_times
 from rlvr.train.update import Updater
 from rlvr.train.update_inputs import UpdateResult
 
@@ -72,6 +74,10 @@ class Trainer:
         self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
         pad = self.tokenizer.pad_token_id
         self.collector = Collector(self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model, pad_token_id=pad)
+        self.ahead = None  # rollout.max_staleness > 0: the next steps' rollouts made while this one trains
+        if self.remote is not None and cfg.rollout.max_staleness > 0:
+            self.ahead = ahead_source(cfg, self.source, self.stream, self.collector, self.dist, self.remote)
+            self.source = self.collector.source = self.ahead
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         optim = {"optimizer": self.optimizer, "scheduler": self.scheduler, "dist": self.dist}
         self.updater = Updater(
@@ -81,6 +87,7 @@ class Trainer:
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
         self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
         self._prepare_output_dir(force)
+        self._start_generation()
 
     def _join_processes(self) -> None:
         """This process's place in the job (torchrun's ranks, or one process), checked against the config."""
@@ -122,7 +129,14 @@ class Trainer:
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
-        self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
+        self.remote, self.local_server = None, None  # generation servers (rollout.servers, or max_staleness > 0)
+        if uses_servers(cfg):
+            step = lambda: self.state.step  # noqa: E731 - the weight version: updates applied so far
+            where = dict(device=self.device, precision=self.precision.autocast)
+            self.remote, self.local_server = remote_engine(cfg, self.model, self.tokenizer, self.dist, version_of=step, **where)
+            self.engine = self.remote
+        else:
+            self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
 
     def _source(self, sampling: SamplingParams | None = None):
         """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling
@@ -161,6 +175,21 @@ class Trainer:
                     "differ from a straight run of that length"
                 )
 
+    def _start_generation(self) -> None:
+        """Generation servers get the trainer's weights (unless a resume just sent them); the thread that makes rollouts
+        ahead starts at the stream's position (after a resume: in-flight rollouts of the killed run are made again)."""
+        if self.remote is not None and self.remote.version is None:
+            self.source.sync_weights()
+        if self.ahead is not None:
+            self.ahead.start(self.state.step, self.stream.position)
+
+    def close(self) -> None:
+        """Stop what the trainer started besides itself: the rollouts-ahead thread, a local generation server."""
+        if self.ahead is not None:
+            self.ahead.close()
+        if self.local_server is not None:
+            self.local_server.stop()
+
     # ------------------------------------------------------------------ one step
 
     def train_step(self) -> dict:
@@ -169,6 +198,8 @@ class Trainer:
         # 1 rollout and score
         self._phase("generation", abandonable=True)  # nothing lasting changes until the update
         batch = self.collector.collect(self.state)
+        if self.ahead is not None:
+            self.ahead.after_collect(self.state.step + 1, self.stream.position)
         self._phase("update")
         t_collect = time.perf_counter() - t0
         # 2 advantages
@@ -195,9 +226,9 @@ class Trainer:
     def update(self, batch: Batch, advantages: torch.Tensor) -> UpdateResult:
         """mu epochs over this rank's share of each minibatch, the sampler given the new weights, the counters moved on."""
         result = self.updater.update(this_ranks_minibatches(batch, advantages, self.cfg.optim.steps_per_generation, self.dist))
-        self.source.sync_weights()  # a separate sampler (vLLM) gets the new weights; hf shares them
         state = self.state
         state.step += 1
+        self.source.sync_weights()  # a separate sampler (vLLM, servers) gets the new weights, version state.step; hf shares them
         state.skipped_steps += result.skipped
         state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
         e = batch.episodes
@@ -212,6 +243,9 @@ class Trainer:
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
+        if self.remote is not None:
+            metrics.update(server_metrics(self.remote, self.ahead))
+        metrics.update(staleness_metrics(batch, self.collector.version))
         metrics.update({k: v for k, v in self.reward_health.step_metrics().items() if k not in metrics})  # errors, log_metric
         metrics.update(
             {"step": state.step, "num_tokens": state.num_tokens, **step_times(batch, t0=t0, t_collect=t_collect, t_train=t_train)}
@@ -277,6 +311,7 @@ class Trainer:
         finally:
             stop.restore()
             self.stop = None
+            self.close()
             log.close()
         return summary
 
@@ -290,6 +325,14 @@ class Trainer:
             self.stream.load_state_dict(before[0])
             set_rng_state(before[1])
             return "stop"
+        except NoServersLeft as e:  # the same, and then the run ends with a checkpoint of the last step done
+            self.stream.load_state_dict(before[0])
+            set_rng_state(before[1])
+            self._phase("checkpoint")
+            newest = latest_checkpoint(self.output_dir / "checkpoints")
+            step = self.state.step
+            path = newest if newest is not None and newest.name == f"step-{step:07d}" else self.save_checkpoint()
+            raise TrainingError(f"{e}; stopped after step {step}, checkpoint {path}. Resume with: rlvr train --resume {self.output_dir}") from e
         # 4 metrics, doctor, checkpoint
         started += self._evaluate_when_due(metrics, log)  # evaluating is not training
         self._phase("logging")

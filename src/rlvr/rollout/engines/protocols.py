@@ -42,6 +42,7 @@ class Generation:
     # [B x G, C] entropy of each sampled token's distribution (at the temperature, before top-k/top-p: the
     # training forward's), 0 on padding; None when the engine does not compute it (vLLM, greedy)
     sampling_entropy: torch.Tensor | None = None
+    versions: torch.Tensor | None = None  # [B x G] long: the weight version each row was sampled under (servers); None: the trainer's own
 
 
 class GenerationEngine(Protocol):

@@ -39,6 +39,7 @@ class Trace:
     forced: deque = field(default_factory=deque)
     mode: int = SAMPLE
     truncated: bool = False
+    version: int | None = None  # the oldest weight version any of its turns was sampled under (servers); None: the trainer's own
 
 
 class StopMatcher:

@@ -35,7 +35,7 @@ def make_source(
     if cfg.rollout.function:
         from rlvr.rollout.sources.function import FunctionSource, load_function
 
-        return FunctionSource(load_function(cfg.rollout.function), engine.model, tokenizer, sampling)
+        return FunctionSource(load_function(cfg.rollout.function), engine, tokenizer, sampling)
     if not t.enabled:
         return SingleTurnSource(engine, tokenizer, sampling, **common)
     from rlvr.rollout.sources.multi_turn import MultiTurnSource

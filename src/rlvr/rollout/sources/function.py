@@ -13,11 +13,17 @@ environment's reply), plus `completions` (what reward functions see; default: th
 text, as an assistant message for chat prompts). Every other key is a per-episode column that
 reaches the reward functions as a keyword argument, as in TRL. Differences from TRL: the function
 gets the model and tokenizer instead of the trainer, and seeds for reproducible sampling.
+
+A function that also takes `generate` gets the run's engine: generate(prompts, sampling=None,
+seeds=None) -> rlvr.rollout.Generation samples (rendered prompt texts in, token ids and log-probs
+out) wherever the run generates, its generation servers included (`rollout.servers`); the weight
+version its episodes carry is the oldest any of its calls was answered with.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+from typing import Callable, Sequence
 
 import torch
 
@@ -39,22 +45,34 @@ class FunctionSource:
 
     reward_columns = None  # its extra fields are known only once it has run
 
-    def __init__(self, fn: Callable, model, tokenizer, sampling: SamplingParams):
-        self.fn, self.model, self.tokenizer, self.sampling = fn, model, tokenizer, sampling
+    def __init__(self, fn: Callable, engine, tokenizer, sampling: SamplingParams):
+        self.fn, self.engine, self.model, self.tokenizer, self.sampling = fn, engine, engine.model, tokenizer, sampling
+        params = inspect.signature(fn).parameters
+        self.wants_generate = "generate" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        self._versions: list[int] = []
 
     @property
     def group_size(self) -> int:
         return self.sampling.n
 
-    def sync_weights(self) -> None:  # the function generates with the trainer's own model
-        pass
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams | None = None, seeds: Sequence[int] | None = None):
+        """What the function gets as `generate`: the run's engine, its weight versions noted."""
+        gen = self.engine.generate(list(prompts), sampling or self.sampling, list(range(len(prompts))) if seeds is None else seeds)
+        if gen.versions is not None and len(gen.versions):
+            self._versions.append(int(gen.versions.min()))
+        return gen
 
     def metrics(self, episodes: Episodes) -> dict[str, float]:
         return {}
 
     def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
         G, prompts = self.group_size, [r["prompt"] for r in rows]
-        out = self.fn(prompts, model=self.model, tokenizer=self.tokenizer, sampling=self.sampling, seeds=list(seeds))
+        self._versions = []
+        extra = {"generate": self.generate} if self.wants_generate else {}
+        out = self.fn(prompts, model=self.model, tokenizer=self.tokenizer, sampling=self.sampling, seeds=list(seeds), **extra)
         N = len(rows) * G
         if missing := [k for k in REQUIRED if k not in out]:
             raise ValueError(f"rollout.function must return {list(REQUIRED)}; missing {missing}")
@@ -88,4 +106,5 @@ class FunctionSource:
             completions,
             texts,
             columns=columns,
+            versions=torch.full((len(rows) * G,), min(self._versions)) if self._versions else None,
         )

@@ -196,6 +196,7 @@ class MultiTurnSource:
             extra_rewards=extra,
             valid=valid,
             columns=columns,
+            versions=None if any(t.version is None for t in traces) else torch.tensor([t.version for t in traces]),
         )
 
     def _tool_names(self) -> list[str]:

@@ -62,6 +62,7 @@ class SingleTurnSource:
             completions=as_completions([r["prompt"] for r in rows for _ in range(G)], gen.texts),
             texts=gen.texts,
             sampling_entropy=gen.sampling_entropy,
+            versions=gen.versions,
         )
 
     def sync_weights(self) -> None:

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from rlvr.models.forward import eval_mode
 from rlvr.models.kv_cache import cache_kwarg
+from rlvr.rollout.episodes import pad_rows
 
 
 @contextlib.contextmanager
@@ -38,12 +39,13 @@ class Prefill:
     logits: torch.Tensor  # [B x G, V] fp32: each of the G rows of a prompt starts from its prompt's next-token logits
 
 
-def prefill(model, tokenizer, prompts: Sequence[str], group_size: int) -> Prefill:
-    """Tokenize the prompts (left-padded, no special tokens added: the chat template wrote them) and run
-    each once, whatever the number of samples it gets."""
+def prefill(model, tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]], group_size: int) -> Prefill:
+    """Tokenize the prompts (left-padded, no special tokens added: the chat template wrote them), or take
+    them as token ids already (a generation server's requests), and run each once, whatever the number
+    of samples it gets."""
     device = next(model.parameters()).device
-    enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     cache = DynamicCache(config=model.config)
     out = model(
         input_ids=prompt_ids,
@@ -54,6 +56,15 @@ def prefill(model, tokenizer, prompts: Sequence[str], group_size: int) -> Prefil
         **{cache_kwarg(model): cache},
     )
     return Prefill(prompt_ids, prompt_mask, cache, out.logits[:, -1].float().repeat_interleave(group_size, 0))
+
+
+def tokenize_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, P], mask [B, P]) left-padded with the pad token; token-id prompts are padded as the tokenizer pads text."""
+    if prompts and not isinstance(prompts[0], str):
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return pad_rows([list(p) for p in prompts], pad, left=True)  # type: ignore[arg-type]
+    enc = tokenizer(list(prompts), padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
 
 
 def padding_bias(prompt_mask: torch.Tensor, dtype: torch.dtype, fill: float | None = None) -> torch.Tensor:

@@ -14,13 +14,20 @@ from typing import Any, Protocol, Sequence
 
 from rlvr.dist.transfer import TensorMeta
 
+WEIGHTS_FILE = "weights.safetensors"  # the filesystem sync's file in each version's folder
+
 
 class ServerError(RuntimeError):
     """A server did not answer, answered an error, or broke off a weight sync."""
 
-    def __init__(self, url: str, message: str):
+    def __init__(self, url: str, message: str, status: int | None = None):
         super().__init__(f"generation server {url}: {message}")
-        self.url = url
+        self.url, self.status = url, status
+
+    @property
+    def refused_request(self) -> bool:
+        """The server is up and refused this request (bad input, a missing token): not a reason to drop it."""
+        return self.status is not None and 400 <= self.status < 500
 
 
 @dataclass(frozen=True)

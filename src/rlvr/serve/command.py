@@ -1,0 +1,73 @@
+"""`rlvr serve MODEL --engine hf|vllm`: a generation server for trainers' `rollout.servers`."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from rlvr.serve import check_bind, server_token
+
+ENGINES = ("hf", "vllm")
+
+
+def add_parser(sub) -> None:
+    sv = sub.add_parser(
+        "serve",
+        help="start a generation server that trainers reach with rollout.servers=[http://HOST:PORT]",
+        description="A generation server: rlvr's hf engine, or vLLM's own OpenAI-compatible server, with weight sync "
+        "from the trainer (torch.distributed, or a shared folder) and a weight version on every answer. "
+        "See docs/scale-out.md.",
+    )
+    sv.add_argument("model", help="model folder or hub id in the local cache (`tiny`: the bundled model)")
+    sv.add_argument("--engine", choices=ENGINES, default="hf")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind; any but loopback needs --api-key")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key", default=None, help="token every request but /health must carry (default: $RLVR_SERVER_TOKEN)")
+    sv.add_argument("--device", default="auto", help="hf: cpu, cuda, cuda:N or auto")
+    sv.add_argument("--dtype", default="float32", help="the weights' dtype (float32, bfloat16, float16)")
+    sv.add_argument("--autocast", choices=("none", "bf16"), default="none", help="hf: bf16 autocast, as the trainer's model.autocast")
+    sv.add_argument("--timeout", type=float, default=600.0, help="seconds a weight sync may take before it is abandoned")
+    sv.add_argument("--trust-remote-code", action="store_true")
+    sv.epilog = "With --engine vllm, arguments rlvr does not know go to vLLM's server as they are (e.g. --max-model-len 2048)."
+
+
+def run(args) -> int:
+    token = server_token(args.api_key)
+    try:
+        check_bind(args.host, token)
+    except ValueError as e:
+        print(f"rlvr serve: {e}", file=sys.stderr)
+        return 2
+    if args.engine == "vllm":
+        from rlvr.serve.vllm_server import serve_vllm
+
+        extra = [a for a in getattr(args, "extra", []) if a != "--"]
+        return serve_vllm(args.model, host=args.host, port=args.port, api_key=token, dtype=args.dtype, extra_args=extra)
+    if getattr(args, "extra", []):
+        print(f"rlvr serve: unrecognized arguments: {' '.join(args.extra)}", file=sys.stderr)
+        return 2
+    return _serve_hf(args, token)
+
+
+def _serve_hf(args, token: str | None) -> int:
+    from rlvr.models.loading import load_model, load_tokenizer
+    from rlvr.serve.hf_backend import HFBackend
+    from rlvr.serve.http import make_server
+    import torch
+
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    tokenizer, _ = load_tokenizer(args.model, args.trust_remote_code)
+    model = load_model(args.model, args.dtype, device, args.trust_remote_code)
+    model.requires_grad_(False)
+    backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
+    server = make_server(backend, args.host, args.port, token)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    host, port = server.server_address[:2]
+    print(f"rlvr serve: engine hf, model {args.model} on {device}, listening on http://{host}:{port}", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,155 @@
+"""rlvr's hf engine behind a generation server.
+
+Requests are token ids (rlvr.rollout.engines.remote.protocol). A request whose samples all share one
+token budget and need no stop strings (single-turn rollouts) runs the engine's own `generate`, the
+code in-process training runs, on the same ids and seeds: the same tokens and log-probs. One that
+needs stop strings (a model turn of a multi-turn episode) runs the multi-turn decode with a driver
+that ends every episode at its first turn's end.
+
+Weights: generation and a weight swap never overlap (one lock), and a sync is received into fresh
+tensors first (rlvr.dist.transfer), outside the lock, so generation goes on while weights arrive
+and a sync that breaks off leaves the old weights and version in place.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from rlvr.dist.transfer import TensorMeta, WeightReceiver
+from rlvr.models.precision import autocast_context
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.engines.remote.protocol import WEIGHTS_FILE, GenerateRequest, GenerateResult, Sample
+
+
+class _FirstTurn:
+    """TurnDriver: every episode ends with its first model turn (the trainer runs the tools)."""
+
+    def __init__(self, stop_strings: Sequence[str]):
+        self.stop_strings = list(stop_strings)
+        self.ended: set[int] = set()
+
+    def end_turn(self, row: int, turn_ids: list[int], eos: bool) -> bool:
+        self.ended.add(row)
+        return False
+
+    def ready(self, block: bool) -> dict[int, list[int] | None]:
+        return {}
+
+
+class HFBackend:
+    def __init__(self, model, tokenizer, *, name: str, autocast: str = "none", timeout: float = 600.0):
+        from rlvr.rollout.engines.hf import HFEngine
+
+        self.model, self.tokenizer, self.name, self.autocast, self.timeout = model, tokenizer, name, autocast, timeout
+        self.engine = HFEngine(model, tokenizer)
+        self.device = next(model.parameters()).device
+        self.version = 0
+        self.lock = threading.Lock()
+        self.receiver: WeightReceiver | None = None
+        self.requests = 0
+
+    def health(self) -> dict[str, Any]:
+        return {"engine": "hf", "model": self.name, "version": self.version, "lora": self._is_peft(), "requests": self.requests}
+
+    # ---------------------------------------------------------------- generation
+
+    def generate(self, req: GenerateRequest) -> GenerateResult:
+        if len(req.seeds) != len(req.prompt_ids) or len(req.max_tokens) != len(req.prompt_ids):
+            raise ValueError("generate: prompt_ids, seeds and max_tokens must have one entry per prompt")
+        if not req.prompt_ids:
+            return GenerateResult([], self.version)
+        with self.lock, autocast_context(self.autocast, self.device):
+            self.requests += 1
+            if not req.stop_strings and len(set(req.max_tokens)) == 1:
+                return GenerateResult(self._completions(req), self.version)
+            return GenerateResult(self._turns(req), self.version)
+
+    def _params(self, req: GenerateRequest, max_tokens: int) -> SamplingParams:
+        return SamplingParams(req.n, req.temperature, req.top_p, req.top_k, max_tokens, req.ignore_eos)
+
+    def _completions(self, req: GenerateRequest) -> list[list[Sample]]:
+        gen = self.engine.generate(req.prompt_ids, self._params(req, req.max_tokens[0]), req.seeds)  # type: ignore[arg-type]
+        out: list[list[Sample]] = []
+        for i in range(len(req.prompt_ids)):
+            per = []
+            for r in range(i * req.n, (i + 1) * req.n):
+                keep = gen.completion_mask[r].bool()
+                ent = None if not req.entropy or gen.sampling_entropy is None else gen.sampling_entropy[r][keep].tolist()
+                finish = "length" if bool(gen.truncated[r]) else "stop"
+                per.append(Sample(gen.completion_ids[r][keep].tolist(), gen.sampling_logprobs[r][keep].tolist(), finish, ent))
+            out.append(per)
+        return out
+
+    def _turns(self, req: GenerateRequest) -> list[list[Sample]]:
+        """One model turn per sample (EOS or a stop string ends it), each cut to its prompt's own budget."""
+        driver = _FirstTurn(req.stop_strings)
+        _, _, traces = self.engine.generate_episodes(req.prompt_ids, self._params(req, max(req.max_tokens)), req.seeds, driver)  # type: ignore[arg-type]
+        out: list[list[Sample]] = []
+        for i, budget in enumerate(req.max_tokens):
+            per = []
+            for r in range(i * req.n, (i + 1) * req.n):
+                tr = traces[r]
+                ended = r in driver.ended and len(tr.ids) <= budget
+                per.append(Sample(tr.ids[:budget], tr.logps[:budget], "stop" if ended else "length"))
+            out.append(per)
+        return out
+
+    # ---------------------------------------------------------------- weights
+
+    def init_weight_transfer(self, host: str, port: int, backend: str, lora: dict | None) -> None:
+        if lora is not None and not self._is_peft():
+            from peft import LoraConfig, get_peft_model
+
+            with self.lock:
+                self.model = get_peft_model(self.model, LoraConfig(**lora))
+                self.engine.model = self.model
+        old, self.receiver = self.receiver, None
+        if old is not None:
+            old.close()
+        self.receiver = WeightReceiver(host, port, backend=backend, timeout=self.timeout, device=self.device)
+
+    def update_weights(self, version: int, metas: Sequence[TensorMeta]) -> None:
+        if self.receiver is None:
+            raise ValueError("update_weights before init_weight_transfer")
+        self._check_names(metas)
+        try:
+            tensors = self.receiver.receive(metas)  # outside the lock: generation goes on meanwhile
+        except Exception:
+            self.receiver.close()  # the pair group is broken; the trainer makes a new one
+            self.receiver = None
+            raise
+        self._swap(tensors, version)
+
+    def load_weights(self, version: int, path: str) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(path) / WEIGHTS_FILE), device=str(self.device))
+        self._check_names([TensorMeta.of(k, v) for k, v in tensors.items()])
+        self._swap(tensors, version)
+
+    def _params_by_name(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_parameters())
+
+    def _check_names(self, metas: Sequence[TensorMeta]) -> None:
+        params = self._params_by_name()
+        unknown = [m.name for m in metas if m.name not in params]
+        if unknown:
+            raise ValueError(f"update_weights: {len(unknown)} weights this server's model does not have, e.g. {unknown[:3]}")
+        wrong = [f"{m.name} {list(m.shape)} vs {list(params[m.name].shape)}" for m in metas if tuple(params[m.name].shape) != m.shape]
+        if wrong:
+            raise ValueError(f"update_weights: shapes differ from this server's model: {wrong[:3]}")
+
+    @torch.no_grad()
+    def _swap(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        params = self._params_by_name()
+        with self.lock:
+            for name, t in tensors.items():
+                params[name].copy_(t)
+            self.version = version
+
+    def _is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")

@@ -1,0 +1,84 @@
+"""Generation apart from training, the trainer's side of it: the RemoteEngine over `rollout.servers`
+(or, for max_staleness > 0 without servers, over a local generation process rank 0 starts), and the
+AheadSource that overlaps the next steps' generation with this step's update."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from urllib.parse import urlparse
+
+from rlvr.rollout.engines.remote.client import make_client
+from rlvr.rollout.engines.remote.engine import RemoteEngine
+from rlvr.rollout.engines.remote.pool import ServerPool
+from rlvr.serve import LOOPBACK, TOKEN_ENV
+from rlvr.serve.local import LocalServer
+from rlvr.train.ahead import AheadSource
+
+STARTUP_WAIT_S = 180.0
+
+
+def uses_servers(cfg) -> bool:
+    return bool(cfg.rollout.servers) or cfg.rollout.max_staleness > 0
+
+
+def server_urls(cfg, dist, *, device, precision: str) -> tuple[list[str], LocalServer | None]:
+    """rollout.servers, or the local generation process rank 0 starts (its URL shared with every rank)."""
+    if cfg.rollout.servers:
+        return list(cfg.rollout.servers), None
+    local = None
+    if dist.is_main:
+        local = LocalServer(cfg.model.path, device=str(device), dtype=cfg.model.dtype, autocast=precision, timeout=cfg.dist.timeout)
+        atexit.register(local.stop)
+        local.wait_ready(STARTUP_WAIT_S)
+    url = dist.all_gather_object(local.url if local else None, what="the local generation server")[0] if dist.enabled else local.url
+    return [url], local
+
+
+def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision: str) -> tuple[RemoteEngine, LocalServer | None]:
+    urls, local = server_urls(cfg, dist, device=device, precision=precision)
+    r, token = cfg.rollout, os.environ.get(TOKEN_ENV)
+    wait = min(STARTUP_WAIT_S, r.server_timeout_s)
+    clients = [make_client(u, token=token, timeout=r.server_timeout_s, wait=wait) for u in urls]
+    host = r.trainer_host or ("127.0.0.1" if all(urlparse(u).hostname in LOOPBACK for u in urls) else socket.getfqdn())
+    engine = RemoteEngine(
+        model,
+        tokenizer,
+        ServerPool(clients),
+        dist=dist,
+        version_of=version_of,
+        weight_sync=r.weight_sync,
+        weight_dir=r.weight_dir,
+        trainer_host=host,
+        timeout=min(cfg.dist.timeout, r.server_timeout_s),
+        transfer_backend="gloo" if local is not None else None,  # the local server shares this process's GPU: NCCL cannot
+    )
+    return engine, local
+
+
+def ahead_source(cfg, source, stream, collector, dist, engine: RemoteEngine) -> AheadSource:
+    return AheadSource(
+        source,
+        stream,
+        max_staleness=cfg.rollout.max_staleness,
+        prompts_per_step=cfg.rollout.prompts_per_step,
+        seeds_of=collector.seeds_of,
+        share=dist.shard if dist.enabled else (lambda n: slice(0, n)),
+        weights_version=lambda: engine.version,
+    )
+
+
+def server_metrics(engine: RemoteEngine, ahead: AheadSource | None) -> dict[str, float]:
+    """This step's weight-sync, server-share and overlap metrics (counters reset each step)."""
+    stats, sync = engine.pool.take_stats(), engine.take_sync_stats()
+    total = sum(stats.rows.values()) or 1
+    out = {"weight_sync/seconds": sync.seconds, "weight_sync/bytes": float(sync.bytes), "servers/alive": float(len(engine.pool.alive))}
+    out.update({f"servers/share/{urlparse(u).netloc}": n / total for u, n in sorted(stats.rows.items())})
+    if stats.dropped or stats.regenerated:
+        out.update({"servers/dropped": float(len(stats.dropped)), "servers/regenerated_prompts": float(stats.regenerated)})
+    if ahead is not None:
+        a = ahead.take_stats()
+        out.update({"time/waiting_for_rollouts": a.waited_for_rollouts, "time/generator_waiting_for_weights": a.waited_for_weights})
+        out["rollout/made_ahead"] = float(a.made_ahead)
+    return out
