@@ -19,7 +19,7 @@ LAYERS = [
     {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data"},
     {"models", "rewards", "observe", "tools", "tasks"},
     {"rollout"},
-    {"train"},
+    {"train", "serve"},
     {"cli", "__main__"},
 ]
 

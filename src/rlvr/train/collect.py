@@ -85,6 +85,11 @@ class Collector:
         Draws `rollout.prompts_per_step` rows; with dynamic sampling, groups whose rewards are all equal are dropped
         and fresh prompts drawn until the batch is full or `algo.max_resample_rounds` extra rounds are spent."""
         self.version, self.stale_dropped = state.step, 0  # the weights this batch trains have had `state.step` updates
+        batch = self._rounds(state)
+        batch.stale_dropped = self.stale_dropped
+        return batch
+
+    def _rounds(self, state: TrainState) -> Batch:
         rs = self.rewards.state
         rs.global_step, rs.max_steps, rs.epoch, rs.num_input_tokens_seen = state.step, self.cfg.steps, self.stream.epoch, state.num_tokens
         a, prompts = self.cfg.algo, self.cfg.rollout.prompts_per_step
@@ -102,7 +107,7 @@ class Collector:
             names, weights = reward_columns(self.rewards, episodes)
             seconds += t
             if not a.dynamic_sampling:
-                return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, stale_dropped=self.stale_dropped)
+                return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds)
             generated.append(rewards)
             G = episodes.group_size
             signal = algo.groups_with_signal(rewards, weights, G, mode=a.reward_aggregation)
@@ -116,9 +121,7 @@ class Collector:
                 break
         every_round = torch.cat(generated)
         if not kept_rows:  # nothing had signal: train on the last round (zero advantages, zero update)
-            return Batch(
-                rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=every_round, stale_dropped=self.stale_dropped
-            )
+            return Batch(rows, episodes, rewards, names, weights, rounds, consumed, seconds, generated_rewards=every_round)
         return Batch(
             kept_rows,
             Episodes.concat(kept_eps, self.pad_token_id),
@@ -129,7 +132,6 @@ class Collector:
             consumed,
             seconds,
             generated_rewards=every_round,
-            stale_dropped=self.stale_dropped,
         )
 
     def round(self, rows: list[dict], position: int) -> tuple[Episodes, torch.Tensor, float]:

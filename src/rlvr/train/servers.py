@@ -15,6 +15,7 @@ from rlvr.rollout.engines.remote.pool import ServerPool
 from rlvr.serve import LOOPBACK, TOKEN_ENV
 from rlvr.serve.local import LocalServer
 from rlvr.train.ahead import AheadSource
+from rlvr.train.step_metrics import staleness_metrics
 
 STARTUP_WAIT_S = 180.0
 
@@ -57,16 +58,60 @@ def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision:
     return engine, local
 
 
-def ahead_source(cfg, source, stream, collector, dist, engine: RemoteEngine) -> AheadSource:
-    return AheadSource(
-        source,
-        stream,
-        max_staleness=cfg.rollout.max_staleness,
-        prompts_per_step=cfg.rollout.prompts_per_step,
-        seeds_of=collector.seeds_of,
-        share=dist.shard if dist.enabled else (lambda n: slice(0, n)),
-        weights_version=lambda: engine.version,
-    )
+class GenerationApart:
+    """What a trainer with generation servers holds besides its engine: the local server it started (if any) and the
+    AheadSource of max_staleness > 0 (if any)."""
+
+    def __init__(self, cfg, engine: RemoteEngine, local: LocalServer | None, dist):
+        self.cfg, self.engine, self.local, self.dist = cfg, engine, local, dist
+        self.ahead: AheadSource | None = None
+
+    @classmethod
+    def start_servers(cls, cfg, trainer) -> "GenerationApart":
+        """Reach rollout.servers (or start the local one) for `trainer` (its model, tokenizer, dist, device, precision).
+        The weight version is the trainer's step: the updates applied so far."""
+        t = trainer
+        engine, local = remote_engine(
+            cfg, t.model, t.tokenizer, t.dist, version_of=lambda: t.state.step, device=t.device, precision=t.precision.autocast
+        )
+        return cls(cfg, engine, local, t.dist)
+
+    def ahead_of(self, source, stream, collector):
+        """The source the collect phase reads: `source` itself, or with max_staleness > 0 an AheadSource over it."""
+        if self.cfg.rollout.max_staleness == 0:
+            return source
+        self.ahead = AheadSource(
+            source,
+            stream,
+            max_staleness=self.cfg.rollout.max_staleness,
+            prompts_per_step=self.cfg.rollout.prompts_per_step,
+            seeds_of=collector.seeds_of,
+            share=self.dist.shard if self.dist.enabled else (lambda n: slice(0, n)),
+            weights_version=lambda: self.engine.version,
+        )
+        return self.ahead
+
+    def start(self, source, step: int, position: int) -> None:
+        """The servers get the trainer's weights (unless a resume just sent them); rollouts ahead start from the stream's
+        position (after a resume the killed run's in-flight rollouts are made again)."""
+        if self.engine.version is None:
+            source.sync_weights()
+        if self.ahead is not None:
+            self.ahead.start(step, position)
+
+    def after_collect(self, next_step: int, position: int) -> None:
+        if self.ahead is not None:
+            self.ahead.after_collect(next_step, position)
+
+    def metrics(self, batch, trained_version: int) -> dict[str, float]:
+        return {**server_metrics(self.engine, self.ahead), **staleness_metrics(batch, trained_version)}
+
+    def close(self) -> None:
+        """Stop the rollouts-ahead thread and the local server."""
+        if self.ahead is not None:
+            self.ahead.close()
+        if self.local is not None:
+            self.local.stop()
 
 
 def server_metrics(engine: RemoteEngine, ahead: AheadSource | None) -> dict[str, float]:

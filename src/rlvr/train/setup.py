@@ -131,3 +131,26 @@ def make_optimizer(model, cfg: Config) -> tuple[torch.optim.Optimizer, torch.opt
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
     schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def training_sampling(cfg: Config):
+    """The sampling of training rollouts (rollout.*)."""
+    from rlvr.rollout import SamplingParams
+
+    r = cfg.rollout
+    return SamplingParams(
+        n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos
+    )
+
+
+def schedule_change(cfg: Config, resumed_from, step: int) -> list[str]:
+    """A warning when a resume changes `steps` under a learning-rate schedule laid out for the old number."""
+    import yaml
+
+    planned = yaml.safe_load((resumed_from / "config.yaml").read_text()).get("steps")
+    if planned == cfg.steps or cfg.optim.lr_schedule == "constant":
+        return []
+    return [
+        f"optim.lr_schedule={cfg.optim.lr_schedule} was laid out for {planned} steps; from step {step + 1} it follows the "
+        f"one for steps={cfg.steps}, so the learning rates differ from a straight run of that length"
+    ]

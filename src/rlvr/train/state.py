@@ -44,6 +44,11 @@ class Checkpointer:
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.stream, self.tokenizer, self.dist = stream, tokenizer, dist
 
+    def save_unless_saved(self, state: TrainState) -> Path:
+        """The checkpoint of the steps done so far: the newest one when it is of this step already, else a new one."""
+        newest = latest_checkpoint(self.root)
+        return newest if newest is not None and newest.name == f"step-{state.step:07d}" else self.save(state)
+
     def save(self, state: TrainState) -> Path:
         """Rank 0 writes; every rank resumes from what it wrote. FSDP2: every rank first helps
         gather the full weights and optimizer state onto rank 0, which writes them exactly as one

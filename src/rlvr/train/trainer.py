@@ -38,18 +38,11 @@ from rlvr.train.minibatches import this_ranks_minibatches
 from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
 from rlvr.train.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside, truncate_jsonl, write_atomically
-from rlvr.train.setup import (
-    check_config,
-    columns_the_rollout_adds,
-    device_for,
-    make_optimizer,
-    prompt_tokens,
-    run_precision,
-    training_prompts,
-)
+from rlvr.train.setup import check_config, columns_the_rollout_adds, device_for, make_optimizer, prompt_tokens, run_precision
+from rlvr.train.setup import schedule_change, training_prompts, training_sampling
 from rlvr.train.state import Checkpointer, TrainState
-from rlvr.train.servers import ahead_source, remote_engine, server_metrics, uses_servers
-from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, staleness_metrics, step_times
+from rlvr.train.servers import GenerationApart, uses_servers
+from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, step_times
 from rlvr.train.update import Updater
 from rlvr.train.update_inputs import UpdateResult
 
@@ -74,10 +67,8 @@ class Trainer:
         self.warnings += getattr(self.source, "notes", [])  # e.g. which format tools.format=auto chose, and why
         pad = self.tokenizer.pad_token_id
         self.collector = Collector(self.stream, self.source, self.rewards, cfg=cfg, dist=self.dist, model=self.model, pad_token_id=pad)
-        self.ahead = None  # rollout.max_staleness > 0: the next steps' rollouts made while this one trains
-        if self.remote is not None and cfg.rollout.max_staleness > 0:
-            self.ahead = ahead_source(cfg, self.source, self.stream, self.collector, self.dist, self.remote)
-            self.source = self.collector.source = self.ahead
+        if self.apart is not None:  # max_staleness > 0: the next steps' rollouts are made while this one trains
+            self.source = self.collector.source = self.apart.ahead_of(self.source, self.stream, self.collector)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg)
         optim = {"optimizer": self.optimizer, "scheduler": self.scheduler, "dist": self.dist}
         self.updater = Updater(
@@ -87,7 +78,8 @@ class Trainer:
         self.state, self.resumed_from, self.last_step = TrainState(), None, None
         self.stop: StopRequest | None = None  # while train() runs: the signals' state, told which phase the loop is in
         self._prepare_output_dir(force)
-        self._start_generation()
+        if self.apart is not None:
+            self.apart.start(self.source, self.state.step, self.stream.position)
 
     def _join_processes(self) -> None:
         """This process's place in the job (torchrun's ranks, or one process), checked against the config."""
@@ -129,28 +121,15 @@ class Trainer:
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
-        self.remote, self.local_server = None, None  # generation servers (rollout.servers, or max_staleness > 0)
-        if uses_servers(cfg):
-            step = lambda: self.state.step  # noqa: E731 - the weight version: updates applied so far
-            where = dict(device=self.device, precision=self.precision.autocast)
-            self.remote, self.local_server = remote_engine(cfg, self.model, self.tokenizer, self.dist, version_of=step, **where)
-            self.engine = self.remote
-        else:
-            self.engine = make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, save_adapter=self.policy.save)
+        self.apart = GenerationApart.start_servers(cfg, self) if uses_servers(cfg) else None  # rollout.servers, max_staleness > 0
+        self.engine = (
+            self.apart.engine if self.apart else make_engine(cfg.rollout.engine, self.model, self.tokenizer, cfg, self.policy.save)
+        )
 
     def _source(self, sampling: SamplingParams | None = None):
         """The rollout source the config describes (single-turn, or multi-turn with tools), with this sampling
         (None: the training one, rollout.*)."""
-        if sampling is None:
-            r = self.cfg.rollout
-            sampling = SamplingParams(
-                n=r.group_size,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                top_k=r.top_k,
-                max_new_tokens=r.max_new_tokens,
-                ignore_eos=r.ignore_eos,
-            )
+        sampling = sampling or training_sampling(self.cfg)
         context = getattr(self.model.config, "max_position_embeddings", None)
         return make_source(
             self.cfg, self.engine, self.tokenizer, sampling, context_length=context, device=self.device, precision=self.precision.autocast
@@ -167,28 +146,7 @@ class Trainer:
         if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
             self.state, self.resumed_from = resumed
             self.source.sync_weights()
-            planned = yaml.safe_load((self.resumed_from / "config.yaml").read_text()).get("steps")
-            if planned != self.cfg.steps and self.cfg.optim.lr_schedule != "constant":
-                self.warnings.append(
-                    f"optim.lr_schedule={self.cfg.optim.lr_schedule} was laid out for {planned} steps; from step "
-                    f"{self.state.step + 1} it follows the one for steps={self.cfg.steps}, so the learning rates "
-                    "differ from a straight run of that length"
-                )
-
-    def _start_generation(self) -> None:
-        """Generation servers get the trainer's weights (unless a resume just sent them); the thread that makes rollouts
-        ahead starts at the stream's position (after a resume: in-flight rollouts of the killed run are made again)."""
-        if self.remote is not None and self.remote.version is None:
-            self.source.sync_weights()
-        if self.ahead is not None:
-            self.ahead.start(self.state.step, self.stream.position)
-
-    def close(self) -> None:
-        """Stop what the trainer started besides itself: the rollouts-ahead thread, a local generation server."""
-        if self.ahead is not None:
-            self.ahead.close()
-        if self.local_server is not None:
-            self.local_server.stop()
+            self.warnings += schedule_change(self.cfg, self.resumed_from, self.state.step)
 
     # ------------------------------------------------------------------ one step
 
@@ -198,8 +156,8 @@ class Trainer:
         # 1 rollout and score
         self._phase("generation", abandonable=True)  # nothing lasting changes until the update
         batch = self.collector.collect(self.state)
-        if self.ahead is not None:
-            self.ahead.after_collect(self.state.step + 1, self.stream.position)
+        if self.apart is not None:
+            self.apart.after_collect(self.state.step + 1, self.stream.position)
         self._phase("update")
         t_collect = time.perf_counter() - t0
         # 2 advantages
@@ -243,9 +201,8 @@ class Trainer:
         metrics = {**result.metrics, "skipped_steps": state.skipped_steps}
         metrics.update(batch_metrics(batch, advantages))
         metrics.update(self.source.metrics(batch.episodes))
-        if self.remote is not None:
-            metrics.update(server_metrics(self.remote, self.ahead))
-        metrics.update(staleness_metrics(batch, self.collector.version))
+        if self.apart is not None:  # weight syncs, each server's share, staleness
+            metrics.update(self.apart.metrics(batch, self.collector.version))
         metrics.update({k: v for k, v in self.reward_health.step_metrics().items() if k not in metrics})  # errors, log_metric
         metrics.update(
             {"step": state.step, "num_tokens": state.num_tokens, **step_times(batch, t0=t0, t_collect=t_collect, t_train=t_train)}
@@ -311,7 +268,8 @@ class Trainer:
         finally:
             stop.restore()
             self.stop = None
-            self.close()
+            if self.apart is not None:
+                self.apart.close()
             log.close()
         return summary
 
@@ -321,18 +279,13 @@ class Trainer:
         before = (self.stream.state_dict(), rng_state())  # where an abandoned step's generation started
         try:
             metrics = self.train_step()
-        except AbandonStep:  # its generation changed nothing lasting but the prompt position and the RNG
+        except (AbandonStep, NoServersLeft) as e:  # its generation changed nothing lasting but the prompt position and the RNG
             self.stream.load_state_dict(before[0])
             set_rng_state(before[1])
+            if isinstance(e, NoServersLeft):  # the run ends, with a checkpoint of the last step done
+                path, out, step = self.checkpointer.save_unless_saved(self.state), self.output_dir, self.state.step
+                raise TrainingError(f"{e}; stopped after step {step}: checkpoint {path}. Resume with: rlvr train --resume {out}") from e
             return "stop"
-        except NoServersLeft as e:  # the same, and then the run ends with a checkpoint of the last step done
-            self.stream.load_state_dict(before[0])
-            set_rng_state(before[1])
-            self._phase("checkpoint")
-            newest = latest_checkpoint(self.output_dir / "checkpoints")
-            step = self.state.step
-            path = newest if newest is not None and newest.name == f"step-{step:07d}" else self.save_checkpoint()
-            raise TrainingError(f"{e}; stopped after step {step}, checkpoint {path}. Resume with: rlvr train --resume {self.output_dir}") from e
         # 4 metrics, doctor, checkpoint
         started += self._evaluate_when_due(metrics, log)  # evaluating is not training
         self._phase("logging")
@@ -391,9 +344,7 @@ class Trainer:
         """A stop signal ended the run after step `state.step`: checkpoint it (unless that checkpoint exists) and say how to go on."""
         self._phase("checkpoint")
         assert self.stop is not None, "train() runs this"
-        out, step = self.output_dir, self.state.step
-        newest = latest_checkpoint(out / "checkpoints")
-        path = newest if newest is not None and newest.name == f"step-{step:07d}" else self.save_checkpoint()
+        out, step, path = self.output_dir, self.state.step, self.checkpointer.save_unless_saved(self.state)
         log.info(f"stopped by {self.stop.requested} at step {step}; checkpoint {path}. Resume with: rlvr train --resume {out}")
         summary["interrupted_at"] = step
         return summary

@@ -30,7 +30,18 @@ from rlvr.rollout.engines.protocols import Generation, SamplingParams
 from rlvr.rollout.engines.remote.pool import ServerPool
 from rlvr.rollout.engines.remote.protocol import WEIGHTS_FILE, GenerateRequest, ServerClient, ServerError
 from rlvr.rollout.engines.sampling import row_seed
-from rlvr.rollout.engines.turns import FORCE, SAMPLE, WAIT, StopMatcher, Trace, TurnDriver, eos_ids, resume_ready, take_external, take_sampled
+from rlvr.rollout.engines.turns import (
+    FORCE,
+    SAMPLE,
+    WAIT,
+    StopMatcher,
+    Trace,
+    TurnDriver,
+    eos_ids,
+    resume_ready,
+    take_external,
+    take_sampled,
+)
 from rlvr.rollout.episodes import pad_rows
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "bias", "use_rslora", "modules_to_save", "fan_in_fan_out", "init_lora_weights")
@@ -79,8 +90,15 @@ class RemoteEngine:
     def generate(self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int]) -> Generation:
         prompt_ids = self._tokenize(prompts)
         request = GenerateRequest(
-            prompt_ids, params.n, [int(s) for s in seeds], [params.max_new_tokens] * len(prompts), params.temperature,
-            params.top_p, params.top_k, params.ignore_eos, entropy=params.temperature > 0,
+            prompt_ids,
+            params.n,
+            [int(s) for s in seeds],
+            [params.max_new_tokens] * len(prompts),
+            params.temperature,
+            params.top_p,
+            params.top_k,
+            params.ignore_eos,
+            entropy=params.temperature > 0,
         )
         samples, versions = self.pool.generate(request)
         rows = [s for per in samples for s in per]
@@ -93,7 +111,11 @@ class RemoteEngine:
             entropy, _ = pad_rows([s.entropy or [] for s in rows], 0.0, min_width=T, dtype=torch.float32)
         dev = self._device
         return Generation(
-            prompt.to(dev), prompt_mask.to(dev), comp.to(dev), mask.to(dev), logp.to(dev),
+            prompt.to(dev),
+            prompt_mask.to(dev),
+            comp.to(dev),
+            mask.to(dev),
+            logp.to(dev),
             torch.tensor([s.finish == "length" for s in rows], device=dev),
             self.tokenizer.batch_decode(comp, skip_special_tokens=True),
             None if entropy is None else entropy.to(dev),
@@ -112,9 +134,14 @@ class RemoteEngine:
             rows = [r for r, tr in enumerate(traces) if tr.mode == SAMPLE]
             if rows:
                 request = GenerateRequest(
-                    [prompt_ids[r // G] + traces[r].ids for r in rows], 1,
+                    [prompt_ids[r // G] + traces[r].ids for r in rows],
+                    1,
                     [row_seed(seeds[r // G], r % G, requests[r]) for r in rows],
-                    [T - len(traces[r].ids) for r in rows], params.temperature, params.top_p, params.top_k, params.ignore_eos,
+                    [T - len(traces[r].ids) for r in rows],
+                    params.temperature,
+                    params.top_p,
+                    params.top_k,
+                    params.ignore_eos,
                     list(driver.stop_strings),
                 )
                 samples, versions = self.pool.generate(request)

@@ -56,8 +56,16 @@ class GenerateRequest:
         """The request for prompts `idx` only."""
         pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
         return GenerateRequest(
-            pick(self.prompt_ids), self.n, pick(self.seeds), pick(self.max_tokens), self.temperature, self.top_p, self.top_k,
-            self.ignore_eos, list(self.stop_strings), self.entropy,
+            pick(self.prompt_ids),
+            self.n,
+            pick(self.seeds),
+            pick(self.max_tokens),
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.ignore_eos,
+            list(self.stop_strings),
+            self.entropy,
         )
 
 
