@@ -5,6 +5,11 @@ from __future__ import annotations
 import signal
 import sys
 
+import argparse
+import os
+import threading
+import time
+
 from rlvr.serve import check_bind, server_token
 
 ENGINES = ("hf", "vllm")
@@ -28,6 +33,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--autocast", choices=("none", "bf16"), default="none", help="hf: bf16 autocast, as the trainer's model.autocast")
     sv.add_argument("--timeout", type=float, default=600.0, help="seconds a weight sync may take before it is abandoned")
     sv.add_argument("--trust-remote-code", action="store_true")
+    sv.add_argument("--exit-with", type=int, metavar="PID", help=argparse.SUPPRESS)  # a trainer's local server ends with it
     sv.epilog = "With --engine vllm, arguments rlvr does not know go to vLLM's server as they are (e.g. --max-model-len 2048)."
 
 
@@ -61,6 +67,8 @@ def _serve_hf(args, token: str | None) -> int:
     model.requires_grad_(False)
     backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
     server = make_server(backend, args.host, args.port, token)
+    if args.exit_with:
+        threading.Thread(target=_exit_with, args=(args.exit_with,), daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     host, port = server.server_address[:2]
     print(f"rlvr serve: engine hf, model {args.model} on {device}, listening on http://{host}:{port}", flush=True)
@@ -71,3 +79,15 @@ def _serve_hf(args, token: str | None) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _exit_with(pid: int) -> None:
+    """End this server when process `pid` is gone (a trainer killed with SIGKILL cannot stop its local server)."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # alive, someone else's
+            pass

@@ -3,6 +3,7 @@ without `rollout.servers`, so one machine overlaps generation with training too.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ class LocalServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "rlvr", "serve", model, "--engine", "hf", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--device", device, "--dtype", dtype, "--autocast", autocast, "--timeout", str(timeout)]
+        cmd += ["--device", device, "--dtype", dtype, "--autocast", autocast, "--timeout", str(timeout), "--exit-with", str(os.getpid())]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def check_alive(self) -> None:

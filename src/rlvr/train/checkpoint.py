@@ -154,6 +154,13 @@ RESUMABLE_CHANGES = {
     "rollout.vllm.sleep",
     "rollout.vllm.max_model_len",
     "rollout.vllm.enforce_eager",
+    # Where generation runs and how weights reach it (k = 0: the same samples as in-process; a restart's servers
+    # have new addresses). rollout.max_staleness is not here: rows k versions old are a different update.
+    "rollout.servers",
+    "rollout.weight_sync",
+    "rollout.weight_dir",
+    "rollout.trainer_host",
+    "rollout.server_timeout_s",
 }
 
 

@@ -121,13 +121,19 @@ def completion_rows(batch, advantages: torch.Tensor, step: int, n: int) -> list[
                 **_conversation(batch.episodes.completions[i]),
                 **{f"reward/{name}": _num(batch.rewards[i, k]) for k, name in enumerate(batch.reward_names)},
                 "advantage": float(advantages[i]),
+                **_version(batch.episodes, i),
                 **{k: v[i] for k, v in batch.episodes.logged.items() if not k.startswith("reward/") and k not in _ROW_KEYS},
             }
         )
     return out
 
 
-_ROW_KEYS = ("step", "prompt", "completion", "conversation", "advantage")  # a logged column cannot replace these
+_ROW_KEYS = ("step", "prompt", "completion", "conversation", "advantage", "weight_version")  # a logged column cannot replace these
+
+
+def _version(episodes, i: int) -> dict:
+    """The weight version the episode was sampled under (generation servers), as `weight_version`."""
+    return {} if episodes.versions is None else {"weight_version": int(episodes.versions[i])}
 
 
 def _conversation(completion) -> dict:
