@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlvr.train.run_control import TrainingError
 
