@@ -1,0 +1,115 @@
+"""Several trainer ranks through a generation server: `nproc=2` with tools, and with an environment,
+gives the losses, gradients and weights of one process through a server (DDP and FSDP2), at the
+tolerance of test_dist.py; the episodes really call the tools, through the server's turn requests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _callers import train_caller
+from _runs import DENSE_REWARD
+from _servers import start_servers
+from rlvr.models.tokenizer import build_char_tokenizer
+from test_dist import _launch, _max_diff, _wait
+
+TOOLS = '''
+def multiply(expression: str) -> str:
+    """Multiply two integers written as a*b.
+
+    Args:
+        expression: The product to compute, e.g. 12*34.
+
+    Returns:
+        The product.
+    """
+    a, b = expression.split("*")
+    return str(int(a) * int(b))
+
+
+class CalcEnv:
+    def reset(self, **kwargs) -> str | None:
+        self.calls = 0
+        return None
+
+    def get_reward(self) -> float:
+        return float(self.calls == 1)
+
+    def multiply(self, expression: str) -> str:
+        """Multiply two integers written as a*b.
+
+        Args:
+            expression: The product to compute, e.g. 12*34.
+
+        Returns:
+            The product.
+        """
+        self.calls += 1
+        a, b = expression.split("*")
+        return str(int(a) * int(b))
+'''
+
+
+@pytest.fixture(scope="module")
+def caller(tmp_path_factory):
+    """A char model that mostly writes `<calc>12*34</calc>`, reads the result, then answers (trained briefly: it varies)."""
+    tok = build_char_tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "12*34="}], add_generation_prompt=True, tokenize=False)
+    episodes = [[(prompt, False), ("<calc>12*34</calc>", True), ("<result>408</result>", False), ("408" + tok.eos_token, True)]]
+    model, _ = train_caller(tok, episodes, steps=40)
+    path = tmp_path_factory.mktemp("caller")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    (path / "tools.py").write_text(TOOLS)
+    (path / "reward.py").write_text(DENSE_REWARD)
+    (path / "data.jsonl").write_text("".join(json.dumps({"prompt": [{"role": "user", "content": "12*34="}]}) + "\n" for _ in range(8)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_servers(caller):
+    servers = start_servers(str(caller), 2)  # one for each run: a server follows one trainer's weights
+    yield servers
+    for s in servers:
+        s.kill()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["tools", "environment"])
+def test_two_ranks_through_a_server_equal_one(tmp_path, caller, two_servers, kind, strategy):
+    agent = [f"tools.functions=[{caller / 'tools.py'}:multiply]"] if kind == "tools" else [f"tools.environment={caller / 'tools.py'}:CalcEnv"]
+    common = [
+        f"model.path={caller}",
+        "data.task=null",
+        f"data.path={caller / 'data.jsonl'}",
+        f"rewards.0.fn={caller / 'reward.py'}:digit_share",
+        *agent,
+        "tools.tags=[multiply=calc]",
+        "tools.format=tags",
+        "tools.describe=false",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=40",
+        "optim.micro_batch_size=4",
+        "optim.lr=0.001",
+        "threads=1",
+        "model.autocast=none",
+        "report_to=[]",
+        "doctor_every=0",
+        f"dist.strategy={strategy}",
+    ]
+    one = _launch(1, tmp_path / "one.pt", 2, [*common, f"rollout.servers=[{two_servers[0].url}]"])
+    two = _launch(2, tmp_path / "two.pt", 2, [*common, f"rollout.servers=[{two_servers[1].url}]"])
+    for rc, out in _wait(one + two, timeout=300):
+        assert rc == 0, out[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert b["strategy"] == strategy
+    for step in range(2):
+        assert a["metrics"][step]["tools/call_frequency"] > 0 and a["metrics"][step]["grad_norm"] > 0  # tools ran; a real update
+        assert abs(a["loss"][step] - b["loss"][step]) < 1e-5, (a["loss"], b["loss"])
+        assert _max_diff(a["grads"][step], b["grads"][step]) < 1e-5
+        for key in ("reward", "tools/call_frequency", "completions/mean_length"):
+            assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
+    assert _max_diff(a["weights"], b["weights"]) < 1e-5
