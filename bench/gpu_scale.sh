@@ -4,6 +4,10 @@
 #
 #   bash bench/gpu_scale.sh            # uses all visible GPUs
 #
+# Then bench/gpu_servers.sh (at most 6 minutes; GPU_SERVERS=0 skips it): steps through `rlvr serve`
+# with rollout.max_staleness 0 and 1, the server on the second GPU when there are two
+# -> bench/results/gpu_servers.md.
+#
 # UNVERIFIED: written on a CPU-only machine; it has never been run on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,3 +56,6 @@ PYEOF
   done
 done
 cat "$OUT"
+if [ "${GPU_SERVERS:-1}" != 0 ]; then
+  PYTHON=$PY bash bench/gpu_servers.sh || { echo "gpu_scale.sh: bench/gpu_servers.sh failed (exit $?)" >&2; exit 1; }
+fi
