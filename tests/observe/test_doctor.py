@@ -128,6 +128,19 @@ SICK = {
         [12, 13],
     ),
     "grad_spike": ({"grad_norm": lambda s: 80.0 if s == 25 else 0.5 + 0.1 * (s % 5)}, "grad_norm", "optim.warmup_steps", [25]),
+    # generation apart: the trainer waits for rollouts made ahead, or the generators wait for weights
+    "generation_starved": (
+        {"time/step": lambda s: 2.0, "time/waiting_for_rollouts": lambda s: 0.1 if s < 25 else 1.2},
+        "time/waiting_for_rollouts",
+        "rollout.servers",
+        [31, 40],
+    ),
+    "generators_idle": (
+        {"time/step": lambda s: 2.0, "time/generator_waiting_for_weights": lambda s: 1.5},
+        "time/generator_waiting_for_weights",
+        "rollout.max_staleness",
+        [31, 40],
+    ),
 }
 
 

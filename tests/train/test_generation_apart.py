@@ -64,10 +64,10 @@ def test_k0_through_one_and_two_servers_is_in_process_training(make_trainer, ser
             assert len(shares) == 2 and sum(shares) == pytest.approx(1.0) and min(shares) > 0
 
 
-def test_auto_sampler_correction_is_on_through_servers(make_trainer, servers):
+def test_auto_sampler_correction_is_on_through_servers(make_trainer, servers, dense):
     from rlvr.config import applied_sampler_correction
 
-    t = make_trainer(_urls(servers[0]), "steps=1")
+    t = make_trainer(_urls(servers[0]), dense, "steps=1", "rollout.max_new_tokens=6")
     assert applied_sampler_correction(t.cfg) == "token_truncate"
     t.train()
     m = _metrics(t)[0]  # the hf server samples with the trainer's code: its log-probs differ only by forward vs decode numerics

@@ -35,6 +35,7 @@ from rlvr.observe.signals import (
     num,
     reward_failures,
     series,
+    step_of,
 )
 
 __all__ = ["RULES", "Context", "Finding", "LiveDoctor", "Thresholds", "diagnose", "diagnose_run", "num", "series"]
@@ -89,6 +90,9 @@ class Thresholds:
     """Another reward up by this much (late vs early third) while correctness stays flat."""
     grad_spike: float = 10.0
     """grad_norm this many times the median of the preceding window: a spike."""
+    wait_share: float = 0.3
+    """With generation apart (rollout.max_staleness > 0): the trainer waiting for rollouts, or the generators waiting for
+    weights, this share of the step time over the window: one side starves the other."""
 
 
 @dataclass
@@ -645,6 +649,60 @@ def grad_spike(history: list[dict], ctx: Context) -> Finding | None:
 
 
 # ------------------------------------------------------------------------------------ entry points
+
+
+def _wait_share(history: list[dict], ctx: Context, key: str) -> tuple[list[int], list[float]] | None:
+    """(steps, share of each step's time spent in `key`) over the window, when it is persistently above wait_share."""
+    t = ctx.thresholds
+    rows = [
+        (step_of(m, i), num(m.get(key)) / num(m.get("time/step")))
+        for i, m in enumerate(history)
+        if key in m and num(m.get("time/step")) > 0
+    ]
+    if len(rows) < t.min_steps:
+        return None
+    rows = rows[1:][-t.window :]  # the first step starts the pipeline: nothing was made ahead yet
+    steps, shares = [s for s, _ in rows], [v for _, v in rows]
+    return (steps, shares) if shares and statistics.fmean(shares) > t.wait_share else None
+
+
+@rule("generation_starved")
+def generation_starved(history: list[dict], ctx: Context) -> Finding | None:
+    """With rollouts made ahead, the trainer still waits for them: generation is the bottleneck."""
+    found = _wait_share(history, ctx, "time/waiting_for_rollouts")
+    if found is None:
+        return None
+    steps, shares = found
+    servers = ctx.setting("rollout.servers", [])
+    return Finding(
+        "generation_starved",
+        "time/waiting_for_rollouts",
+        f"the trainer waited for rollouts {statistics.fmean(shares):.0%} of each step: generation cannot keep up with training",
+        fmt(steps, shares),
+        f"add generation servers (rollout.servers, now {len(servers) if isinstance(servers, list) else servers}), "
+        f"or raise rollout.max_staleness{ctx.now('rollout.max_staleness')} so more batches are made ahead",
+        steps,
+        shares,
+    )
+
+
+@rule("generators_idle")
+def generators_idle(history: list[dict], ctx: Context) -> Finding | None:
+    """The generators sit idle waiting for newer weights: training is the bottleneck."""
+    found = _wait_share(history, ctx, "time/generator_waiting_for_weights")
+    if found is None:
+        return None
+    steps, shares = found
+    return Finding(
+        "generators_idle",
+        "time/generator_waiting_for_weights",
+        f"the generators waited for new weights {statistics.fmean(shares):.0%} of each step: training cannot keep up with generation",
+        fmt(steps, shares),
+        f"raise rollout.max_staleness{ctx.now('rollout.max_staleness')} to let them run further ahead, or give training "
+        f"more processes (nproc{ctx.now('nproc')}) and generation fewer servers",
+        steps,
+        shares,
+    )
 
 
 def diagnose(history: list[dict], ctx: Context | None = None, *, rules: list[str] | None = None) -> list[Finding]:

@@ -65,6 +65,7 @@ class GenerationApart:
     def __init__(self, cfg, engine: RemoteEngine, local: LocalServer | None, dist):
         self.cfg, self.engine, self.local, self.dist = cfg, engine, local, dist
         self.ahead: AheadSource | None = None
+        self._told: set[str] = set()  # dropped servers already reported
 
     @classmethod
     def start_servers(cls, cfg, trainer) -> "GenerationApart":
@@ -105,6 +106,14 @@ class GenerationApart:
 
     def metrics(self, batch, trained_version: int) -> dict[str, float]:
         return {**server_metrics(self.engine, self.ahead), **staleness_metrics(batch, trained_version)}
+
+    def notes(self) -> list[str]:
+        """A warning for each server dropped since the last call, naming it and why."""
+        failures = self.engine.pool.failures
+        new = [u for u in failures if u not in self._told]
+        self._told |= set(new)
+        left = len(self.engine.pool.alive)
+        return [f"[warning] generation server dropped ({left} left; its rows were made again elsewhere): {failures[u]}" for u in new]
 
     def close(self) -> None:
         """Stop the rollouts-ahead thread and the local server."""

@@ -290,6 +290,8 @@ class Trainer:
         started += self._evaluate_when_due(metrics, log)  # evaluating is not training
         self._phase("logging")
         log.log(metrics)  # metrics.jsonl, the dashboards, the console
+        for note in self.apart.notes() if self.apart else []:  # a generation server dropped, and why
+            log.info(note)
         log.run_doctor_when_due(self.state.step)  # the doctor's rules over the run so far; new findings print as warnings
         self._log_completions(metrics, log)
         self.state.train_seconds += time.time() - started
