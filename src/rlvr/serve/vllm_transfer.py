@@ -151,23 +151,32 @@ class RlvrWeightTransferEngine(WeightTransferEngine[RlvrInitInfo, RlvrUpdateInfo
         final, tmp = root / adapter_name(version), root / f".incoming-{adapter_name(version)}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # peft's saved names carry no adapter name: ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight
-        save_file({_ADAPTER_NAME.sub(r".\1.weight", k): v.contiguous() for k, v in tensors.items()}, str(tmp / "adapter_model.safetensors"))
-        (tmp / "adapter_config.json").write_text(json.dumps(_adapter_config(config)))
+        weights = {_saved_name(k): v.contiguous() for k, v in tensors.items()}
+        save_file(weights, str(tmp / "adapter_model.safetensors"))
+        (tmp / "adapter_config.json").write_text(json.dumps(_adapter_config(config, weights)))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         _prune(root)
 
 
-def _adapter_config(lora: dict[str, Any]) -> dict[str, Any]:
-    """adapter_config.json as peft writes it (peft fills its defaults), or the given fields with peft_type when peft is absent."""
+def _saved_name(name: str) -> str:
+    """The name peft saves an adapter tensor under: no adapter name, under base_model.model.
+    (model.layers.0.self_attn.q_proj.lora_A.default.weight -> base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight)"""
+    name = _ADAPTER_NAME.sub(r".\1.weight", name)
+    return name if name.startswith("base_model.model.") else "base_model.model." + name
+
+
+def _adapter_config(lora: dict[str, Any], weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """adapter_config.json as peft writes it (peft fills its defaults; without peft the given fields), with the
+    target modules that really carry an adapter: a pattern such as "all-linear" is peft's to expand, not vLLM's."""
+    targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in weights})
+    fields = {k: v for k, v in lora.items() if k != "peft_type"} | {"target_modules": targets}
     try:
         from peft import LoraConfig
     except ImportError:
-        return {"peft_type": "LORA", "base_model_name_or_path": "", **lora}
-    cfg = LoraConfig(**{k: v for k, v in lora.items() if k != "peft_type"}).to_dict()
-    cfg["peft_type"] = "LORA"
-    cfg["target_modules"] = sorted(cfg["target_modules"]) if isinstance(cfg["target_modules"], (set, list, tuple)) else cfg["target_modules"]
+        return {"base_model_name_or_path": "", **fields, "peft_type": "LORA"}
+    cfg = LoraConfig(**fields).to_dict()
+    cfg.update(peft_type="LORA", target_modules=targets)
     return json.loads(json.dumps(cfg, default=str))
 
 
