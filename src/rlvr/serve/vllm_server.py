@@ -51,7 +51,7 @@ def vllm_argv(model_path: str, *, name: str, host: str, port: int, api_key: str 
         "--worker-extension-cls", "rlvr.serve.vllm_transfer.RegisterRlvrTransfer",
         "--enable-scale-out",
         "--logprobs-mode", "processed_logprobs",
-        "--middleware", f"{__name__}.TokenGuard",
+        "--middleware", f"{__name__}.ServerGuard",
     ]  # fmt: skip
     if api_key:
         argv += ["--api-key", api_key]
@@ -129,9 +129,11 @@ def _register_adapter_resolver(root: str) -> None:
         LoRAResolverRegistry.register_resolver("rlvr adapters", AdapterResolver())
 
 
-class TokenGuard:
-    """ASGI middleware: with $RLVR_SERVER_TOKEN set, every request but OPEN_PATHS needs `Authorization: Bearer TOKEN`
-    (401 otherwise). vLLM's own --api-key check leaves its RL and dev endpoints open; this one does not."""
+class ServerGuard:
+    """ASGI middleware. With $RLVR_SERVER_TOKEN set, every request but OPEN_PATHS needs `Authorization: Bearer TOKEN`
+    (401 otherwise): vLLM's own --api-key check leaves its RL and dev endpoints open, this one does not. And an
+    endpoint's exception comes back as a JSON 500 naming it (vLLM's RL endpoints would answer a bare 500), so the
+    trainer's error says why a sync was refused."""
 
     def __init__(self, app) -> None:
         import hashlib
@@ -152,12 +154,33 @@ class TokenGuard:
         return scheme.lower() == "bearer" and secrets.compare_digest(hashlib.sha256(given.encode()).digest(), self.digest)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] not in ("http", "websocket") or self._allowed(scope):
+        if scope["type"] != "http":
+            if scope["type"] == "websocket" and not self._allowed(scope):
+                await send({"type": "websocket.close", "code": 1008})
+                return
             await self.app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
+        if self._allowed(scope):
+            await self._guarded(scope, receive, send)
             return
-        body = json.dumps({"error": f"unauthorized: this server needs `Authorization: Bearer TOKEN` (rlvr serve --api-key, ${TOKEN_ENV})"})
-        await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body.encode()})
+        await _send_json(send, 401, f"unauthorized: this server needs `Authorization: Bearer TOKEN` (rlvr serve --api-key, ${TOKEN_ENV})")
+
+    async def _guarded(self, scope, receive, send) -> None:
+        started = False
+
+        async def tracking_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as e:
+            if started:
+                raise
+            await _send_json(send, 500, f"{type(e).__name__}: {e}"[:2000])
+
+
+async def _send_json(send, status: int, error: str) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({"error": error}).encode()})

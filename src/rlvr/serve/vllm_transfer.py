@@ -68,6 +68,7 @@ class RlvrWeightTransferEngine(WeightTransferEngine[RlvrInitInfo, RlvrUpdateInfo
         super().__init__(config, vllm_config, device, model)
         self.receiver: WeightReceiver | None = None
         self.lora: dict[str, Any] | None = None
+        self._checkpoint: dict[str, tuple[int, ...]] | None = None  # the served checkpoint's tensor shapes, read once
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
         if init_info.lora is not None:
@@ -95,6 +96,7 @@ class RlvrWeightTransferEngine(WeightTransferEngine[RlvrInitInfo, RlvrUpdateInfo
         if any(_ADAPTER_NAME.search(name) for name in tensors):
             self._write_adapter(tensors, config or self.lora, update_info.version)
         else:
+            self._check_against_checkpoint(tensors)
             self._load_full(tensors)
 
     def shutdown(self) -> None:
@@ -122,6 +124,22 @@ class RlvrWeightTransferEngine(WeightTransferEngine[RlvrInitInfo, RlvrUpdateInfo
         except Exception:
             self.shutdown()  # the pair group is broken: the trainer makes a new one
             raise
+
+    def _check_against_checkpoint(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Names and shapes as in the checkpoint the server loaded, checked before anything is loaded: vLLM's in-place
+        reload cannot be undone halfway, and a name it does not know stops its engine."""
+        if self._checkpoint is None:
+            self._checkpoint = _checkpoint_shapes(Path(self.model_config.model))
+        if not self._checkpoint:
+            return  # not a local safetensors checkpoint: vLLM's loader is the only check
+        tied = bool(getattr(self.model_config.hf_config, "tie_word_embeddings", False))
+        unknown = [n for n in tensors if n not in self._checkpoint and not (tied and n.endswith("lm_head.weight"))]
+        wrong = [f"{n} {list(t.shape)} vs {list(self._checkpoint[n])}" for n, t in tensors.items() if n in self._checkpoint
+                 and tuple(t.shape) != self._checkpoint[n]]  # fmt: skip
+        if unknown:
+            raise ValueError(f"update_weights: {len(unknown)} weights this server's model does not have, e.g. {unknown[:3]}")
+        if wrong:
+            raise ValueError(f"update_weights: shapes differ from this server's model: {wrong[:3]}")
 
     def _load_full(self, tensors: dict[str, torch.Tensor]) -> None:
         """HF-named weights into the served model: vLLM's in-place reload maps and fuses them (q/k/v, gate/up) and
@@ -178,6 +196,18 @@ def _adapter_config(lora: dict[str, Any], weights: dict[str, torch.Tensor]) -> d
     cfg = LoraConfig(**fields).to_dict()
     cfg.update(peft_type="LORA", target_modules=targets)
     return json.loads(json.dumps(cfg, default=str))
+
+
+def _checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor in a local safetensors checkpoint (headers only); {} when it is not one."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
 
 
 def _prune(root: Path) -> None:
