@@ -188,15 +188,23 @@ def test_a_refused_sync_leaves_the_server_on_its_weights_and_version(client, tra
     assert [[s.logprobs for s in per] for per in after.samples] == [[s.logprobs for s in per] for per in before.samples]
 
 
-def test_lora_sync_sends_the_adapter_and_the_server_samples_the_adapted_model(client, make_trainer, tiny_model_dir):
+def test_the_filesystem_sync_loads_a_folder_of_safetensors(client, trainer, tmp_path):
+    """The bundled weights back (earlier tests moved the server's), from the folder the trainer writes."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, str(tmp_path / "weights.safetensors")
+    )  # untied copies
+    client.load_weights(3, str(tmp_path))
+    req = request(trainer)
+    r = client.generate(req)
+    assert r.version == 3
+    ours, theirs, m = trainer_logprobs(trainer, req, r)
+    assert (ours[m] - theirs[m]).abs().max() < TOL
+
+
+def test_lora_sync_sends_the_adapter_and_the_server_samples_the_adapted_model(client, make_trainer):
     t = make_trainer("model.path=tiny", "doctor_every=0", "model.lora.r=4", "model.lora.alpha=8", run="lora")
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.models.loading import resolve_existing
-
-    # the server's base goes back to the bundled weights (earlier tests moved it), as a full sync
-    base = AutoModelForCausalLM.from_pretrained(resolve_existing("tiny"), dtype=torch.float32)
-    sync(client, connect(client), 3, list(base.state_dict().items()))
     adapter = [(n, p) for n, p in t.model.named_parameters() if "lora_" in n]
     with torch.no_grad():
         g = torch.Generator().manual_seed(3)
@@ -218,6 +226,12 @@ def test_lora_sync_sends_the_adapter_and_the_server_samples_the_adapted_model(cl
         with t.policy.peft.disable_adapter():
             plain, _, _ = trainer_logprobs(t, req, r)
         assert (plain[m] - theirs[m]).abs().max() > 1e-2  # the adapter is in use, not only the base
+
+
+def test_an_adapter_above_the_servers_lora_rank_is_refused_before_the_pair_group_is_made(client):
+    with pytest.raises(ServerError, match="LoRA rank 16 is above this vLLM server's --max-lora-rank 8"):
+        client.init_weight_transfer("127.0.0.1", free_port(), "gloo", {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"})
+    assert client.health()["version"] == 5  # the server goes on serving
 
 
 def _status(url: str, method: str = "POST", body: dict | None = None, token: str | None = None) -> int:

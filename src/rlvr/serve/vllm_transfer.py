@@ -71,6 +71,9 @@ class RlvrWeightTransferEngine(WeightTransferEngine[RlvrInitInfo, RlvrUpdateInfo
         self._checkpoint: dict[str, tuple[int, ...]] | None = None  # the served checkpoint's tensor shapes, read once
 
     def init_transfer_engine(self, init_info: RlvrInitInfo) -> None:
+        if self.parallel_config.world_size > 1:
+            # the pair group has one receiver; a tensor- or pipeline-parallel server would need one per shard
+            raise ValueError("rlvr's weight transfer serves a single worker: start one server per GPU (tensor/pipeline parallel size 1)")
         if init_info.lora is not None:
             self._check_lora_capacity(init_info.lora)  # before joining: a refusal must not leave a half-made pair
         self.shutdown()

@@ -102,16 +102,21 @@ class VLLMServerClient:
             todo = [i for i in todo if versions[i] is None or versions[i] != newest]
             if not todo:
                 version = newest if newest is not None else self.health()["version"]
-                return GenerateResult([s for s in samples if s is not None], version)  # type: ignore[misc]
+                return GenerateResult([s for s in samples if s is not None], version)
         raise ServerError(self.url, f"the weights changed during each of {RETRIES} tries to answer a batch under one version")
 
     def _one(self, request: GenerateRequest, i: int) -> tuple[list[Sample], int | None]:
         """Prompt i's n samples and the version they were all drawn under (None when a sync split them)."""
-        body: dict[str, Any] = {"token_ids": list(request.prompt_ids[i]), "sampling_params": self._params(request, i), "output_mode": "tokens"}
+        body: dict[str, Any] = {
+            "token_ids": list(request.prompt_ids[i]),
+            "sampling_params": self._params(request, i),
+            "output_mode": "tokens",
+        }
         if self.adapter is not None:
             body["model"] = self.adapter
         choices = sorted(self._post("/inference/v1/generate", body)["choices"], key=lambda c: c["index"])
-        out, seen = [], set()
+        out: list[Sample] = []
+        seen: set[int] = set()
         for c in choices:
             out.append(self._sample(c))
             seen.update(parse_version(s["version"]) for s in c.get("weight_versions") or [])
