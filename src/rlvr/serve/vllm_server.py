@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -70,7 +71,10 @@ def serve_vllm(model: str, *, host: str = "127.0.0.1", port: int = 8000, api_key
     lora_root = tempfile.mkdtemp(prefix="rlvr-vllm-lora-")
     _set_env(token, lora_root)
     argv = vllm_argv(path, name=model, host=host, port=port, api_key=token, dtype=dtype, extra_args=extra_args)
-    return _run(argv, lora_root)
+    try:
+        return _run(argv, lora_root)
+    finally:
+        shutil.rmtree(lora_root, ignore_errors=True)  # the synced adapters live only as long as the server
 
 
 def _set_env(token: str | None, lora_root: str) -> None:
