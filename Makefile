@@ -61,7 +61,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/rollout/test_vllm_engine.py
+	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/rollout/test_vllm_engine.py tests/vllm
 
 pretrain-tiny: $(STAMP)
 	$(BIN)/python scripts/pretrain_tiny.py --out src/rlvr/models/tiny
