@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key", default=None, help="token every request but /health must carry (default: $RLVR_SERVER_TOKEN)")
     sv.add_argument("--device", default="auto", help="hf: cpu, cuda, cuda:N or auto")
-    sv.add_argument("--dtype", default="float32", help="the weights' dtype (float32, bfloat16, float16)")
+    sv.add_argument("--dtype", default=None, help="the weights' dtype: float32, bfloat16, float16 (default: hf float32, vllm auto)")
     sv.add_argument("--autocast", choices=("none", "bf16"), default="none", help="hf: bf16 autocast, as the trainer's model.autocast")
     sv.add_argument("--timeout", type=float, default=600.0, help="seconds a weight sync may take before it is abandoned")
     sv.add_argument("--trust-remote-code", action="store_true")
@@ -48,7 +48,7 @@ def run(args) -> int:
         from rlvr.serve.vllm_server import serve_vllm
 
         extra = [a for a in getattr(args, "extra", []) if a != "--"]
-        return serve_vllm(args.model, host=args.host, port=args.port, api_key=token, dtype=args.dtype, extra_args=extra)
+        return serve_vllm(args.model, host=args.host, port=args.port, api_key=token, dtype=args.dtype or "auto", extra_args=extra)
     if getattr(args, "extra", []):
         print(f"rlvr serve: unrecognized arguments: {' '.join(args.extra)}", file=sys.stderr)
         return 2
@@ -63,7 +63,7 @@ def _serve_hf(args, token: str | None) -> int:
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     tokenizer, _ = load_tokenizer(args.model, args.trust_remote_code)
-    model = load_model(args.model, args.dtype, device, args.trust_remote_code)
+    model = load_model(args.model, args.dtype or "float32", device, args.trust_remote_code)
     model.requires_grad_(False)
     backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
     server = make_server(backend, args.host, args.port, token)

@@ -13,6 +13,7 @@ and a sync that breaks off leaves the old weights and version in place.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,7 +23,7 @@ import torch
 from rlvr.dist.transfer import TensorMeta, WeightReceiver
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.engines.protocols import SamplingParams
-from rlvr.rollout.engines.remote.protocol import WEIGHTS_FILE, GenerateRequest, GenerateResult, Sample
+from rlvr.rollout.engines.remote.protocol import ADAPTER_CONFIG, WEIGHTS_FILE, GenerateRequest, GenerateResult, Sample
 
 
 class _FirstTurn:
@@ -100,13 +101,18 @@ class HFBackend:
 
     # ---------------------------------------------------------------- weights
 
-    def init_weight_transfer(self, host: str, port: int, backend: str, lora: dict | None) -> None:
-        if lora is not None and not self._is_peft():
-            from peft import LoraConfig, get_peft_model
+    def _adapter(self, lora: dict | None) -> None:
+        """Wrap the model in the trainer's LoRA adapter (once): the syncs then carry the adapter only."""
+        if lora is None or self._is_peft():
+            return
+        from peft import LoraConfig, get_peft_model
 
-            with self.lock:
-                self.model = get_peft_model(self.model, LoraConfig(**lora))
-                self.engine.model = self.model
+        with self.lock:
+            self.model = get_peft_model(self.model, LoraConfig(**{k: v for k, v in lora.items() if k != "peft_type"}))
+            self.engine.model = self.model
+
+    def init_weight_transfer(self, host: str, port: int, backend: str, lora: dict | None) -> None:
+        self._adapter(lora)
         old, self.receiver = self.receiver, None
         if old is not None:
             old.close()
@@ -127,6 +133,8 @@ class HFBackend:
     def load_weights(self, version: int, path: str) -> None:
         from safetensors.torch import load_file
 
+        if (Path(path) / ADAPTER_CONFIG).exists():
+            self._adapter(json.loads((Path(path) / ADAPTER_CONFIG).read_text()))
         tensors = load_file(str(Path(path) / WEIGHTS_FILE), device=str(self.device))
         self._check_names([TensorMeta.of(k, v) for k, v in tensors.items()])
         self._swap(tensors, version)

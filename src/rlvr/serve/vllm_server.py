@@ -24,18 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-TOKEN_ENV = "RLVR_SERVER_TOKEN"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from rlvr.serve import TOKEN_ENV, check_bind
+
 OPEN_PATHS = ("/health",)  # what a load balancer or the trainer's liveness probe may ask without the token
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Any address but loopback needs a token: weights and state could otherwise be changed by anyone who reaches it."""
-    if host not in LOOPBACK and not token:
-        raise ValueError(
-            f"--host {host}: binding an address other than 127.0.0.1 needs a token (--api-key TOKEN or ${TOKEN_ENV}); "
-            "every request then needs `Authorization: Bearer TOKEN`"
-        )
 
 
 def vllm_argv(model_path: str, *, name: str, host: str, port: int, api_key: str | None, dtype: str, extra_args: Sequence[str]) -> list[str]:

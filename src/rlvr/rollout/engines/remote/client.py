@@ -79,4 +79,4 @@ def make_client(url: str, *, token: str | None, timeout: float, wait: float = 0.
         return RlvrServerClient(url, token=token, timeout=timeout)
     from rlvr.rollout.engines.remote.vllm_client import VLLMServerClient
 
-    return VLLMServerClient(url, token=token, timeout=timeout)
+    return VLLMServerClient(url, api_key=token, timeout=timeout)

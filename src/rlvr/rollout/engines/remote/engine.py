@@ -15,9 +15,11 @@ gathers the full weights (a collective) and rank 0 sends them; all ranks then wa
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,7 +30,7 @@ from rlvr.dist import full_model_state
 from rlvr.dist.transfer import WeightSender, backend_for, free_port, metas_of
 from rlvr.rollout.engines.protocols import Generation, SamplingParams
 from rlvr.rollout.engines.remote.pool import ServerPool
-from rlvr.rollout.engines.remote.protocol import WEIGHTS_FILE, GenerateRequest, ServerClient, ServerError
+from rlvr.rollout.engines.remote.protocol import ADAPTER_CONFIG, WEIGHTS_FILE, GenerateRequest, ServerClient, ServerError
 from rlvr.rollout.engines.sampling import row_seed
 from rlvr.rollout.engines.turns import (
     FORCE,
@@ -227,12 +229,19 @@ class RemoteEngine:
         return sent
 
     def _connect(self, server: ServerClient) -> WeightSender:
-        """The pair group with `server` (it joins from its HTTP handler while this side hosts the store)."""
-        port, backend = free_port(), self.transfer_backend
-        with ThreadPoolExecutor(1) as ex:
-            joined = ex.submit(server.init_weight_transfer, self.trainer_host, port, backend, self.lora_config())
-            sender = WeightSender(self.trainer_host, port, backend=backend, timeout=self.timeout, device=self._device)
-            joined.result()
+        """The pair group with `server` (it joins from its HTTP handler while this side hosts the store). A server that
+        refuses to join fails this at once: the store's own wait (up to the timeout) is left to a daemon thread."""
+        port, backend, made = free_port(), self.transfer_backend, Future()
+
+        def host() -> None:
+            try:
+                made.set_result(WeightSender(self.trainer_host, port, backend=backend, timeout=self.timeout, device=self._device))
+            except BaseException as e:  # the trainer's thread raises it
+                made.set_exception(e)
+
+        threading.Thread(target=host, name="rlvr-weight-store", daemon=True).start()
+        server.init_weight_transfer(self.trainer_host, port, backend, self.lora_config())  # ServerError when refused
+        sender = made.result(timeout=self.timeout)
         self._senders[server.url] = sender
         return sender
 
@@ -246,6 +255,8 @@ class RemoteEngine:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_file({n: t.detach().cpu().contiguous().clone() for n, t in tensors}, str(tmp / WEIGHTS_FILE))
+        if (lora := self.lora_config()) is not None:  # the server makes its adapter from it on the first load
+            (tmp / ADAPTER_CONFIG).write_text(json.dumps({**lora, "peft_type": "LORA"}))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in self.weight_dir.glob("v*"):

@@ -15,6 +15,7 @@ from typing import Any, Protocol, Sequence
 from rlvr.dist.transfer import TensorMeta
 
 WEIGHTS_FILE = "weights.safetensors"  # the filesystem sync's file in each version's folder
+ADAPTER_CONFIG = "adapter_config.json"  # beside it with LoRA: the adapter's config (peft's file name and keys)
 
 
 class ServerError(RuntimeError):
