@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -100,7 +101,10 @@ def _load_file(where: str, setting: str, spec: str, error: type[Exception]) -> t
     with _file_lock:
         module = _file_modules.get(key)
         if module is None:
-            mod_name = f"rlvr_user_{abs(hash(key))}"
+            # the same name in every process that loads this file (ranks unpickle each other's objects by it): from
+            # its path and contents, not hash(), which differs between processes
+            digest = hashlib.sha1(str(path.resolve()).encode() + b"\0" + path.read_bytes()).hexdigest()[:16]
+            mod_name = f"rlvr_user_{digest}"
             module_spec = importlib.util.spec_from_file_location(mod_name, path)
             assert module_spec is not None and module_spec.loader is not None, "a .py file always gets a source loader"
             module = importlib.util.module_from_spec(module_spec)

@@ -1,6 +1,7 @@
 """Several trainer ranks through a generation server: `nproc=2` with tools, and with an environment,
-gives the losses, gradients and weights of one process through a server (DDP and FSDP2), at the
-tolerance of test_dist.py; the episodes really call the tools, through the server's turn requests."""
+gives the losses and gradients of one process through a server (DDP and FSDP2) at the tolerance of
+test_dist.py, and its weights at 1e-4 (see the test); the episodes really call the tools, through
+the server's turn requests."""
 
 from __future__ import annotations
 
@@ -93,6 +94,9 @@ def test_two_ranks_through_a_server_equal_one(tmp_path, caller, two_servers, kin
         "rollout.prompts_per_step=4",
         "rollout.max_new_tokens=40",
         "optim.micro_batch_size=4",
+        "optim.pack_by_length=false",  # the same rows in each micro-batch on one rank as on two: the same padding
+        "optim.skip_zero_advantage=false",
+        "algo.sampler_correction=none",  # its weights are exp(gap) ~ 1, recomputed per rank: more rounding to compare
         "optim.lr=0.001",
         "threads=1",
         "model.autocast=none",
@@ -112,4 +116,8 @@ def test_two_ranks_through_a_server_equal_one(tmp_path, caller, two_servers, kin
         assert _max_diff(a["grads"][step], b["grads"][step]) < 1e-5
         for key in ("reward", "tools/call_frequency", "completions/mean_length"):
             assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
-    assert _max_diff(a["weights"], b["weights"]) < 1e-5
+    # Weights: 1e-4, not test_dist's 1e-5. The gradients agree at 1e-5 (measured ~3e-7: the two ranks sum their
+    # micro-batches in another order), but Adam divides each entry by its own magnitude, so an entry whose gradient
+    # is as small as that rounding moves by up to lr either way: episodes of 40 tokens give such entries where
+    # test_dist's 6-token ones do not (measured 3e-5 after two steps at lr 1e-3).
+    assert _max_diff(a["weights"], b["weights"]) < 1e-4
