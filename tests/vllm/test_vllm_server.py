@@ -267,3 +267,36 @@ def test_a_non_loopback_host_needs_a_token(monkeypatch):
     monkeypatch.delenv("RLVR_SERVER_TOKEN", raising=False)
     with pytest.raises(ValueError, match=r"--api-key TOKEN or \$RLVR_SERVER_TOKEN"):
         serve_vllm("tiny", host="0.0.0.0", port=free_port())
+
+
+# ------------------------------------------------------------------ the trainer through the server
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_the_trainer_trains_through_the_vllm_server(server, make_trainer, monkeypatch, k):
+    """`rollout.servers` naming vLLM's server: the trainer's rows come from it, weights go to it after every update
+    (gloo), every row carries the version it was sampled under, at most k behind the weights it trains."""
+    monkeypatch.setenv("RLVR_SERVER_TOKEN", TOKEN)
+    t = make_trainer(
+        "model.path=tiny",
+        f"rollout.servers=[{server}]",
+        f"rollout.max_staleness={k}",
+        "steps=4",
+        "rollout.max_new_tokens=8",
+        "log_completions_every=1",
+        "logging.num_completions=16",
+        "doctor_every=0",
+        run=f"through-vllm-{k}",
+    )
+    t.train()
+    metrics = [json.loads(x) for x in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (t.output_dir / "samples.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        assert m["staleness/max"] <= k and m["weight_sync/bytes"] > 0 and "sampler/is_weight_mean" in m  # corrected
+        if k == 0:  # vLLM's log-probs of its samples vs the trainer's, same weights: kernels only (k = 1: older weights too)
+            assert m["sampler/logp_gap_max"] < TOL
+        versions = [s["weight_version"] for s in samples if s["step"] == m["step"]]
+        assert versions and all(m["step"] - 1 - k <= v <= m["step"] - 1 for v in versions)
+    if k == 0:
+        assert all(s["weight_version"] == s["step"] - 1 for s in samples)

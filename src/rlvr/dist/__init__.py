@@ -11,6 +11,7 @@ CPU/gloo against one process (tests/dist/test_dist.py); neither has run on nccl 
 | `group.py` | `Dist`: this process's rank, the job's strategy (fixed when joined), named collectives, heartbeats; torchrun |
 | `parallel.py` | wrapping the model in DDP or FSDP2, and what that changes for the loop: gradient sync, loss scale, generation |
 | `state_dicts.py` | full (unsharded) weights and optimizer state of an FSDP2 model, for checkpoints that resume anywhere |
+| `transfer.py` | weights from the trainer to a generation server: one two-process group per server (gloo / NCCL), staged |
 
 With one process (no torchrun environment) every function here is a cheap identity, and
 torch.distributed is never initialised.

@@ -140,7 +140,7 @@ class HFBackend:
         self._swap(tensors, version)
 
     def _params_by_name(self) -> dict[str, torch.Tensor]:
-        return dict(self.model.named_parameters())
+        return dict(self.model.named_parameters(remove_duplicate=False))  # a tied lm_head under its own name too
 
     def _check_names(self, metas: Sequence[TensorMeta]) -> None:
         params = self._params_by_name()

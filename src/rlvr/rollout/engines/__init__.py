@@ -5,6 +5,7 @@ sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
 turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
 hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
 vllm.py       colocated vLLM
+remote/       generation servers (`rollout.servers`): the client side, weight sync, failover (see its __init__)
 __init__.py   ENGINES and make_engine: the engine `rollout.engine` names, imported only when chosen
 """
 

@@ -201,11 +201,14 @@ class RemoteEngine:
             sender.close()
 
     def _weights(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, tensor) of what the servers need: the LoRA adapter only, else every parameter (tied ones once)."""
-        names = [n for n, p in self.model.named_parameters() if not self._lora() or "lora_" in n]
+        """(name, tensor) of what the servers need: the LoRA adapter only, else every parameter under every name it
+        has. A tied lm_head goes under its own name too: vLLM's in-place reload on CPU repacks lm_head's kernel from
+        the weights named lm_head only, so sending embed_tokens alone left its output layer on the old weights."""
+        named = list(self.model.named_parameters(remove_duplicate=False))
+        names = [n for n, _ in named if not self._lora() or "lora_" in n]
         full = full_model_state(self.dist, self.model)
         if full is None:
-            params = dict(self.model.named_parameters())
+            params = dict(named)
             return [(n, params[n].detach()) for n in names]
         return [(n, full[n]) for n in names if n in full] if self.dist.is_main else []
 

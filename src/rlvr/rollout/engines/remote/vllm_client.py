@@ -169,6 +169,8 @@ class VLLMServerClient:
             self._post("/start_weight_update")
             self._post("/update_weights", {"update_info": update_info})
             self._post("/finish_weight_update", {"weight_version": str(int(version))})
+            # prompts' KV blocks cached under the old weights would be reused by the new version's requests
+            self._post("/reset_prefix_cache")
             old, self.adapter = self.adapter, (f"{LORA_PREFIX}{int(version)}" if adapter else None)
         finally:
             self._post("/resume")
