@@ -1,7 +1,7 @@
-"""Several trainer ranks through a generation server: `nproc=2` with tools, and with an environment,
-gives the losses and gradients of one process through a server (DDP and FSDP2) at the tolerance of
-test_dist.py, and its weights at 1e-4 (see the test); the episodes really call the tools, through
-the server's turn requests."""
+"""Several trainer ranks with tools: `nproc=2` with tools, and with an environment, gives the losses and
+gradients of one process (DDP and FSDP2), through a generation server and in process, at the tolerance
+of test_dist.py, and its weights at 1e-4 (see the test); the episodes really call the tools (through a
+server: by its turn requests)."""
 
 from __future__ import annotations
 
@@ -77,9 +77,10 @@ def two_servers(caller):
         s.kill()
 
 
+@pytest.mark.parametrize("where", ["server", "in_process"])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("kind", ["tools", "environment"])
-def test_two_ranks_through_a_server_equal_one(tmp_path, caller, two_servers, kind, strategy):
+def test_two_ranks_with_tools_equal_one(tmp_path, caller, two_servers, kind, strategy, where):
     agent = [f"tools.functions=[{caller / 'tools.py'}:multiply]"] if kind == "tools" else [f"tools.environment={caller / 'tools.py'}:CalcEnv"]
     common = [
         f"model.path={caller}",
@@ -104,8 +105,9 @@ def test_two_ranks_through_a_server_equal_one(tmp_path, caller, two_servers, kin
         "doctor_every=0",
         f"dist.strategy={strategy}",
     ]
-    one = _launch(1, tmp_path / "one.pt", 2, [*common, f"rollout.servers=[{two_servers[0].url}]"])
-    two = _launch(2, tmp_path / "two.pt", 2, [*common, f"rollout.servers=[{two_servers[1].url}]"])
+    servers = [[f"rollout.servers=[{s.url}]"] if where == "server" else [] for s in two_servers]
+    one = _launch(1, tmp_path / "one.pt", 2, [*common, *servers[0]])
+    two = _launch(2, tmp_path / "two.pt", 2, [*common, *servers[1]])
     for rc, out in _wait(one + two, timeout=300):
         assert rc == 0, out[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")

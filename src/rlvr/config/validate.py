@@ -160,8 +160,6 @@ def _validate_tools(cfg: Config, errors: list[str], choice: Choice) -> None:
             errors.append(f"`tools.tags` entries are `tool=tag` (e.g. calculator=calc), got {pair!r}")
     if t.enabled and cfg.rollout.function:
         errors.append("`rollout.function` makes the episodes itself: it cannot be combined with `tools`; run the tools inside it")
-    if t.enabled and cfg.nproc > 1 and not (cfg.rollout.servers or cfg.rollout.max_staleness):
-        errors.append("`tools` with nproc > 1 runs through generation servers: set rollout.servers (see `rlvr serve`), or nproc=1")
 
 
 def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
