@@ -77,9 +77,14 @@ def two_servers(caller):
         s.kill()
 
 
-@pytest.mark.parametrize("where", ["server", "in_process"])
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("kind", ["tools", "environment"])
+@pytest.mark.parametrize(
+    "kind,strategy,where",
+    [
+        *[(kind, strategy, "server") for kind in ("tools", "environment") for strategy in ("ddp", "fsdp")],
+        ("tools", "ddp", "in_process"),
+        ("environment", "fsdp", "in_process"),
+    ],
+)
 def test_two_ranks_with_tools_equal_one(tmp_path, caller, two_servers, kind, strategy, where):
     agent = [f"tools.functions=[{caller / 'tools.py'}:multiply]"] if kind == "tools" else [f"tools.environment={caller / 'tools.py'}:CalcEnv"]
     common = [
@@ -123,3 +128,32 @@ def test_two_ranks_with_tools_equal_one(tmp_path, caller, two_servers, kind, str
     # is as small as that rounding moves by up to lr either way: episodes of 40 tokens give such entries where
     # test_dist's 6-token ones do not (measured 3e-5 after two steps at lr 1e-3).
     assert _max_diff(a["weights"], b["weights"]) < 1e-4
+
+
+def test_two_ranks_with_rollouts_made_ahead(tmp_path, caller, two_servers):
+    """nproc=2 with max_staleness=1: each rank makes its share of the next batch while the step trains; no row
+    is more than one version old (which rows are is a matter of timing, so no comparison with one process)."""
+    overrides = [
+        f"model.path={caller}",
+        "data.task=null",
+        f"data.path={caller / 'data.jsonl'}",
+        f"rewards.0.fn={caller / 'reward.py'}:digit_share",
+        f"tools.functions=[{caller / 'tools.py'}:multiply]",
+        "tools.tags=[multiply=calc]",
+        "tools.format=tags",
+        "tools.describe=false",
+        "rollout.group_size=4",
+        "rollout.prompts_per_step=4",
+        "rollout.max_new_tokens=40",
+        "threads=1",
+        "report_to=[]",
+        "doctor_every=0",
+        f"rollout.servers=[{two_servers[0].url},{two_servers[1].url}]",
+        "rollout.max_staleness=1",
+    ]
+    for rc, out in _wait(_launch(2, tmp_path / "two.pt", 4, overrides), timeout=300):
+        assert rc == 0, out[-3000:]
+    m = torch.load(tmp_path / "two.pt")["metrics"]
+    assert [x["step"] for x in m] == [1, 2, 3, 4]
+    assert all(x["staleness/max"] <= 1 for x in m) and max(x["staleness/max"] for x in m) == 1
+    assert all(x["tools/call_frequency"] > 0 for x in m)

@@ -156,3 +156,31 @@ def test_resume_after_kill_9_at_k1_continues(tiny_model_dir, servers, tmp_path, 
     assert done.returncode == 0, done.stderr[-2000:]
     m = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in m] == [1, 2, 3, 4, 5] and all(r["staleness/max"] <= 1 for r in m)
+
+
+ROLLOUT_FN = """
+from rlvr.data import render_prompt
+
+
+def through_generate(prompts, *, model, tokenizer, sampling, seeds, generate):
+    gen = generate([render_prompt(p, tokenizer) for p in prompts], sampling, seeds)
+    out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+    for r in range(len(gen.texts)):
+        keep = gen.completion_mask[r].bool()
+        out["prompt_ids"].append(gen.prompt_ids[r][gen.prompt_mask[r].bool()].tolist())
+        out["completion_ids"].append(gen.completion_ids[r][keep].tolist())
+        out["logprobs"].append(gen.sampling_logprobs[r][keep].tolist())
+    return out
+"""
+
+
+def test_a_rollout_function_generates_through_the_servers(make_trainer, servers, dense, tmp_path):
+    (tmp_path / "fn.py").write_text(ROLLOUT_FN)
+    t = make_trainer(_urls(*servers), dense, f"rollout.function={tmp_path / 'fn.py'}:through_generate", "steps=2", "rollout.max_staleness=1",
+                     "log_completions_every=1")  # fmt: skip
+    t.train()
+    m = _metrics(t)
+    assert [r["step"] for r in m] == [1, 2] and all(r["staleness/max"] <= 1 for r in m)
+    assert all(sum(v for k, v in r.items() if k.startswith("servers/share/")) == pytest.approx(1.0) for r in m)  # the servers made them
+    samples = [json.loads(x) for x in (t.output_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all("weight_version" in x for x in samples)
