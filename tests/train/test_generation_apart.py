@@ -176,8 +176,8 @@ def through_generate(prompts, *, model, tokenizer, sampling, seeds, generate):
 
 def test_a_rollout_function_generates_through_the_servers(make_trainer, servers, dense, tmp_path):
     (tmp_path / "fn.py").write_text(ROLLOUT_FN)
-    t = make_trainer(_urls(*servers), dense, f"rollout.function={tmp_path / 'fn.py'}:through_generate", "steps=2", "rollout.max_staleness=1",
-                     "log_completions_every=1")  # fmt: skip
+    fn = f"rollout.function={tmp_path / 'fn.py'}:through_generate"
+    t = make_trainer(_urls(*servers), dense, fn, "steps=2", "rollout.max_staleness=1", "log_completions_every=1")
     t.train()
     m = _metrics(t)
     assert [r["step"] for r in m] == [1, 2] and all(r["staleness/max"] <= 1 for r in m)

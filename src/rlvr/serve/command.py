@@ -69,8 +69,8 @@ def _serve_hf(args, token: str | None) -> int:
     server = make_server(backend, args.host, args.port, token)
     if args.exit_with:
         threading.Thread(target=_exit_with, args=(args.exit_with,), daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    host, port = server.server_address[:2]
+    signal.signal(signal.SIGTERM, _interrupt)
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     print(f"rlvr serve: engine hf, model {args.model} on {device}, listening on http://{host}:{port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
@@ -91,3 +91,7 @@ def _exit_with(pid: int) -> None:
             os._exit(0)
         except PermissionError:  # alive, someone else's
             pass
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt  # SIGTERM: leave serve_forever as Ctrl-C does

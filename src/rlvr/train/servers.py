@@ -33,7 +33,10 @@ def server_urls(cfg, dist, *, device, precision: str) -> tuple[list[str], LocalS
         local = LocalServer(cfg.model.path, device=str(device), dtype=cfg.model.dtype, autocast=precision, timeout=cfg.dist.timeout)
         atexit.register(local.stop)
         local.wait_ready(STARTUP_WAIT_S)
-    url = dist.all_gather_object(local.url if local else None, what="the local generation server")[0] if dist.enabled else local.url
+    url = local.url if local is not None else None
+    if dist.enabled:  # rank 0's, on every rank
+        url = dist.all_gather_object(url, what="the local generation server")[0]
+    assert url is not None, "rank 0 started it"
     return [url], local
 
 

@@ -234,7 +234,8 @@ class RemoteEngine:
     def _connect(self, server: ServerClient) -> WeightSender:
         """The pair group with `server` (it joins from its HTTP handler while this side hosts the store). A server that
         refuses to join fails this at once: the store's own wait (up to the timeout) is left to a daemon thread."""
-        port, backend, made = free_port(), self.transfer_backend, Future()
+        port, backend = free_port(), self.transfer_backend
+        made: Future[WeightSender] = Future()
 
         def host() -> None:
             try:
