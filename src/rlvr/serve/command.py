@@ -31,6 +31,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--device", default="auto", help="hf: cpu, cuda, cuda:N or auto")
     sv.add_argument("--dtype", default=None, help="the weights' dtype: float32, bfloat16, float16 (default: hf float32, vllm auto)")
     sv.add_argument("--autocast", choices=("none", "bf16"), default="none", help="hf: bf16 autocast, as the trainer's model.autocast")
+    sv.add_argument("--threads", type=int, default=0, help="hf: torch CPU threads (0: torch's default, every core)")
     sv.add_argument("--timeout", type=float, default=600.0, help="seconds a weight sync may take before it is abandoned")
     sv.add_argument("--trust-remote-code", action="store_true")
     sv.add_argument("--exit-with", type=int, metavar="PID", help=argparse.SUPPRESS)  # a trainer's local server ends with it
@@ -62,6 +63,8 @@ def _serve_hf(args, token: str | None) -> int:
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     tokenizer, _ = load_tokenizer(args.model, args.trust_remote_code)
     model = load_model(args.model, args.dtype or "float32", device, args.trust_remote_code)
     model.requires_grad_(False)

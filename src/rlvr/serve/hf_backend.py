@@ -8,7 +8,10 @@ that ends every episode at its first turn's end.
 
 Weights: generation and a weight swap never overlap (one lock), and a sync is received into fresh
 tensors first (rlvr.dist.transfer), outside the lock, so generation goes on while weights arrive
-and a sync that breaks off leaves the old weights and version in place.
+and a sync that breaks off leaves the old weights and version in place. A sync that arrives while a
+batch is being generated is answered once it is staged, not once it is swapped in: the swap happens
+before the next request is served (or at once when none runs), so the trainer does not wait for a
+batch it did not ask for, and every answer still comes from one version.
 """
 
 from __future__ import annotations
@@ -49,12 +52,17 @@ class HFBackend:
         self.engine = HFEngine(model, tokenizer)
         self.device = next(model.parameters()).device
         self.version = 0
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held while generating and while swapping weights in
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None  # staged weights waiting for the lock
+        self._pending_lock = threading.Lock()
         self.receiver: WeightReceiver | None = None
         self.requests = 0
 
     def health(self) -> dict[str, Any]:
-        return {"engine": "hf", "model": self.name, "version": self.version, "lora": self._is_peft(), "requests": self.requests}
+        """`version`: what the next request is sampled under (staged weights included)."""
+        pending = self._pending
+        version = pending[1] if pending is not None else self.version
+        return {"engine": "hf", "model": self.name, "version": version, "lora": self._is_peft(), "requests": self.requests}
 
     # ---------------------------------------------------------------- generation
 
@@ -64,6 +72,7 @@ class HFBackend:
         if not req.prompt_ids:
             return GenerateResult([], self.version)
         with self.lock, autocast_context(self.autocast, self.device):
+            self._apply_pending()
             self.requests += 1
             if not req.stop_strings and len(set(req.max_tokens)) == 1:
                 return GenerateResult(self._completions(req), self.version)
@@ -151,13 +160,27 @@ class HFBackend:
         if wrong:
             raise ValueError(f"update_weights: shapes differ from this server's model: {wrong[:3]}")
 
-    @torch.no_grad()
     def _swap(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Stage the weights as `version`; swap them in now if no batch is being generated, else before the next one."""
+        with self._pending_lock:
+            self._pending = (tensors, version)  # a newer sync replaces one still waiting
+        if self.lock.acquire(blocking=False):
+            try:
+                self._apply_pending()
+            finally:
+                self.lock.release()
+
+    @torch.no_grad()
+    def _apply_pending(self) -> None:
+        """Under self.lock: the staged weights, if any, into the model."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
         params = self._params_by_name()
-        with self.lock:
-            for name, t in tensors.items():
-                params[name].copy_(t)
-            self.version = version
+        for name, t in pending[0].items():
+            params[name].copy_(t)
+        self.version = pending[1]
 
     def _is_peft(self) -> bool:
         return hasattr(self.model, "peft_config")

@@ -14,11 +14,15 @@ from rlvr.dist.transfer import free_port
 class LocalServer:
     """`rlvr serve MODEL --engine hf` as a child process; stop() ends it (also at the trainer's exit)."""
 
-    def __init__(self, model: str, *, device: str = "cpu", dtype: str = "float32", autocast: str = "none", timeout: float = 600.0):
+    def __init__(
+        self, model: str, *, device: str = "cpu", dtype: str = "float32", autocast: str = "none", timeout: float = 600.0, threads: int = 0
+    ):
+        """`threads`: the server's torch CPU threads (0: torch's default); the trainer's `threads` setting."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "rlvr", "serve", model, "--engine", "hf", "--host", "127.0.0.1", "--port", str(self.port)]
         cmd += ["--device", device, "--dtype", dtype, "--autocast", autocast, "--timeout", str(timeout), "--exit-with", str(os.getpid())]
+        cmd += ["--threads", str(threads)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def check_alive(self) -> None:

@@ -30,7 +30,9 @@ def server_urls(cfg, dist, *, device, precision: str) -> tuple[list[str], LocalS
         return list(cfg.rollout.servers), None
     local = None
     if dist.is_main:
-        local = LocalServer(cfg.model.path, device=str(device), dtype=cfg.model.dtype, autocast=precision, timeout=cfg.dist.timeout)
+        local = LocalServer(
+            cfg.model.path, device=str(device), dtype=cfg.model.dtype, autocast=precision, timeout=cfg.dist.timeout, threads=cfg.threads
+        )
         atexit.register(local.stop)
         local.wait_ready(STARTUP_WAIT_S)
     url = local.url if local is not None else None
