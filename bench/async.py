@@ -114,7 +114,9 @@ def run_config(mode: str, k: int, model: str, work: Path, child_cmd) -> dict:
         stop_server(server)
     if proc.returncode:
         raise RuntimeError(f"{mode} k={k}: exit {proc.returncode}; see {work / 'run.log'}:\n{(work / 'run.log').read_text()[-3000:]}")
-    return {"wall_s": time.time() - t_run, "cpu_s": cpu_seconds() - cpu0, "load": (load0, os.getloadavg()[0]), "all_s": time.time() - t0}
+    stats = {"wall_s": time.time() - t_run, "cpu_s": cpu_seconds() - cpu0, "load": (load0, os.getloadavg()[0]), "all_s": time.time() - t0}
+    (work / "bench.json").write_text(json.dumps(stats))
+    return stats
 
 
 # ---------------------------------------------------------------------------- the demo
@@ -141,6 +143,7 @@ def demo_run(mode: str, k: int, seed: int, steps: int, work: Path) -> dict:
     metrics = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     n = summary["eval_rows"]
     res.update(metrics=metrics, n=n, correct=round(summary["eval_after"] * n), before=summary["eval_before"], seed=seed)
+    res["train_s"] = summary["train_seconds"]
     return res
 
 
@@ -231,6 +234,35 @@ def smol_child(spec: dict) -> None:
     (out / "result.json").write_text(json.dumps(result, default=list))
 
 
+def collect(work: Path, seeds: list[int]) -> tuple[dict, dict, list[int]]:
+    """The runs that finished under `work` (a run stopped midway), read back from their folders; a run without
+    bench.json (made before it was written) has no wall/CPU/load numbers."""
+    none = {"wall_s": None, "cpu_s": None, "load": None}
+
+    def stats(d: Path) -> dict:
+        return json.loads((d / "bench.json").read_text()) if (d / "bench.json").exists() else dict(none)
+
+    def lines(f: Path) -> list[dict]:
+        return [json.loads(x) for x in f.read_text().splitlines()]
+
+    demo: dict = {}
+    for mode, k in CONFIGS:
+        for seed in seeds:
+            d = work / f"demo-{mode}-k{k}-s{seed}"
+            if (d / "run" / "summary.json").exists():
+                sm = json.loads((d / "run" / "summary.json").read_text())
+                run = {**stats(d), "metrics": lines(d / "run" / "metrics.jsonl"), "n": sm["eval_rows"], "seed": seed}
+                run.update(correct=round(sm["eval_after"] * sm["eval_rows"]), before=sm["eval_before"], train_s=sm["train_seconds"])
+                demo.setdefault((mode, k), []).append(run)
+    smol = {}
+    for mode, k in CONFIGS:
+        d = work / "smol" / f"smol-{mode}-k{k}"
+        if (d / "result.json").exists():
+            smol[(mode, k)] = [{**stats(d), **json.loads((d / "result.json").read_text()), "metrics": lines(d / "run" / "metrics.jsonl")}]
+    done = sorted({r["seed"] for runs in demo.values() for r in runs})
+    return demo, smol, done
+
+
 # ---------------------------------------------------------------------------- numbers
 
 
@@ -262,6 +294,16 @@ def accuracy(runs: list[dict]) -> str:
     )
 
 
+def loads(xs: list) -> str:
+    return "; ".join(f"{a:.1f}->{b:.1f}" for a, b in xs)
+
+
+def known(runs: list[dict], key: str, show) -> str:
+    """show(values) of `key`, or n/a when a run lacks it (collected from folders written before it was recorded)."""
+    xs = [r.get(key) for r in runs]
+    return "n/a" if any(x is None for x in xs) else show(xs)
+
+
 def tables(title: str, results: dict, per_step: int) -> list[str]:
     keys = list(results)
     head = "| | " + " | ".join(f"{m} k={k}" for m, k in keys) + " |"
@@ -291,11 +333,10 @@ def tables(title: str, results: dict, per_step: int) -> list[str]:
             *[f"{sum(float(m.get('rollout/stale_dropped') or 0) for r in results[c] for m in r['metrics']):.0f}" for c in keys],
         ),
         table_row("weight sync MB per step", *[f"{statistics.fmean(steady(results[c], 'weight_sync/bytes')) / 1e6:.1f}" for c in keys]),
-        table_row("CPU seconds, all processes, per run", *[fmt([r["cpu_s"] for r in results[c]]) for c in keys]),
-        table_row("wall seconds per run (start to exit)", *[fmt([r["wall_s"] for r in results[c]]) for c in keys]),
-        table_row(
-            "load average 1 min, before -> after", *["; ".join(f"{r['load'][0]:.1f}->{r['load'][1]:.1f}" for r in results[c]) for c in keys]
-        ),
+        table_row("training seconds per run (all steps)", *[fmt([r["train_s"] for r in results[c]]) for c in keys]),
+        table_row("CPU seconds, all processes, per run", *[known(results[c], "cpu_s", fmt) for c in keys]),
+        table_row("wall seconds per run (start to exit)", *[known(results[c], "wall_s", fmt) for c in keys]),
+        table_row("load average 1 min, before -> after", *[known(results[c], "load", loads) for c in keys]),
         "",
     ]
     return rows
@@ -306,12 +347,15 @@ def projection(title: str, results: dict) -> list[str]:
     G = statistics.fmean(steady(results[("in-process", 0)], "time/generate"))
     R = statistics.fmean(steady(results[("in-process", 0)], "time/reward"))
     T = statistics.fmean(steady(results[("in-process", 0)], "time/train"))
-    S = statistics.fmean(steady(results[("server", 0)], "weight_sync/seconds"))
+    where = ("server", 0) if ("server", 0) in results else ("in-process", 1)
+    S = statistics.fmean(steady(results[where], "weight_sync/seconds"))
     rows = [
         f"### {title}: PROJECTION (computed, not measured)",
         "",
         f"Inputs, measured here: generate G = {G:.3f} s, reward R = {R:.3f} s, train T = {T:.3f} s (in-process k=0), "
-        f"weight sync S = {S:.3f} s (server k=0, gloo over loopback). Generation share of the lockstep step: {G / (G + R + T):.0%}.",
+        f"weight sync S = {S:.3f} s ({where[0]} k={where[1]}, gloo over loopback"
+        + ("; includes waiting for the server's batch in flight: an upper bound" if where[1] else "")
+        + f"). Generation share of the lockstep step: {G / (G + R + T):.0%}.",
         "",
         "| setting | step time model | projected s/step | vs colocated k=0 |",
         "|---|---|---|---|",
@@ -341,6 +385,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/async-bench"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/async.md"))
     ap.add_argument("--report-only", action="store_true", help="rewrite --out from WORK/results.json, running nothing")
+    ap.add_argument("--collect", action="store_true", help="write --out from the finished runs under WORK (after a stopped run)")
     ap.add_argument("--smol-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.smol_child:
@@ -350,6 +395,9 @@ def main() -> None:
         demo, smol = ({tuple(c[0]): c[1] for c in raw[part]} for part in ("demo", "smol"))
         vars(args).update(raw["args"])  # the command that measured them
         return write_report(args, demo, smol, raw["seeds"], raw["started"], raw["minutes"])
+    if args.collect:
+        demo, smol, seeds = collect(args.work, args.demo_seeds)
+        return write_report(args, demo, smol, seeds, "see the run folders", float("nan"))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")] if p)
     t_start, started = time.time(), time.strftime("%Y-%m-%d %H:%M")
     demo: dict = {c: [] for c in CONFIGS}
@@ -398,7 +446,12 @@ def write_report(args, demo: dict, smol: dict, seeds: list[int], started: str, m
     lines = [
         "# Generation apart from training on 2 CPU cores: k = 0, 1, 2, in-process and through a local server",
         "",
-        f"Command: `{command}` (started {started}, commit {commit}, {minutes:.1f} min in all).",
+        f"Command: `{command}` (started {started}, commit {commit}, "
+        + (
+            f"{minutes:.1f} min in all)."
+            if minutes == minutes
+            else "stopped early; tables collected from the finished runs by `--collect`)."
+        ),
         "",
         machine() + ".",
         "",
