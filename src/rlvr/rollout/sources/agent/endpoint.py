@@ -37,6 +37,11 @@ class NotFound(LookupError):
     pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 512  # the default 5 resets connections when dozens of agents connect at once
+    daemon_threads = True
+
+
 def call_seed(episode_seed: int, k: int, asked: int | None = None) -> int:
     """The seed of an episode's k-th request (and of the request's own `seed`, when it sets one)."""
     s = row_seed(episode_seed, 0, k)
@@ -67,8 +72,7 @@ class AgentEndpoint:
         self.episodes: dict[str, EpisodeLog] = {}
         self.lock = threading.Lock()
         self.batcher = Batcher(sample, self._open_count, batch_wait)
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, name="rlvr-agent-endpoint", daemon=True)
         self.thread.start()
 
