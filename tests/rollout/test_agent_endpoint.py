@@ -200,3 +200,35 @@ def test_text_completions_cut_at_stop_strings_and_continue_their_own_tokens():
     assert seqs[1].mask == [0] * len(b.prompt_ids) + [1] * len(b.sampled_ids) + [0] * len(ids("<result>5535</result>")) + [1] * len(
         c.sampled_ids
     )
+
+
+def test_sampler_errors_reach_the_agent_and_the_endpoint_goes_on():
+    """A sampler that fails once (a scripted one: this checks the endpoint's paths, not the model): the agent gets a
+    500 naming the error, the next request is served; n choices are recorded apart; budgets are capped."""
+    from rlvr.rollout.engines.remote.protocol import Sample
+
+    tok = hermes_tokenizer()
+    seen = []
+
+    def sample(req):
+        seen.append(req)
+        if len(seen) == 1:
+            raise RuntimeError("the decode ran out of memory")
+        return [
+            [Sample(tok(f"hi{j}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id], [-0.5] * 4, "stop") for j in range(req.n)]
+            for _ in req.seeds
+        ]
+
+    with AgentEndpoint(sample, tok, max_tokens=16, context_length=64) as ep:
+        log = ep.open_episode(seed=5)
+        client = openai.OpenAI(base_url=ep.base_url(log.episode), api_key=ep.api_key, max_retries=0)
+        hi = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.InternalServerError, match="RuntimeError: the decode ran out of memory"):
+            client.chat.completions.create(model="policy", messages=hi)
+        r = client.chat.completions.create(model="policy", messages=hi, n=2, max_tokens=500, temperature=0.5, stop="x")
+        assert [c.message.content for c in r.choices] == ["hi0", "hi1"] and [c.finish_reason for c in r.choices] == ["stop", "stop"]
+        with pytest.raises(openai.BadRequestError, match="no room for a reply"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 80}])
+    req = seen[1]
+    assert (req.n, req.max_tokens, req.temperature, req.stop_strings, req.seeds) == (2, [16], 0.5, ["x"], [call_seed(5, 1)])
+    assert [(c.index, c.text) for c in log.snapshot()] == [(1, "hi0"), (1, "hi1")] and len(log.sequences()) == 2

@@ -107,7 +107,7 @@ def prompts_of(body: dict) -> list[str | list[int]]:
     p = body.get("prompt")
     ids = lambda x: isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)  # noqa: E731
     if isinstance(p, str) or ids(p):
-        return [p]
+        return [p]  # type: ignore[list-item]
     if isinstance(p, list) and p and all(isinstance(x, str) or ids(x) for x in p):
         return list(p)
     raise BadRequest("`prompt` must be a string, a list of token ids, or a list of either", "prompt")

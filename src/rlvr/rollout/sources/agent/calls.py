@@ -125,16 +125,15 @@ class EpisodeLog:
         content = message.get("content") or ""
         same = [c for c in calls if c.reply is not None and not c.reply.get("tool_calls") and (c.reply.get("content") or "") == content]
         here = [c for c in same if c.messages is not None and len(c.messages) == position]
-        return (here or same or [None])[-1]
+        pick = here or same
+        return pick[-1] if pick else None
 
     def find_completion(self, prompt_text: str) -> Call | None:
         """The completion whose prompt text + sampled text (decoded with special tokens) is the
         longest start of `prompt_text`: the agent continued it."""
-        best = None
+        best, longest = None, -1
         for call in self.snapshot():
-            if call.prompt_text is None:
-                continue
-            done = call.prompt_text + call.full_text
-            if prompt_text.startswith(done) and (best is None or len(done) > len(best.prompt_text + best.full_text)):
-                best = call
+            done = None if call.prompt_text is None else call.prompt_text + call.full_text
+            if done is not None and prompt_text.startswith(done) and len(done) > longest:
+                best, longest = call, len(done)
         return best

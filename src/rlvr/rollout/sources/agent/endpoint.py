@@ -79,7 +79,7 @@ class AgentEndpoint:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def base_url(self, episode: str) -> str:
         """What the agent's client takes as base_url for this episode."""
@@ -163,7 +163,8 @@ class AgentEndpoint:
 
     def completions(self, log: EpisodeLog, body: dict) -> dict:
         s = api.sampling_of(body, self.max_tokens)
-        choices, prompt_tokens, done = [], 0, 0
+        choices: list[dict] = []
+        prompt_tokens, done = 0, 0
         for p in api.prompts_of(body):
             prompt, text = self.renderer.completion_prompt(p, log)
             k, samples = self._sample(log, prompt, s)
