@@ -22,6 +22,7 @@ def test_continuing_calls_are_one_sequence_with_exact_masks():
     assert seq.logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -1.1, 0, -2.1, -2.2, -2.3]
     assert seq.prompt_length == 3 and seq.calls == [0, 1, 2]
     assert log.splits() == 0
+    assert log.summary() == {"calls": 3, "sampled_tokens": 6, "tool_calls": 0, "sequences": 1, "splits": 0}
 
 
 def test_a_call_that_does_not_continue_starts_a_new_sequence_and_counts():
@@ -55,6 +56,9 @@ def test_replies_are_found_by_tool_call_ids_then_by_content():
     sent = {"role": "assistant", "content": "", "tool_calls": [{"id": "call_e_0_0_0", "function": {"name": "f", "arguments": "{ }"}}]}
     assert log.find_reply(sent).index == 0  # the arguments re-serialized: the id still says which reply it is
     assert log.find_reply({**sent, "tool_calls": [{"id": "call_other"}]}) is None
+    renumbered = {**sent, "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": {}}}]}
+    assert log.find_reply(renumbered).index == 0  # ids renumbered by a framework: the same call, arguments as a dict
+    assert log.find_reply({**sent, "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": '{"a": 1}'}}]}) is None
     assert log.find_reply({"role": "assistant", "content": "42"}, 3).index == 1  # the reply to a conversation of 3 messages
     assert log.find_reply({"role": "assistant", "content": "42"}, 9).index == 2  # else the latest
     assert log.find_reply({"role": "assistant", "content": "41"}) is None

@@ -17,6 +17,7 @@ starts a new one: a split, counted, never merged by guesswork.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,22 @@ class TrainingSequence:
         self.mask += [0] * gap + [1] * len(call.sampled_ids)
         self.logprobs += [0.0] * gap + list(call.logprobs)
         self.calls.append(call.index)
+
+
+def _canonical(tc: dict) -> tuple[str, str]:
+    fn = tc.get("function") or {}
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return fn.get("name") or "", args
+    return fn.get("name") or "", json.dumps(args, sort_keys=True)
+
+
+def _same_calls(a: list[dict], b: list[dict]) -> bool:
+    """The same tool calls (names and arguments, whatever their JSON spacing or key order), in order."""
+    return [_canonical(x) for x in a] == [_canonical(x) for x in b]
 
 
 def continues(call: Call, seq: TrainingSequence) -> bool:
@@ -106,22 +123,34 @@ class EpisodeLog:
             seqs.append(seq)
         return seqs
 
+    def summary(self) -> dict[str, int]:
+        """Per-episode counts for metrics: calls, sampled tokens, tool calls parsed, sequences, splits."""
+        calls, seqs = self.snapshot(), self.sequences()
+        return {
+            "calls": len(calls),
+            "sampled_tokens": sum(len(c.sampled_ids) for c in calls),
+            "tool_calls": sum(c.tool_calls for c in calls),
+            "sequences": len(seqs),
+            "splits": max(0, len(seqs) - 1),
+        }
+
     def splits(self) -> int:
         """Sequences beyond the first: how often a call did not continue the episode."""
         return max(0, len(self.sequences()) - 1)
 
     def find_reply(self, message: dict[str, Any], position: int | None = None) -> Call | None:
-        """The call whose reply this assistant message is: by its tool calls' ids when it has any,
-        else by its exact content among replies without tool calls (the latest such, preferring one
-        that answered a conversation of `position` messages: the one this message follows)."""
-        ids = [tc.get("id") for tc in message.get("tool_calls") or [] if isinstance(tc, dict)]
+        """The call whose reply this assistant message is: by its tool calls' ids when it has any (else
+        the same calls: names and arguments), otherwise by its exact content among replies without tool
+        calls (the latest such, preferring one that answered a conversation of `position` messages: the
+        one this message follows)."""
+        sent = [tc for tc in message.get("tool_calls") or [] if isinstance(tc, dict)]
         calls = self.snapshot()
-        if ids:
-            for call in reversed(calls):
-                mine = [tc["id"] for tc in (call.reply or {}).get("tool_calls") or []]
-                if mine and mine == ids:
-                    return call
-            return None
+        if sent:
+            replies = [c for c in calls if c.reply is not None and c.reply.get("tool_calls")]
+            by_id = [c for c in replies if [tc["id"] for tc in c.reply["tool_calls"]] == [tc.get("id") for tc in sent]]  # type: ignore[index]
+            by_call = [c for c in replies if _same_calls(c.reply["tool_calls"], sent)]  # type: ignore[index]
+            pick = by_id or by_call  # a framework that renumbers the ids: the same calls, in the same order
+            return pick[-1] if pick else None
         content = message.get("content") or ""
         same = [c for c in calls if c.reply is not None and not c.reply.get("tool_calls") and (c.reply.get("content") or "") == content]
         here = [c for c in same if c.messages is not None and len(c.messages) == position]
