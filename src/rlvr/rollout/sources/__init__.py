@@ -3,6 +3,7 @@
 single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
 multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
 function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
+agent/          outside agents: an OpenAI-compatible endpoint that records each episode's calls token-exactly
 __init__.py     make_source: the source a config describes
 """
 
