@@ -47,7 +47,8 @@ def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision:
     r, token = cfg.rollout, os.environ.get(TOKEN_ENV)
     wait = min(STARTUP_WAIT_S, r.server_timeout_s)
     clients = [make_client(u, token=token, timeout=r.server_timeout_s, wait=wait) for u in urls]
-    host = r.trainer_host or ("127.0.0.1" if all(urlparse(u).hostname in LOOPBACK for u in urls) else socket.getfqdn())
+    loopback = all(urlparse(u).hostname in LOOPBACK for u in urls)
+    host = r.trainer_host or ("127.0.0.1" if loopback else socket.getfqdn())
     engine = RemoteEngine(
         model,
         tokenizer,
@@ -58,7 +59,9 @@ def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision:
         weight_dir=r.weight_dir,
         trainer_host=host,
         timeout=min(cfg.dist.timeout, r.server_timeout_s),
-        transfer_backend="gloo" if local is not None else None,  # the local server shares this process's GPU: NCCL cannot
+        # Servers on this host (the local one always) may share the trainer's GPU, which NCCL refuses in one group:
+        # gloo through host memory. Servers on other hosts: NCCL when the trainer is on a GPU.
+        transfer_backend="gloo" if loopback else None,
     )
     return engine, local
 
