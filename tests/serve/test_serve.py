@@ -199,3 +199,18 @@ def test_with_a_token_every_request_but_health_needs_it(tiny_model_dir):
         assert RlvrServerClient(s.url, token="s3cret").generate(GenerateRequest.from_json(json.loads(body))).version == 0
     finally:
         s.kill()
+
+
+def test_a_taken_port_is_a_clear_error(server, tiny_model_dir):
+    r = subprocess.run(
+        [sys.executable, "-m", "rlvr", "serve", tiny_model_dir, "--port", str(server.port)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and f"rlvr serve: cannot listen on 127.0.0.1:{server.port}: Address already in use" in r.stderr
+
+
+def test_a_trainer_whose_server_does_not_answer_says_which(make_trainer):
+    from rlvr.config import ConfigError
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=rf"rollout.servers: generation server {url}: /health failed: .*Connection refused"):
+        make_trainer(f"rollout.servers=[{url}]", "rollout.server_timeout_s=1")

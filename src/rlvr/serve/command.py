@@ -69,7 +69,11 @@ def _serve_hf(args, token: str | None) -> int:
     model = load_model(args.model, args.dtype or "float32", device, args.trust_remote_code)
     model.requires_grad_(False)
     backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
-    server = make_server(backend, args.host, args.port, token)
+    try:
+        server = make_server(backend, args.host, args.port, token)
+    except OSError as e:  # the port is taken, or the address is not this host's
+        print(f"rlvr serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
     if args.exit_with:
         threading.Thread(target=_exit_with, args=(args.exit_with,), daemon=True).start()
     signal.signal(signal.SIGTERM, _interrupt)

@@ -9,7 +9,9 @@ import os
 import socket
 from urllib.parse import urlparse
 
+from rlvr.config import ConfigError
 from rlvr.rollout.engines.remote.client import make_client
+from rlvr.rollout.engines.remote.protocol import ServerError
 from rlvr.rollout.engines.remote.engine import RemoteEngine
 from rlvr.rollout.engines.remote.pool import ServerPool
 from rlvr.serve import LOOPBACK, TOKEN_ENV
@@ -46,7 +48,12 @@ def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision:
     urls, local = server_urls(cfg, dist, device=device, precision=precision)
     r, token = cfg.rollout, os.environ.get(TOKEN_ENV)
     wait = min(STARTUP_WAIT_S, r.server_timeout_s)
-    clients = [make_client(u, token=token, timeout=r.server_timeout_s, wait=wait) for u in urls]
+    try:
+        clients = [make_client(u, token=token, timeout=r.server_timeout_s, wait=wait) for u in urls]
+    except ServerError as e:
+        raise ConfigError(
+            f"rollout.servers: {e} (waited {wait:g}s); start it with `rlvr serve MODEL --port PORT` or fix the URL"
+        ) from None
     loopback = all(urlparse(u).hostname in LOOPBACK for u in urls)
     host = r.trainer_host or ("127.0.0.1" if loopback else socket.getfqdn())
     engine = RemoteEngine(
