@@ -460,8 +460,9 @@ def write_report(args, demo: dict, smol: dict, seeds: list[int], started: str, m
         "`rlvr serve MODEL --engine hf` on 127.0.0.1 this script started. `algo.sampler_correction=auto` (token_truncate "
         "everywhere but in-process k=0). Columns: `collect` is `time/generate` (with k>0 it is mostly waiting for the "
         "batch made ahead); `train (incl. sync)` is `time/train`, which includes the weight sync to the servers; "
-        "`weight sync` is `weight_sync/seconds`, which includes waiting for the server to finish the batch it is "
-        "generating (a weight swap takes the server's generation lock).",
+        "`weight sync` is `weight_sync/seconds`: sending the weights until the server has staged them (it swaps them in "
+        "before its next batch, so the sync never waits for a batch in progress); `waiting for rollouts` is the "
+        "collect phase waiting for the batch made ahead.",
         "",
         f"## (a) The demo: bundled tiny model, arithmetic, `rlvr train` defaults, {args.demo_steps} steps, seeds {seeds}",
         "",
