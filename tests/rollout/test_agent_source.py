@@ -119,3 +119,13 @@ def test_a_rewritten_history_is_a_counted_split(make_trainer, agents):
     t.train()
     m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/split_episodes"] == 16
+
+
+def test_the_example_calculator_agent_runs_against_the_endpoint(make_trainer):
+    from _paths import REPO
+
+    t = make_trainer(f"rollout.agent={REPO / 'examples' / 'agent_openai.py'}:calculator_agent", "rewards=[]", "steps=1",
+                     "rollout.max_new_tokens=8", run="example")  # fmt: skip
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/error_frequency"] == 0 and m["agent/calls_per_episode"] >= 1 and "rewards/agent/mean" in m
