@@ -20,10 +20,10 @@ from rlvr.config.schema import (
     RolloutConfig,
     ToolsConfig,
     VllmConfig,
-    applied_sampler_correction,
 )
 from rlvr.config.trl_names import TRL_NAMES, trl_hint, trl_table
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
+from rlvr.config.validate_rollout import applied_sampler_correction
 
 __all__ = [
     "AlgoConfig",

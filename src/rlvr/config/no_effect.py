@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlvr.config.schema import Config, applied_sampler_correction
+from rlvr.config.schema import Config
+from rlvr.config.validate_rollout import applied_sampler_correction
 
 # The file types data.path / eval.data read directly (rlvr.data.loaders.READERS); anything else is a `datasets` dataset.
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")

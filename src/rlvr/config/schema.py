@@ -191,6 +191,12 @@ class RolloutConfig:
     on loopback, else this host's name)."""
     server_timeout_s: float = 600.0
     """Seconds a server may take to answer a request (or a sync) before it is dropped and its rows regenerated elsewhere."""
+    agent: str | None = None
+    """An agent that runs each episode itself against an OpenAI-compatible endpoint of the policy: `file.py:fn` or
+    `module:fn`, called as fn(row, base_url, model, api_key) (sync or async) -> a reward, or None to let `rewards`
+    score its final messages; any client works (the `openai` package, agent frameworks). See docs/agents.md."""
+    agent_timeout: float = 300.0
+    """Seconds an agent's episode may run; one still running then gets no reward and no gradient (counted)."""
     function: str | None = None
     """A rollout function that makes the episodes itself (TRL's `rollout_func`): `file.py:function` or
     `module:function`, called as fn(prompts, model=, tokenizer=, sampling=, seeds=); see docs/agents.md."""
@@ -384,14 +390,3 @@ class Config:
     max_failed_reward_steps: int = 3
     """Stop after this many steps in a row in which one reward function failed (raised, timed out, returned
     garbage) on every sample, naming it and its first error; no checkpoint is saved meanwhile (0: never stop)."""
-
-
-def applied_sampler_correction(cfg: Config) -> str:
-    """algo.sampler_correction as it applies: `auto` resolved for the engine in use (token_truncate with vllm, with
-    generation servers and with rollout.max_staleness > 0; none with the in-process hf engine, whose sampler is the
-    trained model itself)."""
-    if cfg.algo.sampler_correction != "auto":
-        return cfg.algo.sampler_correction
-    r = cfg.rollout
-    # another engine's probabilities (vLLM), or weights that may be older than the trained ones (servers, k > 0)
-    return "token_truncate" if r.engine == "vllm" or r.servers or r.max_staleness > 0 else "none"

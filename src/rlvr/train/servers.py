@@ -51,9 +51,7 @@ def remote_engine(cfg, model, tokenizer, dist, *, version_of, device, precision:
     try:
         clients = [make_client(u, token=token, timeout=r.server_timeout_s, wait=wait) for u in urls]
     except ServerError as e:
-        raise ConfigError(
-            f"rollout.servers: {e} (waited {wait:g}s); start it with `rlvr serve MODEL --port PORT` or fix the URL"
-        ) from None
+        raise ConfigError(f"rollout.servers: {e} (waited {wait:g}s); start it with `rlvr serve MODEL --port PORT` or fix the URL") from None
     loopback = all(urlparse(u).hostname in LOOPBACK for u in urls)
     host = r.trainer_host or ("127.0.0.1" if loopback else socket.getfqdn())
     engine = RemoteEngine(

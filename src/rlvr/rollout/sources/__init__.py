@@ -3,6 +3,7 @@
 single_turn.py  SingleTurnSource: one model turn per episode, on any GenerationEngine
 multi_turn.py   MultiTurnSource: turns that call tools or act in an environment, on a MultiTurnEngine
 function.py     FunctionSource: a user's rollout function (TRL's rollout_func)
+agent/          AgentSource: a user's agent against an OpenAI-compatible endpoint of the policy (see its __init__)
 agent/          outside agents: an OpenAI-compatible endpoint that records each episode's calls token-exactly
 __init__.py     make_source: the source a config describes
 """
@@ -33,6 +34,8 @@ def make_source(
     `tool_runner`: share one rlvr.tools.ToolRunner (its threads) between sources."""
     common = dict(system_prompt=cfg.data.system_prompt, context_length=context_length, autocast=precision, device=device)
     t = cfg.tools
+    if cfg.rollout.agent:
+        return _agent_source(cfg, engine, tokenizer, sampling, context_length)
     if cfg.rollout.function:
         from rlvr.rollout.sources.function import FunctionSource, load_function
 
@@ -49,6 +52,21 @@ def make_source(
     )
     source.notes = ([note] if note else []) + unused_with_format(t, kind)
     return source
+
+
+def _agent_source(cfg, engine, tokenizer, sampling: SamplingParams, context_length: int | None):
+    """`rollout.agent`: its endpoint samples with the run's engine (token-id prompts), or on its generation servers."""
+    from rlvr.rollout.engines.remote.engine import RemoteEngine
+    from rlvr.rollout.sources.agent import engine_sampler
+    from rlvr.rollout.sources.agent.source import AgentSource
+    from rlvr.specs import resolve
+
+    fn = resolve(cfg.rollout.agent.strip(), setting="rollout.agent", spec=cfg.rollout.agent)
+    sampler = engine.sample if isinstance(engine, RemoteEngine) else engine_sampler(engine, tokenizer)
+    return AgentSource(
+        fn, engine, tokenizer, sampling, sampler=sampler, timeout=cfg.rollout.agent_timeout, context_length=context_length,
+        system_prompt=cfg.data.system_prompt,
+    )  # fmt: skip
 
 
 def _tools_and_environment(cfg):

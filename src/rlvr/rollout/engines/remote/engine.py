@@ -124,6 +124,10 @@ class RemoteEngine:
             versions=torch.tensor(versions, dtype=torch.long).repeat_interleave(params.n),
         )
 
+    def sample(self, request: GenerateRequest) -> list:
+        """The samples of a token-id request (rlvr.rollout.sources.agent's Sampler): spread over the servers."""
+        return self.pool.generate(request)[0]
+
     def generate_episodes(
         self, prompts: Sequence[str], params: SamplingParams, seeds: Sequence[int], driver: TurnDriver
     ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:

@@ -6,6 +6,7 @@ render.py    ChatRenderer: messages -> prompt ids with the episode's own replies
 batcher.py   Batcher: concurrent requests of many episodes sampled in one decode; engine_sampler adapts a GenerationEngine
 api.py       OpenAI's request fields and response shapes
 endpoint.py  AgentEndpoint: the HTTP server on 127.0.0.1 with a key and one base URL per episode
+source.py    AgentSource: `rollout.agent`, the user's agent run G times per row against the endpoint
 """
 
 from rlvr.rollout.sources.agent.batcher import Batcher, Sampler, engine_sampler

@@ -1,0 +1,131 @@
+"""`rollout.agent`: a plain `openai`-client agent trains the policy through the endpoint; the trained ids are the
+sampled ones with the agent's tokens masked; agents that raise, hang, return the wrong type or never call are
+counted and left out while the run goes on; all failing stops the run; a history rewrite is a counted split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr.rollout.sources.agent.source import AgentFailed
+
+AGENTS = """
+import time
+from openai import OpenAI
+
+
+def _chat(row, base_url, model, api_key):
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=1.0)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again?"}]
+    second = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=1.0)
+    return client, messages, second.choices[0].message.content or ""
+
+
+def two_calls(row, base_url, model, api_key):
+    _, _, text = _chat(row, base_url, model, api_key)
+    return float(str(row["answer"]) in text)
+
+
+def mixed(row, base_url, model, api_key):
+    q = int(row["answer"]) % 4
+    if q == 0:
+        raise RuntimeError("agent bug")
+    if q == 1:
+        time.sleep(30)
+    if q == 2:
+        return "not a number"
+    return two_calls(row, base_url, model, api_key)
+
+
+def always_fails(row, base_url, model, api_key):
+    raise KeyError("no tool")
+
+
+def no_calls(row, base_url, model, api_key):
+    return 1.0
+
+
+def rewrites(row, base_url, model, api_key):
+    client, messages, _ = _chat(row, base_url, model, api_key)
+    messages[1] = {"role": "assistant", "content": "something else"}  # history rewritten
+    client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+    return None
+"""
+
+
+@pytest.fixture
+def agents(tmp_path):
+    (tmp_path / "agents.py").write_text(AGENTS)
+    return tmp_path / "agents.py"
+
+
+def _trainer(make_trainer, agents, fn, *extra):
+    return make_trainer(f"rollout.agent={agents}:{fn}", "rewards=[]", "steps=1", "rollout.max_new_tokens=4", *extra, run=fn)
+
+
+def test_the_trained_ids_are_the_sampled_ones(make_trainer, agents):
+    t = _trainer(make_trainer, agents, "two_calls")
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/calls_per_episode"] == 2.0 and m["agent/split_episodes"] == 0 and m["agent/error_frequency"] == 0
+    e, logs = t.last_step.batch.episodes, t.source.last_logs
+    assert len(e) == len(logs) == 16 and bool(e.valid.all())
+    for r, log in enumerate(logs):
+        first, second = log.snapshot()
+        seq = e.completion_ids[r][e.attention_mask[r].bool()].tolist()
+        mask = e.loss_mask[r][e.attention_mask[r].bool()].tolist()
+        prompt = e.prompt_ids[r][e.prompt_mask[r].bool()].tolist()
+        assert prompt == first.prompt_ids and prompt + seq == second.prompt_ids + second.sampled_ids  # one sequence
+        between = second.prompt_ids[len(first.prompt_ids) + len(first.sampled_ids) :]  # the agent's turn + template glue
+        assert mask == [1] * len(first.sampled_ids) + [0] * len(between) + [1] * len(second.sampled_ids)
+        trained = [i for i, k in zip(seq, mask) if k]
+        assert trained == first.sampled_ids + second.sampled_ids
+        lp = e.sampling_logprobs[r][e.attention_mask[r].bool()][torch.tensor(mask).bool()].tolist()
+        assert lp == pytest.approx(first.logprobs + second.logprobs, abs=0)
+
+
+def test_failing_agents_are_counted_and_the_run_goes_on(make_trainer, agents):
+    t = _trainer(make_trainer, agents, "mixed", "rollout.agent_timeout=3", "rollout.prompts_per_step=8")
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/error_frequency"] > 0 and m["agent/timeout_frequency"] > 0
+    assert t.source.stats.first_error in {
+        "RuntimeError: agent bug",
+        "the agent ran past rollout.agent_timeout=3s",
+        "the agent returned str 'not a number': it must return a float reward or None",
+    }
+    v = t.last_step.batch.episodes.valid
+    assert 0 < int(v.sum()) < len(v)  # the failed episodes are left out, the others trained
+
+
+def test_an_agent_failing_everywhere_stops_the_run_with_its_error(make_trainer, agents):
+    with pytest.raises(AgentFailed, match=r"failed on every episode of the step; the first: KeyError: 'no tool'"):
+        _trainer(make_trainer, agents, "always_fails").train()
+
+
+def test_an_agent_that_never_calls_is_reported_not_trained(make_trainer, agents):
+    t = _trainer(make_trainer, agents, "no_calls")
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/no_call_episodes"] == 16 and not bool(t.last_step.batch.episodes.valid.any())
+
+
+def test_a_rewritten_history_is_a_counted_split(make_trainer, agents):
+    t = _trainer(make_trainer, agents, "rewrites", "rewards=[length]")
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/split_episodes"] == 16
+
+
+def test_the_example_calculator_agent_runs_against_the_endpoint(make_trainer):
+    from _paths import REPO
+
+    t = make_trainer(f"rollout.agent={REPO / 'examples' / 'agent_openai.py'}:calculator_agent", "rewards=[]", "steps=1",
+                     "rollout.max_new_tokens=8", run="example")  # fmt: skip
+    t.train()
+    m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["agent/error_frequency"] == 0 and m["agent/calls_per_episode"] >= 1 and "rewards/agent/mean" in m
