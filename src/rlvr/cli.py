@@ -159,7 +159,8 @@ def _eval(args) -> int:
     if outcome.failed:
         print(f"rlvr: warning: {outcome.failure_note()}", file=sys.stderr)
     what = "problems" if task is not None else "rows"
-    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, greedy): {outcome.score:.3f}")
+    how = "the agent's sampling" if cfg.rollout.agent else "greedy"
+    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {how}): {outcome.score:.3f}")
     return 0
 
 
@@ -287,6 +288,12 @@ def _eval_parser(sub) -> None:
     ev.add_argument(
         "--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; '' for none)"
     )
+    ev.add_argument(
+        "--agent",
+        help="rollout.agent: evaluate your agent (file.py:fn or module:fn, as in training) against the model's "
+        "OpenAI-compatible endpoint; scored by --reward (a task: its verifier), else by the reward the agent returns",
+    )
+    ev.add_argument("--agent-timeout", type=float, help="rollout.agent_timeout: seconds an episode may run (default: the run's, else 300)")
     tools = ev.add_argument_group("tools (the config's tools.* keys; default: the run's, else the task's, else none)")
     tools.add_argument(
         "--tools",

@@ -129,3 +129,17 @@ def test_the_example_calculator_agent_runs_against_the_endpoint(make_trainer):
     t.train()
     m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/error_frequency"] == 0 and m["agent/calls_per_episode"] >= 1 and "rewards/agent/mean" in m
+
+
+def test_rlvr_eval_runs_the_same_agent(rlvr_cli, agents, tmp_path):
+    data = tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    ok = rlvr_cli("eval", "tiny", "--data", str(data), "--agent", f"{agents}:two_calls", timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "episodes run by rollout.agent" in ok.stdout
+    line = ok.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"{data} held-out mean agent (4 rows, the agent's sampling): ")
+    score = float(line.rsplit(" ", 1)[1])
+    assert 0.0 <= score <= 1.0
+    failed = rlvr_cli("eval", "tiny", "--data", str(data), "--agent", f"{agents}:always_fails", timeout=120)
+    assert failed.returncode != 0 and "rollout.agent failed on every episode of the step; the first: KeyError: 'no tool'" in failed.stderr

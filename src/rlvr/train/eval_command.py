@@ -72,6 +72,10 @@ def eval_config(target: Target, args) -> Config:
             cfg = load_config(target.config, [f"tools.{k}={json.dumps(v)}" for k, v in task_tools.items()] + overrides)
     if args.system_prompt is not None:
         cfg.data.system_prompt = args.system_prompt or None
+    if getattr(args, "agent", None):
+        cfg.rollout.agent = args.agent
+    if getattr(args, "agent_timeout", None):
+        cfg.rollout.agent_timeout = args.agent_timeout
     # a misspelt tool format or tag names its key, with a suggestion; force: a run trained with --force is evaluated as it is
     check_config(cfg, force=True)
     return cfg
@@ -146,7 +150,7 @@ def _dataset(args, cfg: Config, target: Target) -> HeldOut:
     reward = args.reward
     if reward is None and target.config is not None:
         reward = cfg.eval.reward or (cfg.rewards[0].fn if cfg.rewards else None)
-    if reward is None and cfg.tools.environment is None:
+    if reward is None and cfg.tools.environment is None and not cfg.rollout.agent:
         raise ConfigError(
             "rlvr eval --data needs --reward: the reward whose mean is the score, e.g. --reward math or "
             "--reward my.py:correct (or an environment whose get_reward() scores: --environment file.py:Class)"
@@ -160,6 +164,7 @@ def _dataset(args, cfg: Config, target: Target) -> HeldOut:
         subset=args.subset,
         size=args.n or 0,
         environment=cfg.tools.environment,
+        scorer="agent" if reward is None and cfg.rollout.agent else None,  # the reward the agent returns
     )
 
 
@@ -205,6 +210,8 @@ def describe(cfg: Config, target: Target) -> str:
     """One line saying how the model is evaluated: whose config, single- or multi-turn and with what."""
     t = cfg.tools
     whose = f"with {target.config}" if target.config is not None else "with rlvr's defaults"
+    if cfg.rollout.agent:
+        return f"evaluating {target.model} {whose}: episodes run by rollout.agent {cfg.rollout.agent} (its own sampling settings)"
     if cfg.rollout.function:
         return f"evaluating {target.model} {whose}: episodes from rollout.function {cfg.rollout.function}"
     if not t.enabled:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from rlvr.config import Config, ConfigError
 from rlvr.data import load_rows
@@ -77,10 +76,13 @@ def dataset_held_out(
     size: int = 0,
     environment: str | None = None,
     what: str = "--data",
+    scorer: str | None = None,
 ) -> HeldOut:
     """Rows of a dataset (as `data.path` reads them), the first `size` of them (0: all); `what` names the setting
-    in errors. `reward` None: scored by the get_reward() of `environment` (a tools.environment spec)."""
-    scorer = environment_reward_name(environment) if reward is None else None
+    in errors. `reward` None: scored by the get_reward() of `environment` (a tools.environment spec), or by the
+    reward column `scorer` the rollout itself fills (an agent's)."""
+    if reward is None and scorer is None:
+        scorer = environment_reward_name(environment)
     rows = load_rows(source, prompt_column=prompt_column, split=split, subset=subset, what=what)
     rows = rows[:size] if size else rows
     if (scored_by := reward or scorer) is None:  # reward == ""
@@ -165,8 +167,10 @@ def evaluate(
         total += float(rewards[:, names.index(name)].nansum())
         if name in reward.last_errors:
             failed += reward.last_errors[name]
-        else:  # the rollout's own reward (an environment's get_reward): its failures are the episodes' environment errors
-            failed += int(episodes.info.get("env_errors", torch.zeros(0)).sum())
+        elif "env_errors" in episodes.info:  # an environment's get_reward(): its failures are the episodes' environment errors
+            failed += int(episodes.info["env_errors"].sum())
+        elif episodes.valid is not None:  # another reward the rollout gave (an agent's): episodes it could not make
+            failed += int((~episodes.valid).sum())
     assert name is not None, "rows is not empty: the first batch named the column"
     first = reward.first_error.get(name) or getattr(source, "first_env_error", None)
     outcome = EvalOutcome(total / len(rows), len(rows), failed, str(name), first)

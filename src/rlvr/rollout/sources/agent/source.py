@@ -76,6 +76,11 @@ class AgentSource:
     def sync_weights(self) -> None:
         self.engine.sync_weights()
 
+    @property
+    def first_env_error(self) -> str | None:
+        """The last batch's first agent error (held-out evaluation reports it, as it does an environment's)."""
+        return self.stats.first_error
+
     def close(self) -> None:
         if self.endpoint is not None:
             self.endpoint.close()
