@@ -1,6 +1,7 @@
 """Generation servers: `rlvr serve MODEL --engine hf|vllm`, what the trainer's `rollout.servers` reach.
 
 http.py         the HTTP server: routes, JSON, the token that guards every endpoint but /health
+openai_routes.py  OpenAI's API (/v1/chat/completions, /v1/completions, /v1/models) on the hf server
 hf_backend.py   rlvr's hf engine behind the server: token-id requests, weight versions, staged swaps
 vllm_server.py  vLLM's own OpenAI-compatible server with rlvr's gloo weight transfer registered
 command.py      serve: the `rlvr serve` command

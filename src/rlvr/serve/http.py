@@ -5,8 +5,9 @@ POST /generate               GenerateRequest -> GenerateResult
 POST /init_weight_transfer   {"host", "port", "backend", "lora"}: join the trainer's pair group
 POST /update_weights         {"version", "metas": [[name, dtype, shape], ...]}: receive, then switch
 POST /load_weights           {"version", "path"}: the filesystem sync
+POST /v1/chat/completions, /v1/completions, GET /v1/models: OpenAI's API (rlvr.serve.openai_routes)
 
-With a token, every request but /health needs `Authorization: Bearer TOKEN` (401 without it). A
+With a token, every request but GET /health needs `Authorization: Bearer TOKEN` (401 without it). A
 request that fails answers 400 (bad input) or 500 with {"error": message}; the server goes on.
 """
 
@@ -43,7 +44,9 @@ def routes(backend) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
 
 
 def make_server(backend, host: str, port: int, token: str | None, log: bool = False) -> ThreadingHTTPServer:
-    posts = routes(backend)
+    from rlvr.serve.openai_routes import OpenAIRoutes
+
+    posts, openai = routes(backend), OpenAIRoutes(backend)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -63,6 +66,11 @@ def make_server(backend, host: str, port: int, token: str | None, log: bool = Fa
         def do_GET(self):
             if self.path == "/health":
                 self._answer(200, backend.health())
+            elif self.path.rstrip("/") == "/v1/models":  # OpenAI's API: behind the token, as its other paths
+                if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                    self._answer(401, {"error": "this server needs `Authorization: Bearer TOKEN` (its --api-key)"})
+                else:
+                    self._answer(200, openai.models())
             else:
                 self._answer(404, {"error": f"no such endpoint: GET {self.path}"})
 
@@ -71,6 +79,9 @@ def make_server(backend, host: str, port: int, token: str | None, log: bool = Fa
             raw = self.rfile.read(length) if length else b""
             if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
                 self._answer(401, {"error": "this server needs `Authorization: Bearer TOKEN` (its --api-key)"})
+                return
+            if self.path.startswith("/v1/"):
+                self._answer(*openai.post(self.path, raw))
                 return
             fn = posts.get(self.path)
             if fn is None:
