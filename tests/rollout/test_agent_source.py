@@ -143,3 +143,17 @@ def test_rlvr_eval_runs_the_same_agent(rlvr_cli, agents, tmp_path):
     assert 0.0 <= score <= 1.0
     failed = rlvr_cli("eval", "tiny", "--data", str(data), "--agent", f"{agents}:always_fails", timeout=120)
     assert failed.returncode != 0 and "rollout.agent failed on every episode of the step; the first: KeyError: 'no tool'" in failed.stderr
+
+
+def test_an_agent_trains_through_generation_servers(make_trainer, agents, tiny_model_dir):
+    from _servers import start_servers
+
+    (server,) = start_servers(tiny_model_dir, 1)
+    try:
+        t = _trainer(make_trainer, agents, "two_calls", f"rollout.servers=[{server.url}]", "steps=2")
+        t.train()
+    finally:
+        server.kill()
+    rows = [json.loads(x) for x in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["agent/calls_per_episode"] == 2.0 for r in rows)
+    assert all(sum(v for k, v in r.items() if k.startswith("servers/share/")) == pytest.approx(1.0) for r in rows)
