@@ -103,7 +103,8 @@ class AgentSource:
             outcomes = self._run_agents([rows[i // G] for i in range(len(logs))], [ep.base_url(log.episode) for log in logs], ep)
         finally:
             for log in logs:
-                ep.close_episode(log.episode)  # an agent still running gets 404 from now on
+                ep.close_episode(log.episode)
+            self.close()  # one endpoint per batch: nothing outlives it (an agent still running is refused from now on)
         self.stats, self.last_logs = (stats := AgentStats(episodes=len(logs))), logs
         for o in outcomes:
             stats.errors += o.error is not None and not o.timed_out
