@@ -81,12 +81,13 @@ def two_servers(caller):
     "kind,strategy,where",
     [
         *[(kind, strategy, "server") for kind in ("tools", "environment") for strategy in ("ddp", "fsdp")],
-        ("tools", "ddp", "in_process"),
-        ("environment", "fsdp", "in_process"),
+        ("environment", "fsdp", "in_process"),  # tools with nproc > 1 are not refused in process either
     ],
 )
 def test_two_ranks_with_tools_equal_one(tmp_path, caller, two_servers, kind, strategy, where):
-    agent = [f"tools.functions=[{caller / 'tools.py'}:multiply]"] if kind == "tools" else [f"tools.environment={caller / 'tools.py'}:CalcEnv"]
+    agent = (
+        [f"tools.functions=[{caller / 'tools.py'}:multiply]"] if kind == "tools" else [f"tools.environment={caller / 'tools.py'}:CalcEnv"]
+    )
     common = [
         f"model.path={caller}",
         "data.task=null",
