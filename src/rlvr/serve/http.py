@@ -63,13 +63,18 @@ def make_server(backend, host: str, port: int, token: str | None, log: bool = Fa
             self.end_headers()
             self.wfile.write(data)
 
+        def _authorized(self) -> bool:
+            """True without a token or with the right one; else answers 401."""
+            if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                self._answer(401, {"error": "this server needs `Authorization: Bearer TOKEN` (its --api-key)"})
+                return False
+            return True
+
         def do_GET(self):
             if self.path == "/health":
                 self._answer(200, backend.health())
             elif self.path.rstrip("/") == "/v1/models":  # OpenAI's API: behind the token, as its other paths
-                if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
-                    self._answer(401, {"error": "this server needs `Authorization: Bearer TOKEN` (its --api-key)"})
-                else:
+                if self._authorized():
                     self._answer(200, openai.models())
             else:
                 self._answer(404, {"error": f"no such endpoint: GET {self.path}"})
@@ -77,8 +82,7 @@ def make_server(backend, host: str, port: int, token: str | None, log: bool = Fa
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
-            if token and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
-                self._answer(401, {"error": "this server needs `Authorization: Bearer TOKEN` (its --api-key)"})
+            if not self._authorized():
                 return
             if self.path.startswith("/v1/"):
                 self._answer(*openai.post(self.path, raw))

@@ -65,7 +65,7 @@ class VLLMServerClient:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:800]
-            raise ServerError(self.url, f"{method} {path}: HTTP {e.code}: {detail}") from None
+            raise ServerError(self.url, f"{method} {path}: HTTP {e.code}: {detail}", e.code) from None  # 4xx: refused, not down
         except (urllib.error.URLError, OSError) as e:
             raise ServerError(self.url, f"{method} {path}: {getattr(e, 'reason', e)}") from None
         try:
