@@ -60,6 +60,20 @@ def test_group_runs_finds_runs():
     assert starts.tolist() == [0, 4, 8] and counts.tolist() == [4, 4, 4]
     starts, counts = group_runs(torch.tensor([7, 7, 2, 2, 2, 7]))  # runs of consecutive equal ids
     assert starts.tolist() == [0, 2, 5] and counts.tolist() == [2, 3, 1]
+    prompts = torch.tensor([[1, 2], [1, 2], [1, 3], [1, 3]])  # one group, two prompts: shared only where they agree
+    starts, counts = group_runs(torch.zeros(4, dtype=torch.long), prompts)
+    assert starts.tolist() == [0, 2] and counts.tolist() == [2, 2]
+
+
+def test_a_group_with_different_prompts_gets_each_rows_own_logprobs(model):
+    """A source may give one group's episodes different prompts (an outside agent writes its own): the shared-prefix
+    forward must not run the first row's prompt for all of them."""
+    p_ids, p_mask, c_ids, c_mask = _batch(G=3)
+    groups = torch.zeros(len(p_ids), dtype=torch.long)  # every row one group, three different prompts
+    a = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    b = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, group_ids=groups)
+    m = c_mask.bool()
+    torch.testing.assert_close(b.logp[m], a.logp[m], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -66,9 +66,13 @@ def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
     return prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :C], completion_mask[:, :C]
 
 
-def group_runs(group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs of consecutive rows of the same group: (index of each run's first row [U], run lengths [U])."""
+def group_runs(group_ids: torch.Tensor, prompt_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of consecutive rows of the same group (and, given prompt_ids [N, P], the same prompt: a source may
+    give a group's episodes different prompts, e.g. an outside agent's own): (index of each run's first row [U],
+    run lengths [U])."""
     same = group_ids[1:] == group_ids[:-1]  # [N-1] row i+1 is in row i's group
+    if prompt_ids is not None:
+        same &= (prompt_ids[1:] == prompt_ids[:-1]).all(-1)
     starts = torch.cat([torch.ones(1, dtype=torch.bool, device=group_ids.device), ~same]).nonzero().squeeze(-1)
     ends = torch.cat([starts[1:], torch.tensor([group_ids.shape[0]], device=group_ids.device)])
     return starts, ends - starts
@@ -136,7 +140,7 @@ def completion_logprobs(
     of the same group share one prompt, which then runs once; a no-op when no group repeats."""
     starts = counts = None
     if group_ids is not None and prompt_ids.shape[0] > 1 and prompt_ids.shape[1] > 0:
-        starts, counts = group_runs(group_ids.to(prompt_ids.device))
+        starts, counts = group_runs(group_ids.to(prompt_ids.device), torch.where(prompt_mask.bool(), prompt_ids, -1))
         if len(starts) == prompt_ids.shape[0]:
             starts = None  # nothing shared
     if starts is None:
