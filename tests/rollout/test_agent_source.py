@@ -1,6 +1,7 @@
 """`rollout.agent`: a plain `openai`-client agent trains the policy through the endpoint; the trained ids are the
 sampled ones with the agent's tokens masked; agents that raise, hang, return the wrong type or never call are
-counted and left out while the run goes on; all failing stops the run; a history rewrite is a counted split."""
+counted and left out while the run goes on; all failing stops the run; a history rewrite is a counted split, its sequences trained with the
+episode's advantage."""
 
 from __future__ import annotations
 
@@ -114,11 +115,26 @@ def test_an_agent_that_never_calls_is_reported_not_trained(make_trainer, agents)
     assert m["agent/no_call_episodes"] == 16 and not bool(t.last_step.batch.episodes.valid.any())
 
 
-def test_a_rewritten_history_is_a_counted_split(make_trainer, agents):
+def test_a_rewritten_history_is_a_counted_split_trained_with_its_episodes_advantage(make_trainer, agents):
+    from rlvr.train.minibatches import this_ranks_minibatches
+
     t = _trainer(make_trainer, agents, "rewrites", "rewards=[length]")
     t.train()
     m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/split_episodes"] == 16
+    batch, adv = t.last_step.batch, t.last_step.advantages
+    e, x = batch.episodes, batch.episodes.extra_sequences
+    assert len(e) == 16 and bool(e.valid.all()) and x is not None and e.extra_sequence_of.tolist() == list(range(16))
+    for r, log in enumerate(t.source.last_logs):
+        first, second, third = log.snapshot()  # the third call's history was rewritten: a sequence of its own
+        row = e.prompt_ids[r][e.prompt_mask[r].bool()].tolist() + e.completion_ids[r][e.attention_mask[r].bool()].tolist()
+        assert row == second.prompt_ids + second.sampled_ids
+        prompt = x.prompt_ids[r][x.prompt_mask[r].bool()].tolist()
+        seq, mask = x.completion_ids[r][x.attention_mask[r].bool()].tolist(), x.loss_mask[r][x.attention_mask[r].bool()].tolist()
+        assert prompt == third.prompt_ids and seq == third.sampled_ids and mask == [1] * len(seq)
+    (share,) = this_ranks_minibatches(batch, adv, 1, t.dist)  # what the update trained
+    assert len(share.episodes) == 32 and torch.equal(share.advantages[16:], adv)  # each with its episode's advantage
+    assert m["num_tokens"] == int(e.prompt_mask.sum() + e.attention_mask.sum() + x.prompt_mask.sum() + x.attention_mask.sum())
 
 
 def test_the_example_calculator_agent_runs_against_the_endpoint(make_trainer):

@@ -10,6 +10,7 @@ RolloutSource, and nothing in rlvr.train changes for it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -42,6 +43,10 @@ class Episodes:
     logged: dict[str, list[Any]] = field(default_factory=dict)  # column -> [N] values reward functions logged (TRL's log_extra)
     # [N] long: the weight version (trainer steps) each episode was sampled under; None: the trainer's current weights
     versions: torch.Tensor | None = None
+    # Training sequences beyond an episode's first (an outside agent rewrote its history, so its calls make several):
+    # M rows trained with their episode's advantage, never scored; extra_sequence_of [M] long: the row each belongs to.
+    extra_sequences: Episodes | None = None
+    extra_sequence_of: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -76,7 +81,35 @@ class Episodes:
             None if self.sampling_entropy is None else self.sampling_entropy[rows],
             {k: [v[i] for i in idx] for k, v in self.logged.items()},
             None if self.versions is None else self.versions[rows.to(self.versions.device)],
+            *self._extras_of(idx),
         )
+
+    def _extras_of(self, rows: list[int]) -> tuple[Episodes | None, torch.Tensor | None]:
+        """The extra sequences of the episodes at `rows`, and their new row numbers (select's)."""
+        if self.extra_sequences is None or self.extra_sequence_of is None:
+            return None, None
+        where: dict[int, int] = {}
+        for i, r in enumerate(rows):
+            where.setdefault(r, i)
+        keep = [j for j, r in enumerate(self.extra_sequence_of.tolist()) if r in where]
+        if not keep:
+            return None, None
+        of = torch.tensor([where[int(self.extra_sequence_of[j])] for j in keep])
+        return self.extra_sequences.select(torch.tensor(keep)), of
+
+    def with_extra_sequences(self, advantages: torch.Tensor) -> tuple[Episodes, torch.Tensor]:
+        """What the update trains: these episodes, then their extra sequences (each with its episode's per-episode
+        fields, its own group id, and its episode's advantage). `advantages`: [N]; returns [N + M]."""
+        x, of = self.extra_sequences, self.extra_sequence_of
+        if x is None or of is None:
+            return self, advantages
+        own = dataclasses.replace(self, extra_sequences=None, extra_sequence_of=None)
+        tokens = ("prompt_ids", "prompt_mask", "completion_ids", "attention_mask", "loss_mask", "sampling_logprobs", "truncated")
+        seqs = dataclasses.replace(
+            own.select(of), **{k: getattr(x, k) for k in tokens}, completions=x.completions, texts=x.texts,
+            sampling_entropy=x.sampling_entropy,  # concat keeps entropies only when both give them
+        )  # fmt: skip
+        return Episodes.concat([own, seqs], _pad_of(own)), torch.cat([advantages, advantages[of.to(advantages.device)]])
 
     def to(self, device: torch.device | str) -> "Episodes":
         t = {
@@ -94,6 +127,8 @@ class Episodes:
         }
         return Episodes(
             **t,
+            extra_sequences=None if self.extra_sequences is None else self.extra_sequences.to(device),
+            extra_sequence_of=self.extra_sequence_of,
             group_size=self.group_size,
             completions=self.completions,
             texts=self.texts,
@@ -149,6 +184,7 @@ class Episodes:
             None if len(entropies) < len(parts) else torch.cat([right(x, 0.0) for x in entropies]),
             {k: [x for e in parts for x in e.logged.get(k, [None] * len(e))] for k in sorted({k for e in parts for k in e.logged})},
             None if len(versions) < len(parts) else torch.cat([v.cpu() for v in versions]),
+            *_concat_extras(parts, pad_token_id),
         )
 
 
@@ -157,6 +193,22 @@ def _concat_dicts(dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
     if any(set(d) != keys for d in dicts):
         raise ValueError(f"cannot concatenate episodes that report different fields: {[sorted(d) for d in dicts]}")
     return {k: torch.cat([d[k] for d in dicts]) for k in sorted(keys)}
+
+
+def _concat_extras(parts: list[Episodes], pad_token_id: int) -> tuple[Episodes | None, torch.Tensor | None]:
+    extras, of, rows = [], [], 0
+    for e in parts:
+        if e.extra_sequences is not None and e.extra_sequence_of is not None:
+            extras.append(e.extra_sequences)
+            of.append(e.extra_sequence_of + rows)
+        rows += len(e)
+    return (Episodes.concat(extras, pad_token_id), torch.cat(of)) if extras else (None, None)
+
+
+def _pad_of(e: Episodes) -> int:
+    """The pad id the episodes are padded with (concat re-pads with it; any id would do under the masks)."""
+    pad = torch.cat([e.completion_ids[e.attention_mask == 0], e.prompt_ids[e.prompt_mask == 0]])
+    return int(pad[0]) if len(pad) else 0
 
 
 def _valid(e: Episodes) -> torch.Tensor:

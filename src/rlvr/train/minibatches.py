@@ -68,6 +68,7 @@ def local_share(batch: Batch, advantages: torch.Tensor, dist) -> tuple[Batch, to
 
 
 def this_ranks_minibatches(batch: Batch, advantages: torch.Tensor, k: int, dist) -> list[Minibatch]:
-    """This rank's share of each of the batch's k minibatches, in order."""
+    """This rank's share of each of the batch's k minibatches, in order; an episode's extra training sequences
+    (Episodes.extra_sequences) go with it, with its advantage."""
     shares = [local_share(piece, adv, dist) for piece, adv in minibatches(batch, advantages, k)]
-    return [Minibatch(share.episodes, adv, share.loss_weight) for share, adv in shares]
+    return [Minibatch(*share.episodes.with_extra_sequences(adv), share.loss_weight) for share, adv in shares]

@@ -189,8 +189,8 @@ class Trainer:
         self.source.sync_weights()  # a separate sampler (vLLM, servers) gets the new weights, version state.step; hf shares them
         state.skipped_steps += result.skipped
         state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
-        e = batch.episodes
-        state.num_tokens += int(e.prompt_mask.sum() + e.attention_mask.sum())
+        for e in (batch.episodes, batch.episodes.extra_sequences):  # the extra sequences are trained too
+            state.num_tokens += 0 if e is None else int(e.prompt_mask.sum() + e.attention_mask.sum())
         return result
 
     def step_metrics(

@@ -10,8 +10,9 @@ by the OpenAI-compatible endpoint (endpoint.py). It returns the episode's reward
 An agent that raises, returns something else, or runs past `rollout.agent_timeout` gets no reward
 and no gradient (counted, its first error shown); an episode that never called the endpoint is
 reported and not trained on; an episode whose calls do not continue each other (the agent rewrote
-its history: EpisodeLog.sequences() has several) is counted in `agent/split_episodes` and, for
-now, left out of the update rather than merged. When every episode of a step fails, the run stops
+its history: EpisodeLog.sequences() has several) is counted in `agent/split_episodes`; its first
+sequence is its row (what rewards score), the others are trained beside it with its advantage
+(Episodes.extra_sequences), never merged. When every episode of a step fails, the run stops
 with the first error.
 """
 
@@ -30,7 +31,7 @@ from rlvr.data import render_prompt
 from rlvr.rollout.engines.protocols import SamplingParams
 from rlvr.rollout.engines.sampling import row_seed
 from rlvr.rollout.episodes import Episodes, pad_rows
-from rlvr.rollout.sources.agent.calls import EpisodeLog
+from rlvr.rollout.sources.agent.calls import EpisodeLog, TrainingSequence
 from rlvr.rollout.sources.agent.endpoint import AgentEndpoint
 
 
@@ -147,39 +148,46 @@ class AgentSource:
     # ---------------------------------------------------------------- episodes
 
     def _episodes(self, rows: list[dict], logs: list[EpisodeLog], outcomes: list[_Outcome]) -> Episodes:
-        G, pad = self.group_size, self.tokenizer.pad_token_id
-        prompts, comps, masks, lps, valid, info = [], [], [], [], [], _Info()
-        completions: list[str | list[dict[str, Any]]] = []
+        """One row per episode (its first training sequence, what rewards score); an episode whose calls make several
+        sequences (a rewritten history) has the rest as extra sequences, trained with its advantage."""
+        G = self.group_size
+        firsts: list[TrainingSequence] = []
+        extras: list[TrainingSequence] = []
+        of, valid, info = [], [], _Info()
         for i, (log, out) in enumerate(zip(logs, outcomes)):
-            seqs, summary = log.sequences(), log.summary()
-            info.add(summary)
+            seqs = log.sequences()
+            info.add(log.summary())
             self.stats.no_calls += not seqs
             self.stats.split += len(seqs) > 1
-            ok = out.error is None and len(seqs) == 1
-            if seqs:
-                s = seqs[0]
-                prompts.append(s.ids[: s.prompt_length])
-                comps.append(s.ids[s.prompt_length :])
-                masks.append(s.mask[s.prompt_length :] if ok else [0] * (len(s.ids) - s.prompt_length))
-                lps.append(s.logprobs[s.prompt_length :])
-            else:  # never called: the row's own prompt, nothing to train
-                text = render_prompt(rows[i // G]["prompt"], self.tokenizer, self.system_prompt)
-                prompts.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-                comps.append([])
-                masks.append([])
-                lps.append([])
+            ok = out.error is None and bool(seqs)  # a failed episode, or one that never called: nothing to train
             valid.append(ok)
-            completions.append(_final_messages(log))
-        p_ids, p_mask = pad_rows(prompts, pad, left=True)
-        ids, attn = pad_rows(comps, pad, min_width=1)
-        loss, _ = pad_rows(masks, 0, min_width=1)
-        logp, _ = pad_rows(lps, 0.0, min_width=1, dtype=torch.float32)
+            seqs = [_untrained(s) for s in seqs] if not ok else seqs
+            firsts.append(seqs[0] if seqs else self._unsampled(rows[i // G]))
+            extras += seqs[1:]
+            of += [i] * len(seqs[1:])
         reward = torch.tensor([float("nan") if o.reward is None else o.reward for o in outcomes])
-        return Episodes(
-            p_ids, p_mask, ids, attn, loss, logp, torch.tensor([False] * len(logs)), torch.arange(len(rows)).repeat_interleave(G), G,
-            completions, self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True),
-            info=info.tensors(), extra_rewards={"agent": reward}, valid=torch.tensor(valid),  # NaN: the agent left it to `rewards`
-        )  # fmt: skip
+        episodes = self._rows(firsts, [_final_messages(log) for log in logs], torch.arange(len(rows)).repeat_interleave(G))
+        episodes.info, episodes.extra_rewards, episodes.valid = info.tensors(), {"agent": reward}, torch.tensor(valid)
+        if extras:  # NaN reward: the agent left it to `rewards`
+            episodes.extra_sequences, episodes.extra_sequence_of = self._rows(extras, None, torch.arange(len(extras))), torch.tensor(of)
+        return episodes
+
+    def _unsampled(self, row: dict) -> TrainingSequence:
+        """An episode that never called the endpoint: the row's own prompt, nothing sampled."""
+        ids = self.tokenizer(render_prompt(row["prompt"], self.tokenizer, self.system_prompt), add_special_tokens=False)["input_ids"]
+        return TrainingSequence(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids))
+
+    def _rows(self, seqs: list[TrainingSequence], completions: list | None, group_ids: torch.Tensor) -> Episodes:
+        """Sequences as Episodes rows: the prompt (before the first sampled token) left-padded, the rest right-padded;
+        `completions`: what rewards see (None: the decoded text, for sequences never scored)."""
+        pad, P = self.tokenizer.pad_token_id, [s.prompt_length for s in seqs]
+        p_ids, p_mask = pad_rows([s.ids[:p] for s, p in zip(seqs, P)], pad, left=True)
+        ids, attn = pad_rows([s.ids[p:] for s, p in zip(seqs, P)], pad, min_width=1)
+        loss, _ = pad_rows([s.mask[p:] for s, p in zip(seqs, P)], 0, min_width=1)
+        logp, _ = pad_rows([s.logprobs[p:] for s, p in zip(seqs, P)], 0.0, min_width=1, dtype=torch.float32)
+        texts = self.tokenizer.batch_decode(ids.masked_fill(attn == 0, pad), skip_special_tokens=True)
+        return Episodes(p_ids, p_mask, ids, attn, loss, logp, torch.zeros(len(seqs), dtype=torch.bool), group_ids, self.group_size,
+                        texts if completions is None else completions, texts)  # fmt: skip
 
     def metrics(self, episodes: Episodes) -> dict[str, float]:
         s = self.stats
@@ -204,6 +212,10 @@ class _Info:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: torch.tensor(v) for k, v in self.values.items()}
+
+
+def _untrained(s: TrainingSequence) -> TrainingSequence:
+    return TrainingSequence(s.ids, [0] * len(s.mask), s.logprobs, s.prompt_length, s.calls)
 
 
 def _final_messages(log: EpisodeLog) -> list[dict[str, Any]]:
