@@ -133,6 +133,18 @@ def test_completions_table_jsonl_and_parquet(tmp_path):
     assert [r["step"] for r in pq.read_table(tmp_path / "samples.parquet").to_pylist()] == [10, 10, 20, 30]
 
 
+def test_a_logged_column_of_mixed_shapes_is_kept_as_json_text(tmp_path):
+    """An agent's calls (chat messages in one episode, completion text in another) still make a readable table."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    t = CompletionsTable(tmp_path)
+    chat = [{"call": 0, "sent": [{"role": "user", "content": "hi"}], "reply": {"role": "assistant", "content": "yo"}}]
+    text = [{"call": 0, "sent": "2+2=", "reply": "4"}]
+    t.samples([{"step": 1, "agent_calls": chat, "advantage": 1.0}, {"step": 1, "agent_calls": text, "advantage": -1.0}])
+    t.close()
+    table = pq.read_table(tmp_path / "samples.parquet").to_pylist()
+    assert [json.loads(r["agent_calls"]) for r in table] == [chat, text] and table[1]["advantage"] == -1.0
+
+
 def test_tensorboard_sink_writes_events(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -69,7 +69,7 @@ def _trainer(make_trainer, agents, fn, *extra):
 
 
 def test_the_trained_ids_are_the_sampled_ones(make_trainer, agents):
-    t = _trainer(make_trainer, agents, "two_calls")
+    t = _trainer(make_trainer, agents, "two_calls", "log_completions_every=1")
     t.train()
     m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/calls_per_episode"] == 2.0 and m["agent/split_episodes"] == 0 and m["agent/error_frequency"] == 0
@@ -87,6 +87,12 @@ def test_the_trained_ids_are_the_sampled_ones(make_trainer, agents):
         assert trained == first.sampled_ids + second.sampled_ids
         lp = e.sampling_logprobs[r][e.attention_mask[r].bool()][torch.tensor(mask).bool()].tolist()
         assert lp == pytest.approx(first.logprobs + second.logprobs, abs=0)
+    sample = json.loads((t.output_dir / "samples.jsonl").read_text().splitlines()[0])  # the run log shows each call in order
+    calls, log = sample["agent_calls"], t.source.last_logs[0]
+    first, second = log.snapshot()
+    assert [c["call"] for c in calls] == [0, 1] and [c["sequence"] for c in calls] == [0, 0]
+    assert calls[0]["sent"] == first.messages and calls[1]["sent"] == [{"role": "user", "content": "again?"}]
+    assert calls[1]["reply"] == second.reply and calls[1]["sampled_tokens"] == len(second.sampled_ids)
 
 
 def test_failing_agents_are_counted_and_the_run_goes_on(make_trainer, agents):

@@ -107,13 +107,22 @@ class CompletionsTable:
                 values = [v if isinstance(v, str) or v is None else json.dumps(v) for v in values]
             elif k.startswith("reward") or k == "advantage":
                 values = [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
-            cols[k] = values
+            cols[k] = _arrow_column(pa, values)
         tmp = self.parquet_path.with_suffix(".parquet.tmp")
         pq.write_table(pa.table(cols), tmp)
         os.replace(tmp, self.parquet_path)
 
     def close(self) -> None:
         self.file.close()
+
+
+def _arrow_column(pa, values: list):
+    """The column as Arrow infers it, or as JSON text when its values have no common type (e.g. a logged column
+    holding a dict in one row and a string in another)."""
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        return pa.array([v if v is None or isinstance(v, str) else json.dumps(jsonable(v), default=str) for v in values])
 
 
 class TensorBoard:

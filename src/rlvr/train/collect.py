@@ -61,7 +61,8 @@ def score(runner: RewardRunner, rows: list[dict], episodes: Episodes) -> torch.T
     columns.update(episodes.columns)  # the rollout's own per-episode values (e.g. a rollout function's extra fields)
     ids = [c[m.bool()].tolist() for c, m in zip(episodes.completion_ids, episodes.attention_mask)]
     rewards = runner([r["prompt"] for r in rows for _ in range(G)], episodes.completions, columns, completion_ids=ids)
-    episodes.logged = dict(runner.last_logged_columns)  # TRL's log_extra: rides with its rows into the completions table
+    # TRL's log_extra, beside what the rollout logged itself: rides with its rows into the completions table
+    episodes.logged = {**episodes.logged, **runner.last_logged_columns}
     if episodes.extra_rewards:
         extra = [episodes.extra_rewards[k].to(rewards) for k in sorted(episodes.extra_rewards)]
         rewards = torch.cat([rewards, torch.stack(extra, dim=-1)], dim=-1)

@@ -168,6 +168,7 @@ class AgentSource:
         reward = torch.tensor([float("nan") if o.reward is None else o.reward for o in outcomes])
         episodes = self._rows(firsts, [_final_messages(log) for log in logs], torch.arange(len(rows)).repeat_interleave(G))
         episodes.info, episodes.extra_rewards, episodes.valid = info.tensors(), {"agent": reward}, torch.tensor(valid)
+        episodes.logged = {"agent_calls": [_calls_for_log(log) for log in logs]}  # the run log's samples: each call in order
         if extras:  # NaN reward: the agent left it to `rewards`
             episodes.extra_sequences, episodes.extra_sequence_of = self._rows(extras, None, torch.arange(len(extras))), torch.tensor(of)
         return episodes
@@ -212,6 +213,27 @@ class _Info:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: torch.tensor(v) for k, v in self.values.items()}
+
+
+def _calls_for_log(log: EpisodeLog) -> list[dict[str, Any]]:
+    """Each call of the episode in order: what the agent sent since the previous call (all of it when the call does
+    not continue that one), the reply, token counts, how it ended, and the training sequence it joined."""
+    where = {c: j for j, seq in enumerate(log.sequences()) for c in seq.calls}
+    out, before = [], None
+    for call in log.snapshot():
+        if call.messages is not None:
+            seen = 0 if before is None or before.messages is None else len(before.messages) + 1
+            fits = before is not None and before.messages is not None and call.messages[: seen - 1] == before.messages
+            sent: Any = call.messages[seen:] if fits else call.messages
+            reply: Any = call.reply
+        else:
+            done = None if before is None or before.prompt_text is None else before.prompt_text + before.full_text
+            text = call.prompt_text or ""
+            sent, reply = (text[len(done) :] if done is not None and text.startswith(done) else text), call.text
+        out.append({"call": call.index, "sent": sent, "reply": reply, "prompt_tokens": len(call.prompt_ids),
+                    "sampled_tokens": len(call.sampled_ids), "finish": call.finish, "sequence": where.get(call.index, 0)})  # fmt: skip
+        before = call
+    return out
 
 
 def _untrained(s: TrainingSequence) -> TrainingSequence:
