@@ -73,6 +73,7 @@ def test_the_trained_ids_are_the_sampled_ones(make_trainer, agents):
     t.train()
     m = json.loads((t.output_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert m["agent/calls_per_episode"] == 2.0 and m["agent/split_episodes"] == 0 and m["agent/error_frequency"] == 0
+    assert t.source.decoder is not None  # the hf engine: requests through its continuous decoder
     e, logs = t.last_step.batch.episodes, t.source.last_logs
     assert len(e) == len(logs) == 16 and bool(e.valid.all())
     for r, log in enumerate(logs):

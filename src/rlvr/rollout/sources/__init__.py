@@ -65,8 +65,21 @@ def _agent_source(cfg, engine, tokenizer, sampling: SamplingParams, context_leng
     sampler = engine.sample if isinstance(engine, RemoteEngine) else engine_sampler(engine, tokenizer)
     return AgentSource(
         fn, engine, tokenizer, sampling, sampler=sampler, timeout=cfg.rollout.agent_timeout, context_length=context_length,
-        system_prompt=cfg.data.system_prompt,
+        system_prompt=cfg.data.system_prompt, decoder=_continuous_decoder(engine, tokenizer),
     )  # fmt: skip
+
+
+def _continuous_decoder(engine, tokenizer):
+    """The hf engine's continuous decoder (token-level batching, an agent's history never prefilled again) for models with
+    plain full causal attention; None: the endpoint batches whole requests on `engine.generate`."""
+    from rlvr.rollout.engines.hf import HFEngine
+    from rlvr.rollout.engines.hf.continuous import ContinuousDecoder
+    from rlvr.rollout.engines.hf.shared_prefix import supports_shared_prefix
+    from rlvr.rollout.engines.turns import eos_ids
+
+    if not isinstance(engine, HFEngine) or not supports_shared_prefix(engine.model.config):
+        return None
+    return lambda: ContinuousDecoder(engine.model, tokenizer, eos=eos_ids(engine.model, tokenizer))
 
 
 def _tools_and_environment(cfg):

@@ -7,6 +7,8 @@ decode steps
   lean_decode.py     the step of Llama-family models without transformers' per-token machinery
   shared_prefix.py   attention that reads a prompt's keys/values once for its G samples
   episode_decode.py  the multi-turn decode: rows advance independently, tools answer in between
+  continuous.py      continuous batching for an outside agent's requests: rows join and leave token by token,
+                     a call that continues a row feeds only its new tokens
 KV layouts
   kv_buffers.py      cache layers in buffers allocated once (the repeated layout)
   episode_cache.py   the multi-turn cache: each row writes at its own position

@@ -1,5 +1,9 @@
 """One decode for many agents' requests: the batcher between the endpoint and the sampler.
 
+With the hf engine the endpoint uses its continuous decoder instead (rlvr.rollout.engines.hf.continuous:
+requests join the decode at the next token, and an agent's next call feeds only its new tokens); the
+Batcher serves every other sampler (generation servers, vLLM, rlvr serve).
+
 Each HTTP request thread submits a Job (prompt ids, budget, seed, sampling settings) and waits.
 The batcher's thread takes every job waiting, after waiting a few milliseconds for more, or less
 when every open episode already has a request pending, groups them by sampling settings (n,
@@ -17,13 +21,22 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from rlvr.rollout.engines.protocols import GenerationEngine, SamplingParams
 from rlvr.rollout.engines.remote.protocol import GenerateRequest, Sample
 from rlvr.rollout.engines.turns import StopMatcher
 
 Sampler = Callable[[GenerateRequest], "list[list[Sample]]"]
+
+
+class Scheduler(Protocol):
+    """What the endpoint hands each request to: the Batcher below, or the hf engine's continuous decoder
+    (rlvr.rollout.engines.hf.continuous.ContinuousDecoder: requests join and leave the decode token by token)."""
+
+    def submit(self, job: Job) -> list[Sample]: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass

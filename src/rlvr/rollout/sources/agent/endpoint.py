@@ -9,7 +9,8 @@ endpoint's key (`Authorization: Bearer KEY`, what the openai client sends for `a
     POST /ep/<episode>/v1/completions        a prompt as text or token ids
     GET  /ep/<episode>/v1/models             the one model served (also GET /v1/models)
 
-Requests are sampled through a Batcher (many episodes, one decode). The k-th request of an
+Requests are sampled through a Batcher (many episodes, one decode), or the hf engine's continuous
+decoder (requests join and leave the decode token by token). The k-th request of an
 episode seeded s samples with seed row_seed(s, 0, k) (a request's own `seed` is mixed in), so an
 episode's randomness does not depend on the other episodes or on the batch it lands in.
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 from rlvr.rollout.engines.sampling import row_seed
 from rlvr.rollout.sources.agent import api
-from rlvr.rollout.sources.agent.batcher import Batcher, Job, Sampler
+from rlvr.rollout.sources.agent.batcher import Batcher, Job, Sampler, Scheduler
 from rlvr.rollout.sources.agent.calls import Call, EpisodeLog
 from rlvr.rollout.sources.agent.render import ChatRenderer
 
@@ -49,14 +50,16 @@ def call_seed(episode_seed: int, k: int, asked: int | None = None) -> int:
 
 
 class AgentEndpoint:
-    """`sample`: a Sampler (batcher.py); `max_tokens`: the most tokens one reply may have (a request's
-    max_tokens is capped there); `context_length`: prompt + reply must fit (None: unchecked)."""
+    """`sample`: a Sampler (batcher.py), batched by a Batcher; or `scheduler`: what takes each request instead (the
+    hf engine's continuous decoder), closed with the endpoint. `max_tokens`: the most tokens one reply may have (a
+    request's max_tokens is capped there); `context_length`: prompt + reply must fit (None: unchecked)."""
 
     def __init__(
         self,
-        sample: Sampler,
+        sample: Sampler | None,
         tokenizer,
         *,
+        scheduler: Scheduler | None = None,
         model_name: str = "policy",
         max_tokens: int = 256,
         context_length: int | None = None,
@@ -71,7 +74,9 @@ class AgentEndpoint:
         self.renderer = ChatRenderer(tokenizer, **template_kwargs)
         self.episodes: dict[str, EpisodeLog] = {}
         self.lock = threading.Lock()
-        self.batcher = Batcher(sample, self._open_count, batch_wait)
+        if scheduler is None and sample is None:
+            raise ValueError("AgentEndpoint needs a sampler or a scheduler")
+        self.batcher: Scheduler = scheduler or Batcher(sample, self._open_count, batch_wait)  # type: ignore[arg-type]
         self.server = _Server((host, port), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, name="rlvr-agent-endpoint", daemon=True)
         self.thread.start()

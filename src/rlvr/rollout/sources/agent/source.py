@@ -31,6 +31,7 @@ from rlvr.data import render_prompt
 from rlvr.rollout.engines.protocols import SamplingParams
 from rlvr.rollout.engines.sampling import row_seed
 from rlvr.rollout.episodes import Episodes, pad_rows
+from rlvr.rollout.sources.agent.batcher import Scheduler
 from rlvr.rollout.sources.agent.calls import EpisodeLog, TrainingSequence
 from rlvr.rollout.sources.agent.endpoint import AgentEndpoint
 
@@ -57,14 +58,17 @@ class AgentStats:
 
 
 class AgentSource:
-    """RolloutSource over a user's agent; `sampler`: how the endpoint samples (batcher.Sampler)."""
+    """RolloutSource over a user's agent; `sampler`: how the endpoint samples (batcher.Sampler), or `decoder`: makes the
+    scheduler each batch's endpoint hands its requests to (the hf engine's continuous decoder)."""
 
     reward_columns: frozenset[str] = frozenset()  # reward functions get the dataset's columns only
 
     def __init__(self, fn: Callable, engine, tokenizer, sampling: SamplingParams, *, sampler, timeout: float, context_length: int | None,
-                 system_prompt: str | None = None, model_name: str = "rlvr-policy"):  # fmt: skip
+                 system_prompt: str | None = None, model_name: str = "rlvr-policy",
+                 decoder: Callable[[], Scheduler] | None = None):  # fmt: skip
         self.fn, self.engine, self.tokenizer, self.sampling, self.sampler = fn, engine, tokenizer, sampling, sampler
         self.timeout, self.context_length, self.system_prompt, self.model_name = timeout, context_length, system_prompt, model_name
+        self.decoder = decoder
         self.is_async = inspect.iscoroutinefunction(fn)
         self.endpoint: AgentEndpoint | None = None
         self.stats = AgentStats()
@@ -91,7 +95,7 @@ class AgentSource:
         if self.endpoint is None:
             self.endpoint = AgentEndpoint(
                 self.sampler, self.tokenizer, model_name=self.model_name, max_tokens=self.sampling.max_new_tokens,
-                context_length=self.context_length,
+                context_length=self.context_length, scheduler=self.decoder() if self.decoder else None,
             )  # fmt: skip
         return self.endpoint
 
@@ -227,7 +231,7 @@ def _calls_for_log(log: EpisodeLog) -> list[dict[str, Any]]:
             sent: Any = call.messages[seen:] if fits else call.messages
             reply: Any = call.reply
         else:
-            done = None if before is None or before.prompt_text is None else before.prompt_text + before.full_text
+            done: str | None = None if before is None or before.prompt_text is None else before.prompt_text + before.full_text
             text = call.prompt_text or ""
             sent, reply = (text[len(done) :] if done is not None and text.startswith(done) else text), call.text
         out.append({"call": call.index, "sent": sent, "reply": reply, "prompt_tokens": len(call.prompt_ids),

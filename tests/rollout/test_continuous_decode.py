@@ -1,0 +1,151 @@
+"""The hf engine's continuous decoder (an outside agent's requests): the same samples as engine.generate for the
+same seeds, requests joining and leaving a running decode, an agent's next call feeding only its new tokens, and
+errors answered to the requests without stopping the decoder."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr.models import resolve_model_path
+from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.engines.hf.continuous import ContinuousDecoder
+from rlvr.rollout.engines.protocols import SamplingParams
+from rlvr.rollout.engines.turns import eos_ids
+
+
+@dataclass
+class Req:
+    prompt_ids: list[int]
+    max_tokens: int
+    seed: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stops: tuple[str, ...] = ()
+    episode: str = "e0"
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    torch.set_num_threads(1)
+    path = resolve_model_path("tiny-tools")
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture
+def decoder(model_tok):
+    model, tok = model_tok
+    d = ContinuousDecoder(model, tok, eos=eos_ids(model, tok))
+    yield d
+    d.close()
+
+
+def _generated(model_tok, prompts, params: SamplingParams, seeds):
+    """engine.generate's samples: per prompt, per choice, (ids, log-probs)."""
+    model, tok = model_tok
+    gen = HFEngine(model, tok).generate(prompts, params, seeds)
+    out = []
+    for i in range(len(prompts)):
+        rows = range(i * params.n, (i + 1) * params.n)
+        keep = [gen.completion_mask[r].bool() for r in rows]
+        out.append([(gen.completion_ids[r][k].tolist(), gen.sampling_logprobs[r][k]) for r, k in zip(rows, keep)])
+    return out
+
+
+def _concurrently(decoder, reqs):
+    out = [None] * len(reqs)
+
+    def run(k):
+        out[k] = decoder.submit(reqs[k])
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.mark.parametrize("n,temperature,top_p", [(1, 1.0, 1.0), (3, 1.0, 1.0), (2, 0.7, 0.9), (1, 0.0, 1.0)])
+def test_the_same_samples_as_engine_generate_for_the_same_seeds(model_tok, decoder, n, temperature, top_p):
+    _, tok = model_tok
+    prompts = [tok(t)["input_ids"] for t in ("What is 12*34? ", "Compute 7+8, then 9*9", "Hi")]
+    seeds = [101, 202, 303]
+    params = SamplingParams(n, temperature, top_p, 0, 20, False)
+    want = _generated(model_tok, prompts, params, seeds)
+    got = _concurrently(decoder, [Req(p, 20, s, n, temperature, top_p, episode=f"e{i}") for i, (p, s) in enumerate(zip(prompts, seeds))])
+    for w, g in zip(want, got):
+        assert [s.ids for s in g] == [ids for ids, _ in w]
+        for s, (ids, lp) in zip(g, w):
+            torch.testing.assert_close(torch.tensor(s.logprobs), lp, rtol=0, atol=1e-5)
+            assert s.finish == ("length" if len(ids) == 20 else "stop")
+
+
+def test_stop_strings_and_budgets_end_a_reply(model_tok, decoder):
+    _, tok = model_tok
+    prompt = tok("What is 123*45? Use the calculator.")["input_ids"]
+    free = decoder.submit(Req(prompt, 40, 7))[0]
+    text = tok.decode(free.ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 2]  # a stop string the free reply reaches midway
+    cut = decoder.submit(Req(prompt, 40, 7, stops=(stop,)))[0]
+    assert cut.finish == "stop" and stop in tok.decode(cut.ids) and stop not in tok.decode(cut.ids[:-1])
+    assert cut.ids == free.ids[: len(cut.ids)]
+    short = decoder.submit(Req(prompt, 3, 7))[0]
+    assert short.finish == "length" and short.ids == free.ids[:3]
+
+
+def test_a_continuing_call_feeds_only_its_new_tokens(model_tok, decoder):
+    model, tok = model_tok
+    prompt = tok("What is 12*34?")["input_ids"]
+    first = decoder.submit(Req(prompt, 12, 5))[0]
+    new = tok(" And 5+5?")["input_ids"]
+    follow = prompt + first.ids + new  # the agent's next call: its history, the reply, a new message
+    before, fed = decoder.forwards, decoder.tokens_fed
+    second = decoder.submit(Req(follow, 12, 6))[0]
+    # the reply's last token (never fed) and the new message, then each sampled token but the last: no history run again
+    assert decoder.tokens_fed - fed == len(new) + len(second.ids) and decoder.forwards - before == len(second.ids)
+    (want,) = _generated(model_tok, [follow], SamplingParams(1, 1.0, 1.0, 0, 12, False), [6])
+    assert second.ids == want[0][0]
+    torch.testing.assert_close(torch.tensor(second.logprobs), want[0][1], rtol=0, atol=1e-5)
+    fed = decoder.tokens_fed
+    other = decoder.submit(Req(follow, 12, 6, episode="e1"))[0]  # another episode never reads this one's row
+    assert decoder.tokens_fed - fed == len(follow) + len(other.ids) - 1 and other.ids == second.ids
+
+
+def test_a_request_joins_and_leaves_a_running_decode(model_tok, decoder):
+    _, tok = model_tok
+    prompt = tok("Tell me a long story")["input_ids"]
+    result = []
+    t = threading.Thread(target=lambda: result.extend(decoder.submit(Req(prompt, 120, 1))))  # seed 1: all 120 tokens
+    t.start()
+    while decoder.forwards < 5:  # the long request is decoding
+        threading.Event().wait(0.001)
+    short = decoder.submit(Req(tok("Hi")["input_ids"], 2, 2, episode="e1"))[0]
+    long_still_running = t.is_alive()
+    t.join()
+    assert long_still_running and len(short.ids) <= 2  # it joined the running decode and left it before the long one ended
+    (want,) = _generated(model_tok, [prompt], SamplingParams(1, 1.0, 1.0, 0, 120, False), [1])
+    assert result[0].finish == "length" and result[0].ids == want[0][0]  # the long one is as if it had decoded alone
+
+
+def test_an_error_is_answered_and_the_decoder_goes_on(model_tok, decoder):
+    model, tok = model_tok
+    with pytest.raises(IndexError):
+        decoder.submit(Req([model.config.vocab_size + 5], 4, 1))  # an id outside the vocabulary
+    assert len(decoder.submit(Req(tok("Hi")["input_ids"], 4, 1))[0].ids) >= 1
+
+
+def test_the_model_is_as_it_was_after_close(model_tok):
+    model, tok = model_tok
+    impl, training = model.config._attn_implementation, model.training
+    d = ContinuousDecoder(model, tok, eos=eos_ids(model, tok))
+    d.submit(Req(tok("Hi")["input_ids"], 3, 1))
+    d.close()
+    assert model.config._attn_implementation == impl and model.training == training
+    with pytest.raises(RuntimeError, match="closed"):
+        d.submit(Req(tok("Hi")["input_ids"], 3, 1))
