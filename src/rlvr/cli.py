@@ -139,7 +139,8 @@ def _eval(args) -> int:
     model = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
     context = getattr(model.config, "max_position_embeddings", None)
     room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
+    k, temperature = cfg.eval.samples, cfg.eval.temperature if cfg.eval.samples > 1 else 0.0
+    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
     # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
     source = make_source(
         cfg,
@@ -159,8 +160,16 @@ def _eval(args) -> int:
     if outcome.failed:
         print(f"rlvr: warning: {outcome.failure_note()}", file=sys.stderr)
     what = "problems" if task is not None else "rows"
-    how = "the agent's sampling" if cfg.rollout.agent else "greedy"
-    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {how}): {outcome.score:.3f}")
+    how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else f"temperature {temperature:g}"
+    if k == 1:
+        print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {how}): {outcome.score:.3f}")
+        return 0
+    for name, value in [*((f"pass@{j}", v) for j, v in outcome.pass_at.items()), (f"maj@{k}", outcome.maj), (f"avg@{k}", outcome.avg)]:
+        if value is not None:
+            print(f"  {name:<8} {value}  (95% interval over {len(held.rows)} {what})")
+    if not outcome.pass_at:
+        print(f"[note] no pass@k: the reward {outcome.reward!r} is not 0/1 on every episode")
+    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {k} samples each, {how}): avg@{k} {outcome.score:.3f}")
     return 0
 
 
@@ -284,6 +293,15 @@ def _eval_parser(sub) -> None:
         "rollout.max_new_tokens; else the larger of the run's and what the task "
         "needs: 8 for arithmetic, 64 multiplication, 240 guess_number, 256 code, "
         "512 humaneval; for --data the run's, else 256)",
+    )
+    ev.add_argument(
+        "--samples",
+        type=int,
+        help="eval.samples: episodes per row (default: the run's, else 1 = greedy); more than one prints pass@k "
+        "(k = 1, 2, 4, ... for a 0/1 verifier), maj@k (when the verifier compares answers) and avg@k, with 95%% intervals",
+    )
+    ev.add_argument(
+        "--temperature", type=float, help="eval.temperature: the sampling temperature with --samples > 1 (default: the run's, else 1.0)"
     )
     ev.add_argument(
         "--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; '' for none)"

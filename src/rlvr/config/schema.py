@@ -115,6 +115,12 @@ class EvalConfig:
     with tools.environment) the environment's get_reward()."""
     size: int = 0
     """Evaluate only the first N rows of `eval.data` (0: all of them). Built-in tasks: data.eval_size."""
+    samples: int = 1
+    """Episodes per held-out row: 1 is greedy (the held-out number); more are sampled at eval.temperature and add
+    eval/pass@k (k = 1, 2, 4, ... up to samples; a 0/1 verifier), eval/maj@samples (a verifier that compares answers)
+    and eval/avg@samples, whose mean is then the held-out number."""
+    temperature: float = 1.0
+    """The sampling temperature of eval.samples > 1."""
 
 
 @dataclass

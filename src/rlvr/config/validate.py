@@ -184,6 +184,10 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
         errors.append(f"`eval.every` must be >= 0 (0: only before and after training), got {e.every}")
     if e.size < 0:
         errors.append(f"`eval.size` must be >= 0 (0: every row), got {e.size}")
+    if e.samples < 1:
+        errors.append(f"`eval.samples` must be >= 1 (1: greedy), got {e.samples}")
+    if e.samples > 1 and e.temperature <= 0:
+        errors.append(f"`eval.temperature` must be positive to sample eval.samples={e.samples} episodes per row, got {e.temperature}")
     if e.data is not None and e.reward is None and not cfg.rewards and cfg.tools.environment is None:
         errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
     has_held_out = e.data is not None or cfg.data.builtin_task is not None

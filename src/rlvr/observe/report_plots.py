@@ -142,6 +142,28 @@ class Plotter:
             "before and after training" + (", and every eval.every steps." if during else "."),
         )
 
+    def pass_at_k(self):
+        """eval/pass@k (each k), maj@n and avg@n over the steps they were measured (eval.samples > 1, eval.every)."""
+        keys = sorted({k for r in self.runs for m in r.metrics for k in m if k.startswith(("eval/pass@", "eval/maj@", "eval/avg@"))})
+        if not keys:
+            return
+        fig, (ax,) = self.figure()
+        styles = {"pass": "-o", "maj": "--s", "avg": ":^"}
+        for r in self.runs:
+            for key in keys:
+                if r.has(key):
+                    steps, values = r.series(key)
+                    name = key.removeprefix("eval/")
+                    ax.plot(steps, values, styles[name.split("@")[0]], label=self.label(r, name), markersize=3)
+        ax.set_xlabel("step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title("held-out pass@k, maj@n, avg@n (sampled: eval.samples)")
+        self.save(
+            fig, "pass_at_k", "Held-out pass@k",
+            "Sampled held-out evaluation (eval.samples episodes per row at eval.temperature): pass@k, the unbiased estimator "
+            "of Chen et al. 2021, for k = 1, 2, 4, ...; maj@n, the majority answer's accuracy; avg@n, the mean of all samples.",
+        )  # fmt: skip
+
     def zero_std(self):
         fig, (ax,) = self.figure()
         for r in self.runs:
@@ -252,6 +274,6 @@ def _score(v, what: str) -> str:
 def draw_plots(runs: list[Run], out_dir: Path) -> list[tuple[str, str, Path]]:
     """Every plot that has data, as PNGs in out_dir: (title, caption, png) in page order."""
     p = Plotter(runs, out_dir)
-    for plot in (p.reward, p.accuracy, p.zero_std, p.clip, p.kl, p.entropy, p.length, p.optim, p.timing):
+    for plot in (p.reward, p.accuracy, p.pass_at_k, p.zero_std, p.clip, p.kl, p.entropy, p.length, p.optim, p.timing):
         plot()
     return p.images

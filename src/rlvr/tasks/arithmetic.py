@@ -135,6 +135,15 @@ def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
     return [float(is_correct(completion_text(c), a)) for c, a in zip(completions, answer)]
 
 
+def _answer_given(completion) -> str | None:
+    """The integer the completion answers, as a comparable string (held-out maj@k votes on it)."""
+    got = extract_answer(completion_text(completion))
+    return str(int(got)) if got is not None and len(got) <= MAX_ANSWER_DIGITS else None
+
+
+arithmetic_correct.extract_answer = _answer_given  # type: ignore[attr-defined]
+
+
 def make_task(o: TaskOptions) -> Task:
     return Task(
         name="arithmetic",

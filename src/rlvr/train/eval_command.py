@@ -76,6 +76,10 @@ def eval_config(target: Target, args) -> Config:
         cfg.rollout.agent = args.agent
     if getattr(args, "agent_timeout", None):
         cfg.rollout.agent_timeout = args.agent_timeout
+    if getattr(args, "samples", None) is not None:
+        cfg.eval.samples = args.samples
+    if getattr(args, "temperature", None) is not None:
+        cfg.eval.temperature = args.temperature
     # a misspelt tool format or tag names its key, with a suggestion; force: a run trained with --force is evaluated as it is
     check_config(cfg, force=True)
     return cfg

@@ -14,9 +14,12 @@ fails on some rows, the outcome says how many (they count as 0 in the mean).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import torch
 
+from rlvr.algo.pass_at_k import majority_correct, mean_interval, pass_at_k, powers_of_two_up_to
 from rlvr.config import Config, ConfigError
 from rlvr.data import load_rows
 from rlvr.data.checks import check_reward_columns
@@ -133,50 +136,97 @@ def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
 
 @dataclass
 class EvalOutcome:
-    """A held-out score and what went wrong on the way."""
+    """A held-out score and what went wrong on the way; with several samples per row, pass@k and friends."""
 
-    score: float  # mean of the reward over the rows (a failed row counts 0)
+    score: float  # mean of the reward over the rows (a failed row counts 0); several samples: over every sample (avg@k)
     rows: int
-    failed: int  # rows the reward failed on (raised, timed out, returned garbage; an environment: reset/get_reward raised)
+    failed: int  # episodes the reward failed on (raised, timed out, returned garbage; an environment: reset/get_reward raised)
     reward: str  # the reward column: the function's name, or the environment's
     first_error: str | None  # the first failure, `ValueError: message (at file:line in fn)`
+    samples: int = 1  # episodes per row
+    pass_at: dict[int, Interval] = field(default_factory=dict)  # k -> pass@k (a 0/1 reward and samples > 1)
+    maj: Interval | None = None  # maj@samples, when the reward can compare answers (its `extract_answer`)
+    avg: Interval | None = None  # avg@samples with its interval (samples > 1)
 
     def failure_note(self) -> str:
         """`the reward 'x' failed on 2 of 5 held-out rows (counted as 0): ValueError: ...`."""
         first = f"; its first error: {self.first_error}" if self.first_error else ""
-        return f"the reward {self.reward!r} failed on {self.failed} of {self.rows} held-out rows (counted as 0){first}"
+        what = "rows" if self.samples == 1 else "episodes"
+        return f"the reward {self.reward!r} failed on {self.failed} of {self.rows * self.samples} held-out {what} (counted as 0){first}"
+
+    def metrics(self) -> dict[str, float]:
+        """eval/pass@k (each k), eval/avg@n, eval/maj@n: the numbers of a sampled evaluation ({} for one sample per row)."""
+        out = {f"eval/pass@{k}": v.mean for k, v in self.pass_at.items()}
+        if self.avg is not None:
+            out[f"eval/avg@{self.samples}"] = self.avg.mean
+        if self.maj is not None:
+            out[f"eval/maj@{self.samples}"] = self.maj.mean
+        return out
+
+
+class Interval(NamedTuple):
+    """A mean over problems with its 95 % interval (algo.pass_at_k.mean_interval)."""
+
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
 def evaluate(
     source: RolloutSource, rows: list[dict], reward: RewardRunner, *, column: str | None = None, batch_size: int = 128
 ) -> EvalOutcome:
-    """Mean of one reward over the source's episodes of `rows` (one per row; greedy sampling is the
-    caller's choice): accuracy for 0/1 verifiers. `column`: the reward column to average (an
-    environment's); None: the runner's first function. Raises EvaluationError when it failed on every row."""
-    if source.group_size != 1:
-        raise ValueError(f"evaluate: the source must make one episode per row, not {source.group_size}")
-    total, failed, name = 0.0, 0, column
+    """Mean of one reward over the source's episodes of `rows` (greedy with one per row, or source.group_size samples
+    per row: then also pass@k for a 0/1 reward, and maj@n when the reward can compare answers: a reward function with an
+    `extract_answer(completion) -> str | None` attribute, equal strings being the same answer): accuracy for 0/1
+    verifiers. `column`: the reward column to average (an environment's); None: the runner's first function. Row i
+    is seeded i. Raises EvaluationError when the reward failed on every episode."""
+    n, values, answers = source.group_size, [], []
+    failed, name = 0, column
+    extract = getattr(reward.fns[0].fn, "extract_answer", None) if reward.fns and column is None else None
     for i in range(0, len(rows), batch_size):
         chunk = rows[i : i + batch_size]
-        episodes = source.rollout(chunk, list(range(len(chunk))))
+        episodes = source.rollout(chunk, list(range(i, i + len(chunk))))
         rewards = score(reward, chunk, episodes)
         names, _ = reward_columns(reward, episodes)
         name = column or names[0]
         if name not in names:
             raise ValueError(f"evaluate: no reward column {name!r} among {names}")
-        total += float(rewards[:, names.index(name)].nansum())
-        if name in reward.last_errors:
-            failed += reward.last_errors[name]
-        elif "env_errors" in episodes.info:  # an environment's get_reward(): its failures are the episodes' environment errors
-            failed += int(episodes.info["env_errors"].sum())
-        elif episodes.valid is not None:  # another reward the rollout gave (an agent's): episodes it could not make
-            failed += int((~episodes.valid).sum())
+        values.append(rewards[:, names.index(name)].view(-1, n))  # [rows, n]
+        answers += [extract(c) for c in episodes.completions] if extract else []
+        failed += _failures(reward, name, episodes)
     assert name is not None, "rows is not empty: the first batch named the column"
     first = reward.first_error.get(name) or getattr(source, "first_env_error", None)
-    outcome = EvalOutcome(total / len(rows), len(rows), failed, str(name), first)
-    if failed and failed >= len(rows):
+    per = torch.cat(values).double().nan_to_num(0.0)  # [P, n] a failed episode counts 0
+    outcome = EvalOutcome(float(per.mean()), len(rows), failed, str(name), first, n)
+    if n > 1:
+        _sampled_numbers(outcome, per, answers)
+    if failed and failed >= len(rows) * n:
         raise EvaluationError(
             f"no held-out score: the reward {outcome.reward!r} failed on every one of the {len(rows)} rows; "
             f"its first error: {first or 'unknown'}"
         )
     return outcome
+
+
+def _failures(reward: RewardRunner, name: str, episodes) -> int:
+    if name in reward.last_errors:
+        return reward.last_errors[name]
+    if "env_errors" in episodes.info:  # an environment's get_reward(): its failures are the episodes' environment errors
+        return int(episodes.info["env_errors"].sum())
+    if episodes.valid is not None:  # another reward the rollout gave (an agent's): episodes it could not make
+        return int((~episodes.valid).sum())
+    return 0
+
+
+def _sampled_numbers(outcome: EvalOutcome, per: torch.Tensor, answers: list) -> None:
+    """avg@n with its interval; pass@k for k = 1, 2, 4, ... <= n when every reward is 0 or 1; maj@n with answers."""
+    n, binary = per.shape[1], bool(((per == 0) | (per == 1)).all())
+    outcome.avg = Interval(*mean_interval(per.mean(-1), unit=bool(((per >= 0) & (per <= 1)).all())))
+    if binary:
+        outcome.pass_at = {k: Interval(*mean_interval(pass_at_k(per, k))) for k in powers_of_two_up_to(n)}
+        if answers:
+            grouped = [answers[j : j + n] for j in range(0, len(answers), n)]
+            outcome.maj = Interval(*mean_interval(majority_correct(grouped, per)))

@@ -49,6 +49,7 @@ from rlvr.train.update_inputs import UpdateResult
 
 class Trainer:
     eval_failures: str | None = None  # the last held-out evaluation's note on the rows its reward failed on, if any
+    eval_metrics: dict | None = None  # the last held-out evaluation's eval/pass@k, eval/avg@n, eval/maj@n (eval.samples > 1)
     resumed_from: Path | None  # the checkpoint this run resumed from
     last_step: StepRecord | None  # the batch and advantages of the last step trained
 
@@ -218,7 +219,9 @@ class Trainer:
         if self.held_out is None:
             return None
         assert self.eval_reward is not None, "made with the held-out set"
-        greedy = self._source(SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.rollout.max_new_tokens))
+        e = self.cfg.eval  # greedy, or eval.samples episodes per row at eval.temperature
+        t = e.temperature if e.samples > 1 else 0.0
+        greedy = self._source(SamplingParams(n=e.samples, temperature=t, max_new_tokens=self.cfg.rollout.max_new_tokens))
         outcome, error = None, None
         with full_weights_for_generation(self.dist, self.model):
             if self.dist.is_main:
@@ -230,7 +233,7 @@ class Trainer:
             raise TrainingError(f"held-out evaluation of {self.held_out.name}: {error or 'failed on rank 0 (its log says why)'}")
         if outcome is None:
             return None
-        self.eval_failures = outcome.failure_note() if outcome.failed else None
+        self.eval_failures, self.eval_metrics = outcome.failure_note() if outcome.failed else None, outcome.metrics()
         return outcome.score
 
     def save_checkpoint(self) -> Path:
@@ -306,7 +309,7 @@ class Trainer:
         self._phase("evaluation", abandonable=True)
         try:
             if (score := self._evaluate_and_say(f"at step {step}", log)) is not None:
-                metrics["eval/reward"] = score
+                metrics.update({"eval/reward": score, **(self.eval_metrics or {})})
         except AbandonStep:
             log.info(f"[stop] step {step}: evaluation abandoned; the step itself is kept")
         return time.time() - t_eval
@@ -364,6 +367,7 @@ class Trainer:
         if cfg.eval.before_after and (after := self._evaluate_and_say("after training", log)) is not None:
             assert self.held_out is not None, "a score: there is a held-out set"
             summary.update(self.held_out.summary(state.eval_before, after))
+            summary.update({k.replace("eval/", "eval_after_"): v for k, v in (self.eval_metrics or {}).items()})
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))
         self.dist.barrier("end of training")
@@ -379,7 +383,8 @@ class Trainer:
         score = self.evaluate()
         if score is not None:
             assert self.held_out is not None, "a score: there is a held-out set"
-            log.info(f"held-out {self.held_out.label} {when}: {score:.3f}")
+            sampled = "".join(f", {k.removeprefix('eval/')} {v:.3f}" for k, v in (self.eval_metrics or {}).items())
+            log.info(f"held-out {self.held_out.label} {when}: {score:.3f}{sampled}")
             if self.eval_failures:
                 log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")
         return score

@@ -1,0 +1,89 @@
+"""Sampled held-out evaluation (eval.samples / rlvr eval --samples): pass@k for k = 1, 2, 4, ... with intervals,
+maj@n for verifiers that compare answers, avg@n; in the training metrics, the console and summary.json."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from rlvr.algo.pass_at_k import pass_at_k
+from rlvr.models import resolve_model_path
+from rlvr.models.loading import load_model, load_tokenizer
+from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
+from rlvr.rollout import SamplingParams, make_engine
+from rlvr.rollout.sources.single_turn import SingleTurnSource
+from rlvr.tasks import get_task
+from rlvr.train.collect import score
+from rlvr.train.evaluation import evaluate
+
+LINE = re.compile(r"^\s+(pass@\d+|maj@\d+|avg@\d+)\s+([\d.]+) \[([\d.]+), ([\d.]+)\]")
+
+
+def test_rlvr_eval_samples_prints_pass_at_k_with_intervals(rlvr_cli):
+    proc = rlvr_cli("eval", "tiny", "--samples", "8", "--n", "30", "--temperature", "1.0", check=True)
+    numbers = {m[1]: (float(m[2]), float(m[3]), float(m[4])) for m in map(LINE.match, proc.stdout.splitlines()) if m}
+    assert list(numbers) == ["pass@1", "pass@2", "pass@4", "pass@8", "maj@8", "avg@8"], proc.stdout
+    passes = [numbers[f"pass@{k}"][0] for k in (1, 2, 4, 8)]
+    assert passes == sorted(passes) and 0 < passes[0] < passes[-1]  # the tiny model solves some, more with more tries
+    assert numbers["avg@8"] == numbers["pass@1"]  # pass@1's estimate is the mean correctness
+    assert all(low <= mean <= high for mean, low, high in numbers.values())
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("arithmetic held-out accuracy (30 problems, 8 samples each, temperature 1)") and last.endswith(
+        f"avg@8 {passes[0]:.3f}"
+    )
+
+
+def test_evaluate_matches_pass_at_k_of_its_own_episodes():
+    """pass@k of the outcome is the estimator over the rewards of exactly the episodes sampled (seeded by row)."""
+    tok = load_tokenizer(resolve_model_path("tiny"))[0]
+    model = load_model(resolve_model_path("tiny")).eval()
+    task = get_task("arithmetic", seed=0, eval_size=12)
+    rows = task.eval_rows()
+    reward = RewardRunner([RewardFn("correct", load_reward_fn(task.reward), 1.0)])
+    source = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=4, temperature=1.0, max_new_tokens=8))
+    outcome = evaluate(source, rows, reward, batch_size=5)  # batches of 5 rows: seeds are the rows' own, whatever the batch
+    per = score(reward, rows, source.rollout(rows, list(range(len(rows)))))[:, 0].view(len(rows), 4).double()
+    for k in (1, 2, 4):
+        assert outcome.pass_at[k].mean == pytest.approx(float(pass_at_k(per, k).mean()), abs=1e-12)
+    assert outcome.score == pytest.approx(float(per.mean()), abs=1e-12) and outcome.samples == 4 and 0 < outcome.score < 1
+
+
+def test_training_logs_pass_at_k(make_trainer):
+    t = make_trainer(
+        "steps=2", "eval.samples=4", "eval.every=1", "eval.before_after=true", "data.eval_size=16", "rollout.max_new_tokens=6", run="passk"
+    )
+    t.train()
+    rows = [json.loads(x) for x in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
+    first = rows[0]
+    assert {"eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/maj@4", "eval/avg@4"} <= set(first)
+    assert first["eval/pass@1"] == pytest.approx(first["eval/avg@4"]) == pytest.approx(first["eval/reward"])
+    assert first["eval/pass@1"] <= first["eval/pass@2"] <= first["eval/pass@4"]
+    summary = json.loads((t.output_dir / "summary.json").read_text())
+    assert summary["eval_after"] == pytest.approx(summary["eval_after_avg@4"]) and "eval_after_pass@4" in summary
+    from rlvr.observe.report import make_report
+
+    page = make_report([t.output_dir]).read_text()  # the report plots them
+    assert (t.output_dir / "report" / "pass_at_k.png").stat().st_size > 10_000 and "Held-out pass@k" in page
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--samples", "0"], "`eval.samples` must be >= 1 (1: greedy), got 0"),
+        (["--samples", "4", "--temperature", "0"], "`eval.temperature` must be positive to sample eval.samples=4 episodes per row"),
+    ],
+)
+def test_bad_sampling_settings_name_the_field(rlvr_cli, tiny_model_dir, args, message):
+    proc = rlvr_cli("eval", tiny_model_dir, "--n", "4", *args)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_a_reward_that_is_not_0_1_gets_no_pass_at_k(rlvr_cli, tiny_model_dir, tmp_path):
+    data = tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(6)))
+    proc = rlvr_cli("eval", tiny_model_dir, "--data", data, "--reward", "length", "--samples", "2", check=True)
+    assert not re.search(r"^\s+pass@", proc.stdout, re.M)
+    assert "[note] no pass@k: the reward 'length' is not 0/1 on every episode" in proc.stdout
+    assert re.search(r"avg@2 -?[\d.]+$", proc.stdout.strip())
