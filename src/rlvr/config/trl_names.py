@@ -53,7 +53,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "steps_per_generation": TrlName(
         _G, "optim.steps_per_generation", "counted in optimizer steps: TRL's value / gradient_accumulation_steps"
     ),
-    "num_generations_eval": TrlName(_G, None, "held-out evaluation is greedy, one completion per prompt"),
+    "num_generations_eval": TrlName(_G, "eval.samples", "sampled at eval.temperature (1: greedy); adds eval/pass@k, maj@k, avg@k"),
     "min_p": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
     "repetition_penalty": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
     "generation_kwargs": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p, rollout.top_k and rollout.ignore_eos only"),
