@@ -97,9 +97,9 @@ def main() -> None:
         same = all(a["ids"] == b["ids"] for a, b in zip(runs["batcher"], runs["continuous"]))
         for arm, rs in runs.items():
             secs = [r["seconds"] for r in rs]
-            r = rs[-1]
+            r, at_least = rs[-1], ">= " if arm == "batcher" else ""
             lines.append(
-                f"| {name} | {arm} | {', '.join(f'{s:.1f}' for s in secs)} | {r['sampled']} | {'>= ' if arm == 'batcher' else ''}{r['fed']} | "
+                f"| {name} | {arm} | {', '.join(f'{s:.1f}' for s in secs)} | {r['sampled']} | {at_least}{r['fed']} | "
                 f"{r['one_sequence']}/{args.agents} | {r['sampled'] / statistics.median(secs):.0f} |"
             )
         speedup = statistics.median(r["seconds"] for r in runs["batcher"]) / statistics.median(r["seconds"] for r in runs["continuous"])
