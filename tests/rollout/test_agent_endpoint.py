@@ -196,8 +196,8 @@ def test_requests_need_the_key_and_an_open_episode(caller):
         assert no_key.value.code == 401
         client = openai.OpenAI(base_url=base, api_key=ep.api_key, max_retries=0)
         assert [m.id for m in client.models.list()] == ["calc-policy"]
-        with pytest.raises(openai.BadRequestError, match="streaming is not supported"):
-            client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], stream=True).close()
+        with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+            client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], logprobs=True, top_logprobs=2)
         ep.close_episode(log.episode)
         with pytest.raises(openai.NotFoundError, match="is not open"):
             client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
@@ -265,3 +265,27 @@ def test_sampler_errors_reach_the_agent_and_the_endpoint_goes_on():
     req = seen[1]
     assert (req.n, req.max_tokens, req.temperature, req.stop_strings, req.seeds) == (2, [16], 0.5, ["x"], [call_seed(5, 1)])
     assert [(c.index, c.text) for c in log.snapshot()] == [(1, "hi0"), (1, "hi1")] and len(log.sequences()) == 2
+
+
+def test_streamed_replies_join_into_the_unstreamed_ones(caller):
+    """`stream: true` (agent frameworks stream): the joined deltas are the message, tool calls and finish reason that the
+    same request without streaming gets; the call is recorded the same way; usage comes last when asked."""
+    model, tok = caller
+    with AgentEndpoint(CountingSampler(model, tok), tok, max_tokens=96, context_length=512) as ep:
+        logs = [ep.open_episode(seed=42) for _ in range(2)]  # same seed: the same sample
+        plain, streamed = (openai.OpenAI(base_url=ep.base_url(log.episode), api_key=ep.api_key, max_retries=0) for log in logs)
+        ask = dict(model="policy", messages=[{"role": "user", "content": QUESTION}], tools=TOOLS, max_tokens=96)
+        want = plain.chat.completions.create(**ask).choices[0]
+        chunks = list(streamed.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+        text = plain.completions.create(model="policy", prompt="12*34=", max_tokens=8, seed=3).choices[0]
+        completion = list(streamed.completions.create(model="policy", prompt="12*34=", max_tokens=8, seed=3, stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert want.message.tool_calls and content == (want.message.content or "") and finish == [want.finish_reason]
+    assert [(tc.id, tc.function.name, tc.function.arguments) for tc in calls] == [
+        (tc.id.replace(logs[0].episode, logs[1].episode), tc.function.name, tc.function.arguments) for tc in want.message.tool_calls
+    ]
+    assert chunks[-1].usage.completion_tokens == len(logs[1].snapshot()[0].sampled_ids) and not chunks[-1].choices
+    assert logs[0].snapshot()[0].sampled_ids == logs[1].snapshot()[0].sampled_ids
+    assert "".join(c.choices[0].text for c in completion) == text.text and completion[-1].choices[0].finish_reason == text.finish_reason

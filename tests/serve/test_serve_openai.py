@@ -30,6 +30,13 @@ def test_the_openai_client_talks_to_rlvr_serve(server):
     assert text.choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "Tell me about 12+7="}], max_tokens=24, seed=11)
+    whole = client.chat.completions.create(**ask).choices[0]
+    chunks = list(client.chat.completions.create(**ask, stream=True))  # an agent framework that streams
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+    assert whole.message.content == client.chat.completions.create(**ask).choices[0].message.content  # `seed`: the same reply
+    assert whole.message.content != client.chat.completions.create(**{**ask, "seed": 12}).choices[0].message.content
 
 
 def test_the_example_agent_runs_against_rlvr_serve_unchanged(server):

@@ -44,6 +44,7 @@ def routes(backend) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
 
 
 def make_server(backend, host: str, port: int, token: str | None, log: bool = False) -> ThreadingHTTPServer:
+    from rlvr.rollout.sources.agent.stream import answer
     from rlvr.serve.openai_routes import OpenAIRoutes
 
     posts, openai = routes(backend), OpenAIRoutes(backend)
@@ -85,7 +86,7 @@ def make_server(backend, host: str, port: int, token: str | None, log: bool = Fa
             if not self._authorized():
                 return
             if self.path.startswith("/v1/"):
-                self._answer(*openai.post(self.path, raw))
+                answer(self, *openai.post(self.path, raw), raw)  # `stream: true`: as server-sent events
                 return
             fn = posts.get(self.path)
             if fn is None:

@@ -44,11 +44,15 @@ class OpenAIRoutes:
         route = {"/v1/chat/completions": ep.chat, "/v1/completions": ep.completions}.get(path.rstrip("/"))
         if route is None:
             return 404, api.error_body(f"no such endpoint: POST {path}")
-        log = ep.open_episode(secrets.randbits(62))  # one request, one episode: nothing is kept between requests
         try:
             body = json.loads(raw or b"{}")
-            if not isinstance(body, dict):
-                raise api.BadRequest("the request body must be a JSON object")
+        except json.JSONDecodeError as e:
+            return 400, api.error_body(str(e))
+        if not isinstance(body, dict):
+            return 400, api.error_body("the request body must be a JSON object")
+        # one request, one episode: nothing is kept between requests; a request's own `seed` makes it reproducible
+        log = ep.open_episode(0 if isinstance(body.get("seed"), int) else secrets.randbits(62))
+        try:
             return 200, route(log, body)
         except (api.BadRequest, json.JSONDecodeError) as e:
             return 400, api.error_body(str(e), param=getattr(e, "param", None))

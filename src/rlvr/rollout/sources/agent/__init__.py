@@ -5,6 +5,7 @@ calls.py     EpisodeLog: an episode's calls (prompt ids, sampled ids, log-probs)
 render.py    ChatRenderer: messages -> prompt ids with the episode's own replies as their sampled tokens; replies -> tool_calls
 batcher.py   Batcher: concurrent requests of many episodes sampled in one decode; engine_sampler adapts a GenerationEngine
 api.py       OpenAI's request fields and response shapes
+stream.py    `stream: true`: a finished reply as OpenAI's server-sent events
 endpoint.py  AgentEndpoint: the HTTP server on 127.0.0.1 with a key and one base URL per episode
 source.py    AgentSource: `rollout.agent`, the user's agent run G times per row against the endpoint
 """

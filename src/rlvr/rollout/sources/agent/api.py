@@ -2,8 +2,9 @@
 
 Read: model (any name is accepted: the endpoint serves one policy), temperature, top_p, n,
 max_tokens / max_completion_tokens (capped at the endpoint's budget), stop, seed, logprobs;
-tools and tool_choice for chat. Streaming and top_logprobs are refused with a clear 400. Fields
-OpenAI defines that change nothing here (user, metadata, presence_penalty at 0, ...) are ignored.
+tools and tool_choice for chat; stream (the finished reply as server-sent events, stream.py).
+top_logprobs is refused with a clear 400. Fields OpenAI defines that change nothing here (user, metadata,
+presence_penalty at 0, ...) are ignored.
 Written: chat.completion / text_completion objects with id, choices, finish_reason
 ("stop", "length", "tool_calls"), usage, and log-probs of the sampled tokens.
 """
@@ -67,8 +68,6 @@ def _stops(body: dict) -> tuple[str, ...]:
 
 def sampling_of(body: dict, budget: int) -> Sampling:
     """The sampling settings of a request; `budget` caps max_tokens (the rollout's completion length)."""
-    if body.get("stream"):
-        raise BadRequest("streaming is not supported by this endpoint: send `stream: false`", "stream")
     if body.get("top_logprobs"):
         raise BadRequest("`top_logprobs` is not supported: only the sampled tokens' log-probs are returned", "top_logprobs")
     asked = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)

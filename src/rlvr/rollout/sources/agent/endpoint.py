@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from rlvr.rollout.engines.sampling import row_seed
-from rlvr.rollout.sources.agent import api
+from rlvr.rollout.sources.agent import api, stream
 from rlvr.rollout.sources.agent.batcher import Batcher, Job, Sampler, Scheduler
 from rlvr.rollout.sources.agent.calls import Call, EpisodeLog
 from rlvr.rollout.sources.agent.render import ChatRenderer
@@ -221,7 +221,7 @@ def _handler(endpoint: AgentEndpoint):
             if not self._authorized():
                 return
             status, body = _serve_post(endpoint, self.path, raw)
-            self._answer(status, body)
+            stream.answer(self, status, body, raw)  # `stream: true`: as server-sent events
 
     return Handler
 
