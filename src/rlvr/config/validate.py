@@ -168,12 +168,13 @@ def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
     (Those that depend on the format auto chooses are checked with the tokenizer, in rlvr.rollout.sources.)"""
     t, defaults = cfg.tools, type(cfg.tools)()
     if not t.enabled:
-        changed = [
-            k
-            for k in ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
-            if getattr(t, k) != getattr(defaults, k)
-        ]
-        warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
+        keys = ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
+        agent = ("format", "tags", "result_tags", "describe") if cfg.rollout.agent and t.format == "tags" else ("format",)
+        keys = tuple(k for k in keys if k not in agent) if cfg.rollout.agent else keys  # the agent's endpoint speaks the tags
+        changed = [k for k in keys if getattr(t, k) != getattr(defaults, k)]
+        whom = "tools (tools.functions or tools.environment)"
+        whom += ", or for rollout.agent without tools.format=tags" if cfg.rollout.agent else ""
+        warnings += [f"tools.{k} has no effect without {whom}" for k in changed]
     elif t.max_turns == 1:
         warnings.append("tools.max_turns=1: a call made in the last turn is not run, so no tool ever runs; set it to 2 or more")
 

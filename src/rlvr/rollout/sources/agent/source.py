@@ -32,6 +32,7 @@ from rlvr.rollout.engines.sampling import row_seed
 from rlvr.rollout.episodes import Episodes, pad_rows
 from rlvr.rollout.sources.agent.calls import EpisodeLog
 from rlvr.rollout.sources.agent.endpoint import AgentEndpoint
+from rlvr.rollout.sources.agent.tags import TagSettings
 
 
 class AgentFailed(ValueError):
@@ -61,9 +62,10 @@ class AgentSource:
     reward_columns: frozenset[str] = frozenset()  # reward functions get the dataset's columns only
 
     def __init__(self, fn: Callable, engine, tokenizer, sampling: SamplingParams, *, sampler, timeout: float, context_length: int | None,
-                 system_prompt: str | None = None, model_name: str = "rlvr-policy"):  # fmt: skip
+                 system_prompt: str | None = None, model_name: str = "rlvr-policy", tags: TagSettings | None = None):  # fmt: skip
         self.fn, self.engine, self.tokenizer, self.sampling, self.sampler = fn, engine, tokenizer, sampling, sampler
         self.timeout, self.context_length, self.system_prompt, self.model_name = timeout, context_length, system_prompt, model_name
+        self.tags = tags  # the model's tag protocol, for an endpoint that parses tool calls from tags
         self.is_async = inspect.iscoroutinefunction(fn)
         self.endpoint: AgentEndpoint | None = None
         self.stats = AgentStats()
@@ -90,7 +92,7 @@ class AgentSource:
         if self.endpoint is None:
             self.endpoint = AgentEndpoint(
                 self.sampler, self.tokenizer, model_name=self.model_name, max_tokens=self.sampling.max_new_tokens,
-                context_length=self.context_length,
+                context_length=self.context_length, tags=self.tags,
             )  # fmt: skip
         return self.endpoint
 
