@@ -133,9 +133,8 @@ def table(name: str, res: dict) -> list[str]:
     ]
     for arm, label in (("tools", "`tools:` (tools.functions=[calculator])"), ("agent", "`rollout.agent` (examples/agent_openai.py)")):
         a = res[arm]
-        lines.append(
-            table_row(label, cell(res["before"]), cell(a["after"]), a["steps"], a["calls"], a["reward"], f"{a['wall']:.0f} s", f"{a['step']:.1f} s")
-        )
+        timing = (f"{a['wall']:.0f} s", f"{a['step']:.1f} s")
+        lines.append(table_row(label, cell(res["before"]), cell(a["after"]), a["steps"], a["calls"], a["reward"], *timing))
     return lines + [""]
 
 
@@ -170,7 +169,8 @@ def main() -> None:
         "",
     ]
     if "tiny" in res:
-        lines += table(f"tiny-tools, multiplication (held-out: `--task multiplication --n {args.tiny_eval}`, the task's verifier)", res["tiny"])
+        held = f"held-out: `--task multiplication --n {args.tiny_eval}`, the task's verifier"
+        lines += table(f"tiny-tools, multiplication ({held})", res["tiny"])
     if "smollm2" in res:
         lines += table(
             f"SmolLM2-135M-Instruct, word problems ({args.smollm2_eval} held-out problems, training phrasings; the first <answer> "
