@@ -169,12 +169,14 @@ def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
     t, defaults = cfg.tools, type(cfg.tools)()
     if not t.enabled:
         keys = ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
-        agent = ("format", "tags", "result_tags", "describe") if cfg.rollout.agent and t.format == "tags" else ("format",)
-        keys = tuple(k for k in keys if k not in agent) if cfg.rollout.agent else keys  # the agent's endpoint speaks the tags
         changed = [k for k in keys if getattr(t, k) != getattr(defaults, k)]
-        whom = "tools (tools.functions or tools.environment)"
-        whom += ", or for rollout.agent without tools.format=tags" if cfg.rollout.agent else ""
-        warnings += [f"tools.{k} has no effect without {whom}" for k in changed]
+        if not cfg.rollout.agent:
+            warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
+        else:  # the agent runs its own tools; its endpoint speaks the tags format's settings
+            tag_keys = ("tags", "result_tags", "describe")
+            why = {k: "the agent runs its own tools and turns" for k in keys[4:]}
+            why.update({k: "it applies with tools.format=tags" for k in tag_keys if t.format != "tags"})
+            warnings += [f"tools.{k} has no effect with rollout.agent: {why[k]}" for k in changed if k in why]
     elif t.max_turns == 1:
         warnings.append("tools.max_turns=1: a call made in the last turn is not run, so no tool ever runs; set it to 2 or more")
 
