@@ -33,11 +33,12 @@ from smollm2_tools import REWARDS, TRAIN_NAMES, TRAIN_TEMPLATES, cpu, problems, 
 AGENT = f"{REPO / 'examples' / 'agent_openai.py'}:calculator_agent"
 TAGS = ["--tool-format", "tags", "--tool-tags", "calculator=calc", "--no-tool-describe"]
 SMOLLM2 = Path.home() / ".cache" / "rlvr" / "SmolLM2-135M-Instruct"
+THREADS = 1  # --threads
 
 
 def rlvr(*args: str, log: Path) -> tuple[str, float]:
     """`python -m rlvr ARGS` (this checkout), its stdout; stderr to `log`; an error stops the bench."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": str(THREADS)}
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env, cwd=REPO)
     log.write_text(f"$ rlvr {' '.join(args)}\n{p.stdout}\n{p.stderr}")
@@ -82,7 +83,7 @@ def tiny(args, work: Path) -> dict:
     n, out = args.tiny_eval, {}
     evals = ["--task", "multiplication", "--n", str(n), "--agent", AGENT]
     out["before"] = score(rlvr("eval", "tiny-tools", *evals, *TAGS, log=work / "tiny-before.log")[0], n)
-    common = ["examples/tools-calculator.yaml", f"steps={args.tiny_steps}", "eval_before_after=false", "threads=2", "--force"]
+    common = ["examples/tools-calculator.yaml", f"steps={args.tiny_steps}", "eval_before_after=false", f"threads={THREADS}", "--force"]
     arms = {"tools": [], "agent": ["tools.functions=[]", f"rollout.agent={AGENT}", "rewards=[]"]}
     for arm, extra in arms.items():
         run = work / f"tiny-{arm}"
@@ -107,7 +108,7 @@ def smollm2(args, work: Path) -> dict:
         f"model.path={SMOLLM2}", "data.task=null", f"data.path={work / 'train.jsonl'}", "tools.tags=[calculator=calc]",
         "tools.format=tags", "tools.describe=false", "tools.max_turns=2", "tools.timeout_s=5", "rollout.group_size=8",
         f"rollout.prompts_per_step={args.smollm2_prompts}", "rollout.max_new_tokens=48", "rollout.temperature=1.0", "optim.lr=1e-5",
-        "optim.micro_batch_size=16", f"steps={args.smollm2_steps}", "seed=0", "eval_before_after=false", "threads=2", "--force",
+        "optim.micro_batch_size=16", f"steps={args.smollm2_steps}", "seed=0", "eval_before_after=false", f"threads={THREADS}", "--force",
     ]  # fmt: skip
     r = work / "rewards.py"
     arms = {
@@ -149,20 +150,27 @@ def main() -> None:
     ap.add_argument("--smollm2-train", type=int, default=1000)
     ap.add_argument("--work", type=Path, default=REPO / "runs" / "agent-openai-bench")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process (2 cores shared: 1 stalls least)")
     args = ap.parse_args()
+    global THREADS
+    THREADS = args.threads
     args.work.mkdir(parents=True, exist_ok=True)
     started, res = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), {}
-    if "tiny" in args.models:
-        res["tiny"] = tiny(args, args.work)
-    if "smollm2" in args.models:
-        res["smollm2"] = smollm2(args, args.work)
-    shown = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    for name, run in (("tiny", tiny), ("smollm2", smollm2)):
+        if name in args.models:
+            res[name] = run(args, args.work)
+            write(args, started, res)  # what is done so far, should a later model not finish
+
+
+def write(args, started: str, res: dict) -> None:
+    shown = [a for i, a in enumerate(sys.argv[1:]) if a not in ("--out", "--work") and (i == 0 or sys.argv[i] not in ("--out", "--work"))]
     cmd = " ".join(["nice -n 19 python bench/agent_openai.py", *shown])
     lines = [
         "# An `openai`-client agent trained through rlvr's endpoint on tag-calling models",
         "",
-        f"Command: `{cmd}` (started {started})  ",
-        f"Machine: {cpu()}; 2 torch threads per process (OMP_NUM_THREADS=2), runs one after the other, other work on the machine.  ",
+        f"Command: `{cmd}` (started {started}, written {time.strftime('%H:%M UTC', time.gmtime())})  ",
+        f"Machine: {cpu()}; {args.threads} torch thread(s) per process, runs one after the other, at nice 19 next to other "
+        "work on the machine (the wall times are contended).  ",
         "Scorer, the same for every cell: `rlvr eval MODEL --agent examples/agent_openai.py:calculator_agent --tool-format tags "
         "--tool-tags calculator=calc --no-tool-describe` (the agent's own sampling: temperature 1, max_tokens 64, up to 4 requests), "
         "95 % Wilson intervals.",
@@ -174,12 +182,12 @@ def main() -> None:
     if "smollm2" in res:
         lines += table(
             f"SmolLM2-135M-Instruct, word problems ({args.smollm2_eval} held-out problems, training phrasings; the first <answer> "
-            "equals the product)",
+            f"equals the product; {args.smollm2_prompts} prompts x 8 episodes per step)",
             res["smollm2"],
         )
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
