@@ -47,6 +47,8 @@ def test_rlvr_serve_speaks_the_models_tags(server):
 def test_rlvr_serve_refuses_a_tag_flag_that_is_no_pair(rlvr_cli):
     bad = rlvr_cli("serve", "tiny-tools", "--tool-tags", "calc", timeout=60)
     assert bad.returncode == 2 and "rlvr serve: --tool-tags takes TOOL=TAG pairs (e.g. calculator=calc), got calc" in bad.stderr
+    vllm = rlvr_cli("serve", "tiny-tools", "--engine", "vllm", "--tool-tags", "calculator=calc", timeout=60)
+    assert vllm.returncode == 2 and "rlvr serve: --tool-tags is for --engine hf" in vllm.stderr
 
 
 def test_rlvr_eval_runs_the_example_agent_in_a_tool_tasks_tags(rlvr_cli):

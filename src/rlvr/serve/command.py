@@ -60,6 +60,9 @@ def run(args) -> int:
     except ValueError as e:
         print(f"rlvr serve: {e}", file=sys.stderr)
         return 2
+    if args.engine == "vllm" and args.tool_tags:
+        print("rlvr serve: --tool-tags is for --engine hf (vLLM parses tool calls with its own --tool-call-parser)", file=sys.stderr)
+        return 2
     if args.engine == "vllm":
         from rlvr.serve.vllm_server import serve_vllm
 
