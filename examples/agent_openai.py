@@ -4,7 +4,13 @@ OpenAI-compatible server (rlvr's endpoint while training with `rollout.agent`, v
     rlvr train rollout.agent=examples/agent_openai.py:calculator_agent ...
 
 rlvr calls calculator_agent(row, base_url, model, api_key) once per episode; the reward it returns
-(1.0 when the final answer holds the row's answer) is the episode's reward.
+(1.0 when the final answer holds the row's answer) is the episode's reward. `row["prompt"]` is the
+question as text, or chat messages (a conversational dataset: few-shot turns, a system prompt).
+
+Models whose chat template calls tools (Qwen2.5, Qwen3, Hermes) answer with `tool_calls` as they are;
+models that call tools in tags (the bundled tiny-tools, SmolLM2) need the endpoint told their tags:
+`tools.format=tags tools.tags=[calculator=calc]` (training), `--tool-tags calculator=calc` (rlvr serve,
+rlvr eval). See docs/agents.md.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ def calculate(expression: str) -> str:
 
 def calculator_agent(row: dict, base_url: str, model: str, api_key: str, max_turns: int = 4) -> float:
     client = OpenAI(base_url=base_url, api_key=api_key)
-    messages = [{"role": "user", "content": row["prompt"]}]
+    prompt = row["prompt"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     for _ in range(max_turns):
         reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=64).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))  # sent back as it came: rlvr maps it to its exact tokens

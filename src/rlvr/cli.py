@@ -309,7 +309,9 @@ def _eval_parser(sub) -> None:
     ev.add_argument(
         "--agent",
         help="rollout.agent: evaluate your agent (file.py:fn or module:fn, as in training) against the model's "
-        "OpenAI-compatible endpoint; scored by --reward (a task: its verifier), else by the reward the agent returns",
+        "OpenAI-compatible endpoint; scored by --reward (a task: its verifier), else by the reward the agent returns. "
+        "The agent runs its own tools (a run's or task's tools.functions are dropped); a model that calls tools in "
+        "tags needs --tool-format tags --tool-tags NAME=TAG (a tool task and a tags run set them)",
     )
     ev.add_argument("--agent-timeout", type=float, help="rollout.agent_timeout: seconds an episode may run (default: the run's, else 300)")
     tools = ev.add_argument_group("tools (the config's tools.* keys; default: the run's, else the task's, else none)")
@@ -327,6 +329,11 @@ def _eval_parser(sub) -> None:
     tools.add_argument("--tool-format", help="tools.format: tags, chat_template or auto")
     tools.add_argument(
         "--tool-tags", action="append", metavar="TOOL=TAG", help="tools.tags: tag per tool in the tags format, e.g. calculator=calc"
+    )
+    tools.add_argument(
+        "--tool-describe",
+        action=argparse.BooleanOptionalAction,
+        help="tools.describe: the tags format describes the tools in the system prompt (--no-tool-describe: a model trained without)",
     )
     tools.add_argument("--max-turns", type=int, help="tools.max_turns: most model turns per episode")
 

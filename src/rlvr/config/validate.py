@@ -168,12 +168,15 @@ def _tools_without_effect(cfg: Config, warnings: list[str]) -> None:
     (Those that depend on the format auto chooses are checked with the tokenizer, in rlvr.rollout.sources.)"""
     t, defaults = cfg.tools, type(cfg.tools)()
     if not t.enabled:
-        changed = [
-            k
-            for k in ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
-            if getattr(t, k) != getattr(defaults, k)
-        ]
-        warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
+        keys = ("format", "tags", "result_tags", "describe", "max_turns", "timeout_s", "max_result_chars")
+        changed = [k for k in keys if getattr(t, k) != getattr(defaults, k)]
+        if not cfg.rollout.agent:
+            warnings += [f"tools.{k} has no effect without tools (tools.functions or tools.environment)" for k in changed]
+        else:  # the agent runs its own tools; its endpoint speaks the tags format's settings
+            tag_keys = ("tags", "result_tags", "describe")
+            why = {k: "the agent runs its own tools and turns" for k in keys[4:]}
+            why.update({k: "it applies with tools.format=tags" for k in tag_keys if t.format != "tags"})
+            warnings += [f"tools.{k} has no effect with rollout.agent: {why[k]}" for k in changed if k in why]
     elif t.max_turns == 1:
         warnings.append("tools.max_turns=1: a call made in the last turn is not run, so no tool ever runs; set it to 2 or more")
 

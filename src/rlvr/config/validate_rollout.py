@@ -89,6 +89,11 @@ def _validate_agent(cfg: Config, errors: list[str]) -> None:
         errors.append("`rollout.agent` with vLLM needs vLLM's server: `rlvr serve MODEL --engine vllm` and rollout.servers=[URL]")
     if r.agent_timeout <= 0:
         errors.append(f"`rollout.agent_timeout` must be positive, got {r.agent_timeout}")
+    if cfg.tools.format == "tags" and not cfg.tools.tags:
+        errors.append(
+            "`rollout.agent` with tools.format=tags needs tools.tags: the tag of each tool the agent offers, e.g. "
+            "tools.tags=[calculator=calc] (the model writes <calc>12*34</calc>; the agent gets a `calculator` tool call)"
+        )
 
 
 def applied_sampler_correction(cfg: Config) -> str:

@@ -34,6 +34,21 @@ def add_parser(sub) -> None:
     sv.add_argument("--threads", type=int, default=0, help="hf: torch CPU threads (0: torch's default, every core)")
     sv.add_argument("--timeout", type=float, default=600.0, help="seconds a weight sync may take before it is abandoned")
     sv.add_argument("--trust-remote-code", action="store_true")
+    sv.add_argument(
+        "--tool-tags",
+        action="append",
+        metavar="TOOL=TAG",
+        help="hf: /v1/chat/completions speaks the model's tag protocol (as tools.format=tags): a reply ending in "
+        "<TAG>text</TAG> is a tool call of TOOL, results go back as <result>text</result> in the same turn; "
+        "e.g. calculator=calc (repeatable, comma-separated; a tool not named uses its own name as tag)",
+    )
+    sv.add_argument(
+        "--tool-describe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --tool-tags: describe the request's tools in the system prompt (tools.describe; "
+        "--no-tool-describe for a model trained on the tags without it)",
+    )
     sv.add_argument("--exit-with", type=int, metavar="PID", help=argparse.SUPPRESS)  # a trainer's local server ends with it
     sv.epilog = "With --engine vllm, arguments rlvr does not know go to vLLM's server as they are (e.g. --max-model-len 2048)."
 
@@ -45,6 +60,9 @@ def run(args) -> int:
     except ValueError as e:
         print(f"rlvr serve: {e}", file=sys.stderr)
         return 2
+    if args.engine == "vllm" and args.tool_tags:
+        print("rlvr serve: --tool-tags is for --engine hf (vLLM parses tool calls with its own --tool-call-parser)", file=sys.stderr)
+        return 2
     if args.engine == "vllm":
         from rlvr.serve.vllm_server import serve_vllm
 
@@ -53,10 +71,31 @@ def run(args) -> int:
     if getattr(args, "extra", []):
         print(f"rlvr serve: unrecognized arguments: {' '.join(args.extra)}", file=sys.stderr)
         return 2
-    return _serve_hf(args, token)
+    try:
+        tags = tag_settings(args.tool_tags, args.tool_describe)
+    except ValueError as e:
+        print(f"rlvr serve: {e}", file=sys.stderr)
+        return 2
+    return _serve_hf(args, token, tags)
 
 
-def _serve_hf(args, token: str | None) -> int:
+def tag_settings(pairs: list[str] | None, describe: bool):
+    """--tool-tags as the endpoint's TagSettings (None without the flag)."""
+    if pairs is None:
+        return None
+    from rlvr.rollout.sources.agent.tags import TagSettings
+    from rlvr.tools.formats import TagFormat
+
+    items = [p.strip() for item in pairs for p in item.split(",") if p.strip()]
+    bad = [p for p in items if p.count("=") != 1 or not all(x.strip() for x in p.split("="))]
+    if bad or not items:
+        raise ValueError(f"--tool-tags takes TOOL=TAG pairs (e.g. calculator=calc), got {', '.join(bad) or repr('')}")
+    tags = {name.strip(): tag.strip() for name, tag in (p.split("=") for p in items)}
+    TagFormat(tags)  # a tag that is not a plain name, two tools sharing one: refused now, not on the first request
+    return TagSettings(tags, describe=describe)
+
+
+def _serve_hf(args, token: str | None, tags=None) -> int:
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.serve.hf_backend import HFBackend
     from rlvr.serve.http import make_server
@@ -70,7 +109,7 @@ def _serve_hf(args, token: str | None) -> int:
     model.requires_grad_(False)
     backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
     try:
-        server = make_server(backend, args.host, args.port, token)
+        server = make_server(backend, args.host, args.port, token, tags=tags)
     except OSError as e:  # the port is taken, or the address is not this host's
         print(f"rlvr serve: cannot listen on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return 2
@@ -78,7 +117,8 @@ def _serve_hf(args, token: str | None) -> int:
         threading.Thread(target=_exit_with, args=(args.exit_with,), daemon=True).start()
     signal.signal(signal.SIGTERM, _interrupt)
     host, port = str(server.server_address[0]), int(server.server_address[1])
-    print(f"rlvr serve: engine hf, model {args.model} on {device}, listening on http://{host}:{port}", flush=True)
+    how = f", tool calls in tags {', '.join(f'{n}={t}' for n, t in tags.tags.items())}" if tags else ""
+    print(f"rlvr serve: engine hf, model {args.model} on {device}{how}, listening on http://{host}:{port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

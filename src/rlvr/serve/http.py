@@ -43,11 +43,12 @@ def routes(backend) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
     return {"/generate": generate, "/init_weight_transfer": init, "/update_weights": update, "/load_weights": load}
 
 
-def make_server(backend, host: str, port: int, token: str | None, log: bool = False) -> ThreadingHTTPServer:
+def make_server(backend, host: str, port: int, token: str | None, log: bool = False, tags=None) -> ThreadingHTTPServer:
+    """`tags`: the /v1 routes speak the model's tag protocol (rlvr.rollout.sources.agent.tags.TagSettings)."""
     from rlvr.rollout.sources.agent.stream import answer
     from rlvr.serve.openai_routes import OpenAIRoutes
 
-    posts, openai = routes(backend), OpenAIRoutes(backend)
+    posts, openai = routes(backend), OpenAIRoutes(backend, tags)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

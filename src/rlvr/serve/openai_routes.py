@@ -20,8 +20,8 @@ MAX_TOKENS = 512  # a request's max_tokens is capped here (and by the model's co
 class OpenAIRoutes:
     """The /v1 routes over an HFBackend (rlvr.serve.hf_backend); the endpoint is made on the first request."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, backend, tags=None):
+        self.backend, self.tags = backend, tags  # tags: the model calls tools in tags (`rlvr serve --tool-tags`)
         self._endpoint: AgentEndpoint | None = None
         self._lock = threading.Lock()
 
@@ -31,8 +31,9 @@ class OpenAIRoutes:
                 context = getattr(self.backend.model.config, "max_position_embeddings", None)
                 sample = lambda request: self.backend.generate(request).samples  # noqa: E731
                 self._endpoint = AgentEndpoint(
-                    sample, self.backend.tokenizer, model_name=self.backend.name, max_tokens=MAX_TOKENS, context_length=context
-                )
+                    sample, self.backend.tokenizer, model_name=self.backend.name, max_tokens=MAX_TOKENS, context_length=context,
+                    tags=self.tags,
+                )  # fmt: skip
             return self._endpoint
 
     def models(self) -> dict[str, Any]:

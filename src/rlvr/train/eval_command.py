@@ -27,7 +27,14 @@ from rlvr.train.evaluation import HeldOut, dataset_held_out, held_out_for, task_
 from rlvr.train.setup import check_config
 
 # flag -> the tools.* key it sets (`rlvr eval --help` names both)
-TOOL_FLAGS = {"tools": "functions", "environment": "environment", "tool_format": "format", "tool_tags": "tags", "max_turns": "max_turns"}
+TOOL_FLAGS = {
+    "tools": "functions",
+    "environment": "environment",
+    "tool_format": "format",
+    "tool_tags": "tags",
+    "tool_describe": "describe",
+    "max_turns": "max_turns",
+}
 
 
 @dataclass
@@ -74,6 +81,8 @@ def eval_config(target: Target, args) -> Config:
         cfg.data.system_prompt = args.system_prompt or None
     if getattr(args, "agent", None):
         cfg.rollout.agent = args.agent
+        # the agent runs its own tools: a tool run's (or task's) functions go, its tag format stays for the endpoint
+        cfg.tools.functions, cfg.tools.max_turns = [], type(cfg.tools)().max_turns
     if getattr(args, "agent_timeout", None):
         cfg.rollout.agent_timeout = args.agent_timeout
     if getattr(args, "samples", None) is not None:
@@ -215,7 +224,8 @@ def describe(cfg: Config, target: Target) -> str:
     t = cfg.tools
     whose = f"with {target.config}" if target.config is not None else "with rlvr's defaults"
     if cfg.rollout.agent:
-        return f"evaluating {target.model} {whose}: episodes run by rollout.agent {cfg.rollout.agent} (its own sampling settings)"
+        how = f"; tool calls in tags {', '.join(t.tags)}" if t.format == "tags" else ""
+        return f"evaluating {target.model} {whose}: episodes run by rollout.agent {cfg.rollout.agent} (its own sampling settings{how})"
     if cfg.rollout.function:
         return f"evaluating {target.model} {whose}: episodes from rollout.function {cfg.rollout.function}"
     if not t.enabled:

@@ -65,8 +65,18 @@ def _agent_source(cfg, engine, tokenizer, sampling: SamplingParams, context_leng
     sampler = engine.sample if isinstance(engine, RemoteEngine) else engine_sampler(engine, tokenizer)
     return AgentSource(
         fn, engine, tokenizer, sampling, sampler=sampler, timeout=cfg.rollout.agent_timeout, context_length=context_length,
-        system_prompt=cfg.data.system_prompt, decoder=_continuous_decoder(engine, tokenizer),
+        system_prompt=cfg.data.system_prompt, tags=agent_tags(cfg.tools), decoder=_continuous_decoder(engine, tokenizer),
     )  # fmt: skip
+
+
+def agent_tags(t):
+    """The tag protocol an agent's endpoint speaks (`t`: a ToolsConfig): with tools.format=tags, else None."""
+    from rlvr.rollout.sources.agent.tags import TagSettings
+
+    if t.format != "tags":
+        return None
+    pairs = (p.split("=", 1) for p in t.tags)
+    return TagSettings({name.strip(): tag.strip() for name, tag in pairs}, tuple(t.result_tags), t.describe)
 
 
 def _continuous_decoder(engine, tokenizer):

@@ -3,6 +3,7 @@ tokens trained are exactly the tokens it was sampled.
 
 calls.py     EpisodeLog: an episode's calls (prompt ids, sampled ids, log-probs) and the training sequences they make
 render.py    ChatRenderer: messages -> prompt ids with the episode's own replies as their sampled tokens; replies -> tool_calls
+tags.py      the tag protocol (tools.format=tags): `<calc>..</calc>` replies as tool_calls, a call and its results one turn
 batcher.py   Batcher: concurrent requests of many episodes sampled in one decode; engine_sampler adapts a GenerationEngine
 api.py       OpenAI's request fields and response shapes
 stream.py    `stream: true`: a finished reply as OpenAI's server-sent events

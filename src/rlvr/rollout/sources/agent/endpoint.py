@@ -22,6 +22,7 @@ import json
 import re
 import secrets
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,6 +31,7 @@ from rlvr.rollout.sources.agent import api, stream
 from rlvr.rollout.sources.agent.batcher import Batcher, Job, Sampler, Scheduler
 from rlvr.rollout.sources.agent.calls import Call, EpisodeLog
 from rlvr.rollout.sources.agent.render import ChatRenderer
+from rlvr.rollout.sources.agent.tags import TagSettings
 
 _ROUTE = re.compile(r"^/ep/([A-Za-z0-9_.-]+)/v1(/.*)$")
 
@@ -52,7 +54,8 @@ def call_seed(episode_seed: int, k: int, asked: int | None = None) -> int:
 class AgentEndpoint:
     """`sample`: a Sampler (batcher.py), batched by a Batcher; or `scheduler`: what takes each request instead (the
     hf engine's continuous decoder), closed with the endpoint. `max_tokens`: the most tokens one reply may have (a
-    request's max_tokens is capped there); `context_length`: prompt + reply must fit (None: unchecked)."""
+    request's max_tokens is capped there); `context_length`: prompt + reply must fit (None: unchecked); `tags`: the
+    model calls tools in its tag protocol (tags.py) rather than its chat template's format."""
 
     def __init__(
         self,
@@ -67,11 +70,12 @@ class AgentEndpoint:
         api_key: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        tags: TagSettings | None = None,
         **template_kwargs,
     ):
         self.tokenizer, self.model_name, self.max_tokens, self.context_length = tokenizer, model_name, max_tokens, context_length
         self.api_key = api_key or secrets.token_urlsafe(24)
-        self.renderer = ChatRenderer(tokenizer, **template_kwargs)
+        self.renderer = ChatRenderer(tokenizer, tags, **template_kwargs)
         self.episodes: dict[str, EpisodeLog] = {}
         self.lock = threading.Lock()
         if scheduler is None and sample is None:
@@ -153,10 +157,10 @@ class AgentEndpoint:
             prompt, _ = self.renderer.prompt_ids(messages, tools, log)
         except Exception as e:  # the template rejected these messages
             raise api.BadRequest(f"the chat template cannot render these messages ({type(e).__name__}: {e})", "messages") from e
-        k, samples = self._sample(log, prompt, s)
+        k, samples = self._sample(log, prompt, replace(s, stops=s.stops + self.renderer.call_stops(tools, parse_tools)))
         choices = []
         for j, smp in enumerate(samples):
-            msg, text = self.renderer.reply(smp.ids, s.stops, parse_tools, f"call_{log.episode}_{k}_{j}")
+            msg, text = self.renderer.reply(smp.ids, s.stops, parse_tools, f"call_{log.episode}_{k}_{j}", tools)
             calls = len(msg.get("tool_calls") or [])
             full = self.renderer.full_text(smp.ids)
             log.record(Call(k, prompt, smp.ids, smp.logprobs, smp.finish, messages, msg, None, text, full, calls))

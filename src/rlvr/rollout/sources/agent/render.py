@@ -14,18 +14,22 @@ Replies: for chat templates that render `tools=` (rlvr.tools.chat_template.templ
 tool calls are read from the reply in the Hermes format (`<tool_call>{json}</tool_call>`,
 rlvr.tools.formats.HermesFormat) into OpenAI `tool_calls` with ids; the content is the text
 before the first call. For other templates (no place for tools, e.g. the bundled tiny-tools
-model, which uses tags) the reply is plain content and the agent reads its own format from it
-(or drives the model through /v1/completions).
+model) the reply is plain content, unless the endpoint is given the model's tag protocol
+(tags.py, `tools.format=tags` + `tools.tags`): then `<calc>12*34</calc>` becomes a tool call, and a
+call, its results and the next reply render as one assistant turn, as rlvr's `tools:` path builds it.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+from rlvr.rollout.engines.turns import cut_after_stop
 from rlvr.rollout.sources.agent.calls import Call, EpisodeLog
+from rlvr.rollout.sources.agent.tags import Chain, TagSettings, arguments, chains, params_of, results_text, tag_text
 from rlvr.tools.chat_template import template_supports_tools
-from rlvr.tools.formats import HermesFormat
+from rlvr.tools.formats import HermesFormat, TagFormat
 
 
 def sentinel(i: int) -> str:
@@ -77,14 +81,24 @@ def normalize(messages: list[dict]) -> list[dict]:
     return out
 
 
-class ChatRenderer:
-    """The chat template of one tokenizer, rendering with recorded replies and parsing replies."""
+@dataclass
+class Piece:
+    """What a sentinel becomes: ids recorded (or tokenized) for one assistant turn; `ended`: its last reply
+    ended with the sampled EOS, which is the template's end of turn."""
 
-    def __init__(self, tokenizer, **template_kwargs):
-        self.tokenizer, self.template_kwargs = tokenizer, template_kwargs
+    ids: list[int]
+    ended: bool
+
+
+class ChatRenderer:
+    """The chat template of one tokenizer, rendering with recorded replies and parsing replies.
+    `tags`: the model's tag protocol (tags.py): tool calls in tags instead of the template's format."""
+
+    def __init__(self, tokenizer, tags: TagSettings | None = None, **template_kwargs):
+        self.tokenizer, self.template_kwargs, self.tags = tokenizer, template_kwargs, tags
         self.eos_id = tokenizer.eos_token_id
         self.eot = tokenizer.convert_ids_to_tokens(self.eos_id)  # the text a template writes for EOS
-        self.tools_in_template = template_supports_tools(tokenizer, **template_kwargs)
+        self.tools_in_template = tags is None and template_supports_tools(tokenizer, **template_kwargs)
         self.hermes = HermesFormat()
 
     def _ids(self, text: str) -> list[int]:
@@ -95,34 +109,147 @@ class ChatRenderer:
             messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **self.template_kwargs
         )
 
+    def _tag_mode(self, messages: list[dict], tools: list[dict] | None) -> bool:
+        return self.tags is not None and (bool(tools) or any(m.get("tool_calls") for m in messages))
+
+    def call_stops(self, tools: list[dict] | None, parse_tools: bool) -> tuple[str, ...]:
+        """Stop strings a request samples with besides its own: the closing tags of the tools it offers."""
+        return tuple(self.tags.format_for(tools).stop_strings) if self.tags is not None and parse_tools else ()
+
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None, log: EpisodeLog) -> tuple[list[int], int]:
         """(the prompt's token ids, how many assistant messages were the episode's own replies)."""
         shown = normalize(messages)
+        if self._tag_mode(shown, tools):
+            return self._tag_prompt_ids(shown, tools, log)
         known = {i: c for i, m in enumerate(shown) if m.get("role") == "assistant" and (c := log.find_reply(m, i)) is not None}
-        while True:
-            text = self._render([{"role": "assistant", "content": sentinel(i)} if i in known else m for i, m in enumerate(shown)], tools)
-            lost = [i for i in known if text.count(sentinel(i)) != 1]  # a template that drops or repeats old turns
-            if not lost:
-                return self._assemble(text, known), len(known)
-            for i in lost:
-                del known[i]
+        pieces = {i: self._piece(c) for i, c in known.items()}
+        return self._with_pieces(shown, pieces, tools), len(known)
 
-    def _assemble(self, text: str, known: dict[int, Call]) -> list[int]:
+    def _piece(self, call: Call) -> Piece:
+        return Piece(list(call.sampled_ids), bool(call.sampled_ids) and call.sampled_ids[-1] == self.eos_id)
+
+    def _with_pieces(self, shown: list[dict], pieces: dict[int, Piece], tools: list[dict] | None, open_at: int | None = None) -> list[int]:
+        """The rendered ids with message i's text replaced by pieces[i]'s ids. A template that drops or repeats
+        an old turn gets that message as text instead."""
+        pieces = dict(pieces)
+        while True:
+            text = self._render([{"role": "assistant", "content": sentinel(i)} if i in pieces else m for i, m in enumerate(shown)], tools)
+            lost = [i for i in pieces if text.count(sentinel(i)) != 1]
+            if not lost:
+                return self._assemble(text, pieces, open_at)
+            for i in lost:
+                if shown[i].get("content", "").startswith("\ue000"):  # a collapsed tag turn: its text
+                    shown[i] = {"role": "assistant", "content": self.tokenizer.decode(pieces[i].ids, skip_special_tokens=True)}
+                del pieces[i]
+                open_at = None if open_at == i else open_at
+
+    def _assemble(self, text: str, pieces: dict[int, Piece], open_at: int | None = None) -> list[int]:
         ids: list[int] = []
         pos = 0
-        for i in sorted(known, key=lambda i: text.index(sentinel(i))):
+        for i in sorted(pieces, key=lambda i: text.index(sentinel(i))):
             at = text.index(sentinel(i))
-            ids += self._ids(text[pos:at]) + list(known[i].sampled_ids)
+            ids += self._ids(text[pos:at]) + pieces[i].ids
+            if i == open_at:  # the turn the next reply continues: nothing after it
+                return ids
             pos = at + len(sentinel(i))
-            ended = bool(known[i].sampled_ids) and known[i].sampled_ids[-1] == self.eos_id
-            end = text.find(self.eot, pos) if ended else -1
+            end = text.find(self.eot, pos) if pieces[i].ended else -1
             if end >= 0 and not text[pos:end].strip():  # the template's end of turn: the sampled EOS
                 pos = end + len(self.eot)
         return ids + self._ids(text[pos:])
 
-    def reply(self, sampled_ids: list[int], stops: Sequence[str], parse_tools: bool, call_id: str) -> tuple[dict, str]:
+    # ---------------------------------------------------------------- the tag protocol
+
+    def _tag_prompt_ids(self, shown: list[dict], tools: list[dict] | None, log: EpisodeLog) -> tuple[list[int], int]:
+        """Each chain (a call, its results, ... the final reply) is one assistant message whose ids are the
+        replies' sampled ids and the results' text; the tools' description goes in the system prompt."""
+        assert self.tags is not None, "only with the tag protocol"
+        fmt = self.tags.format_for(tools, shown)
+        starts = {c.start: c for c in chains(shown)}
+        out: list[dict] = []
+        pieces: dict[int, Piece] = {}
+        open_at, own, i = None, 0, 0
+        while i < len(shown):
+            c = starts.get(i)
+            if c is None:
+                call = log.find_reply(shown[i], i) if shown[i].get("role") == "assistant" else None
+                if call is not None:
+                    pieces[len(out)], own = self._piece(call), own + 1
+                out.append(shown[i])
+                i += 1
+                continue
+            piece, n = self._chain_piece(shown, c, fmt, tools, log)
+            open_at = len(out) if c.open else open_at
+            pieces[len(out)], own = piece, own + n
+            out.append({"role": "assistant", "content": sentinel(len(out))})
+            i = c.end
+        described = fmt.describe(tools or []) if self.tags.describe else ""
+        if described:
+            out, shift = _with_system_text(out, described)
+            pieces = {k + shift: v for k, v in pieces.items()}
+            open_at = None if open_at is None else open_at + shift
+        return self._with_pieces(out, pieces, None, open_at), own
+
+    def _chain_piece(self, shown: list[dict], c: Chain, fmt: TagFormat, tools: list[dict] | None, log: EpisodeLog) -> tuple[Piece, int]:
+        """(the chain's ids, how many of its replies the episode's own): recorded replies as their sampled ids,
+        others as their text with their calls in tags; each call's results as the `tools:` path appends them."""
+        parts: list[list[int] | str] = []
+        own, ended, j = 0, False, c.start
+        while j < c.end:
+            m, call = shown[j], log.find_reply(shown[j], j)
+            parts.append(list(call.sampled_ids) if call is not None else _text(m.get("content")) + "".join(
+                tag_text(tc, fmt, tools) for tc in m.get("tool_calls") or []))  # fmt: skip
+            own += call is not None
+            j += 1
+            results = []
+            while j < c.end and shown[j].get("role") == "tool":
+                results.append(shown[j])
+                j += 1
+            text = results_text(fmt, results) if results else ""
+            after = self._after_stop(call, fmt) if call is not None else ""
+            if after and text.startswith(after):  # the call's last token already holds the result tag's start
+                text = text[len(after) :]
+            parts.append(text)
+            ended = call is not None and not results and self._piece(call).ended
+        ids: list[int] = []
+        text = ""
+        for p in parts:  # adjacent texts are tokenized as one
+            if isinstance(p, str):
+                text += p
+            else:
+                ids, text = ids + self._ids(text) + p, ""
+        ids += self._ids(text)
+        return Piece(ids, ended), own
+
+    def _after_stop(self, call: Call, fmt: TagFormat) -> str:
+        """Text of the call's last token after its closing tag (SmolLM2 writes `</calc><` as `</`, `calc`, `><`)."""
+        full = self.tokenizer.decode(call.sampled_ids, skip_special_tokens=True)
+        return full[len(cut_after_stop(full, fmt.stop_strings)) :]
+
+    def _tag_reply(self, sampled_ids: list[int], stops: Sequence[str], tools: list[dict] | None, call_id: str) -> tuple[dict, str]:
+        assert self.tags is not None, "only with the tag protocol"
+        fmt = self.tags.format_for(tools)
+        full = self.tokenizer.decode(sampled_ids, skip_special_tokens=True)
+        before_stop = cut_at_stop(full, stops)
+        closes = [i for s in fmt.stop_strings if (i := full.find(s)) >= 0]
+        # a call when a closing tag comes before any of the request's own stop strings
+        calls = fmt.parse(through := cut_after_stop(full, fmt.stop_strings)) if closes and min(closes) < len(before_stop) else []
+        if not calls:
+            return {"role": "assistant", "content": before_stop}, before_stop
+        call = calls[0]
+        content = through.rstrip()[: -len(call.raw)] or None
+        fn = {"name": call.name, "arguments": arguments(str(call.arguments), params_of(tools, call.name))}
+        tool_calls = [{"id": f"{call_id}_0", "type": "function", "function": fn}]
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls}, through
+
+    # ---------------------------------------------------------------- replies
+
+    def reply(self, sampled_ids: list[int], stops: Sequence[str], parse_tools: bool, call_id: str,
+              tools: list[dict] | None = None) -> tuple[dict, str]:  # fmt: skip
         """(the OpenAI assistant message, the text returned) for sampled ids. Tool calls are parsed when
-        `parse_tools` (the request offered tools) and the template renders tools; `call_id` prefixes their ids."""
+        `parse_tools` (the request offered `tools`) and the template renders tools, or in the tag protocol;
+        `call_id` prefixes their ids."""
+        if self.tags is not None and parse_tools:
+            return self._tag_reply(sampled_ids, stops, tools, call_id)
         text = self.text(sampled_ids, stops)
         calls = [c for c in self.hermes.parse(text) if c.error is None] if parse_tools and self.tools_in_template else []
         if not calls:
@@ -155,3 +282,12 @@ class ChatRenderer:
             return self._ids(prompt), prompt
         done = prev.prompt_text + prev.full_text
         return list(prev.prompt_ids) + list(prev.sampled_ids) + self._ids(prompt[len(done) :]), prompt
+
+
+def _with_system_text(messages: list[dict], text: str) -> tuple[list[dict], int]:
+    """(the messages with the tools' description after the system prompt's text, or as a new system message first
+    (as the `tools:` path puts it), how many messages were added before the others)."""
+    from rlvr.rollout.sources.multi_turn import _with_system_text as put
+
+    out = put(messages, text)
+    return out, len(out) - len(messages)

@@ -34,6 +34,7 @@ from rlvr.rollout.episodes import Episodes, pad_rows
 from rlvr.rollout.sources.agent.batcher import Scheduler
 from rlvr.rollout.sources.agent.calls import EpisodeLog, TrainingSequence
 from rlvr.rollout.sources.agent.endpoint import AgentEndpoint
+from rlvr.rollout.sources.agent.tags import TagSettings
 
 
 class AgentFailed(ValueError):
@@ -64,10 +65,11 @@ class AgentSource:
     reward_columns: frozenset[str] = frozenset()  # reward functions get the dataset's columns only
 
     def __init__(self, fn: Callable, engine, tokenizer, sampling: SamplingParams, *, sampler, timeout: float, context_length: int | None,
-                 system_prompt: str | None = None, model_name: str = "rlvr-policy",
+                 system_prompt: str | None = None, model_name: str = "rlvr-policy", tags: TagSettings | None = None,
                  decoder: Callable[[], Scheduler] | None = None):  # fmt: skip
         self.fn, self.engine, self.tokenizer, self.sampling, self.sampler = fn, engine, tokenizer, sampling, sampler
         self.timeout, self.context_length, self.system_prompt, self.model_name = timeout, context_length, system_prompt, model_name
+        self.tags = tags  # the model's tag protocol, for an endpoint that parses tool calls from tags
         self.decoder = decoder
         self.is_async = inspect.iscoroutinefunction(fn)
         self.endpoint: AgentEndpoint | None = None
@@ -95,7 +97,7 @@ class AgentSource:
         if self.endpoint is None:
             self.endpoint = AgentEndpoint(
                 self.sampler, self.tokenizer, model_name=self.model_name, max_tokens=self.sampling.max_new_tokens,
-                context_length=self.context_length, scheduler=self.decoder() if self.decoder else None,
+                context_length=self.context_length, tags=self.tags, scheduler=self.decoder() if self.decoder else None,
             )  # fmt: skip
         return self.endpoint
 
