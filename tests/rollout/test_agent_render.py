@@ -95,3 +95,12 @@ def test_a_template_without_tools_returns_plain_content():
     text = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
     assert r.reply(_ids(tok, text) + [tok.eos_token_id], (), True, "c") == ({"role": "assistant", "content": text}, text)
     assert r.reply(_ids(tok, "<calc>1*2</calc>"), ("</calc>",), True, "c")[1] == "<calc>1*2"  # the stop string is left out
+
+
+def test_the_developer_role_renders_as_the_system_message():
+    """OpenAI's newer `developer` role (agent SDKs send it) is what chat templates call `system`."""
+    tok = hermes_tokenizer()
+    r = ChatRenderer(tok)
+    as_developer, _ = r.prompt_ids([{"role": "developer", "content": "Be brief."}, USER], None, EpisodeLog("e", 0))
+    as_system, _ = r.prompt_ids([{"role": "system", "content": "Be brief."}, USER], None, EpisodeLog("e", 1))
+    assert as_developer == as_system and "Be brief." in tok.decode(as_system)

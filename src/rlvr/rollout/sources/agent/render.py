@@ -67,12 +67,15 @@ def _template_call(tc: dict) -> dict:
 
 def normalize(messages: list[dict]) -> list[dict]:
     """The messages as chat templates expect them: text content, tool-call arguments as dicts,
-    tool messages named after the call they answer; keys set to None dropped."""
+    tool messages named after the call they answer, OpenAI's `developer` role as `system` (what
+    chat templates know); keys set to None dropped."""
     names = {tc.get("id"): (tc.get("function") or {}).get("name") for m in messages for tc in m.get("tool_calls") or []}
     out = []
     for m in messages:
         n = {k: v for k, v in m.items() if v is not None}
         n["content"] = _text(m.get("content"))
+        if n.get("role") == "developer":  # OpenAI's newer name for the system message (agent SDKs send it)
+            n["role"] = "system"
         if m.get("tool_calls"):
             n["tool_calls"] = [_template_call(tc) for tc in m["tool_calls"]]
         if m.get("role") == "tool" and "name" not in n and names.get(m.get("tool_call_id")):
