@@ -128,8 +128,8 @@ def table(name: str, res: dict) -> list[str]:
     lines = [
         f"### {name}",
         "",
-        "| arm | held-out before | held-out after | steps | tool calls per episode (training, first -> last 10 steps) | "
-        "training reward (first -> last 10) | wall time of `rlvr train` | median step |",
+        "| arm | held-out before | held-out after | steps | tool calls per episode (training; mean of the first -> last "
+        "min(10, steps/2) steps) | training reward (same steps) | wall time of `rlvr train` | median step |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm, label in (("tools", "`tools:` (tools.functions=[calculator])"), ("agent", "`rollout.agent` (examples/agent_openai.py)")):

@@ -89,3 +89,16 @@ def test_an_agent_with_tags_needs_them_and_runs_its_own_tools(overrides, message
     cfg = load_config(None, [f"rollout.agent={EXAMPLE}", "rewards=[]", *overrides])
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         check_config(cfg)
+
+
+def test_rlvr_eval_of_a_tools_run_with_an_agent_keeps_its_tags_and_drops_its_tools(tmp_path):
+    """The model trained through `tools:` is scored with the agent: its calculator goes (the agent has its own), its tags stay."""
+    import argparse
+
+    from rlvr.train.eval_command import Target, eval_config
+
+    (tmp_path / "config.yaml").write_text((REPO / "examples" / "tools-calculator.yaml").read_text())
+    args = argparse.Namespace(task=None, system_prompt=None, agent=EXAMPLE, agent_timeout=None, overrides=[])
+    cfg = eval_config(Target(str(tmp_path / "final"), tmp_path / "config.yaml", tmp_path), args)
+    t = cfg.tools
+    assert cfg.rollout.agent == EXAMPLE and t.functions == [] and (t.format, t.tags, t.describe) == ("tags", ["calculator=calc"], False)

@@ -28,9 +28,9 @@ def server():
 def test_rlvr_serve_speaks_the_models_tags(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     user = {"role": "user", "content": "845*109="}
-    first = client.chat.completions.create(model="tiny-tools", messages=[user], tools=TOOLS, n=16, max_tokens=32)
+    first = client.chat.completions.create(model="tiny-tools", messages=[user], tools=TOOLS, n=64, max_tokens=32)
     calls = [c for c in first.choices if c.message.tool_calls]
-    assert calls, [c.message.content for c in first.choices]  # tiny-tools calls the calculator in about half its samples
+    assert calls, [c.message.content for c in first.choices]  # tiny-tools calls in about 1 of 5 samples: none of 64 has odds ~1e-7
     call = calls[0]
     assert call.finish_reason == "tool_calls" and call.message.tool_calls[0].function.name == "calculator"
     assert set(json.loads(call.message.tool_calls[0].function.arguments)) == {"expression"}
