@@ -86,6 +86,30 @@ def test_the_same_samples_as_engine_generate_for_the_same_seeds(model_tok, decod
             assert s.finish == ("length" if len(ids) == 20 else "stop")
 
 
+def test_grouped_query_attention_gives_the_engines_samples(model_tok):
+    """Models whose keys/values have fewer heads than their queries (SmolLM2, Qwen, Llama 3): the same samples as
+    engine.generate, and a continuing call as if its prompt were decoded fresh."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = model_tok
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    d = ContinuousDecoder(model, tok, eos=eos_ids(model, tok))
+    try:
+        prompts = [tok(t)["input_ids"] for t in ("What is 12*34? ", "Hi")]
+        got = _concurrently(d, [Req(p, 16, 9 + i, episode=f"e{i}") for i, p in enumerate(prompts)])
+        follow = prompts[0] + got[0][0].ids + tok(" more")["input_ids"]
+        again = d.submit(Req(follow, 16, 3))[0]
+    finally:
+        d.close()
+    want = _generated((model, tok), prompts + [follow], SamplingParams(1, 1.0, 1.0, 0, 16, False), [9, 10, 3])
+    for g, w in zip([got[0][0], got[1][0], again], want):
+        assert g.ids == w[0][0]
+        torch.testing.assert_close(torch.tensor(g.logprobs), w[0][1], rtol=0, atol=1e-5)
+
+
 def test_stop_strings_and_budgets_end_a_reply(model_tok, decoder):
     _, tok = model_tok
     prompt = tok("What is 123*45? Use the calculator.")["input_ids"]
