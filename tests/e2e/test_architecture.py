@@ -16,11 +16,11 @@ SRC = REPO / "src" / "rlvr"
 
 # Lower layers never import higher ones; a package may import its own modules and any lower layer.
 LAYERS = [
-    {"rlvr", "config", "algo", "dist", "hub", "specs", "sandbox", "data"},
+    {"config", "algo", "dist", "hub", "specs", "live", "sandbox", "data"},
     {"models", "rewards", "observe", "tools", "tasks"},
     {"rollout"},
     {"train", "serve"},
-    {"cli", "__main__"},
+    {"cli", "__main__", "api", "rlvr"},  # `rlvr` itself: the public names (rlvr.train, rlvr.GRPOTrainer) come from api
 ]
 
 
