@@ -7,7 +7,9 @@ alike: each names the setting and the spec as written, says what was tried, and 
 suggests the nearest name (`did you mean 'math'?`). A caller passes its own exception class
 (RewardError, ToolError) so that its users catch what they always caught.
 
-This module imports nothing else of rlvr.
+Objects given to rlvr from Python (rlvr.GRPOTrainer's callables) are named `rlvr_live:NAME` (rlvr.live).
+
+This module imports nothing else of rlvr but rlvr.live.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import threading
 import types
 from pathlib import Path
 from typing import Any, Iterable
+
+from rlvr import live
 
 FORMS = "module:name or path/to/file.py:name"
 
@@ -65,6 +69,8 @@ def resolve(
         forms = f"a built-in name ({', '.join(names)}), {FORMS}" if names else FORMS
         raise error(f"{setting} {spec!r}: use {forms}{did_you_mean(target, names)}")
     where, name = target.rsplit(":", 1)
+    if where == live.MODULE and not hasattr(sys.modules.get(where), name):
+        raise error(f"{setting} {spec!r}: {live.missing(target)}")
     module = _load_file(where, setting, spec, error) if where.endswith(".py") else _import(where, setting, spec, error)
     obj = getattr(module, name, None)
     if obj is None or not callable(obj):

@@ -38,6 +38,8 @@ class ModelConfig:
     """Passed to transformers when loading the model and tokenizer."""
     gguf_file: str | None = None
     """A GGUF file inside `path` to load (dequantised) into a normal trainable model."""
+    tokenizer: str | None = None
+    """The tokenizer (TRL's processing_class): a folder or hub id; unset: `path`'s own."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass: less memory, about a third more compute."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -9,6 +9,7 @@ import csv
 import json
 from pathlib import Path
 
+from rlvr import live
 from rlvr.hub import looks_like_hub_id, offline_reason
 
 
@@ -99,12 +100,25 @@ def _cached_hub_dataset(datasets, source: str, split: str, subset: str | None, w
         datasets.config.HF_HUB_OFFLINE = was
 
 
+def _live_rows(source: str, what: str) -> list[dict]:
+    try:
+        data = live.get(source, what)
+    except LookupError as e:
+        raise DataError(str(e)) from None
+    rows = data.to_list() if hasattr(data, "to_list") else list(data)
+    if not all(isinstance(r, dict) for r in rows):
+        raise DataError(f"{what}: the dataset's rows must be dicts of columns (a datasets.Dataset or a list of dicts)")
+    return rows
+
+
 def load_rows(
     source: str, *, prompt_column: str = "prompt", split: str = "train", subset: str | None = None, what: str = "data.path"
 ) -> list[dict]:
     """Rows with the prompt under `prompt`; every other column kept as is. `what`: the setting that named `source`, for errors."""
     p = Path(source)
-    if p.is_file():
+    if live.is_live(source):  # a datasets.Dataset (or list of dicts) given to rlvr.GRPOTrainer
+        rows = _live_rows(source, what)
+    elif p.is_file():
         reader = READERS.get(p.suffix.lower())
         if reader is None:
             raise DataError(f"{p}: unsupported file type {p.suffix!r}; use one of {sorted(READERS)}")

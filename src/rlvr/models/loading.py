@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr import live
 from rlvr.hub import cached_snapshot, is_cached, looks_like_hub_id, offline_reason
 from rlvr.models import resolve_model_path
 
@@ -19,7 +20,10 @@ class ModelError(ValueError):
 
 def resolve_existing(path: str, what: str = "model.path") -> str:
     """The folder or hub id to load. A path must exist; a hub id must be in the local cache or the
-    hub reachable (checked in seconds, instead of a minute of retries ending in HF's own error)."""
+    hub reachable (checked in seconds, instead of a minute of retries ending in HF's own error). A `rlvr_live:` name
+    (a model object given to rlvr.GRPOTrainer) is returned as it is."""
+    if live.is_live(path):
+        return path
     resolved = resolve_model_path(path)
     local = Path(resolved).expanduser()
     if local.exists():
@@ -41,7 +45,10 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
     where = resolve_existing(path)
-    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
+    if live.is_live(where):  # a tokenizer object, or a model object's (its config's name_or_path)
+        tok = _live_tokenizer(where)
+    else:
+        tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **extra)
     notes = []
     if tok.eos_token_id is None:
         raise ModelError(f"tokenizer of {path!r} has no eos_token: generation could never stop; set one in its tokenizer_config.json")
@@ -49,6 +56,25 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
         tok.pad_token = tok.eos_token  # padding is masked everywhere, so any id works
         notes.append(f"tokenizer of {path!r} has no pad_token: using eos_token {tok.eos_token!r} for padding")
     return tok, notes
+
+
+def _live_tokenizer(spec: str):
+    obj = _live(spec, "model.tokenizer")
+    if hasattr(obj, "convert_tokens_to_ids"):
+        return obj
+    from transformers import AutoTokenizer
+
+    name = getattr(getattr(obj, "config", None), "name_or_path", "")
+    if not name or not Path(name).exists() and not looks_like_hub_id(name):
+        raise ModelError(f"model.path={spec!r}: the model object does not say where its tokenizer is; pass processing_class=")
+    return AutoTokenizer.from_pretrained(resolve_existing(name, what="the model object's name_or_path"))
+
+
+def _live(spec: str, what: str):
+    try:
+        return live.get(spec, what)
+    except LookupError as e:
+        raise ModelError(str(e)) from None
 
 
 def load_model(
@@ -66,6 +92,8 @@ def load_model(
 
         return load_gguf(resolve_existing(path), gguf_file, DTYPES[dtype])[0].to(device)
     where = resolve_existing(path)
+    if live.is_live(where):  # trained in place, as TRL does with a model object; its own dtype
+        return _live(where, "model.path").to(device)
     if quantization_config is not None:  # QLoRA: bitsandbytes places the k-bit weights itself
         return AutoModelForCausalLM.from_pretrained(
             where,

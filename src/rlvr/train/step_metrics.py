@@ -163,3 +163,17 @@ def staleness_metrics(batch, trained_version: int) -> dict[str, float]:
         return {}
     lag = (trained_version - v).float()
     return {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max()), "rollout/stale_dropped": float(batch.stale_dropped)}
+
+
+def log_completions(log, cfg, metrics: dict, record: StepRecord, *, stopping: bool) -> None:
+    """A note when torch.compile built graphs this step, and the completions table: every logging.completions_every steps,
+    and always at the first and last step of the run and at a stop (so a run shorter than the interval still shows some)."""
+    step = metrics["step"]
+    if metrics.get("time/compile"):
+        log.info(
+            f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
+            f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)"
+        )
+    due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or stopping
+    if cfg.logging.completions_every and due:
+        log.samples(completion_rows(record.batch, record.advantages, step, cfg.logging.num_completions))

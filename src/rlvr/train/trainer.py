@@ -34,6 +34,7 @@ from rlvr.train.batch_plan import BatchPlan
 from rlvr.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from rlvr.train.collect import Batch, Collector
 from rlvr.train.evaluation import EvaluationError, evaluate, held_out_for
+from rlvr.train.hooks import NoHooks, RunHooks
 from rlvr.train.minibatches import this_ranks_minibatches
 from rlvr.train.reward_health import RewardHealth
 from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
@@ -42,7 +43,7 @@ from rlvr.train.setup import check_config, columns_the_rollout_adds, device_for,
 from rlvr.train.setup import schedule_change, training_prompts, training_sampling
 from rlvr.train.state import Checkpointer, TrainState
 from rlvr.train.servers import GenerationApart, uses_servers
-from rlvr.train.step_metrics import StepRecord, batch_metrics, completion_rows, step_times
+from rlvr.train.step_metrics import StepRecord, batch_metrics, log_completions, step_times
 from rlvr.train.update import Updater
 from rlvr.train.update_inputs import UpdateResult
 
@@ -53,9 +54,9 @@ class Trainer:
     resumed_from: Path | None  # the checkpoint this run resumed from
     last_step: StepRecord | None  # the batch and advantages of the last step trained
 
-    def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None, source=None):
-        """`source`: a RolloutSource to learn from instead of the single-turn one the config describes."""
-        self.cfg, self.logger_live = cfg, logger_live
+    def __init__(self, cfg: Config, *, force: bool = False, logger_live: bool | None = None, source=None, hooks: RunHooks | None = None):
+        """`source`: a RolloutSource to learn from instead of the single-turn one the config describes; `hooks`: told of each step."""
+        self.cfg, self.logger_live, self.hooks = cfg, logger_live, hooks or NoHooks()
         self.warnings = check_config(cfg, force=force)
         self.device = device_for(cfg.device)
         self._join_processes()
@@ -111,7 +112,7 @@ class Trainer:
     def _load_model(self, first_row: dict) -> None:
         """Tokenizer, policy (and reference), the batch plan, the precision, the parallel wrapper and the engine."""
         cfg = self.cfg
-        self.tokenizer, notes = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
+        self.tokenizer, notes = load_tokenizer(cfg.model.tokenizer or cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
         self.warnings += notes
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
@@ -237,7 +238,9 @@ class Trainer:
         return outcome.score
 
     def save_checkpoint(self) -> Path:
-        return self.checkpointer.save(self.state)
+        path = self.checkpointer.save(self.state)
+        self.hooks.saved(self, path)
+        return path
 
     # ------------------------------------------------------------------ the loop
 
@@ -256,6 +259,7 @@ class Trainer:
         log.info(self.precision.describe())
         summary: dict = {"output_dir": str(out), "precision": self.precision.summary()}
         self.stop = stop = StopRequest()
+        self.hooks.train_begin(self)
         try:
             if cfg.eval.before_after and state.step == 0:
                 self._phase("evaluation before training", abandonable=True)
@@ -293,10 +297,13 @@ class Trainer:
         started += self._evaluate_when_due(metrics, log)  # evaluating is not training
         self._phase("logging")
         log.log(metrics)  # metrics.jsonl, the dashboards, the console
+        if self.hooks.step_end(self, metrics) and self.stop is not None:  # e.g. a callback's control.should_training_stop
+            self.stop.requested = self.stop.requested or "a callback"
         for note in self.apart.notes() if self.apart else []:  # a generation server dropped, and why
             log.info(note)
         log.run_doctor_when_due(self.state.step)  # the doctor's rules over the run so far; new findings print as warnings
-        self._log_completions(metrics, log)
+        assert self.stop is not None and self.last_step is not None, "train() runs this after a step"
+        log_completions(log, self.cfg, metrics, self.last_step, stopping=self.stop.requested is not None)
         self.state.train_seconds += time.time() - started
         return self._checkpoint_when_due(log)
 
@@ -313,21 +320,6 @@ class Trainer:
         except AbandonStep:
             log.info(f"[stop] step {step}: evaluation abandoned; the step itself is kept")
         return time.time() - t_eval
-
-    def _log_completions(self, metrics: dict, log) -> None:
-        """A note when torch.compile built graphs this step, and the completions table: every logging.completions_every steps,
-        and always at the first and last step of the run and at a stop (so a run shorter than the interval still shows some)."""
-        cfg, step = self.cfg, self.state.step
-        if metrics.get("time/compile"):
-            log.info(
-                f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
-                f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)"
-            )
-        assert self.stop is not None and self.last_step is not None, "train() runs this after a step"
-        due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or self.stop.requested is not None
-        if cfg.logging.completions_every and due:
-            r = self.last_step
-            log.samples(completion_rows(r.batch, r.advantages, step, cfg.logging.num_completions))
 
     def _checkpoint_when_due(self, log) -> str:
         """After a logged step: stop on a failing reward or too many bad steps, stop on a signal (all ranks
@@ -352,6 +344,7 @@ class Trainer:
         out, step, path = self.output_dir, self.state.step, self.checkpointer.save_unless_saved(self.state)
         log.info(f"stopped by {self.stop.requested} at step {step}; checkpoint {path}. Resume with: rlvr train --resume {out}")
         summary["interrupted_at"] = step
+        self.hooks.train_end(self, summary)
         return summary
 
     def _finish(self, log, summary: dict) -> None:
@@ -371,6 +364,7 @@ class Trainer:
         if self.dist.is_main:
             write_atomically(out / "summary.json", json.dumps(summary, indent=2))
         self.dist.barrier("end of training")
+        self.hooks.train_end(self, summary)
 
     def _phase(self, phase: str, *, abandonable: bool = False) -> None:
         """Tell the stop handler where the loop is (a second signal abandons only generation or evaluation,
@@ -385,6 +379,7 @@ class Trainer:
             assert self.held_out is not None, "a score: there is a held-out set"
             sampled = "".join(f", {k.removeprefix('eval/')} {v:.3f}" for k, v in (self.eval_metrics or {}).items())
             log.info(f"held-out {self.held_out.label} {when}: {score:.3f}{sampled}")
+            self.hooks.evaluated(self, {"eval/reward": score, **(self.eval_metrics or {})})
             if self.eval_failures:
                 log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")
         return score

@@ -1,0 +1,244 @@
+"""A TRL GRPOConfig as rlvr config settings: `settings(args, ...)` returns the dotted keys and values (TRL's
+meaning, rlvr's names) and the notes to print; a field rlvr cannot honour is refused, all of them in one
+ConfigError that names each. rlvr.api.trl_fields says what happens to every field; this is the arithmetic.
+
+TRL counts optimizer steps (max_steps, save_steps, eval_steps, logging_steps); rlvr counts steps, each one
+generation followed by `optimizer steps per generation x num_iterations` optimizer steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlvr.api.trl_config import GRPOConfig, trl_defaults
+from rlvr.api.trl_fields import RULES
+from rlvr.config import ConfigError
+
+SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")
+DASHBOARDS = ("tensorboard", "wandb", "trackio")
+
+
+@dataclass
+class Batches:
+    """TRL's batch arithmetic (per process: per_device_train_batch_size; all: x world size)."""
+
+    prompts_per_step: int  # prompts per generation
+    group_size: int
+    optimizer_steps_per_generation: int  # rlvr's optim.steps_per_generation
+    updates_per_step: int  # optimizer steps per rlvr step: the above x num_iterations
+
+    def steps(self, optimizer_steps: float) -> int:
+        """rlvr steps covering TRL's count of optimizer steps."""
+        return max(1, math.ceil(optimizer_steps / self.updates_per_step))
+
+
+def batches(args: GRPOConfig, world_size: int, errors: list[str]) -> Batches:
+    P, A, G = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps), int(args.num_generations)
+    gbs, spg = args.generation_batch_size, args.steps_per_generation
+    if gbs is not None and spg is not None:
+        errors.append("generation_batch_size and steps_per_generation: set one of them (TRL refuses both too)")
+    if gbs is not None:
+        if gbs % (P * world_size):
+            errors.append(f"generation_batch_size={gbs} must be a multiple of per_device_train_batch_size x world size = {P * world_size}")
+        spg = max(1, gbs // (P * world_size))
+    spg = A if spg is None else int(spg)
+    gbs = P * world_size * spg
+    if gbs % G:
+        errors.append(
+            f"num_generations={G} must divide the generation batch, per_device_train_batch_size x world size x steps_per_generation "
+            f"= {P} x {world_size} x {spg} = {gbs} (TRL refuses it too)"
+        )
+    if spg % A:
+        errors.append(
+            f"steps_per_generation={spg} must be a multiple of gradient_accumulation_steps={A}: rlvr ends each generation's "
+            "completions with a whole optimizer step"
+        )
+    per_gen = max(1, spg // A)
+    return Batches(max(1, gbs // G), G, per_gen, per_gen * int(args.num_iterations))
+
+
+def _interval(strategy: str, every: float | None, b: Batches, total_steps: int, steps_per_epoch: int | None) -> int:
+    """A TRL interval (steps, epoch, no; in optimizer steps, below 1 a share of the run) as rlvr steps (0: never)."""
+    if strategy == "no" or every is None:
+        return 0
+    if strategy == "epoch":
+        return steps_per_epoch or 0
+    if 0 < every < 1:
+        return max(1, math.ceil(every * total_steps))
+    return b.steps(every)
+
+
+def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: bool, has_tools: bool) -> tuple[dict[str, Any], list[str]]:
+    """(rlvr settings, notes) for `args`; ConfigError naming every field rlvr cannot honour. `rows`: the training
+    dataset's size (None: an iterable dataset, which needs max_steps as in TRL). Settings that would change nothing
+    (evaluation ones without an eval_dataset, tools ones without tools, KL ones at beta 0) are left at rlvr's."""
+    errors: list[str] = []
+    notes = _refusals(args, errors)
+    b = batches(args, world_size, errors)
+    s: dict[str, Any] = {
+        "output_dir": args.output_dir or "trainer_output",
+        "seed": args.seed,
+        "rollout.group_size": b.group_size,
+        "rollout.prompts_per_step": b.prompts_per_step,
+        "optim.steps_per_generation": b.optimizer_steps_per_generation,
+        "optim.micro_batch_size": int(args.per_device_train_batch_size),
+        "rollout.max_new_tokens": args.max_completion_length,
+        **{f"rollout.{k}": getattr(args, k) for k in ("temperature", "top_p", "top_k")},
+        "data.shuffle": bool(args.shuffle_dataset) and args.train_sampling_strategy != "sequential",
+    }
+    steps_per_epoch = math.ceil(rows / b.prompts_per_step) if rows else None
+    if args.max_steps is not None and args.max_steps > 0:
+        s["steps"] = b.steps(args.max_steps)
+        if args.max_steps % b.updates_per_step:
+            notes.append(f"max_steps={args.max_steps} is not a whole number of rlvr steps ({b.updates_per_step} optimizer steps each)")
+    elif steps_per_epoch is None:
+        errors.append("max_steps: an IterableDataset has no length, so set max_steps (TRL needs it too)")
+    else:
+        s["steps"] = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
+    total = s.get("steps", 1)
+    s.update(_optimizer(args, b, total, errors))
+    s.update(_model_and_devices(args, errors))
+    s.update(_algo(args, has_tools))
+    s.update(_generation_engine(args, errors, notes))
+    s.update(_logging(args, b, errors))
+    save = _interval(str(args.save_strategy), args.save_steps, b, total, steps_per_epoch)
+    if args.save_strategy == "best":
+        errors.append("save_strategy='best': rlvr keeps no best model (final/ is the last step's; checkpoints/ the earlier)")
+    s.update({"checkpoint.every": save, "checkpoint.keep": args.save_total_limit or 0})
+    every = _interval(str(args.eval_strategy), args.eval_steps or args.logging_steps, b, total, steps_per_epoch)
+    s.update({"eval.before_after": has_eval and bool(args.eval_on_start), "eval.every": every if has_eval else 0})
+    if has_eval:  # TRL samples num_generations_eval completions per prompt at the training temperature
+        s.update({"eval.samples": args.num_generations_eval or args.num_generations, "eval.temperature": args.temperature})
+    if errors:
+        raise ConfigError("GRPOConfig: rlvr cannot honour these settings:\n  - " + "\n  - ".join(errors))
+    return s, notes
+
+
+def _refusals(args: GRPOConfig, errors: list[str]) -> list[str]:
+    """Fields set away from TRL's default that rlvr refuses (an error each) or that change nothing here (a note each)."""
+    notes = []
+    for name, default in trl_defaults().items():
+        value, rule = getattr(args, name), RULES[name]
+        if rule.kind == "mapped" or _same(value, default):
+            continue
+        if rule.kind == "refused":
+            errors.append(f"{name}={value!r}: {rule.what}")
+        else:
+            notes.append(f"GRPOConfig {name}={value!r} changes nothing in rlvr: {rule.what}")
+    return notes
+
+
+def _same(value: Any, default: Any) -> bool:
+    value, default = getattr(value, "value", value), getattr(default, "value", default)  # TRL's enums
+    return value == default or (value in (None, [], {}, "") and default in (None, [], {}, ""))
+
+
+def _optimizer(args: GRPOConfig, b: Batches, total_steps: int, errors: list[str]) -> dict[str, Any]:
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if schedule not in SCHEDULES:
+        errors.append(f"lr_scheduler_type={schedule!r}: rlvr has {', '.join(SCHEDULES)}")
+    optim = str(getattr(args.optim, "value", args.optim))
+    if optim not in ADAMW:
+        errors.append(f"optim={optim!r}: rlvr's optimizer is AdamW ({', '.join(ADAMW)})")
+    warmup = args.warmup_steps or 0
+    if 0 < warmup < 1:  # transformers 5: a share of the optimizer steps
+        warmup = math.ceil(warmup * total_steps * b.updates_per_step)
+    if schedule == "constant":  # transformers' constant schedule has no warmup
+        warmup = 0
+    return {
+        "optim.lr": args.learning_rate,
+        "optim.lr_schedule": SCHEDULES.get(schedule, "constant"),
+        "optim.warmup_steps": int(warmup),
+        "optim.weight_decay": args.weight_decay,
+        "optim.beta1": args.adam_beta1,
+        "optim.beta2": args.adam_beta2,
+        "optim.max_grad_norm": args.max_grad_norm,
+        **({"optim.compile": "on"} if args.torch_compile else {}),
+    }
+
+
+def _model_and_devices(args: GRPOConfig, errors: list[str]) -> dict[str, Any]:
+    s: dict[str, Any] = {"model.trust_remote_code": bool(args.trust_remote_code)}
+    kwargs = dict(args.model_init_kwargs or {})
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    if dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        errors.append(f"model_init_kwargs dtype={dtype!r}: rlvr trains float32, bfloat16 or float16 weights")
+    elif dtype not in (None, "auto"):
+        s["model.dtype"] = dtype
+    s["model.trust_remote_code"] = bool(kwargs.pop("trust_remote_code", args.trust_remote_code))
+    kwargs.pop("attn_implementation", None)  # transformers' default (SDPA) runs: the same math
+    if kwargs:
+        errors.append(f"model_init_kwargs {sorted(kwargs)}: rlvr takes dtype, trust_remote_code and attn_implementation")
+    checkpointing = args.gradient_checkpointing if args.activation_checkpointing is None else args.activation_checkpointing
+    s["model.gradient_checkpointing"] = bool(checkpointing)
+    s["model.autocast"] = "auto" if args.bf16 is None else "bf16" if args.bf16 else "none"
+    if args.use_cpu:
+        s["device"] = "cpu"
+    if args.ddp_backend:
+        s["dist.backend"] = args.ddp_backend
+    s["dist.timeout"] = float(args.ddp_timeout)
+    if args.fsdp:
+        s["dist.strategy"] = "fsdp"
+    return s
+
+
+_ALGO_SAME = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:")]
+
+
+def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
+    s = {f"algo.{n}": getattr(args, n) for n in _ALGO_SAME}
+    scale = args.scale_rewards
+    s["algo.scale_rewards"] = "group" if scale is True else "none" if scale is False else scale
+    s["algo.reward_aggregation"] = args.multi_objective_aggregation
+    if args.beta:
+        s["algo.kl_bias_correction"] = bool(args.use_bias_correction_kl)
+    turns = args.max_tool_calling_iterations
+    if has_tools:  # TRL's None: no limit but the completion length (each turn takes at least one token)
+        s["tools.max_turns"] = turns + 1 if turns is not None else args.max_completion_length + 1
+    return s
+
+
+def _generation_engine(args: GRPOConfig, errors: list[str], notes: list[str]) -> dict[str, Any]:
+    if not args.use_vllm:
+        return {}
+    s: dict[str, Any] = {}
+    if args.vllm_mode == "server":
+        host = "127.0.0.1" if args.vllm_server_host in ("0.0.0.0", "localhost") else args.vllm_server_host
+        s["rollout.servers"] = [args.vllm_server_base_url or f"http://{host}:{args.vllm_server_port}"]
+        s["rollout.server_timeout_s"] = float(args.vllm_server_timeout)
+    else:
+        s["rollout.engine"] = "vllm"
+        s["rollout.vllm.gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
+        s["rollout.vllm.max_model_len"] = args.vllm_max_model_length
+        s["rollout.vllm.sleep"] = bool(args.vllm_enable_sleep_mode)
+    mode = args.vllm_importance_sampling_mode
+    if not args.vllm_importance_sampling_correction:
+        s["algo.sampler_correction"] = "none"
+    else:
+        token_mode = "token_mask" if mode.endswith("mask") else "token_truncate"
+        if mode.startswith("sequence"):
+            notes.append(f"vllm_importance_sampling_mode={mode!r}: rlvr corrects per token, as {token_mode}")
+        s["algo.sampler_correction"] = token_mode
+    s["algo.sampler_correction_cap"] = args.vllm_importance_sampling_cap or args.vllm_importance_sampling_clip_max
+    return s
+
+
+def _logging(args: GRPOConfig, b: Batches, errors: list[str]) -> dict[str, Any]:
+    s: dict[str, Any] = {"logging.completions_every": b.steps(args.logging_steps) if args.log_completions else 0}
+    if args.num_completions_to_print:
+        s["logging.num_completions"] = args.num_completions_to_print
+    wanted = args.report_to if isinstance(args.report_to, list) else [args.report_to] if args.report_to else []
+    if "all" in wanted:
+        wanted = [d for d in DASHBOARDS if importlib.util.find_spec(d if d != "tensorboard" else "torch.utils.tensorboard")]
+    wanted = [w for w in wanted if w != "none"]
+    if bad := [w for w in wanted if w not in DASHBOARDS]:
+        errors.append(f"report_to={bad}: rlvr writes to {', '.join(DASHBOARDS)} (and metrics.jsonl always)")
+    s["logging.report_to"] = [w for w in wanted if w in DASHBOARDS]
+    if args.train_sampling_strategy == "group_by_length":
+        errors.append("train_sampling_strategy='group_by_length': rlvr draws prompts at random (or in order: 'sequential')")
+    return s

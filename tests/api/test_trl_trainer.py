@@ -1,0 +1,259 @@
+"""TRL 1.16's documented GRPO examples, with only the import line changed (`from rlvr import GRPOConfig,
+GRPOTrainer`), run to completion on the bundled tiny model with small in-memory datasets of the same shape.
+Each test checks the rlvr config the script became against TRL's meaning of its arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset, IterableDataset
+
+from rlvr import GRPOConfig, GRPOTrainer
+from rlvr.config import ConfigError
+
+FAST = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=2, bf16=False)
+
+
+def prompts(n: int = 8) -> Dataset:
+    return Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(n)])
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+# TRL's quickstart: reward_len on a standard (text) dataset
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def test_quickstart_runs_with_trls_batch_and_loss_meaning(tmp_path):
+    args = GRPOConfig(
+        output_dir="quick",
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=4,
+        steps_per_generation=4,
+        bf16=False,
+        logging_steps=1,
+    )
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts())
+    cfg = trainer.cfg
+    # TRL: generation batch = 8 x 1 process x 4 steps_per_generation = 32 completions = 8 prompts x 4;
+    # one optimizer step = 8 x 2 accumulation = 16 completions, so a generation feeds 2 optimizer steps
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.optim.steps_per_generation) == (8, 4, 2)
+    assert cfg.optim.micro_batch_size == 8 and cfg.steps == 2  # max_steps=4 optimizer steps = 2 generations
+    assert (cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k) == (8, 1.0, 1.0, 0)
+    a = cfg.algo
+    assert (a.loss_type, a.beta, a.epsilon, a.epsilon_high, a.scale_rewards, a.num_iterations) == ("dapo", 0.0, 0.2, None, "group", 1)
+    assert (cfg.optim.lr, cfg.optim.lr_schedule, cfg.optim.beta2, cfg.model.gradient_checkpointing) == (1e-6, "linear", 0.999, True)
+    assert cfg.rewards[0].name == "reward_len" and cfg.rewards[0].fn.endswith(":reward_len")
+    out = trainer.train()
+    assert out.global_step == 4 and trainer.state.global_step == 4
+    steps = [h["step"] for h in trainer.state.log_history if "loss" in h]
+    assert steps == [2, 4]  # logging_steps=1: every optimizer step that ends an rlvr step
+    lines = [json.loads(x) for x in (tmp_path / "quick" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2] and "rewards/reward_len/mean" in lines[0]
+    assert (tmp_path / "quick" / "final" / "model.safetensors").is_file()
+    trainer.save_model("saved")
+    assert (tmp_path / "saved" / "model.safetensors").is_file() and (tmp_path / "saved" / "tokenizer_config.json").is_file()
+
+
+# a conversational dataset whose reward reads a column
+def correct_answer(completions, solution, **kwargs):
+    return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]
+
+
+def test_conversational_dataset_with_a_column_reading_reward(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}], "solution": str(2 * a)} for a in range(6)]
+    args = GRPOConfig(output_dir="conv", loss_type="grpo", beta=0.04, epsilon_high=0.28, scale_rewards=False, **FAST)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=[correct_answer, reward_len], args=args, train_dataset=Dataset.from_list(rows))
+    a = trainer.cfg.algo
+    assert (a.loss_type, a.beta, a.epsilon_high, a.scale_rewards, a.kl_bias_correction) == ("grpo", 0.04, 0.28, "none", True)
+    assert [r.name for r in trainer.cfg.rewards] == ["correct_answer", "reward_len"]
+    trainer.train()
+    last = [json.loads(x) for x in (tmp_path / "conv" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert "rewards/correct_answer/mean" in last and last["kl"] >= 0
+
+
+def test_lora_peft_config_maps_to_the_adapter_and_saves_it(tmp_path):
+    from peft import LoraConfig
+
+    args = GRPOConfig(output_dir="lora", learning_rate=1e-5, **FAST)
+    peft_config = LoraConfig(r=8, lora_alpha=32, lora_dropout=0.05, task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), peft_config=peft_config)
+    lo = trainer.cfg.model.lora
+    assert (lo.r, lo.alpha, lo.dropout, lo.target_modules) == (8, 32.0, 0.05, ["q_proj", "v_proj"])  # peft's llama default
+    trainer.train()
+    assert type(trainer.model).__name__.startswith("Peft")
+    assert (tmp_path / "lora" / "final" / "adapter_model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="peft_config.use_dora=True"):
+        GRPOTrainer(
+            model="tiny",
+            reward_funcs=reward_len,
+            args=GRPOConfig(output_dir="d", **FAST),
+            train_dataset=prompts(),
+            peft_config=LoraConfig(r=8, use_dora=True),
+        )
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+
+    Returns:
+        The product.
+    """
+    return a * b
+
+
+# a chat template that renders tools= (as tool-calling models' templates do), short enough for the tiny model's context
+TOOL_TEMPLATE = (
+    "{% if tools %}<|system|>tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>"
+    "{% endfor %}{% if m.role == 'assistant' %}</s>{% endif %}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tool_tokenizer():
+    from transformers import AutoTokenizer
+
+    from rlvr.models import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny"))
+    tok.chat_template = TOOL_TEMPLATE
+    return tok
+
+
+def test_tools_list_and_processing_class_run_multi_turn(tmp_path):
+    args = GRPOConfig(output_dir="tools", max_tool_calling_iterations=2, **FAST)
+    tok = tool_tokenizer()
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), tools=[multiply], processing_class=tok)
+    assert trainer.cfg.tools.functions == [f"{__name__}:multiply"] and trainer.cfg.tools.max_turns == 3
+    assert trainer.cfg.model.tokenizer.startswith("rlvr_live:")
+    trainer.train()
+    assert trainer._trainer.tokenizer is tok
+    assert (tmp_path / "tools" / "final" / "chat_template.jinja").read_text() == TOOL_TEMPLATE  # the processing_class was used
+
+
+class Counter:
+    def reset(self, **kwargs) -> str | None:
+        self.calls = 0
+        return None
+
+    def increment(self, step: int) -> str:
+        """
+        Add to the counter.
+
+        Args:
+            step: How much to add.
+
+        Returns:
+            The new count.
+        """
+        self.calls += step
+        return str(self.calls)
+
+
+def used_the_tool(environments, **kwargs):
+    return [float(env.calls > 0) for env in environments]
+
+
+def test_environment_factory_gives_rewards_the_episodes_environments(tmp_path):
+    args = GRPOConfig(output_dir="env", **FAST)
+    trainer = GRPOTrainer(
+        model="tiny",
+        reward_funcs=used_the_tool,
+        args=args,
+        train_dataset=prompts(),
+        environment_factory=Counter,
+        processing_class=tool_tokenizer(),
+    )
+    assert trainer.cfg.tools.environment == f"{__name__}:Counter"
+    assert trainer.cfg.tools.max_turns == 9  # TRL: tool calls limited only by max_completion_length
+    trainer.train()
+    assert json.loads((tmp_path / "env" / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_callback_stops_training_at_step_3_and_sees_trls_state(tmp_path):
+    from transformers import TrainerCallback
+
+    events = []
+
+    class StopAt3(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            events.append(("begin", state.global_step, state.max_steps))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            events.append(("step", state.global_step))
+            if state.global_step >= 3:
+                control.should_training_stop = True
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            events.append(("log", state.global_step, "reward" in logs))
+
+        def on_save(self, args, state, control, **kwargs):
+            events.append(("save", state.global_step))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            events.append(("end", state.global_step, kwargs["model"] is not None))
+
+    args = GRPOConfig(output_dir="cb", logging_steps=2, save_steps=2, **{**FAST, "max_steps": 10})
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), callbacks=[StopAt3])
+    trainer.train()
+    assert events == [
+        ("begin", 0, 10),
+        ("step", 1),
+        ("step", 2),
+        ("log", 2, True),
+        ("save", 2),
+        ("step", 3),
+        ("log", 3, True),
+        ("end", 3, True),
+    ]
+    # stopped as a first Ctrl-C stops: a checkpoint at step 3, resumable from the same script
+    assert (tmp_path / "cb" / "checkpoints" / "step-0000003").is_dir()
+    again = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts())
+    with pytest.raises(ConfigError, match="resume_from_checkpoint=True"):
+        again.train()
+    assert again.train(resume_from_checkpoint=True).global_step == 10
+
+
+def test_an_iterable_dataset_needs_max_steps_and_is_read_as_far_as_it_reaches():
+    def gen():
+        for a in range(1000):
+            yield {"prompt": f"{a}+1="}
+
+    with pytest.raises(ConfigError, match="max_steps"):
+        GRPOTrainer(
+            model="tiny",
+            reward_funcs=reward_len,
+            args=GRPOConfig(output_dir="it", **{**FAST, "max_steps": -1}),
+            train_dataset=IterableDataset.from_generator(gen),
+        )
+    trainer = GRPOTrainer(
+        model="tiny", reward_funcs=reward_len, args=GRPOConfig(output_dir="it", **FAST), train_dataset=IterableDataset.from_generator(gen)
+    )
+    assert len(trainer.train_dataset) == 2  # 2 steps x 1 prompt
+    trainer.train()
+
+
+def test_eval_dataset_is_scored_with_trls_eval_sampling():
+    args = GRPOConfig(output_dir="ev", eval_strategy="steps", eval_steps=1, num_generations_eval=4, **FAST)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), eval_dataset=prompts(4))
+    e = trainer.cfg.eval
+    assert (e.every, e.samples, e.temperature, e.before_after) == (1, 4, 1.0, False)
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert set(metrics) >= {"eval_reward", "eval_avg@4"} and metrics["eval_reward"] == metrics["eval_avg@4"]
+    assert sum("eval_reward" in h for h in trainer.state.log_history) == 3  # steps 1, 2 and the explicit call
