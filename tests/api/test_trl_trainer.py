@@ -5,6 +5,7 @@ Each test checks the rlvr config the script became against TRL's meaning of its 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from datasets import Dataset, IterableDataset
@@ -70,14 +71,26 @@ def correct_answer(completions, solution, **kwargs):
 
 def test_conversational_dataset_with_a_column_reading_reward(tmp_path):
     rows = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}], "solution": str(2 * a)} for a in range(6)]
-    args = GRPOConfig(output_dir="conv", loss_type="grpo", beta=0.04, epsilon_high=0.28, scale_rewards=False, **FAST)
+    args = GRPOConfig(
+        output_dir="conv",
+        loss_type="grpo",
+        beta=0.04,
+        epsilon_high=0.28,
+        scale_rewards=False,
+        reward_weights=[1.0, 0.5],
+        logging_strategy="no",
+        disable_tqdm=True,
+        **FAST,
+    )
     trainer = GRPOTrainer(model="tiny", reward_funcs=[correct_answer, reward_len], args=args, train_dataset=Dataset.from_list(rows))
+    assert [r.weight for r in trainer.cfg.rewards] == [1.0, 0.5] and trainer._trainer.logger_live is False
     a = trainer.cfg.algo
     assert (a.loss_type, a.beta, a.epsilon_high, a.scale_rewards, a.kl_bias_correction) == ("grpo", 0.04, 0.28, "none", True)
     assert [r.name for r in trainer.cfg.rewards] == ["correct_answer", "reward_len"]
     trainer.train()
     last = [json.loads(x) for x in (tmp_path / "conv" / "metrics.jsonl").read_text().splitlines()][-1]
     assert "rewards/correct_answer/mean" in last and last["kl"] >= 0
+    assert not any("loss" in h for h in trainer.state.log_history)  # logging_strategy="no": no on_log
 
 
 def test_lora_peft_config_maps_to_the_adapter_and_saves_it(tmp_path):
@@ -257,3 +270,45 @@ def test_eval_dataset_is_scored_with_trls_eval_sampling():
     metrics = trainer.evaluate()
     assert set(metrics) >= {"eval_reward", "eval_avg@4"} and metrics["eval_reward"] == metrics["eval_avg@4"]
     assert sum("eval_reward" in h for h in trainer.state.log_history) == 3  # steps 1, 2 and the explicit call
+
+
+def test_a_loaded_model_object_is_trained_in_place():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    args = GRPOConfig(output_dir="obj", learning_rate=1e-3, **FAST)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=args, train_dataset=prompts())
+    assert trainer.cfg.model.path == "rlvr_live:model" and trainer.cfg.model.dtype == "float32"
+    trainer.train()
+    assert trainer.model is model and trainer.processing_class is not None  # the tokenizer of the model's folder
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_trl_rollout_func_gets_each_prompt_num_generations_times_and_its_extra_fields_reach_rewards():
+    calls = []
+
+    def my_rollout(prompts, trainer):
+        calls.append(len(prompts))
+        tok = trainer.processing_class
+        out: dict = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "source": []}
+        for p in prompts:
+            completion = tok("42", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            out["prompt_ids"].append(tok(p, add_special_tokens=False)["input_ids"])
+            out["completion_ids"].append(completion)
+            out["logprobs"].append([-1.0] * len(completion))
+            out["source"].append("mine")
+        return out
+
+    def from_my_rollout(completions, source, **kwargs):
+        return [float(s == "mine") for s in source]
+
+    args = GRPOConfig(output_dir="rf", **FAST)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=from_my_rollout, args=args, train_dataset=prompts(), rollout_func=my_rollout)
+    trainer.train()
+    assert calls == [4, 4]  # 1 prompt x num_generations 4, per step
+    last = [json.loads(x) for x in (Path("rf") / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["rewards/from_my_rollout/mean"] == 1.0

@@ -42,7 +42,7 @@ class GRPOTrainer:
     ):
         name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "name_or_path", "model")
         self.args = args if args is not None else GRPOConfig(output_dir=f"{str(name).split('/')[-1]}-GRPO")
-        self.train_dataset, self.eval_dataset, self.processing_class = train_dataset, eval_dataset, processing_class
+        self.train_dataset, self.eval_dataset, self._processing_class = train_dataset, eval_dataset, processing_class
         self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [] if reward_funcs is None else [reward_funcs]
         self.rollout_func = rollout_func
         self._live: dict[str, Any] = {}
@@ -84,8 +84,8 @@ class GRPOTrainer:
         s["model.path"] = model if isinstance(model, str) else self._register(model, "model")
         if not isinstance(model, str):
             s["model.dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-        if self.processing_class is not None:
-            s["model.tokenizer"] = self._register(self.processing_class, "processing_class")
+        if self._processing_class is not None:
+            s["model.tokenizer"] = self._register(self._processing_class, "processing_class")
         s["rewards"] = self._rewards(errors)
         if self.eval_dataset is not None:
             s.update(self._eval_dataset(s["rewards"], errors))
@@ -175,6 +175,11 @@ class GRPOTrainer:
     def model(self):
         t = self._running("model")
         return t.policy.peft or t.policy.model
+
+    @property
+    def processing_class(self):
+        """The tokenizer the run uses (the one given, or the model's own)."""
+        return self._trainer.tokenizer if self._trainer is not None else self._processing_class
 
     @property
     def callback_handler(self):
