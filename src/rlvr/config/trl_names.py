@@ -38,7 +38,7 @@ _ALGO_SAME = (
     "vespo_k_neg",
     "vespo_lambda_neg",
 )
-_NO_SERVER = "the vllm engine runs colocated, in the training process: there is no vLLM server mode"
+_SERVER = "TRL's vLLM server is rlvr's generation server: `rlvr serve MODEL --engine vllm`, listed in rollout.servers"
 _NO_ADAPTIVE_ENTROPY = "the entropy bonus has a fixed coefficient, algo.entropy_coef (no adaptive control)"
 _NO_HUB = "rlvr writes the trained model to <output_dir>/final/; upload that folder yourself (huggingface_hub's upload_folder)"
 
@@ -68,17 +68,16 @@ TRL_NAMES: dict[str, TrlName] = {
     ),
     # GRPOConfig: vLLM
     "use_vllm": TrlName(_G, "rollout.engine=vllm"),
-    "vllm_mode": TrlName(_G, "rollout.engine=vllm", "vllm_mode=colocate; " + _NO_SERVER),
+    "vllm_mode": TrlName(_G, "rollout.engine=vllm", "vllm_mode=colocate; server: rollout.servers (" + _SERVER + ")"),
     "vllm_gpu_memory_utilization": TrlName(_G, "rollout.vllm.gpu_memory_utilization"),
     "vllm_max_model_length": TrlName(_G, "rollout.vllm.max_model_len"),
     "vllm_enable_sleep_mode": TrlName(_G, "rollout.vllm.sleep", "on by default in rlvr"),
     "vllm_tensor_parallel_size": TrlName(_G, None, "each rank's vLLM holds the whole model (tensor parallel size 1)"),
     "vllm_model_impl": TrlName(_G, None, "vLLM's own model implementation is used"),
     "vllm_structured_outputs_regex": TrlName(_G, None, "generation is not constrained"),
-    **{
-        name: TrlName(_G, None, _NO_SERVER)
-        for name in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port")
-    },
+    **{name: TrlName(_G, "rollout.servers", _SERVER) for name in ("vllm_server_base_url", "vllm_server_host", "vllm_server_port")},
+    "vllm_server_timeout": TrlName(_G, "rollout.server_timeout_s"),
+    "vllm_group_port": TrlName(_G, None, "the weight-sync group picks a free port and tells the server"),
     "vllm_importance_sampling_correction": TrlName(_G, "algo.sampler_correction", "none turns it off; auto corrects with the vllm engine"),
     "vllm_importance_sampling_mode": TrlName(_G, "algo.sampler_correction", "token_truncate or token_mask (no sequence_* modes)"),
     "vllm_importance_sampling_clip_max": TrlName(_G, "algo.sampler_correction_cap"),
@@ -179,7 +178,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "reward_funcs": TrlName(_R, "rewards", "a list of entries with fn (and weight), e.g. rewards: [math, my.py:fn]"),
     "train_dataset": TrlName(_R, "data.path"),
     "eval_dataset": TrlName(_R, "eval.data"),
-    "processing_class": TrlName(_R, None, "the tokenizer is model.path's own"),
+    "processing_class": TrlName(_R, "model.tokenizer", "a folder or hub id (rlvr.GRPOTrainer also takes the tokenizer object)"),
     "peft_config": TrlName(_R, "model.lora.r", "LoRA is on while model.lora.r > 0; the rest is model.lora.*"),
     "rollout_func": TrlName(_R, "rollout.function"),
     "tools": TrlName(_R, "tools.functions", "rlvr's `tools` is a section: the tool list is tools.functions"),
