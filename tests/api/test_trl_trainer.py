@@ -64,6 +64,25 @@ def test_quickstart_runs_with_trls_batch_and_loss_meaning(tmp_path):
     assert (tmp_path / "saved" / "model.safetensors").is_file() and (tmp_path / "saved" / "tokenizer_config.json").is_file()
 
 
+def test_quickstart_with_trls_defaults_fits_the_tiny_models_context(capsys):
+    trainer = GRPOTrainer(
+        model="tiny", reward_funcs=reward_len, args=GRPOConfig(output_dir="defaults", max_steps=2), train_dataset=prompts()
+    )
+    cfg = trainer.cfg  # TRL's defaults: 8 completions per device, num_generations 8, 512 tokens, lr 1e-6
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.optim.lr, cfg.model.autocast) == (1, 8, 1e-6, "auto")
+    # the tiny model's context is 128 tokens: 512 would not fit after the prompt, so the budget is what is left, said once
+    tok = trainer.processing_class
+    rendered = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts()["prompt"]
+    ]
+    longest = max(len(tok(r, add_special_tokens=False)["input_ids"]) for r in rendered)
+    assert cfg.rollout.max_new_tokens == 128 - longest
+    assert f"max_completion_length=512 does not fit the model's context of 128 tokens after the longest prompt ({longest} tokens)" in (
+        capsys.readouterr().out
+    )
+    trainer.train()
+
+
 # a conversational dataset whose reward reads a column
 def correct_answer(completions, solution, **kwargs):
     return [float(c[0]["content"].strip() == s) for c, s in zip(completions, solution)]

@@ -59,6 +59,8 @@ class GRPOTrainer:
             raise ConfigError("GRPOTrainer: rlvr cannot honour these arguments:\n  - " + "\n  - ".join(errors))
         fields.update(objects)
         fields["nproc"] = world_size
+        if not has_tools and rollout_func is None:
+            fields["rollout.max_new_tokens"] = self._completion_room(model, fields["rollout.max_new_tokens"])
         self.cfg = load_config(None, [f"{k}={_yaml(v)}" for k, v in fields.items()])
         self.hooks = CallbackHooks(list(callbacks or []), self.args, updates_per_step=self.batches.updates_per_step, steps=self.cfg.steps)
         self._trainer, self._deferred = None, None
@@ -143,6 +145,38 @@ class GRPOTrainer:
         needed = self.batches.steps(self.args.max_steps) * self.batches.prompts_per_step
         self.train_dataset = list(itertools.islice(iter(data), needed))
         return None
+
+    def _completion_room(self, model, max_new_tokens: int) -> int:
+        """max_completion_length, or less where the model's context leaves less after the longest prompt (TRL's
+        generation would run past the context; rlvr refuses a budget that does not fit, so it is lowered, with a note)."""
+        from rlvr.data import render_prompt
+        from rlvr.models.loading import load_tokenizer
+
+        config = getattr(model, "config", None)
+        if config is None:
+            from transformers import AutoConfig
+
+            from rlvr.models import resolve_model_path
+            from rlvr.models.loading import resolve_existing
+
+            config = AutoConfig.from_pretrained(
+                resolve_existing(resolve_model_path(model)), trust_remote_code=bool(self.args.trust_remote_code)
+            )
+        context = getattr(config, "max_position_embeddings", None)
+        data = self.train_dataset
+        if not context or data is None or context >= 4 * max_new_tokens:  # long contexts: the usual case, nothing to measure
+            return max_new_tokens
+        tok = self._processing_class or load_tokenizer(model if isinstance(model, str) else self._register(model, "model"))[0]
+        prompts = data["prompt"] if hasattr(data, "column_names") else [r["prompt"] for r in data]
+        longest = max((len(tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"]) for p in prompts), default=0)
+        room = context - longest
+        if 0 < room < max_new_tokens:
+            self.notes.append(
+                f"max_completion_length={max_new_tokens} does not fit the model's context of {context} tokens after the longest prompt "
+                f"({longest} tokens): completions are limited to {room} tokens"
+            )
+            return room
+        return max_new_tokens
 
     # ------------------------------------------------------------------ the run
 
