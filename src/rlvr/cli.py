@@ -78,55 +78,19 @@ def _convert_gguf(args) -> int:
 
 
 def _eval(args) -> int:
-    from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
-    from rlvr.rollout import SamplingParams, make_engine
-    from rlvr.rollout.sources import make_source
-    from rlvr.train import eval_command as ec
-    from rlvr.train.evaluation import EvaluationError, evaluate
+    from rlvr.api.evaluate import evaluate_options
+    from rlvr.train.eval_command import EvalOptions
+    from rlvr.train.evaluation import EvaluationError
 
-    target = ec.locate(args.model)
-    cfg = ec.eval_config(target, args)
-    held, task = ec.held_out(args, cfg, target)
-    columns = frozenset({"environments"}) if cfg.tools.environment else None if cfg.rollout.function else frozenset()
-    runner = held.runner(columns)  # data and reward mistakes before the model loads
-    resolve_existing(target.model, what="rlvr eval MODEL")
-    device, precision = ec.device_and_precision(cfg, target)
-    m = cfg.model
-    tok, _ = load_tokenizer(target.model, m.trust_remote_code)
-    model = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
-    context = getattr(model.config, "max_position_embeddings", None)
-    room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
-    k, temperature = cfg.eval.samples, cfg.eval.temperature if cfg.eval.samples > 1 else 0.0
-    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
-    # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
-    source = make_source(
-        cfg,
-        make_engine("hf", model, tok),
-        tok,
-        sampling,
-        device=device,
-        precision=precision,
-        context_length=context if target.config is not None else None,
-    )
-    print(f"[note] {ec.describe(cfg, target)}")
     try:
-        outcome = evaluate(source, held.rows, runner, column=held.column)
+        result = evaluate_options(args.model, EvalOptions.from_namespace(args))
     except EvaluationError as e:  # a failed evaluation is an error, never a score
         print(f"rlvr: error: {e}", file=sys.stderr)
         return 1
-    if outcome.failed:
-        print(f"rlvr: warning: {outcome.failure_note()}", file=sys.stderr)
-    what = "problems" if task is not None else "rows"
-    how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else f"temperature {temperature:g}"
-    if k == 1:
-        print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {how}): {outcome.score:.3f}")
-        return 0
-    for name, value in [*((f"pass@{j}", v) for j, v in outcome.pass_at.items()), (f"maj@{k}", outcome.maj), (f"avg@{k}", outcome.avg)]:
-        if value is not None:
-            print(f"  {name:<8} {value}  (95% interval over {len(held.rows)} {what})")
-    if not outcome.pass_at:
-        print(f"[note] no pass@k: the reward {outcome.reward!r} is not 0/1 on every episode")
-    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {k} samples each, {how}): avg@{k} {outcome.score:.3f}")
+    if result.failure_note:
+        print(f"rlvr: warning: {result.failure_note}", file=sys.stderr)
+    for line in result.lines():
+        print(line)
     return 0
 
 
