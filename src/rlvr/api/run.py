@@ -144,6 +144,7 @@ def run_training(cfg: Config, *, force: bool = False, progress: bool | None = No
     trainer = Trainer(cfg, force=force, logger_live=progress)
     from transformers.utils import logging as hf_logging
 
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # its "Writing model shards" bars would break into the live display
     try:
         summary = trainer.train()
@@ -156,5 +157,8 @@ def run_training(cfg: Config, *, force: bool = False, progress: bool | None = No
         newest = latest_checkpoint(trainer.output_dir / "checkpoints")
         how = f"resume with: rlvr train --resume {trainer.output_dir}" if newest else "no checkpoint was written yet"
         raise StopAtOnce(f"stopped at once; newest complete checkpoint: {newest or 'none'}; {how}") from None
+    finally:
+        if bars:  # a notebook goes on after the run: its own downloads keep their bars
+            hf_logging.enable_progress_bar()
     trainer.dist.close()
     return Run.from_summary(summary, rank=trainer.dist.rank)
