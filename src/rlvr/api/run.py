@@ -10,7 +10,6 @@ TrainingError, RunFinished) where the CLI prints them and exits with a status.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +37,11 @@ class Run:
         return cls(out, summary, final if final.is_dir() and stopped is None else None, stopped, rank)
 
     def metrics(self) -> list[dict[str, Any]]:
-        """metrics.jsonl's rows, one dict per step logged (`step`, `reward`, `kl`, `loss`, ...)."""
-        path = self.output_dir / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """metrics.jsonl's rows, one dict per step in step order (`step`, `reward`, `kl`, `loss`, ...; a step
+        logged again after a resume: its last line)."""
+        from rlvr.observe.run_files import read_metrics
+
+        return read_metrics(self.output_dir) if (self.output_dir / "metrics.jsonl").is_file() else []
 
     def held_out_line(self) -> str | None:
         """`held-out accuracy: 12.0% -> 30.0% (+18.0 points) in 40s of training`, when the run scored before and after."""
