@@ -8,12 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, describe, load_config, old_names, to_dict, trl_table
+from rlvr.config import Config, ConfigError, describe, load_config, old_names, trl_table
 from rlvr.serve import command as serve_command
 
 
 def _train_config(args) -> Config:
     """The config the command line describes: YAML + overrides, or (--resume) the run's own config.yaml + overrides."""
+    from rlvr.api.run import resume_config
+
     config_path, overrides = None, list(args.overrides)
     if args.config and "=" not in args.config:
         config_path = args.config
@@ -21,36 +23,7 @@ def _train_config(args) -> Config:
         overrides.insert(0, args.config)
     if args.resume is None:
         return load_config(config_path, overrides)
-    return _resume_config(Path(args.resume), config_path, overrides, force=args.force)
-
-
-def _resume_config(run: Path, config_path: str | None, overrides: list[str], *, force: bool) -> Config:
-    from rlvr.train.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes, old_run_overrides
-
-    saved = run / "config.yaml"
-    if config_path is not None:
-        raise ConfigError(f"--resume {run} takes the run's own config.yaml: give only key=value overrides, not {config_path}")
-    if not saved.is_file():
-        raise ConfigError(f"--resume {run}: no config.yaml there; name the folder of a run (the output_dir it was started with)")
-    if latest_checkpoint(run / "checkpoints") is None:
-        raise ConfigError(
-            f"--resume {run}: the run has no checkpoint to resume from (one is written every checkpoint.every steps, "
-            "and when a run is stopped by SIGINT/SIGTERM/SIGHUP)"
-        )
-    import yaml
-
-    old = old_run_overrides(yaml.safe_load(saved.read_text()) or {})  # fields added since it was written: as it ran
-    before = load_config(saved, old)
-    cfg = load_config(saved, [*old, *overrides, f"output_dir={run}", "resume=auto"])
-    changes = math_changes(to_dict(before), to_dict(cfg))
-    if changes and not force:
-        allowed = ", ".join(sorted(k for k in RESUMABLE_CHANGES if k != "resume"))
-        raise ConfigError(
-            f"--resume {run}: these overrides change the math of the run:\n  - "
-            + "\n  - ".join(changes)
-            + f"\nresuming allows only {allowed}; start a new run (another output_dir) for the others, or pass --force"
-        )
-    return cfg
+    return resume_config(Path(args.resume), config_path, overrides, force=args.force)
 
 
 def _train(args) -> int:
@@ -62,10 +35,8 @@ def _train(args) -> int:
 
 
 def _run_training(args) -> int:
-    import torch
-
-    from rlvr.train import RunFinished, StopAtOnce, Trainer, TrainingError
-    from rlvr.train.setup import check_config
+    from rlvr.api.run import run_training
+    from rlvr.train import RunFinished, StopAtOnce, TrainingError
 
     cfg = _train_config(args)
     from rlvr.dist import launch_command, under_torchrun
@@ -73,41 +44,27 @@ def _run_training(args) -> int:
     if cfg.nproc > 1 and not under_torchrun():  # relaunch this very command through torchrun
         import subprocess
 
+        from rlvr.train.setup import check_config
+
         check_config(cfg, force=args.force)  # refuse a bad config once, before starting N processes
         return subprocess.call(launch_command(cfg.nproc, sys.argv[1:] if args.raw_argv is None else args.raw_argv))
-    if cfg.threads:  # process-wide, so set here and not by the library
-        torch.set_num_threads(cfg.threads)
     try:
-        trainer = Trainer(cfg, force=args.force)
+        run = run_training(cfg, force=args.force)
     except RunFinished as e:  # --resume of a run already at its steps: said, and nothing touched
         print(f"rlvr: {e}")
         return 0
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # its "Writing model shards" bars would break into the live display
-    try:
-        summary = trainer.train()
     except TrainingError as e:  # the run cannot go on (e.g. a reward failing on every sample): say why, exit 1
         print(f"rlvr: training stopped: {e}", file=sys.stderr)
-        trainer.dist.close()
         return 1
-    except StopAtOnce:  # a third stop signal: no traceback; checkpoints are whole or absent
-        from rlvr.train.checkpoint import latest_checkpoint
-
-        newest = latest_checkpoint(trainer.output_dir / "checkpoints")
-        how = f"resume with: rlvr train --resume {trainer.output_dir}" if newest else "no checkpoint was written yet"
-        print(f"rlvr: stopped at once; newest complete checkpoint: {newest or 'none'}; {how}", file=sys.stderr)
+    except StopAtOnce as e:  # a third stop signal: no traceback; checkpoints are whole or absent
+        print(f"rlvr: {e}", file=sys.stderr)
         return 130
-    trainer.dist.close()
-    if not trainer.dist.is_main or "interrupted_at" in summary:  # the trainer said where it stopped and how to resume
+    if run.rank != 0 or run.interrupted_at is not None:  # the trainer said where it stopped and how to resume
         return 0
-    if "eval_before" in summary and "eval_after" in summary:
-        b, a, label = summary["eval_before"], summary["eval_after"], summary["eval_label"]
-        change = f"{b:.1%} -> {a:.1%} ({(a - b) * 100:+.1f} points)" if label == "accuracy" else f"{b:.3f} -> {a:.3f} ({a - b:+.3f})"
-        print(f"held-out {label}: {change} in {summary['train_seconds']:.0f}s of training")
-    final = Path(summary["output_dir"]) / "final"
-    if final.is_dir():
-        print(f"final model: {final}")
+    if line := run.held_out_line():
+        print(line)
+    if run.final_model is not None:
+        print(f"final model: {run.final_model}")
     return 0
 
 
@@ -121,55 +78,19 @@ def _convert_gguf(args) -> int:
 
 
 def _eval(args) -> int:
-    from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
-    from rlvr.rollout import SamplingParams, make_engine
-    from rlvr.rollout.sources import make_source
-    from rlvr.train import eval_command as ec
-    from rlvr.train.evaluation import EvaluationError, evaluate
+    from rlvr.api.evaluate import evaluate_options
+    from rlvr.train.eval_command import EvalOptions
+    from rlvr.train.evaluation import EvaluationError
 
-    target = ec.locate(args.model)
-    cfg = ec.eval_config(target, args)
-    held, task = ec.held_out(args, cfg, target)
-    columns = frozenset({"environments"}) if cfg.tools.environment else None if cfg.rollout.function else frozenset()
-    runner = held.runner(columns)  # data and reward mistakes before the model loads
-    resolve_existing(target.model, what="rlvr eval MODEL")
-    device, precision = ec.device_and_precision(cfg, target)
-    m = cfg.model
-    tok, _ = load_tokenizer(target.model, m.trust_remote_code)
-    model = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
-    context = getattr(model.config, "max_position_embeddings", None)
-    room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
-    k, temperature = cfg.eval.samples, cfg.eval.temperature if cfg.eval.samples > 1 else 0.0
-    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
-    # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
-    source = make_source(
-        cfg,
-        make_engine("hf", model, tok),
-        tok,
-        sampling,
-        device=device,
-        precision=precision,
-        context_length=context if target.config is not None else None,
-    )
-    print(f"[note] {ec.describe(cfg, target)}")
     try:
-        outcome = evaluate(source, held.rows, runner, column=held.column)
+        result = evaluate_options(args.model, EvalOptions.from_namespace(args))
     except EvaluationError as e:  # a failed evaluation is an error, never a score
         print(f"rlvr: error: {e}", file=sys.stderr)
         return 1
-    if outcome.failed:
-        print(f"rlvr: warning: {outcome.failure_note()}", file=sys.stderr)
-    what = "problems" if task is not None else "rows"
-    how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else f"temperature {temperature:g}"
-    if k == 1:
-        print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {how}): {outcome.score:.3f}")
-        return 0
-    for name, value in [*((f"pass@{j}", v) for j, v in outcome.pass_at.items()), (f"maj@{k}", outcome.maj), (f"avg@{k}", outcome.avg)]:
-        if value is not None:
-            print(f"  {name:<8} {value}  (95% interval over {len(held.rows)} {what})")
-    if not outcome.pass_at:
-        print(f"[note] no pass@k: the reward {outcome.reward!r} is not 0/1 on every episode")
-    print(f"{held.name} held-out {held.label} ({len(held.rows)} {what}, {k} samples each, {how}): avg@{k} {outcome.score:.3f}")
+    if result.failure_note:
+        print(f"rlvr: warning: {result.failure_note}", file=sys.stderr)
+    for line in result.lines():
+        print(line)
     return 0
 
 

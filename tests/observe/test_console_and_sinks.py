@@ -87,6 +87,81 @@ def test_plain_lines_when_not_a_terminal(tmp_path, capsys):
     assert "2.00 steps/s" in out and "ETA 0:00:02" in out
 
 
+class _Notebook:
+    """What rich draws a notebook's output with: IPython.display.display and an ipywidgets.Output to redraw in
+    (neither is installed here); `shown` is what the cell shows now."""
+
+    def __init__(self, monkeypatch, widgets: bool = True):
+        import importlib.machinery
+        import sys
+        import types
+
+        self.shown: list = []
+        self.clear_on_next = False
+        ipython, display = types.ModuleType("IPython"), types.ModuleType("IPython.display")
+        display.display = self._display  # type: ignore[attr-defined]
+        ipython.display = display  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "IPython", ipython)
+        monkeypatch.setitem(sys.modules, "IPython.display", display)
+        widgets_module = None
+        if widgets:
+            widgets_module = types.ModuleType("ipywidgets")
+            widgets_module.__spec__ = importlib.machinery.ModuleSpec("ipywidgets", None)
+            widgets_module.Output = self._output  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "ipywidgets", widgets_module)
+        monkeypatch.delenv("CI", raising=False)
+
+    def _display(self, obj) -> None:
+        if self.clear_on_next:  # clear_output(wait=True): the old output goes when the new one comes, never blank
+            self.shown.clear()
+            self.clear_on_next = False
+        self.shown.append(obj)
+
+    def _output(self):
+        notebook = self
+
+        class Output:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def clear_output(self, wait=False):
+                notebook.clear_on_next = True
+
+        return Output()
+
+    def text(self) -> str:
+        return "\n".join(getattr(x, "text", "") for x in self.shown)
+
+
+def test_a_notebook_shows_the_live_display(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    notebook = _Notebook(monkeypatch)
+    log = RunLogger(tmp_path, total_steps=3, config={"report_to": [], "doctor_every": 0}, console=Console(force_jupyter=True))
+    assert log.is_live
+    log.log(_metrics(1))
+    log.log(_metrics(2))
+    shown = notebook.text()  # redrawn in place: the latest step only
+    assert "2/3" in shown and "1/3" not in shown and "0.500±0.250" in shown and "ETA" in shown, shown
+    log.close()
+
+
+def test_a_notebook_without_ipywidgets_gets_plain_lines(tmp_path, monkeypatch, capsys):
+    from rich.console import Console
+
+    _Notebook(monkeypatch, widgets=False)
+    log = RunLogger(tmp_path, total_steps=2, config={"report_to": [], "doctor_every": 0}, console=Console(force_jupyter=True))
+    assert not log.is_live  # rich would draw nothing without them
+    log.log(_metrics(1))
+    log.log(_metrics(2))
+    log.close()
+    out = capsys.readouterr().out
+    assert [x.split("  ")[0] for x in out.splitlines()] == ["step 1/2", "step 2/2"] and not ANSI.search(out)
+
+
 def test_doctor_warns_during_training(tmp_path, capsys):
     log = RunLogger(tmp_path, total_steps=20, config={"report_to": [], "doctor_every": 5})
     for s in range(1, 11):  # as the training loop does: log the step, then ask the doctor

@@ -12,7 +12,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
@@ -208,10 +208,13 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
         node[last] = value
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """A Config from an optional YAML file plus `dotted.key=value` overrides (values parsed as YAML)."""
+def load_config(path: str | Path | Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """A Config from an optional YAML file (or a mapping, nested as the YAML would be) plus `dotted.key=value`
+    overrides (values parsed as YAML)."""
     tree = to_dict(Config())
-    if path is not None:
+    if isinstance(path, Mapping):  # rlvr.train({...}): checked as a YAML file would be, errors saying where
+        _merge(tree, upgrade(dict(path), " in the config dict"), "", "the config dict")
+    elif path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")

@@ -1,6 +1,6 @@
 """What a run shows while it trains: the console, the metric sinks, and the doctor's warnings.
 
-The console shows a live rich display when stdout is a terminal (a progress bar with step/total,
+The console shows a live rich display when stdout is a terminal or a Jupyter notebook (a progress bar with step/total,
 elapsed time, ETA and steps/s, and below it reward ± std, each reward function, KL, clip ratio,
 completion length, entropy and the share of zero-signal groups), and one plain line per step
 otherwise (CI, files, pipes). Sinks (metrics.jsonl, the completions table, TensorBoard, W&B,
@@ -11,6 +11,7 @@ loop asks (after the first 3 steps and every `logging.doctor_every` steps, and a
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -46,9 +47,14 @@ def _f(v, spec: str = ".3f") -> str:
     return format(v, spec) if math.isfinite(v) else str(v)
 
 
-def stdout_is_live() -> bool:
-    """A live display only on a real terminal, and never under CI or TERM=dumb."""
-    return sys.stdout.isatty() and not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
+def stdout_is_live(console: Console | None = None) -> bool:
+    """A live display on a real terminal (not TERM=dumb) and in Jupyter, never under CI (a notebook run by CI too).
+    Rich draws it in a notebook through ipywidgets: without them it would draw nothing, so plain lines instead."""
+    if os.environ.get("CI"):
+        return False
+    if (console or Console()).is_jupyter:
+        return importlib.util.find_spec("ipywidgets") is not None
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"
 
 
 class NullLogger:
@@ -73,9 +79,11 @@ class RunLogger:
         *,
         live: bool | None = None,
         config: Config | Mapping[str, Any] | None = None,
+        console: Console | None = None,
     ):
         """`config` (a Config or its dict) selects sinks (`logging.report_to`), the doctor's cadence
-        (`logging.doctor_every`) and lets the doctor quote current settings in its advice."""
+        (`logging.doctor_every`) and lets the doctor quote current settings in its advice. `console`: where the
+        live display goes (default: stdout's; in Jupyter, the notebook); `live` None: stdout_is_live(console)."""
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         cfg = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else upgrade(dict(config or {}))
@@ -90,8 +98,8 @@ class RunLogger:
         self.history: list[dict] = []
         if start_step > 0 and (self.dir / "metrics.jsonl").is_file():  # resumed: the rules see the whole run
             self.history = [m for m in read_metrics(self.dir) if m.get("step", 0) <= start_step]
-        self.console = Console(stderr=False)
-        self.is_live = stdout_is_live() if live is None else live
+        self.console = console or Console(stderr=False)
+        self.is_live = stdout_is_live(self.console) if live is None else live
         self.total = total_steps
         self.start_step = start_step
         self.steps_done = 0

@@ -16,7 +16,13 @@ run_folder.py      the run folder: what resuming may change, atomic writes, fina
 run_control.py     stop requests, the learning-rate schedule, seeding
 reward_health.py   reward functions that fail, seen at once
 evaluation.py      held-out evaluation; eval_command.py: `rlvr eval`
+
+Called, `rlvr.train(config, *overrides, ...)` is the Python API's function (rlvr.api.run.train).
 """
+
+import importlib
+import sys
+import types
 
 from rlvr.train.run_control import StopAtOnce, TrainingError
 from rlvr.train.run_folder import RunFinished
@@ -24,3 +30,15 @@ from rlvr.train.step_metrics import StepRecord
 from rlvr.train.trainer import Trainer
 
 __all__ = ["RunFinished", "StepRecord", "StopAtOnce", "Trainer", "TrainingError"]
+
+
+class _CallablePackage(types.ModuleType):
+    """`rlvr.train` names both the Python API's function (exported lazily by rlvr) and this package: importing
+    the package (anything under rlvr.train does) puts the package on `rlvr` in the function's place, so calling
+    the package calls the function. By name, so that the training layer does not depend on the API above it."""
+
+    def __call__(self, *args, **kwargs):
+        return importlib.import_module("rlvr.api.run").train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

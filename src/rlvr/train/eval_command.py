@@ -14,7 +14,7 @@ nothing else sets tools.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -35,6 +35,62 @@ TOOL_FLAGS = {
     "tool_describe": "describe",
     "max_turns": "max_turns",
 }
+
+
+@dataclass
+class EvalOptions:
+    """What `rlvr eval` and `rlvr.evaluate` are asked: each option of `rlvr eval` (None: not given, the run's or
+    the default), under the name argparse gives it; the functions below read these attributes."""
+
+    task: str | None = None
+    """--task: a built-in task's held-out problems."""
+    data: str | None = None
+    """--data: your held-out prompts (a file, a datasets folder or hub id)."""
+    reward: str | None = None
+    """--reward: what scores each completion (a built-in reward or file.py:function)."""
+    prompt_column: str | None = None
+    """--prompt-column: --data's column holding the prompt."""
+    split: str | None = None
+    """--split: --data as a datasets dataset: the split."""
+    subset: str | None = None
+    """--subset: --data as a datasets dataset: the configuration name."""
+    n: int | None = None
+    """--n: evaluate this many rows."""
+    digits: int | None = None
+    """--digits: arithmetic's digits per operand."""
+    operators: str | None = None
+    """--operators: arithmetic's operators."""
+    max_new_tokens: int | None = None
+    """--max-new-tokens: the completion length limit."""
+    samples: int | None = None
+    """--samples: episodes per row (eval.samples)."""
+    temperature: float | None = None
+    """--temperature: the sampling temperature with samples > 1 (eval.temperature)."""
+    system_prompt: str | None = None
+    """--system-prompt: system message before every prompt ('' for none)."""
+    agent: str | None = None
+    """--agent: rollout.agent, your agent against the model's endpoint."""
+    agent_timeout: float | None = None
+    """--agent-timeout: rollout.agent_timeout."""
+    tools: list[str] | None = None
+    """--tools (repeatable, comma-separated): tools.functions."""
+    environment: str | None = None
+    """--environment: tools.environment."""
+    tool_format: str | None = None
+    """--tool-format: tools.format."""
+    tool_tags: list[str] | None = None
+    """--tool-tags (repeatable, TOOL=TAG): tools.tags."""
+    tool_describe: bool | None = None
+    """--tool-describe / --no-tool-describe: tools.describe."""
+    max_turns: int | None = None
+    """--max-turns: tools.max_turns."""
+    overrides: list[str] = field(default_factory=list)
+    """`tools.KEY=VALUE` overrides."""
+
+    @classmethod
+    def from_namespace(cls, args) -> EvalOptions:
+        """The options of a parsed `rlvr eval` command line."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 @dataclass
