@@ -189,7 +189,7 @@ def smol_child(spec: dict) -> None:
     from rlvr.config import load_config
     from rlvr.observe.console import RunLogger
     from rlvr.rollout.engines.hf import HFEngine
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     work, out = Path(spec["work"]), Path(spec["out"])
     s = SMOL

@@ -114,7 +114,7 @@ def main() -> None:
     from rlvr.tasks import get_task
     from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
     from rlvr.observe.console import RunLogger
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     torch.set_num_threads(2)
     if not (DEFAULT_CACHE / "config.json").exists():

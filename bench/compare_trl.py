@@ -195,7 +195,7 @@ def worker_rlvr(spec: dict) -> None:
     import bench_rewards
 
     from rlvr.config import load_config
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     T = spec["max_new_tokens"]
     overrides = [

@@ -20,7 +20,7 @@ from rlvr.data import render_prompt
 from rlvr.rollout import SamplingParams
 
 try:
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 except ImportError:  # before the redesign
     from rlvr.trainer import Trainer
 

@@ -60,7 +60,7 @@ def child(model: str, reward: str, variant: str) -> None:
     import torch
 
     from rlvr.config import load_config
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     torch.set_num_threads(1)
     cfg = load_config(

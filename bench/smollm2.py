@@ -160,7 +160,7 @@ def main() -> None:
 
     from rlvr.config import load_config
     from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     model_dir = DEFAULT_CACHE
     if not (model_dir / "config.json").exists():

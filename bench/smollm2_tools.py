@@ -208,7 +208,7 @@ def main() -> None:
     from rlvr.config import load_config
     from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
     from rlvr.observe.console import RunLogger
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     torch.set_num_threads(2)
     model_dir = DEFAULT_CACHE

@@ -83,8 +83,8 @@ def sampled_success(config: str, model_path: str, samples: int = 16) -> tuple[fl
     from rlvr.config import load_config
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.sources import make_source
-    from rlvr.train import Trainer
-    from rlvr.train.collect import score
+    from rlvr.training import Trainer
+    from rlvr.training.collect import score
     from rlvr.rewards import RewardRunner
     from rlvr.config import RewardConfig
 

@@ -14,7 +14,7 @@ import torch
 
 import rlvr
 from rlvr.config import load_config
-from rlvr.train import Trainer
+from rlvr.training import Trainer
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,7 @@ def make_trainer(tiny_model_dir, tmp_path):
     (later ones win), or, with `config` (a YAML file), that file with `overrides` only; the
     console is plain lines (logger_live=False)."""
     from rlvr.config import load_config
-    from rlvr.train import Trainer
+    from rlvr.training import Trainer
 
     def make(*overrides: str, run: str = "run", force: bool = False, source=None, config=None) -> Trainer:
         if config is not None:

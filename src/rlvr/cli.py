@@ -36,7 +36,7 @@ def _train(args) -> int:
 
 def _run_training(args) -> int:
     from rlvr.api.run import run_training
-    from rlvr.train import RunFinished, StopAtOnce, TrainingError
+    from rlvr.training import RunFinished, StopAtOnce, TrainingError
 
     cfg = _train_config(args)
     from rlvr.dist import launch_command, under_torchrun
@@ -44,7 +44,7 @@ def _run_training(args) -> int:
     if cfg.nproc > 1 and not under_torchrun():  # relaunch this very command through torchrun
         import subprocess
 
-        from rlvr.train.setup import check_config
+        from rlvr.training.setup import check_config
 
         check_config(cfg, force=args.force)  # refuse a bad config once, before starting N processes
         return subprocess.call(launch_command(cfg.nproc, sys.argv[1:] if args.raw_argv is None else args.raw_argv))
@@ -78,9 +78,9 @@ def _convert_gguf(args) -> int:
 
 
 def _eval(args) -> int:
-    from rlvr.api.evaluate import evaluate_options
-    from rlvr.train.eval_command import EvalOptions
-    from rlvr.train.evaluation import EvaluationError
+    from rlvr.api.evaluation import evaluate_options
+    from rlvr.training.eval_command import EvalOptions
+    from rlvr.training.evaluation import EvaluationError
 
     try:
         result = evaluate_options(args.model, EvalOptions.from_namespace(args))

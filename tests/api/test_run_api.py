@@ -66,7 +66,7 @@ def test_train_with_a_config_and_overrides_leaves_the_config_alone(tiny_model_di
 
 
 def test_resuming_a_finished_run_at_its_steps_raises_and_touches_nothing(dict_run):
-    from rlvr.train import RunFinished
+    from rlvr.training import RunFinished
 
     before = _tree(dict_run.output_dir)
     with pytest.raises(RunFinished, match="finished at step 2: nothing to do, nothing changed"):
@@ -130,13 +130,13 @@ def test_the_api_is_exported_lazily_from_rlvr():
     from rlvr.api.run import Run
 
     assert rlvr.Run is Run
-    # rlvr.train is also a package: once it is imported (here: by the runs above), calling it still trains
+    # importing the training package and the evaluation module (the runs above did) leaves rlvr.train the function
     bad = "rlvr.train({'rollout': {'group_sise': 4}})"
     with pytest.raises(ConfigError, match="did you mean `rollout.group_size`"):
         eval(bad, {"rlvr": rlvr})
     fresh = (
-        "import rlvr; f, e = rlvr.train, rlvr.evaluate; import rlvr.train.trainer, rlvr.api.evaluate; "
-        f"assert (f.__module__, e.__module__) == ('rlvr.api.run', 'rlvr.api.evaluate') and callable(rlvr.evaluate); {bad}"
+        "import rlvr.training.trainer, rlvr.api.evaluation, rlvr; f, e = rlvr.train, rlvr.evaluate; "
+        f"assert (f.__module__, e.__module__) == ('rlvr.api.run', 'rlvr.api.evaluation') and f is rlvr.api.run.train; {bad}"
     )
     proc = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=120)
     assert "ConfigError: unknown config key `rollout.group_sise`" in proc.stderr, proc.stderr[-2000:]

@@ -3,7 +3,7 @@
 import pytest
 
 from rlvr.config import REGISTERED, ConfigError, load_config, validate
-from rlvr.train.setup import check_config, registered_choices
+from rlvr.training.setup import check_config, registered_choices
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -65,7 +65,7 @@ def test_on_and_off_unquoted_are_the_strings(tmp_path):
 
 def test_registered_settings_are_checked_against_the_choices_given():
     """rlvr.config imports nothing above it: the valid names of registry-backed settings arrive as
-    `choices` (rlvr.train.setup passes the registries), and all of them must be given."""
+    `choices` (rlvr.training.setup passes the registries), and all of them must be given."""
     cfg = load_config(None, [])
     choices = registered_choices()
     assert set(choices) == set(REGISTERED)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlvr.config import load_config, to_dict
-from rlvr.train.setup import check_config
+from rlvr.training.setup import check_config
 
 
 def _notes(*overrides: str) -> list[str]:

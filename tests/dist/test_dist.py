@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlvr.config import ConfigError, load_config
-from rlvr.train.checkpoint import latest_checkpoint
-from rlvr.train.setup import check_config
+from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.setup import check_config
 
 from _runs import DENSE_REWARD
 from _paths import TESTS

@@ -19,7 +19,7 @@ LAYERS = [
     {"config", "algo", "dist", "hub", "specs", "live", "sandbox", "data"},
     {"models", "rewards", "observe", "tools", "tasks"},
     {"rollout"},
-    {"train", "serve"},
+    {"training", "serve"},
     {"cli", "__main__", "api", "rlvr"},  # `rlvr` itself: the public names (rlvr.train, rlvr.GRPOTrainer) come from api
 ]
 
@@ -181,12 +181,12 @@ def test_the_checks_see_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     """The checks above can fail: a two-module cycle and a private cross-package import are found."""
     pkg = tmp_path / "rlvr"
     (pkg / "algo").mkdir(parents=True)
-    (pkg / "train").mkdir()
-    (pkg / "algo" / "a.py").write_text('"""a"""\nfrom rlvr.train.b import x\n')
-    (pkg / "train" / "b.py").write_text('"""b"""\nfrom rlvr.algo.a import _y\n')
+    (pkg / "training").mkdir()
+    (pkg / "algo" / "a.py").write_text('"""a"""\nfrom rlvr.training.b import x\n')
+    (pkg / "training" / "b.py").write_text('"""b"""\nfrom rlvr.algo.a import _y\n')
     monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
     graph, edges = _graph()
-    assert "rlvr.train.b" in graph["rlvr.algo.a"] and "rlvr.algo.a" in graph["rlvr.train.b"]
+    assert "rlvr.training.b" in graph["rlvr.algo.a"] and "rlvr.algo.a" in graph["rlvr.training.b"]
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
         test_no_import_cycles()
     with pytest.raises(AssertionError, match="_y"):
@@ -302,8 +302,8 @@ def test_no_file_over_400_lines_but_the_doctors_rule_table():
 
 def test_train_has_no_function_over_50_lines_and_no_file_over_400():
     """The loop and the update read in one sitting: small functions, small files."""
-    assert not _long_functions(SRC / "train", 50), "functions over 50 lines:\n" + "\n".join(_long_functions(SRC / "train", 50))
-    assert not _long_files(SRC / "train", 400), "files over 400 lines:\n" + "\n".join(_long_files(SRC / "train", 400))
+    assert not _long_functions(SRC / "training", 50), "functions over 50 lines:\n" + "\n".join(_long_functions(SRC / "training", 50))
+    assert not _long_files(SRC / "training", 400), "files over 400 lines:\n" + "\n".join(_long_files(SRC / "training", 400))
 
 
 def _issue_numbers(root: Path) -> list[str]:

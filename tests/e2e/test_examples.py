@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlvr.config import load_config
-from rlvr.train.batch_plan import GiB, BatchPlan
-from rlvr.train.setup import check_config
+from rlvr.training.batch_plan import GiB, BatchPlan
+from rlvr.training.setup import check_config
 from _paths import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("gsm8k-*.yaml"))  # GPU configs

@@ -15,8 +15,8 @@ from rlvr.config import ConfigError, load_config
 from rlvr.data.loaders import DataError
 from rlvr.models.loading import ModelError, resolve_existing
 from rlvr.rewards import RewardError
-from rlvr.train.checkpoint import latest_checkpoint, load_trainer_state
-from rlvr.train.setup import check_config
+from rlvr.training.checkpoint import latest_checkpoint, load_trainer_state
+from rlvr.training.setup import check_config
 
 # A score the model cannot change: each row's own `expected` column. The held-out mean is then
 # known exactly, so the numbers below show which rows were scored, with which columns.
@@ -204,7 +204,7 @@ def test_resume_from_the_run_folder_alone(tmp_path, tiny_model_dir, rlvr_cli):
 
 def test_train_seconds_add_up_over_segments(make_trainer, monkeypatch):
     """Each step is one tick of a fake clock: 1 s before the checkpoint, 2 s after it, 3 s in all."""
-    from rlvr.train import trainer as trainer_module
+    from rlvr.training import trainer as trainer_module
 
     ticks = iter(range(1000))
     monkeypatch.setattr(
@@ -293,7 +293,7 @@ def test_a_used_output_dir_is_refused_before_any_model_loads(make_trainer, tmp_p
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading a model or tokenizer in the trainer fails the test."""
-    from rlvr.train import trainer as trainer_module
+    from rlvr.training import trainer as trainer_module
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the data, rewards and output folder were checked")

@@ -5,7 +5,7 @@ import pytest
 from _runs import train_cli
 
 from rlvr.config import ConfigError, load_config
-from rlvr.train.setup import check_config
+from rlvr.training.setup import check_config
 
 
 def test_group_size_one_is_refused_before_anything_loads(rlvr_cli):

@@ -6,7 +6,7 @@ import torch
 from _doctor_cases import REAL, all_cases, real_cases, synthetic_cases
 
 from rlvr.observe.doctor import CAUSES, Context, LiveDoctor, diagnose
-from rlvr.train.step_metrics import distinct_share, identical_groups
+from rlvr.training.step_metrics import distinct_share, identical_groups
 
 CASES = {c.name: c for c in all_cases()}
 assert len(CASES) == len(all_cases()), "case names must be unique"

@@ -123,7 +123,7 @@ def test_an_agent_that_never_calls_is_reported_not_trained(make_trainer, agents)
 
 
 def test_a_rewritten_history_is_a_counted_split_trained_with_its_episodes_advantage(make_trainer, agents):
-    from rlvr.train.minibatches import this_ranks_minibatches
+    from rlvr.training.minibatches import this_ranks_minibatches
 
     t = _trainer(make_trainer, agents, "rewrites", "rewards=[length]")
     t.train()

@@ -84,7 +84,7 @@ class _NoCalls:
 )
 def test_an_agent_with_tags_needs_them_and_runs_its_own_tools(overrides, message):
     from rlvr.config import ConfigError
-    from rlvr.train.setup import check_config
+    from rlvr.training.setup import check_config
 
     cfg = load_config(None, [f"rollout.agent={EXAMPLE}", "rewards=[]", *overrides])
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
@@ -95,7 +95,7 @@ def test_rlvr_eval_of_a_tools_run_with_an_agent_keeps_its_tags_and_drops_its_too
     """The model trained through `tools:` is scored with the agent: its calculator goes (the agent has its own), its tags stay."""
     import argparse
 
-    from rlvr.train.eval_command import Target, eval_config
+    from rlvr.training.eval_command import Target, eval_config
 
     (tmp_path / "config.yaml").write_text((REPO / "examples" / "tools-calculator.yaml").read_text())
     args = argparse.Namespace(task=None, system_prompt=None, agent=EXAMPLE, agent_timeout=None, overrides=[])

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from rlvr.rollout import Episodes
-from rlvr.train.collect import Batch
-from rlvr.train.minibatches import this_ranks_minibatches
+from rlvr.training.collect import Batch
+from rlvr.training.minibatches import this_ranks_minibatches
 
 PAD = 0
 

@@ -65,7 +65,7 @@ def count_up(tmp_path, monkeypatch):
 
 
 def test_a_task_is_unknown_until_its_registry_line(tiny_model_dir, tmp_path):
-    from rlvr.train.setup import check_config
+    from rlvr.training.setup import check_config
 
     with pytest.raises(ConfigError, match=r"`data.task` must be one of .*got 'count_up'"):
         check_config(load_config(None, ["data.task=count_up"]))

@@ -134,7 +134,7 @@ def test_humaneval_canonical_solutions_pass_and_broken_ones_fail():
 
 def test_humaneval_is_for_evaluation_only():
     from rlvr.config import ConfigError, load_config
-    from rlvr.train.setup import check_config
+    from rlvr.training.setup import check_config
 
     with pytest.raises(ConfigError, match="data.task.*humaneval"):
         check_config(load_config(None, ["data.task=humaneval"]))

@@ -19,7 +19,7 @@ from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.tools import ToolError, ToolSet
 from rlvr.tools.chat_template import tools_problem
 from rlvr.tools.environments import EnvironmentFactory
-from rlvr.train.setup import check_config
+from rlvr.training.setup import check_config
 
 ADD = '''
 def add(a: int, b: int) -> int:

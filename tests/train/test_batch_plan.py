@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rlvr.train.batch_plan import BatchPlan
+from rlvr.training.batch_plan import BatchPlan
 
 CASES = {
     # overrides -> (micro-batch size printed, most passes printed, exact sizes of a step when known)

@@ -162,8 +162,8 @@ def test_skip_is_off_when_rows_are_needed():
     whole-batch quantile), when disabled, and across ranks; update_rows then leaves out exactly
     the rows whose advantage is 0."""
     from rlvr.config import load_config
-    from rlvr.train.batch_plan import BatchPlan
-    from rlvr.train.fast_paths import update_rows
+    from rlvr.training.batch_plan import BatchPlan
+    from rlvr.training.fast_paths import update_rows
 
     def plan(*overrides, world_size=1):
         cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *overrides])
@@ -308,7 +308,7 @@ def test_shared_prefix_decode_is_used_only_where_it_is_exact():
 
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"], ["algo.num_iterations=2", "optim.skip_zero_advantage=false"]])
 def test_length_sorted_micro_batches_same_update(make_trainer, extra):
-    from rlvr.train.fast_paths import length_sorted_order
+    from rlvr.training.fast_paths import length_sorted_order
 
     t = make_trainer(*FP, "rollout.max_new_tokens=12")
     e = t.collector.collect(t.state).episodes
@@ -326,7 +326,7 @@ def test_length_sorted_micro_batches_same_update(make_trainer, extra):
 
 
 def test_length_sorting_keeps_long_shared_prompts_together():
-    from rlvr.train.fast_paths import length_sorted_order
+    from rlvr.training.fast_paths import length_sorted_order
 
     lengths = torch.tensor([12, 1, 2, 12, 3, 12, 1, 1, 12, 2, 4, 1])
     assert length_sorted_order(lengths, torch.arange(12) // 4, prompt_len=500, micro_batch_size=12, pieces=4, shared_prefix=True) is None

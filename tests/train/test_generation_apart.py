@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from rlvr.train.run_control import TrainingError
+from rlvr.training.run_control import TrainingError
 
 from _runs import DENSE_REWARD
 from _servers import start_servers

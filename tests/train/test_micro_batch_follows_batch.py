@@ -4,7 +4,7 @@ shrunk example: fewer prompts per step) runs as one micro-batch with a note, nev
 import pytest
 
 from rlvr.config import load_config
-from rlvr.train.setup import check_config
+from rlvr.training.setup import check_config
 from _paths import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint
-from rlvr.train.run_control import AbandonStep, StopAtOnce, StopRequest
+from rlvr.training.checkpoint import complete_checkpoints, latest_checkpoint
+from rlvr.training.run_control import AbandonStep, StopAtOnce, StopRequest
 
 FAST = [
     "model.path=tiny",

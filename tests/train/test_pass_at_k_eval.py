@@ -15,8 +15,8 @@ from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.sources.single_turn import SingleTurnSource
 from rlvr.tasks import get_task
-from rlvr.train.collect import score
-from rlvr.train.evaluation import evaluate
+from rlvr.training.collect import score
+from rlvr.training.evaluation import evaluate
 
 LINE = re.compile(r"^\s+(pass@\d+|maj@\d+|avg@\d+)\s+([\d.]+) \[([\d.]+), ([\d.]+)\]")
 

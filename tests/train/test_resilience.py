@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from rlvr import algo
 from rlvr.config import ConfigError
-from rlvr.train import TrainingError
-from rlvr.train.checkpoint import latest_checkpoint
+from rlvr.training import TrainingError
+from rlvr.training.checkpoint import latest_checkpoint
 
 # The bundled model (it solves some problems: real signal) on 4 prompts x 4 completions of 8 tokens.
 FAST = [

@@ -9,8 +9,8 @@ import torch
 from rlvr import algo
 from rlvr.config import ConfigError, load_config
 from rlvr.models.forward import completion_logprobs, trim_padding
-from rlvr.train.minibatches import Minibatch, minibatches
-from rlvr.train.setup import check_config
+from rlvr.training.minibatches import Minibatch, minibatches
+from rlvr.training.setup import check_config
 from test_trainer_variants import CHECKSUM, CONSTANT, PARITY, advantages_of, reward_file
 
 

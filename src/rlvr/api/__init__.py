@@ -1,7 +1,7 @@
 """rlvr's Python API: what the CLI runs, callable from a script or a notebook.
 
 - `run.py`: `train(config, *overrides) -> Run` (a Config, a dict or a YAML path, plus dotted overrides).
-- `evaluate.py`: `evaluate(model, ...)`, the held-out score (`rlvr eval`).
+- `evaluation.py`: `evaluate(model, ...)`, the held-out score (`rlvr eval`).
 - `trl_config.py`: `GRPOConfig`, TRL 1.16's fields and defaults, each mapped to rlvr's config or refused by name.
 - `trl_trainer.py`: `GRPOTrainer`, TRL 1.16's arguments (Python objects: callables, datasets, models) over rlvr's Trainer.
 - `callbacks.py`: transformers `TrainerCallback`s called from rlvr's loop (state, control.should_training_stop).
@@ -12,7 +12,7 @@ from __future__ import annotations
 _NAMES = {
     "train": "rlvr.api.run",
     "Run": "rlvr.api.run",
-    "evaluate": "rlvr.api.evaluate",
+    "evaluate": "rlvr.api.evaluation",
     "GRPOConfig": "rlvr.api.trl_config",
     "GRPOTrainer": "rlvr.api.trl_trainer",
 }

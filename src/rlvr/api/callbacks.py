@@ -1,4 +1,4 @@
-"""transformers `TrainerCallback`s run by rlvr's loop (rlvr.train.hooks.RunHooks), with TRL's counting.
+"""transformers `TrainerCallback`s run by rlvr's loop (rlvr.training.hooks.RunHooks), with TRL's counting.
 
 The callbacks get what transformers' Trainer gives them: `args` (the GRPOConfig), a `TrainerState` whose
 `global_step` counts optimizer steps as TRL does (rlvr's step x optimizer steps per step), a `TrainerControl`

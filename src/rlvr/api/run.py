@@ -96,7 +96,7 @@ def config_for(config: Config | Mapping[str, Any] | str | Path | None, overrides
 def resume_config(run: Path, config_path: str | None, overrides: list[str], *, force: bool) -> Config:
     """The config `--resume RUN` continues with: the run's config.yaml (as it ran) plus the overrides, which may
     change only what leaves the math alone (steps, logging, checkpointing) unless `force`."""
-    from rlvr.train.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes, old_run_overrides
+    from rlvr.training.checkpoint import RESUMABLE_CHANGES, latest_checkpoint, math_changes, old_run_overrides
 
     saved = run / "config.yaml"
     if config_path is not None:
@@ -131,7 +131,7 @@ def run_training(cfg: Config, *, force: bool = False, progress: bool | None = No
     import torch
 
     from rlvr.dist import under_torchrun
-    from rlvr.train import StopAtOnce, Trainer, TrainingError
+    from rlvr.training import StopAtOnce, Trainer, TrainingError
 
     if cfg.nproc > 1 and not under_torchrun():
         raise ConfigError(
@@ -151,7 +151,7 @@ def run_training(cfg: Config, *, force: bool = False, progress: bool | None = No
         trainer.dist.close()
         raise
     except StopAtOnce:  # checkpoints are whole or absent: say which one is left
-        from rlvr.train.checkpoint import latest_checkpoint
+        from rlvr.training.checkpoint import latest_checkpoint
 
         newest = latest_checkpoint(trainer.output_dir / "checkpoints")
         how = f"resume with: rlvr train --resume {trainer.output_dir}" if newest else "no checkpoint was written yet"

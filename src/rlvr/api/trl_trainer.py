@@ -19,7 +19,8 @@ from rlvr.api.callbacks import CallbackHooks
 from rlvr.api.trl_config import GRPOConfig
 from rlvr.api.trl_mapping import batches, settings
 from rlvr.config import ConfigError, load_config
-from rlvr.train.run_folder import RunFinished, holds_a_run
+from rlvr.training import Trainer
+from rlvr.training.run_folder import RunFinished, holds_a_run
 
 
 class GRPOTrainer:
@@ -63,8 +64,10 @@ class GRPOTrainer:
             fields["rollout.max_new_tokens"] = self._completion_room(model, fields["rollout.max_new_tokens"])
         self.cfg = load_config(None, [f"{k}={_yaml(v)}" for k, v in fields.items()])
         self.hooks = CallbackHooks(list(callbacks or []), self.args, updates_per_step=self.batches.updates_per_step, steps=self.cfg.steps)
-        self._trainer, self._deferred = None, None
-        self._build(resume="auto" if holds_a_run(Path(self.cfg.output_dir)) else None)
+        self._trainer: Trainer | None = None
+        self._deferred: Exception | None = None  # why the run in output_dir could not be resumed at once (train() decides)
+        self.output_dir = Path(str(self.cfg.output_dir))  # always set: from args.output_dir (default trainer_output)
+        self._build(resume="auto" if holds_a_run(self.output_dir) else None)
 
     # ------------------------------------------------------------------ the arguments as config settings
 
@@ -183,8 +186,6 @@ class GRPOTrainer:
     def _build(self, resume: str | None) -> None:
         from dataclasses import replace
 
-        from rlvr.train import Trainer
-
         self._deferred = None
         for name, obj in self._live.items():  # another GRPOTrainer in this process may have taken the names since
             live.register(obj, name)
@@ -272,7 +273,7 @@ class GRPOTrainer:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The trained weights (the adapter with LoRA) and the tokenizer, in output_dir (default: args.output_dir)."""
         t = self._running("save_model")
-        path = Path(output_dir or self.cfg.output_dir)
+        path = Path(output_dir) if output_dir else self.output_dir
         if t.dist.is_main:
             path.mkdir(parents=True, exist_ok=True)
             t.policy.save(path)
@@ -319,7 +320,7 @@ def _lora(peft_config, model, errors: list[str]) -> dict[str, Any]:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
 
         kind = getattr(getattr(model, "config", None), "model_type", None) or _model_type(model)
-        targets = defaults.get(kind)
+        targets = defaults.get(kind or "")
         if targets is None:
             errors.append(f"peft_config.target_modules: peft has no default for model type {kind!r}; name the modules")
     targets = [targets] if isinstance(targets, str) else sorted(targets or [])

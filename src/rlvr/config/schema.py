@@ -1,6 +1,6 @@
 """The configuration schema: nested dataclasses, every field with a docstring (shown by
 `rlvr train --help-config`). Nothing here rewrites itself: what you set is what runs; derived
-values are properties (or resolved once in rlvr.train.batch_plan)."""
+values are properties (or resolved once in rlvr.training.batch_plan)."""
 
 from __future__ import annotations
 

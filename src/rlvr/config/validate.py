@@ -1,7 +1,7 @@
 """Validation: every problem of a config at once, each naming its field and a value that works.
 
 Names that other packages define (loss types, KL estimators, engines, ...) arrive in `choices`,
-so this package imports nothing from the rest of rlvr (rlvr.train.setup passes the registries).
+so this package imports nothing from the rest of rlvr (rlvr.training.setup passes the registries).
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) 
 
 def validate(cfg: Config, *, choices: Mapping[str, Collection[str]], force: bool = False) -> list[str]:
     """Raise ConfigError listing every invalid field; return warnings (the seeds' common mistakes).
-    `choices`: the valid values of each REGISTERED setting (rlvr.train.setup.registered_choices)."""
+    `choices`: the valid values of each REGISTERED setting (rlvr.training.setup.registered_choices)."""
     if missing := [k for k in REGISTERED if k not in choices]:
         raise ValueError(f"validate: no choices given for {missing}")
     errors: list[str] = []

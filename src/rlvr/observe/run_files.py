@@ -1,5 +1,5 @@
 """Reading a run folder's files: the one reader for the doctor, the report, the console of a resumed run and
-the run-folder rules of a resume (rlvr.train.run_folder).
+the run-folder rules of a resume (rlvr.training.run_folder).
 
 | file | reader | what a damaged or missing file gives |
 |---|---|---|

@@ -5,7 +5,7 @@ mask 1, with the sampler's log-probs) and external text (tool results, environme
 chat-template glue between turns: in context, loss mask 0). A single-turn completion is the
 episode with one model segment. The trainer never looks past this seam: a new kind of rollout
 (multi-turn with tools, a user-supplied rollout function) is one class implementing
-RolloutSource, and nothing in rlvr.train changes for it.
+RolloutSource, and nothing in rlvr.training changes for it.
 """
 
 from __future__ import annotations

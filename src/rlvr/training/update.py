@@ -29,11 +29,11 @@ from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
-from rlvr.train.batch_plan import BatchPlan
-from rlvr.train.fast_paths import fill_missing_grads, update_rows
-from rlvr.train.minibatches import Minibatch
-from rlvr.train.update_inputs import FirstEpoch, MicroBatch, MinibatchInputs, RowsToRun, UpdateResult, old_logprobs
-from rlvr.train.update_metrics import MetricSums
+from rlvr.training.batch_plan import BatchPlan
+from rlvr.training.fast_paths import fill_missing_grads, update_rows
+from rlvr.training.minibatches import Minibatch
+from rlvr.training.update_inputs import FirstEpoch, MicroBatch, MinibatchInputs, RowsToRun, UpdateResult, old_logprobs
+from rlvr.training.update_metrics import MetricSums
 
 
 class Updater:

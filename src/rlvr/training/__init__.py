@@ -1,4 +1,4 @@
-"""Training: the loop and what it is made of.
+"""Training: the loop and what it is made of (the Python API's `rlvr.train(config)` that runs it is rlvr.api.run).
 
 trainer.py         the loop: a step in four numbered phases (rollout and score, advantages, update;
                    metrics, doctor, checkpoint), the run around it (evaluation, stop, the end)
@@ -17,28 +17,11 @@ run_control.py     stop requests, the learning-rate schedule, seeding
 reward_health.py   reward functions that fail, seen at once
 evaluation.py      held-out evaluation; eval_command.py: `rlvr eval`
 
-Called, `rlvr.train(config, *overrides, ...)` is the Python API's function (rlvr.api.run.train).
 """
 
-import importlib
-import sys
-import types
-
-from rlvr.train.run_control import StopAtOnce, TrainingError
-from rlvr.train.run_folder import RunFinished
-from rlvr.train.step_metrics import StepRecord
-from rlvr.train.trainer import Trainer
+from rlvr.training.run_control import StopAtOnce, TrainingError
+from rlvr.training.run_folder import RunFinished
+from rlvr.training.step_metrics import StepRecord
+from rlvr.training.trainer import Trainer
 
 __all__ = ["RunFinished", "StepRecord", "StopAtOnce", "Trainer", "TrainingError"]
-
-
-class _CallablePackage(types.ModuleType):
-    """`rlvr.train` names both the Python API's function (exported lazily by rlvr) and this package: importing
-    the package (anything under rlvr.train does) puts the package on `rlvr` in the function's place, so calling
-    the package calls the function. By name, so that the training layer does not depend on the API above it."""
-
-    def __call__(self, *args, **kwargs):
-        return importlib.import_module("rlvr.api.run").train(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

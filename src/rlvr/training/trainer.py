@@ -30,22 +30,23 @@ from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.engines.remote.pool import NoServersLeft
 from rlvr.rollout.sources import make_source
-from rlvr.train.batch_plan import BatchPlan
-from rlvr.train.checkpoint import latest_checkpoint, rng_state, set_rng_state
-from rlvr.train.collect import Batch, Collector
-from rlvr.train.evaluation import EvaluationError, evaluate, held_out_for
-from rlvr.train.hooks import NoHooks, RunHooks
-from rlvr.train.minibatches import this_ranks_minibatches
-from rlvr.train.reward_health import RewardHealth
-from rlvr.train.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
-from rlvr.train.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside, truncate_jsonl, write_atomically
-from rlvr.train.setup import check_config, columns_the_rollout_adds, device_for, make_optimizer, prompt_tokens, run_precision
-from rlvr.train.setup import schedule_change, training_prompts, training_sampling
-from rlvr.train.state import Checkpointer, TrainState
-from rlvr.train.servers import GenerationApart, uses_servers
-from rlvr.train.step_metrics import StepRecord, batch_metrics, log_completions, step_times
-from rlvr.train.update import Updater
-from rlvr.train.update_inputs import UpdateResult
+from rlvr.training.batch_plan import BatchPlan
+from rlvr.training.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from rlvr.training.collect import Batch, Collector
+from rlvr.training.evaluation import EvaluationError, evaluate, held_out_for
+from rlvr.training.hooks import NoHooks, RunHooks
+from rlvr.training.minibatches import this_ranks_minibatches
+from rlvr.training.reward_health import RewardHealth
+from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
+from rlvr.training.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside
+from rlvr.training.run_folder import truncate_jsonl, write_atomically
+from rlvr.training.setup import check_config, columns_the_rollout_adds, device_for, make_optimizer, prompt_tokens, run_precision
+from rlvr.training.setup import schedule_change, training_prompts, training_sampling
+from rlvr.training.state import Checkpointer, TrainState
+from rlvr.training.servers import GenerationApart, uses_servers
+from rlvr.training.step_metrics import StepRecord, batch_metrics, log_completions, step_times
+from rlvr.training.update import Updater
+from rlvr.training.update_inputs import UpdateResult
 
 
 class Trainer:

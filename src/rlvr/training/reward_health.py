@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.rewards import RewardRunner
-from rlvr.train.checkpoint import latest_checkpoint
-from rlvr.train.run_control import TrainingError
+from rlvr.training.checkpoint import latest_checkpoint
+from rlvr.training.run_control import TrainingError
 
 
 class RewardHealth:

@@ -3,7 +3,7 @@
 Whether a row with advantage exactly 0 has exactly zero gradient, and whether rows may be
 regrouped into other micro-batches, are properties of the objective and the aggregation that
 `rlvr.algo` declares (e.g. -min(r * 0, clip(r) * 0) = 0 in every epoch; `bnpo` normalises per
-micro-batch); rlvr.train.batch_plan resolves them once. The loss normalisers come from the whole
+micro-batch); rlvr.training.batch_plan resolves them once. The loss normalisers come from the whole
 batch (BatchNorms), so the other rows' gradients do not change.
 """
 
@@ -64,7 +64,7 @@ def update_rows(
     lengths: torch.Tensor,  # [N] tokens after the prompt
     group_ids: torch.Tensor,  # [N]
     prompt_mask: torch.Tensor,  # [N, P]
-    plan,  # rlvr.train.batch_plan.BatchPlan: which fast paths apply
+    plan,  # rlvr.training.batch_plan.BatchPlan: which fast paths apply
 ) -> tuple[torch.Tensor | None, int]:
     """Which rows the update runs, in which order (None: all, as they are), and the micro-batch size."""
     rows = None

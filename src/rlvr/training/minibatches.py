@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 
 from rlvr.rollout.episodes import Episodes
-from rlvr.train.collect import Batch
+from rlvr.training.collect import Batch
 
 
 class Minibatch(NamedTuple):

@@ -22,9 +22,9 @@ import yaml
 
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.tasks import TASKS, Task, get_task
-from rlvr.train.checkpoint import latest_checkpoint, old_run_overrides
-from rlvr.train.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out
-from rlvr.train.setup import check_config
+from rlvr.training.checkpoint import latest_checkpoint, old_run_overrides
+from rlvr.training.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out
+from rlvr.training.setup import check_config
 
 # flag -> the tools.* key it sets (`rlvr eval --help` names both)
 TOOL_FLAGS = {
@@ -193,7 +193,7 @@ def held_out(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
 
 
 def _runs_own(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
-    """The run's held-out set as its trainer built it (rlvr.train.evaluation.held_out_for), with the flags given."""
+    """The run's held-out set as its trainer built it (rlvr.training.evaluation.held_out_for), with the flags given."""
     d, e = cfg.data, cfg.eval
     d.digits, d.operators = _pick(args.digits, d.digits, True, 2), _pick(args.operators, d.operators, True, "+-")
     d.eval_size, e.size = (args.n, args.n) if args.n else (d.eval_size, e.size)

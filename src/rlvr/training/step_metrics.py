@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.train.collect import Batch
+from rlvr.training.collect import Batch
 
 
 @dataclass
@@ -22,7 +22,7 @@ class StepRecord:
 
 
 def batch_metrics(batch, advantages: torch.Tensor) -> dict:
-    """Reward, group and length statistics of one step's batch (a rlvr.train.collect.Batch).
+    """Reward, group and length statistics of one step's batch (a rlvr.training.collect.Batch).
 
     The reward statistics describe every episode the step generated: with dynamic sampling, all
     rounds, the dropped groups too (what the policy did, comparable with a run without it); the

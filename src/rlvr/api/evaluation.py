@@ -2,13 +2,11 @@
 computes (the CLI calls `evaluate` here and prints `EvalResult.lines()`).
 
 MODEL is a model folder, a hub id or `tiny`, or a run (its folder, a `Run`, its final/ or a checkpoint),
-which is evaluated the way it trained (rlvr.train.eval_command). The keywords are `rlvr eval`'s options.
+which is evaluated the way it trained (rlvr.training.eval_command). The keywords are `rlvr eval`'s options.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlvr.api.run import Run
-    from rlvr.train.evaluation import EvalOutcome, Interval
+    from rlvr.training.evaluation import EvalOutcome, Interval
 
 __all__ = ["EvalResult", "evaluate"]
 
@@ -38,7 +36,7 @@ class EvalResult:
     failure_note: str | None = None  # which reward failed how often, and its first error
     intervals: dict[str, Interval] = field(default_factory=dict)  # `pass@1`, `maj@8`, `avg@8` -> Interval(mean, low, high)
     what: str = field(default="rows", repr=False)  # `problems` (a task) or `rows`
-    outcome: EvalOutcome | None = field(default=None, repr=False)  # rlvr.train.evaluation's own result
+    outcome: EvalOutcome | None = field(default=None, repr=False)  # rlvr.training.evaluation's own result
 
     def lines(self) -> list[str]:
         """What `rlvr eval` prints on stdout after its note: the intervals (samples > 1), then the score."""
@@ -89,7 +87,7 @@ def evaluate(
     setting, else the default): `samples` > 1 samples at `temperature` and adds pass@k, maj@k and avg@k.
     `overrides`: `tools.KEY=VALUE` strings. Prints a one-line note on how the model is evaluated unless `quiet`.
     Raises ConfigError for a bad option and EvaluationError when the evaluation fails (never a score)."""
-    from rlvr.train.eval_command import EvalOptions
+    from rlvr.training.eval_command import EvalOptions
 
     if hasattr(model, "output_dir"):  # a Run
         model = model.output_dir
@@ -134,8 +132,8 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
     from rlvr.rollout import SamplingParams, make_engine
     from rlvr.rollout.sources import make_source
-    from rlvr.train import eval_command as ec
-    from rlvr.train.evaluation import evaluate as evaluate_source
+    from rlvr.training import eval_command as ec
+    from rlvr.training.evaluation import evaluate as evaluate_source
 
     target = ec.locate(model)
     cfg = ec.eval_config(target, args)
@@ -186,14 +184,3 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
         what="problems" if task is not None else "rows",
         outcome=outcome,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """Importing this module puts it on rlvr.api as `evaluate`, in the place of the function `rlvr.evaluate`
-    resolves to: calling the module calls the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> EvalResult:
-        return evaluate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -26,7 +26,7 @@ from rlvr.data.checks import check_reward_columns
 from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
 from rlvr.rollout.episodes import RolloutSource
 from rlvr.tasks import Task
-from rlvr.train.collect import reward_columns, score
+from rlvr.training.collect import reward_columns, score
 
 
 class EvaluationError(RuntimeError):

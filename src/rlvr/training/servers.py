@@ -16,8 +16,8 @@ from rlvr.rollout.engines.remote.engine import RemoteEngine
 from rlvr.rollout.engines.remote.pool import ServerPool
 from rlvr.serve import LOOPBACK, TOKEN_ENV
 from rlvr.serve.local import LocalServer
-from rlvr.train.ahead import AheadSource
-from rlvr.train.step_metrics import staleness_metrics
+from rlvr.training.ahead import AheadSource
+from rlvr.training.step_metrics import staleness_metrics
 
 STARTUP_WAIT_S = 180.0
 

@@ -11,7 +11,7 @@ import yaml
 
 from rlvr.config import ConfigError, to_dict
 from rlvr.dist import full_model_state, full_optimizer_state, load_full_model_state, load_full_optimizer_state
-from rlvr.train.checkpoint import (
+from rlvr.training.checkpoint import (
     complete_saved_config,
     latest_checkpoint,
     load_trainer_state,

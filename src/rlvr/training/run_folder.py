@@ -27,7 +27,7 @@ from pathlib import Path
 from rlvr.config import ConfigError
 from rlvr.dist import full_model_state
 from rlvr.observe.run_files import read_jsonl
-from rlvr.train.checkpoint import complete_checkpoints, latest_checkpoint, remove_partial_checkpoints
+from rlvr.training.checkpoint import complete_checkpoints, latest_checkpoint, remove_partial_checkpoints
 
 # What a run folder may hold; a fresh start in a used folder (--force) moves all of it aside.
 RUN_FILES = (

@@ -5,7 +5,7 @@ dynamic sampling (groups whose rewards are all equal are dropped and fresh promp
 With several processes every rank reads the same prompts from the stream; each generates and scores its
 contiguous share of whole groups (prompt i's sampling is seeded by its stream position, so episodes do not
 depend on the rank), then the scored episodes are gathered so every rank holds the whole batch
-(rlvr.train.minibatches splits it again for the update).
+(rlvr.training.minibatches splits it again for the update).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rlvr.rollout.episodes import Episodes, RolloutSource
 if TYPE_CHECKING:
     from rlvr.config import Config
     from rlvr.data import PromptStream
-    from rlvr.train.state import TrainState
+    from rlvr.training.state import TrainState
 
 
 @dataclass

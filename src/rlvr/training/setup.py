@@ -25,7 +25,7 @@ from rlvr.models.precision_timing import StepShapes
 from rlvr.rollout.engines import ENGINES
 from rlvr.rollout.sources.function import FunctionSource
 from rlvr.tasks import Task, get_task, training_tasks
-from rlvr.train.batch_plan import BatchPlan
+from rlvr.training.batch_plan import BatchPlan
 
 
 def registered_choices() -> dict[str, list[str]]:
@@ -124,7 +124,7 @@ def columns_the_rollout_adds(cfg: Config, source) -> frozenset[str] | None:
 
 def make_optimizer(model, cfg: Config) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the trainable parameters, and its learning-rate schedule over every optimizer step of the run."""
-    from rlvr.train.run_control import lr_lambda
+    from rlvr.training.run_control import lr_lambda
 
     o = cfg.optim
     params = [p for p in model.parameters() if p.requires_grad]
