@@ -62,6 +62,14 @@ def test_quickstart_runs_with_trls_batch_and_loss_meaning(tmp_path):
     assert (tmp_path / "quick" / "final" / "model.safetensors").is_file()
     trainer.save_model("saved")
     assert (tmp_path / "saved" / "model.safetensors").is_file() and (tmp_path / "saved" / "tokenizer_config.json").is_file()
+    # what HF example scripts do after training
+    trainer.log_metrics("train", out.metrics)
+    trainer.save_metrics("train", out.metrics)
+    trainer.save_state()
+    assert json.loads((tmp_path / "quick" / "trainer_state.json").read_text())["global_step"] == 4
+    assert "train_runtime" in json.loads((tmp_path / "quick" / "train_results.json").read_text())
+    with pytest.raises(ConfigError, match="rlvr does not upload"):
+        trainer.push_to_hub()
 
 
 def test_quickstart_with_trls_defaults_fits_the_tiny_models_context(capsys):
@@ -222,8 +230,17 @@ def test_a_callback_stops_training_at_step_3_and_sees_trls_state(tmp_path):
     events = []
 
     class StopAt3(TrainerCallback):
+        def on_init_end(self, args, state, control, **kwargs):
+            events.append(("init",))
+
         def on_train_begin(self, args, state, control, **kwargs):
             events.append(("begin", state.global_step, state.max_steps))
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            events.append(("epoch",))
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            events.append(("step_begin", state.global_step))
 
         def on_step_end(self, args, state, control, **kwargs):
             events.append(("step", state.global_step))
@@ -237,6 +254,9 @@ def test_a_callback_stops_training_at_step_3_and_sees_trls_state(tmp_path):
         def on_save(self, args, state, control, **kwargs):
             events.append(("save", state.global_step))
 
+        def on_epoch_end(self, args, state, control, **kwargs):
+            events.append(("epoch_end",))
+
         def on_train_end(self, args, state, control, **kwargs):
             events.append(("end", state.global_step, kwargs["model"] is not None))
 
@@ -244,15 +264,12 @@ def test_a_callback_stops_training_at_step_3_and_sees_trls_state(tmp_path):
     trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), callbacks=[StopAt3])
     trainer.train()
     assert events == [
-        ("begin", 0, 10),
-        ("step", 1),
-        ("step", 2),
-        ("log", 2, True),
-        ("save", 2),
-        ("step", 3),
-        ("log", 3, True),
-        ("end", 3, True),
-    ]
+        ("init",), ("begin", 0, 10), ("epoch",),
+        ("step_begin", 0), ("step", 1),
+        ("step_begin", 1), ("step", 2), ("log", 2, True), ("save", 2),
+        ("step_begin", 2), ("step", 3), ("log", 3, True),
+        ("epoch_end",), ("end", 3, True),
+    ]  # fmt: skip
     # stopped as a first Ctrl-C stops: a checkpoint at step 3, resumable from the same script
     assert (tmp_path / "cb" / "checkpoints" / "step-0000003").is_dir()
     again = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts())

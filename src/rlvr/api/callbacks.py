@@ -3,9 +3,11 @@
 The callbacks get what transformers' Trainer gives them: `args` (the GRPOConfig), a `TrainerState` whose
 `global_step` counts optimizer steps as TRL does (rlvr's step x optimizer steps per step), a `TrainerControl`
 whose `should_training_stop` ends the run after the step (with a checkpoint, resumable), and the keywords
-model, processing_class, optimizer and lr_scheduler. `on_log` runs every `logging_steps` optimizer steps with
-the numeric metrics averaged since the last log (TRL averages its metrics over the logging window), and its
-logs go to `state.log_history`, as in transformers.
+model, processing_class, optimizer and lr_scheduler. Called: on_init_end, on_train_begin, on_epoch_begin/end,
+on_step_begin/end, on_log, on_evaluate, on_save, on_train_end; not called (rlvr's loop has no such point a
+callback could act on): on_substep_end, on_pre_optimizer_step, on_optimizer_step, on_prediction_step.
+`on_log` runs every `logging_steps` optimizer steps with the numeric metrics averaged since the last log (TRL
+averages its metrics over the logging window), and its logs go to `state.log_history`, as in transformers.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class CallbackHooks:
         self._window: list[dict] = []
         self._losses: list[float] = []
         self._started = 0.0
+        self._epoch = 0  # the dataset pass the run is in (state.epoch counts rows handed out / rows)
 
     def call(self, event: str, trainer, **kwargs: Any) -> None:
         """Run `event` on every callback, as transformers' CallbackHandler does (a returned control replaces ours)."""
@@ -62,6 +65,16 @@ class CallbackHooks:
         self._started = time.time()
         self.control.should_training_stop = False
         self.call("on_train_begin", trainer)
+        self._epoch = int(self.state.epoch or 0)
+        self.call("on_epoch_begin", trainer)
+
+    def step_begin(self, trainer) -> None:
+        self._counters(trainer)
+        if int(self.state.epoch or 0) > self._epoch:  # a pass over the dataset ended with the last step
+            self.call("on_epoch_end", trainer)
+            self._epoch = int(self.state.epoch or 0)
+            self.call("on_epoch_begin", trainer)
+        self.call("on_step_begin", trainer)
 
     def step_end(self, trainer, metrics: dict) -> bool:
         self._counters(trainer)
@@ -104,6 +117,7 @@ class CallbackHooks:
                 "step": self.state.global_step,
             }
         )
+        self.call("on_epoch_end", trainer)
         self.call("on_train_end", trainer)
 
     @property

@@ -68,6 +68,8 @@ class GRPOTrainer:
         self._deferred: Exception | None = None  # why the run in output_dir could not be resumed at once (train() decides)
         self.output_dir = Path(str(self.cfg.output_dir))  # always set: from args.output_dir (default trainer_output)
         self._build(resume="auto" if holds_a_run(self.output_dir) else None)
+        if self._trainer is not None:
+            self.hooks.call("on_init_end", self._trainer)
 
     # ------------------------------------------------------------------ the arguments as config settings
 
@@ -279,6 +281,47 @@ class GRPOTrainer:
             t.policy.save(path)
             t.tokenizer.save_pretrained(path)
         t.dist.barrier("save_model")
+
+    # ------------------------------------------------------------------ what transformers' Trainer also offers scripts
+
+    def is_world_process_zero(self) -> bool:
+        return self.args.process_index == 0
+
+    @property
+    def accelerator(self):
+        """The few attributes scripts read from TRL's accelerate Accelerator (rlvr runs its own process group)."""
+        import types
+
+        device = self._trainer.device if self._trainer is not None else None
+        ws, rank = self.args.world_size, self.args.process_index
+        return types.SimpleNamespace(is_main_process=rank == 0, process_index=rank, num_processes=ws, device=device)
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        """Print the metrics (transformers' Trainer.log_metrics), on rank 0."""
+        if self.is_world_process_zero():
+            print(f"***** {split} metrics *****")
+            for key in sorted(metrics):
+                print(f"  {key} = {metrics[key]}")
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """<output_dir>/<split>_results.json (transformers' Trainer.save_metrics, without the combined file's merge)."""
+        import json
+
+        if self.is_world_process_zero():
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True, default=str))
+
+    def save_state(self) -> None:
+        """<output_dir>/trainer_state.json: the TrainerState (log_history, global_step), as transformers writes it."""
+        if self.is_world_process_zero():
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            self.state.save_to_json(str(self.output_dir / "trainer_state.json"))
+
+    def push_to_hub(self, *args, **kwargs):
+        raise ConfigError(
+            "trainer.push_to_hub(): rlvr does not upload; the trained model is in <output_dir>/final "
+            "(upload it with huggingface_hub's upload_folder)"
+        )
 
 
 class _TrlRollout:

@@ -14,6 +14,9 @@ class RunHooks(Protocol):
     def train_begin(self, trainer) -> None:
         """Before the first step (after a resume: before the first step still to train)."""
 
+    def step_begin(self, trainer) -> None:
+        """Before step trainer.state.step + 1 generates."""
+
     def step_end(self, trainer, metrics: dict) -> bool:
         """After step trainer.state.step was trained and logged; True: stop the run here."""
         ...
@@ -30,6 +33,9 @@ class RunHooks(Protocol):
 
 class NoHooks:
     def train_begin(self, trainer) -> None:
+        pass
+
+    def step_begin(self, trainer) -> None:
         pass
 
     def step_end(self, trainer, metrics: dict) -> bool:

@@ -284,6 +284,7 @@ class Trainer:
     def _one_step(self, log) -> str:
         """One step: phases 1 to 3 (`train_step`), then phase 4; "stop" when a stop signal (or an abandoned step) ends the run here."""
         started = time.time()
+        self.hooks.step_begin(self)
         before = (self.stream.state_dict(), rng_state())  # where an abandoned step's generation started
         try:
             metrics = self.train_step()
