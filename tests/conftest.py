@@ -73,7 +73,7 @@ def trainer_defaults(model_path: str, output_dir) -> list[str]:
 
 @pytest.fixture
 def make_trainer(tiny_model_dir, tmp_path):
-    """make(*overrides, run="run", force=False, source=None, config=None) -> rlvr.train.Trainer
+    """make(*overrides, run="run", force=False, source=None, config=None) -> rlvr.training.Trainer
 
     The config is trainer_defaults(tiny_model_dir, tmp_path / run) followed by `overrides`
     (later ones win), or, with `config` (a YAML file), that file with `overrides` only; the

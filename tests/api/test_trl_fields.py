@@ -68,6 +68,11 @@ MAPPED = {
     "scale_rewards": ("batch", "algo.scale_rewards", "batch"),
     "multi_objective_aggregation": ("normalize_then_sum", "algo.reward_aggregation", "normalize_then_sum"),
     "max_tool_calling_iterations": (2, None, None),  # with tools (below)
+    "use_adaptive_entropy": (True, None, None),
+    "entropy_target": (0.5, None, None),
+    "entropy_coef_delta": (0.01, None, None),
+    "entropy_coef_min": (0.001, None, None),
+    "entropy_coef_max": (0.5, None, None),
     "vllm_importance_sampling_correction": (False, None, None),
     "vllm_importance_sampling_mode": ("token_truncate", None, None),
     "vllm_importance_sampling_clip_max": (2.0, None, None),
@@ -78,9 +83,15 @@ MAPPED = {
 }
 # act outside the config: on the callbacks' on_log, the live display, GRPOTrainer's rewards (tests/api/test_trl_trainer.py)
 OUTSIDE = {"optim", "disable_tqdm", "logging_strategy", "logging_steps", "logging_first_step", "reward_weights"}
-ALGO = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:")]
+CONTROLLER = ("use_adaptive_entropy", "entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+ALGO = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:") and n not in CONTROLLER]
 ALGO_VALUES = {"loss_type": "grpo", "importance_sampling_level": "sequence", "mask_truncated_completions": True}
 WITH = {  # fields that act only together with another
+    "use_adaptive_entropy": ({}, "algo.adaptive_entropy", True),
+    **{
+        n: ({"use_adaptive_entropy": True}, f"algo.{n}", v)
+        for n, v in [("entropy_target", 0.5), ("entropy_coef_delta", 0.01), ("entropy_coef_min", 0.001), ("entropy_coef_max", 0.5)]
+    },
     "eval_steps": ({"eval_strategy": "steps"}, "eval.every", 4),
     "vllm_mode": ({"use_vllm": True}, "rollout.servers", ["http://127.0.0.1:8000"]),
     "vllm_enable_sleep_mode": ({"use_vllm": True}, "rollout.vllm.sleep", True),

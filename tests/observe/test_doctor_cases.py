@@ -41,7 +41,8 @@ def test_smollm2_collapse_is_entropy_collapse_not_easy_prompts():
     assert "84% of groups had identical rewards (steps 51-60)" in f.message  # 75-100 % a step
     assert "36% of groups got the step's lowest reward" in f.message  # 43 % of the identical groups wrong
     assert "easy" not in f.message and "filter" not in f.fix
-    for setting in ("rollout.temperature (now 0.7)", "algo.epsilon_high=0.28", "algo.entropy_coef", "optim.lr (now 1e-05)"):
+    adaptive = "algo.adaptive_entropy=true algo.entropy_target=0.27"  # half of 0.533, the entropy the run started at
+    for setting in (adaptive, "rollout.temperature (now 0.7)", "algo.epsilon_high=0.28", "optim.lr (now 1e-05)"):
         assert setting in f.fix, (setting, f.fix)
     # the same run as the old entropy metric showed it: the distinct-completion share tells
     (g,) = _verdict(CASES["smollm2_collapse_hidden_entropy"]).values()

@@ -12,6 +12,7 @@ function, one OBJECTIVES entry, one LOSS_TYPES entry naming it (with an aggregat
     aggregations.py   per-token losses -> batch loss (LOSS_AGGREGATIONS, BatchNorms)
     token_weights.py  top-entropy mask, sampler correction, truncated-completion mask, off-policy sequence mask
     losses.py         LOSS_TYPES (objective + aggregation), policy_loss and the fast-path queries
+    exploration.py    adaptive entropy control (Skywork-OR1), Clip-Cov and KL-Cov (the entropy mechanism)
     kl.py             KL estimators
     logprobs.py       log-probs and entropy from logits
 """
@@ -25,6 +26,16 @@ from rlvr.algo.advantages import (
     groups_with_signal,
 )
 from rlvr.algo.aggregations import LOSS_AGGREGATIONS, Aggregation, BatchNorms
+from rlvr.algo.exploration import (
+    EntropyControl,
+    applied_entropy_coef,
+    clip_cov_weights,
+    kl_cov_penalty,
+    kl_cov_selection,
+    next_entropy_control,
+    start_entropy_control,
+    token_covariance,
+)
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
 from rlvr.algo.logprobs import selective_log_softmax, token_entropy, token_entropy_with_grad
 from rlvr.algo.losses import (
@@ -57,6 +68,14 @@ __all__ = [
     "SAMPLER_CORRECTIONS",
     "Aggregation",
     "BatchNorms",
+    "EntropyControl",
+    "applied_entropy_coef",
+    "clip_cov_weights",
+    "kl_cov_penalty",
+    "kl_cov_selection",
+    "next_entropy_control",
+    "start_entropy_control",
+    "token_covariance",
     "LossType",
     "Objective",
     "ObjectiveOutput",

@@ -187,11 +187,15 @@ def _model_and_devices(args: GRPOConfig, errors: list[str]) -> dict[str, Any]:
     return s
 
 
-_ALGO_SAME = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:")]
+_CONTROLLER = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+_ALGO_SAME = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:") and n not in _CONTROLLER]
 
 
 def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     s = {f"algo.{n}": getattr(args, n) for n in _ALGO_SAME}
+    if args.use_adaptive_entropy:  # the controller's settings act only with it (rlvr warns about them otherwise)
+        s["algo.adaptive_entropy"] = True
+        s.update({f"algo.{n}": getattr(args, n) for n in _CONTROLLER})
     scale = args.scale_rewards
     s["algo.scale_rewards"] = "group" if scale is True else "none" if scale is False else scale
     s["algo.reward_aggregation"] = args.multi_objective_aggregation

@@ -303,6 +303,18 @@ class AlgoConfig:
     """loss_type=vespo: decay lambda for negative advantages."""
     entropy_coef: float = 0.0
     """Entropy bonus: subtract entropy_coef x the mean entropy of the batch's loss tokens (with its gradient; 0 = off)."""
+    adaptive_entropy: bool = False
+    """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy): entropy_coef is the starting coefficient,
+    raised by entropy_coef_delta after each optimizer step whose trained tokens' mean entropy is at or below
+    entropy_target and lowered otherwise; the bonus applies while the last measured entropy is at or below the target."""
+    entropy_target: float = 0.2
+    """adaptive_entropy: the mean token entropy (nats) below which the bonus pushes back."""
+    entropy_coef_delta: float = 0.005
+    """adaptive_entropy: the coefficient's change per optimizer step."""
+    entropy_coef_min: float = 0.0
+    """adaptive_entropy: the coefficient's lower bound."""
+    entropy_coef_max: float = 1.0
+    """adaptive_entropy: the coefficient's upper bound."""
     off_policy_mask_threshold: float | None = None
     """Off-policy sequence masking (DeepSeek-V3.2): drop completions with negative advantage whose mean
     log p_sampler - log p_policy over their tokens exceeds this (e.g. 0.5); null = off."""

@@ -39,7 +39,6 @@ _ALGO_SAME = (
     "vespo_lambda_neg",
 )
 _SERVER = "TRL's vLLM server is rlvr's generation server: `rlvr serve MODEL --engine vllm`, listed in rollout.servers"
-_NO_ADAPTIVE_ENTROPY = "the entropy bonus has a fixed coefficient, algo.entropy_coef (no adaptive control)"
 _NO_HUB = "rlvr writes the trained model to <output_dir>/final/; upload that folder yourself (huggingface_hub's upload_folder)"
 
 TRL_NAMES: dict[str, TrlName] = {
@@ -94,10 +93,11 @@ TRL_NAMES: dict[str, TrlName] = {
     "sync_ref_model": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
     "ref_model_mixup_alpha": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
     "ref_model_sync_steps": TrlName(_G, None, "the reference model (algo.beta > 0) stays the initial policy"),
-    **{
-        name: TrlName(_G, None, _NO_ADAPTIVE_ENTROPY)
-        for name in ("use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")
-    },
+    "use_adaptive_entropy": TrlName(_G, "algo.adaptive_entropy"),
+    "entropy_target": TrlName(_G, "algo.entropy_target"),
+    "entropy_coef_delta": TrlName(_G, "algo.entropy_coef_delta"),
+    "entropy_coef_min": TrlName(_G, "algo.entropy_coef_min"),
+    "entropy_coef_max": TrlName(_G, "algo.entropy_coef_max"),
     # GRPOConfig: the model
     "model_init_kwargs": TrlName(_G, None, "the loading options are model.dtype, model.trust_remote_code and model.gguf_file"),
     "trust_remote_code": TrlName(_G, "model.trust_remote_code"),

@@ -130,6 +130,11 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
             errors.append(f"`algo.{name}` must be >= 0, got {getattr(a, name)} (default {getattr(type(a)(), name)})")
     if not math.isfinite(a.entropy_coef):
         errors.append(f"`algo.entropy_coef` must be a finite number (0 = off, e.g. 0.001), got {a.entropy_coef}")
+    if a.adaptive_entropy and not (a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0 and a.entropy_target >= 0):
+        errors.append(
+            f"`algo.adaptive_entropy`: needs entropy_coef_min <= entropy_coef_max (got {a.entropy_coef_min}, {a.entropy_coef_max}), "
+            f"entropy_coef_delta >= 0 (got {a.entropy_coef_delta}) and entropy_target >= 0 nats (got {a.entropy_target})"
+        )
     if a.off_policy_mask_threshold is not None and not a.off_policy_mask_threshold > 0:
         errors.append(f"`algo.off_policy_mask_threshold` must be positive (e.g. 0.5) or null (off), got {a.off_policy_mask_threshold}")
     if a.loss_type == "luspo" and a.importance_sampling_level != "sequence":

@@ -367,13 +367,19 @@ def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
         metric,
         message,
         fmt(steps, values),
+        f"keep the entropy up with the adaptive controller (algo.adaptive_entropy=true algo.entropy_target={_target(x)}: "
+        f"about half the entropy this run started at{ctx.now('algo.adaptive_entropy')}), "
         f"raise rollout.temperature{ctx.now('rollout.temperature')}, widen the clip's high side "
         f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), "
-        f"add an entropy bonus (algo.entropy_coef=0.001{ctx.now('algo.entropy_coef')}), "
         f"or lower optim.lr{ctx.now('optim.lr')}",
         steps,
         values,
     )
+
+
+def _target(x) -> str:
+    """An entropy target for the adaptive controller: half the run's early entropy (TRL's default 0.2 when not logged)."""
+    return f"{max(0.05, x.entropy[0] / 2):.2g}" if x.entropy else "0.2"
 
 
 @rule("reward_collapse")

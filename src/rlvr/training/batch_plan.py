@@ -69,7 +69,9 @@ class BatchPlan:
             skip_zero_advantage=o.skip_zero_advantage
             and one_process
             and all_rows
-            and algo.zero_advantage_rows_have_zero_gradient(loss_type=a.loss_type, beta=a.beta, entropy_coef=a.entropy_coef),
+            and algo.zero_advantage_rows_have_zero_gradient(
+                loss_type=a.loss_type, beta=a.beta, entropy_coef=1.0 if a.adaptive_entropy else a.entropy_coef
+            ),
             pack_by_length=pack,
             packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,

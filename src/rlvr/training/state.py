@@ -33,6 +33,7 @@ class TrainState:
     skipped_steps: int = 0  # steps whose update was dropped for a non-finite loss or gradient
     train_seconds: float = 0.0  # wall time of the steps done, over every segment of a resumed run
     eval_before: float | None = None  # the held-out score before training (summary.json reports it after a resume too)
+    entropy_control: tuple[float, float] | None = None  # algo.adaptive_entropy: (coefficient, last measured entropy)
     bad_steps_in_a_row: int = 0  # not saved: a checkpoint is never written right after a bad step
 
 
@@ -119,5 +120,6 @@ class Checkpointer:
             skipped_steps=saved.get("skipped_steps", 0),
             train_seconds=saved.get("train_seconds", 0.0),
             eval_before=saved.get("eval_before"),
+            entropy_control=saved.get("entropy_control"),
         )
         return state, path

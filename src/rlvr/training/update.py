@@ -69,6 +69,10 @@ class Updater:
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
+        # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window
+        self.entropy_control = algo.start_entropy_control(a.entropy_coef) if a.adaptive_entropy else None
+        self.entropy_bonus = a.entropy_coef != 0 or a.adaptive_entropy  # the entropy then needs its gradient
+        self._entropy_window = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of H x mask, tokens]
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
         return self.update([Minibatch(episodes, advantages, loss_weight)])
@@ -82,6 +86,8 @@ class Updater:
         with self.compile_clock.measuring() if self.compiled else contextlib.nullcontext():
             skipped = self.run_epochs(inputs, sums)
         metrics = sums.metrics(inputs, self.dist, beta=self.cfg.algo.beta, correction=self.correction)
+        if self.entropy_control is not None:
+            metrics.update({"entropy_coef": self.entropy_control.coef, "entropy/controlled": self.entropy_control.last_entropy})
         if self.compiled:
             metrics.update({"compile/count": self.compile_clock.graphs, "time/compile": self.compile_clock.seconds - compile_seconds})
         return UpdateResult(metrics, [n for m in inputs for n in m.micro_batch_sizes], skipped)
@@ -105,10 +111,34 @@ class Updater:
         `first`: in the first epoch, what its forwards give the epochs after it. False when the step was skipped."""
         self.optimizer.zero_grad(set_to_none=True)
         sums.step_loss.zero_()
+        if self.entropy_control is not None:  # every micro-batch of the step applies the coefficient the last step left
+            self.loss_kwargs["entropy_coef"] = algo.applied_entropy_coef(self.entropy_control, target=self.cfg.algo.entropy_target)
+            self._entropy_window.zero_()
         for k, micro_batch in enumerate(minibatch.micro_batches):
             last = k == len(minibatch.micro_batches) - 1  # gradients are reduced across ranks on the last backward only
             self.micro_batch_step(minibatch, micro_batch, first, sums, last=last)
+        if self.entropy_control is not None:
+            self.steer_entropy()
         return self.optimizer_step(sums, has_rows=bool(minibatch.micro_batches))
+
+    def resume_entropy_control(self, saved: tuple[float, float] | None) -> None:
+        """The controller as a checkpoint left it (a checkpoint from before adaptive_entropy was on: as started)."""
+        if self.entropy_control is not None and saved is not None:
+            self.entropy_control = algo.EntropyControl(*saved)
+
+    def steer_entropy(self) -> None:
+        """The controller after this optimizer step: the mean entropy of the step's trained tokens over every rank."""
+        a = self.cfg.algo
+        total, tokens = self.dist.sum(*(float(x) for x in self._entropy_window), what="entropy window")
+        assert self.entropy_control is not None, "adaptive_entropy"
+        self.entropy_control = algo.next_entropy_control(
+            self.entropy_control,
+            total / max(tokens, 1.0),
+            target=a.entropy_target,
+            delta=a.entropy_coef_delta,
+            coef_min=a.entropy_coef_min,
+            coef_max=a.entropy_coef_max,
+        )
 
     def micro_batch_step(
         self, minibatch: MinibatchInputs, micro_batch: MicroBatch, first: FirstEpoch | None, sums: MetricSums, *, last: bool
@@ -143,6 +173,9 @@ class Updater:
             (res.loss * (micro_batch.weight * loss_scale(self.dist))).backward()
         if micro_batch.weight:
             sums.add(res, entropy, m, can_clip=not own_old)
+            if self.entropy_control is not None:  # the tokens the bonus acts on: the loss mask, narrowed by a top-entropy selection
+                acting = (m if w is None else m * w).to(torch.float64)
+                self._entropy_window += torch.stack([(entropy.to(torch.float64) * acting).sum(), acting.sum()])
 
     def token_weights(self, minibatch: MinibatchInputs, rows: slice, C: int, entropy, m, old_logp, first: FirstEpoch | None):
         """(the top-entropy token selection or None, the sampler-correction weights or None)."""
@@ -250,7 +283,7 @@ class Updater:
         own entropies serve (no extra forward; FirstEpoch); they are chosen before the epochs for a minibatch
         trained after a step and for the entropy bonus, which averages over the selected tokens of the whole minibatch."""
         a = self.cfg.algo
-        return a.top_entropy_quantile < 1 and micro_batches > 0 and (micro_batches > 1 or after_a_step or a.entropy_coef != 0)
+        return a.top_entropy_quantile < 1 and micro_batches > 0 and (micro_batches > 1 or after_a_step or self.entropy_bonus)
 
     def generating_forwards(self, rows: RowsToRun, after_a_step: bool, *, entropy: bool) -> list | None:
         """The old log-probs' forwards (per micro-batch), or None when the first epoch's own serve (FirstEpoch).
@@ -296,7 +329,7 @@ class Updater:
     def forward(self, model, e: Episodes, mb: slice, *, with_entropy: bool, compiled: CompiledForward | None = None):
         """(log-probs and entropies of micro-batch mb, its completion width); `compiled`: through the compiled forward."""
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
-        kw = dict(temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, entropy_grad=self.cfg.algo.entropy_coef != 0)
+        kw = dict(temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, entropy_grad=self.entropy_bonus)
         with autocast_context(self.precision, self.device):
             if compiled is not None:
                 out = compiled(model, p_ids, p_mask, c_ids, c_mask, **kw)

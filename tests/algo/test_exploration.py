@@ -1,0 +1,161 @@
+"""The adaptive entropy controller against a hand-written loop of TRL 1.16's rule, and Clip-Cov / KL-Cov against a
+transcription of verl's compute_policy_loss_clip_cov / _kl_cov (core_algos.py), in float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlvr.algo.exploration import (
+    applied_entropy_coef,
+    clip_cov_weights,
+    kl_cov_penalty,
+    kl_cov_selection,
+    next_entropy_control,
+    start_entropy_control,
+    token_covariance,
+)
+
+D = torch.float64
+
+
+def trl_controller(entropies, *, coef, target, delta, lo, hi):
+    """TRL's GRPOTrainer._compute_loss, adaptive branch: the coefficient applied at each step, then its update."""
+    entropy_coef, last = coef, float("inf")
+    applied = []
+    for h in entropies:
+        applied.append(entropy_coef if last <= target else 0.0)
+        if h <= target:
+            entropy_coef = min(entropy_coef + delta, hi)
+        else:
+            entropy_coef = max(entropy_coef - delta, lo)
+        last = h
+    return applied, entropy_coef, last
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_controller_follows_trls_rule(seed):
+    g = torch.Generator().manual_seed(seed)
+    entropies = (0.4 * torch.rand(40, generator=g, dtype=D)).tolist()  # around the target, both sides
+    kw = dict(target=0.2, delta=0.005 * (seed + 1), coef_min=0.001 * seed, coef_max=0.03)
+    state, applied = start_entropy_control(0.01), []
+    for h in entropies:
+        applied.append(applied_entropy_coef(state, target=kw["target"]))
+        state = next_entropy_control(state, h, **kw)
+    expected, coef, last = trl_controller(entropies, coef=0.01, target=0.2, delta=kw["delta"], lo=kw["coef_min"], hi=kw["coef_max"])
+    assert applied == expected and state == (coef, last)
+    assert applied[0] == 0.0 and math.isinf(start_entropy_control(0.5).last_entropy)  # nothing applied before a measurement
+
+
+def inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    N, L = 7, 9
+    mask = torch.zeros(N, L, dtype=D)
+    for i in range(N):
+        mask[i, : 1 + (i * 5 + seed) % L] = 1
+    logp = -3 * torch.rand(N, L, generator=g, dtype=D)
+    old = logp + 0.2 * torch.randn(N, L, generator=g, dtype=D)
+    adv = torch.randn(N, generator=g, dtype=D)
+    return logp, old, adv, mask
+
+
+def masked_mean(x, m):
+    return (x * m).sum() / m.sum()
+
+
+def verl_clip_cov(log_prob, old_log_prob, advantages, response_mask, *, clip_ratio, lb, ub, cliprange=0.2, perm):
+    """verl's compute_policy_loss_clip_cov up to the corrected per-token losses (advantages per token, [N, L])."""
+    negative_approx_kl = log_prob - old_log_prob
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    clip_by_origin = (pg_losses2 > pg_losses1) & (response_mask > 0)
+    cov_all = (advantages - masked_mean(advantages, response_mask)) * (log_prob - masked_mean(log_prob.detach(), response_mask))
+    cov_all[response_mask == 0] = -torch.inf
+    cov_all[clip_by_origin] = -torch.inf
+    clip_num = max(int(clip_ratio * response_mask.sum().item()), 1)
+    top_k_idx = (cov_all < ub) & (cov_all > lb) & (response_mask > 0)
+    top_k_idx = torch.nonzero(top_k_idx)
+    if len(top_k_idx) > 0:
+        top_k_idx = top_k_idx[perm(len(top_k_idx))[: min(clip_num, len(top_k_idx))]]
+    corr = torch.ones_like(advantages)
+    corr[top_k_idx[:, 0], top_k_idx[:, 1]] = 0
+    return torch.maximum(pg_losses1, pg_losses2) * corr, clip_by_origin
+
+
+def verl_kl_cov(log_prob, old_log_prob, advantages, response_mask, *, kl_cov_ratio, ppo_kl_coef):
+    """verl's compute_policy_loss_kl_cov up to the per-token losses."""
+    negative_approx_kl = log_prob - old_log_prob
+    abs_kl = negative_approx_kl.abs()
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses_kl = -advantages * ratio + ppo_kl_coef * abs_kl
+    pg_losses = pg_losses1.clone()
+    all_valid = response_mask > 0
+    all_valid_idx = torch.nonzero(all_valid.reshape(-1), as_tuple=True)[0]
+    all_valid_adv = advantages[all_valid].detach().reshape(-1).cpu()
+    all_valid_logp = log_prob[all_valid].detach().reshape(-1).cpu()
+    cov_lst_all = (all_valid_adv - all_valid_adv.mean()) * (all_valid_logp - all_valid_logp.mean())
+    k_percent_nums = max(1, int(len(cov_lst_all) * kl_cov_ratio))
+    large_cov_idxs = torch.topk(cov_lst_all, k_percent_nums, largest=True).indices
+    large_cov_idxs = all_valid_idx[large_cov_idxs]
+    rows, cols = large_cov_idxs // advantages.shape[1], large_cov_idxs % advantages.shape[1]
+    pg_losses[rows, cols] = pg_losses_kl[rows, cols]
+    return pg_losses
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_clip_cov_detaches_the_tokens_verl_does(seed):
+    logp, old, adv, mask = inputs(seed)
+    per_token_adv = adv.unsqueeze(1).expand_as(logp).clone()
+    draws = {}
+
+    def perm(n):  # the same random draw on both sides
+        draws[n] = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        return draws[n]
+
+    kw = dict(clip_ratio=0.1, lb=-0.05, ub=0.5)
+    lp_verl = logp.clone().requires_grad_(True)
+    verl_losses, clipped = verl_clip_cov(lp_verl, old, per_token_adv, mask, clip_ratio=0.1, lb=-0.05, ub=0.5, perm=perm)
+    (verl_losses * mask).sum().backward()
+
+    lp = logp.clone().requires_grad_(True)
+    w = clip_cov_weights(
+        lp, adv, mask, ratio=kw["clip_ratio"], lower=kw["lb"], upper=kw["ub"], already_clipped=clipped,
+        generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    ratio = torch.exp(lp - old)
+    ours = torch.maximum(-per_token_adv * ratio, -per_token_adv * torch.clamp(ratio, 0.8, 1.2)) * w
+    (ours * mask).sum().backward()
+    assert 0 < int((w == 0).sum()) <= max(int(0.1 * mask.sum()), 1)  # at most ratio x tokens, drawn among the eligible
+    torch.testing.assert_close(ours, verl_losses, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lp.grad, lp_verl.grad, rtol=0, atol=1e-12)
+    assert (w == 0).any()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_kl_cov_penalises_the_tokens_verl_does(seed):
+    logp, old, adv, mask = inputs(seed)
+    per_token_adv = adv.unsqueeze(1).expand_as(logp).clone()
+    lp_verl = logp.clone().requires_grad_(True)
+    verl_losses = verl_kl_cov(lp_verl, old, per_token_adv, mask, kl_cov_ratio=0.05, ppo_kl_coef=1.0)
+    (verl_losses * mask).sum().backward()
+
+    lp = logp.clone().requires_grad_(True)
+    selected = kl_cov_selection(lp, adv, mask, ratio=0.05)
+    ours = -per_token_adv * torch.exp(lp - old) + kl_cov_penalty(lp, old, selected, coef=1.0)
+    (ours * mask).sum().backward()
+    assert int(selected.sum()) == max(1, int(mask.sum() * 0.05))
+    torch.testing.assert_close(ours * mask, verl_losses * mask, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lp.grad, lp_verl.grad, rtol=0, atol=1e-12)
+
+
+def test_covariance_is_centred_over_the_masks_tokens_only():
+    logp, _, adv, mask = inputs(0)
+    cov = token_covariance(logp, adv, mask)
+    assert float(cov[mask == 0].abs().sum()) == 0.0
+    a = adv.unsqueeze(1).expand_as(logp)
+    expected = (logp - masked_mean(logp, mask)) * (a - masked_mean(a, mask)) * mask
+    torch.testing.assert_close(cov, expected, rtol=0, atol=1e-14)
