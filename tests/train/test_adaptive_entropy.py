@@ -29,8 +29,9 @@ def _metrics(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_logged_coefficient_follows_trls_rule_on_the_measured_entropy(make_trainer, tmp_path):
+def test_the_logged_coefficient_follows_trls_rule_on_the_measured_entropy(make_trainer, tmp_path, capsys):
     make_trainer(*ADAPTIVE, "steps=4", run="a").train()
+    assert "ent.coef 0.0300" in capsys.readouterr().out  # the console's step line
     rows = _metrics(tmp_path / "a")
     coef, expected = 0.01, []
     for r in rows:  # one optimizer step per step: TRL's update once per step
@@ -68,3 +69,11 @@ def test_resume_continues_the_controller_bit_for_bit(make_trainer, tmp_path):
         load_file(str(tmp_path / "resumed" / "final" / "model.safetensors")),
     )
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_the_report_plots_the_coefficient(make_trainer, tmp_path):
+    from rlvr.observe.report import make_report
+
+    make_trainer(*ADAPTIVE, "steps=2", run="r").train()
+    html = make_report([str(tmp_path / "r")], str(tmp_path / "report")).read_text()
+    assert "the coefficient algo.adaptive_entropy moved" in html

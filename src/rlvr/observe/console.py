@@ -147,6 +147,8 @@ class RunLogger:
         if m.get("completions/clipped_ratio"):
             out.append(("truncated", _f(m["completions/clipped_ratio"], ".0%")))
         out.append(("entropy", _f(m.get("entropy"))))
+        if "entropy_coef" in m:  # algo.adaptive_entropy: the coefficient it moved to
+            out.append(("ent.coef", _f(m["entropy_coef"], ".4f")))
         out.append(("zero-std", _f(m.get("frac_reward_zero_std"), ".0%")))
         out.append(("loss", _f(m.get("loss"), "+.4f")))
         return out

@@ -206,17 +206,20 @@ class Plotter:
         self.save(fig, "kl", "KL", "Only runs with a KL penalty (algo.beta > 0) have a reference model and this curve.")
 
     def entropy(self):
-        fig, (ax,) = self.figure()
+        controlled = [r for r in self.runs if r.series("entropy_coef")[0]]  # algo.adaptive_entropy
+        fig, axes = self.figure(2 if controlled else 1)
         for r in self.runs:
-            self.line(ax, r, "entropy", self.label(r))
-        ax.set_title("mean token entropy (nats)")
-        ax.set_xlabel("step")
-        self.save(
-            fig,
-            "entropy",
-            "Entropy",
-            "Mean entropy of the sampling distribution over completion tokens; a collapse to ~0 means no exploration left.",
-        )
+            self.line(axes[0], r, "entropy", self.label(r))
+        axes[0].set_title("mean token entropy (nats)")
+        caption = "Mean entropy of the sampling distribution over completion tokens; a collapse to ~0 means no exploration left."
+        if controlled:
+            for r in controlled:
+                self.line(axes[1], r, "entropy_coef", self.label(r), smooth=False)
+            axes[1].set_title("adaptive entropy coefficient")
+            caption += " Right: the coefficient algo.adaptive_entropy moved (it acts while entropy is at or below algo.entropy_target)."
+        for ax in axes:
+            ax.set_xlabel("step")
+        self.save(fig, "entropy", "Entropy", caption)
 
     def length(self):
         fig, (a, b) = self.figure(2)
