@@ -108,6 +108,7 @@ def policy_loss(
     sampling_logp: torch.Tensor | None = None,  # [N, L] the sampler's log-probs, for the off-policy mask
     entropy: torch.Tensor | None = None,  # [N, L] with gradient, when entropy_coef != 0
     entropy_coef: float = 0.0,
+    token_penalty: torch.Tensor | None = None,  # [N, L] added to the per-token loss (KL-Cov's), with its gradient
 ) -> PolicyLossOutput:
     """This micro-batch's share of the batch loss, with clip fractions and the mean KL.
 
@@ -115,7 +116,8 @@ def policy_loss(
     losses (and gradients) of the micro-batches gives the full batch's loss exactly (bnpo aside,
     which by definition normalises by the local batch). `token_weights`, `sampler_weights` and the
     off-policy mask multiply the policy-gradient term only; the KL term, when beta > 0, counts on
-    every unmasked token. The entropy bonus averages over the tokens `token_weights` keeps.
+    every unmasked token. The entropy bonus averages over the tokens `token_weights` keeps. `token_penalty` adds
+    to the per-token loss before the aggregation (KL-Cov's |log-ratio| on its selected tokens).
     """
     objective, aggregation = _loss_type(loss_type)
     mask = mask.to(logp.dtype)  # [N, L]
@@ -144,6 +146,8 @@ def policy_loss(
         off_policy_mask_threshold=off_policy_mask_threshold,
         sampling_logp=sampling_logp,
     )  # [N, L]
+    if token_penalty is not None:
+        per_token = per_token + token_penalty  # [N, L]
     kl = None
     if beta != 0.0:
         per_token_kl, kl = _kl_term(logp, ref_logp, log_ratio, mask, kl_estimator=kl_estimator, kl_bias_correction=kl_bias_correction)

@@ -106,6 +106,10 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         out += _say("algo.", a, ("kl_estimator",), "there is no KL term (algo.beta=0)")
     if not a.dynamic_sampling:
         out += _say("algo.", a, ("max_resample_rounds",), "algo.dynamic_sampling is off")
+    if a.clip_cov_ratio == 0:
+        out += _say("algo.", a, ("clip_cov_lb", "clip_cov_ub"), "Clip-Cov is off (algo.clip_cov_ratio=0)")
+    if a.kl_cov_ratio == 0:
+        out += _say("algo.", a, ("kl_cov_coef",), "KL-Cov is off (algo.kl_cov_ratio=0)")
     if not a.adaptive_entropy:
         controller = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
         out += _say("algo.", a, controller, "algo.adaptive_entropy is off (the entropy bonus keeps algo.entropy_coef)")

@@ -303,6 +303,19 @@ class AlgoConfig:
     """loss_type=vespo: decay lambda for negative advantages."""
     entropy_coef: float = 0.0
     """Entropy bonus: subtract entropy_coef x the mean entropy of the batch's loss tokens (with its gradient; 0 = off)."""
+    clip_cov_ratio: float = 0.0
+    """Clip-Cov (Cui et al. 2025): each step, detach the policy gradient of this share of the loss tokens (at least
+    one), drawn among those whose covariance of log-probability and advantage lies in (clip_cov_lb, clip_cov_ub);
+    0 = off (the paper: 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: the covariance's lower bound (excluded)."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: the covariance's upper bound (excluded)."""
+    kl_cov_ratio: float = 0.0
+    """KL-Cov (Cui et al. 2025): each step, add kl_cov_coef x |log p_new - log p_old| to the loss of this share of the
+    loss tokens (at least one) with the highest covariance of log-probability and advantage; 0 = off (the paper: 2e-4)."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: the penalty's coefficient."""
     adaptive_entropy: bool = False
     """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy): entropy_coef is the starting coefficient,
     raised by entropy_coef_delta after each optimizer step whose trained tokens' mean entropy is at or below

@@ -130,6 +130,13 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
             errors.append(f"`algo.{name}` must be >= 0, got {getattr(a, name)} (default {getattr(type(a)(), name)})")
     if not math.isfinite(a.entropy_coef):
         errors.append(f"`algo.entropy_coef` must be a finite number (0 = off, e.g. 0.001), got {a.entropy_coef}")
+    for name in ("clip_cov_ratio", "kl_cov_ratio"):
+        if not 0 <= getattr(a, name) < 1:
+            errors.append(f"`algo.{name}` must be a share of the tokens in [0, 1) (0 = off; the paper: 2e-4), got {getattr(a, name)}")
+    if a.clip_cov_ratio > 0 and a.kl_cov_ratio > 0:
+        errors.append("`algo.clip_cov_ratio` and `algo.kl_cov_ratio` are two remedies for one thing: set one of them (the other 0)")
+    if a.clip_cov_ratio > 0 and not a.clip_cov_lb < a.clip_cov_ub:
+        errors.append(f"`algo.clip_cov_lb` must be below `algo.clip_cov_ub`, got {a.clip_cov_lb} and {a.clip_cov_ub}")
     if a.adaptive_entropy and not (a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0 and a.entropy_target >= 0):
         errors.append(
             f"`algo.adaptive_entropy`: needs entropy_coef_min <= entropy_coef_max (got {a.entropy_coef_min}, {a.entropy_coef_max}), "

@@ -71,7 +71,8 @@ class BatchPlan:
             and all_rows
             and algo.zero_advantage_rows_have_zero_gradient(
                 loss_type=a.loss_type, beta=a.beta, entropy_coef=1.0 if a.adaptive_entropy else a.entropy_coef
-            ),
+            )
+            and not (a.clip_cov_ratio or a.kl_cov_ratio),  # their covariances are over every row, and KL-Cov's term has a gradient
             pack_by_length=pack,
             packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,

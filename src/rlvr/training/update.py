@@ -156,6 +156,9 @@ class Updater:
             if minibatch.entropy_from_first_epoch:
                 sums.add_sampled_entropy(entropy, e.loss_mask[rows, :C])
         ref = None if minibatch.ref_logp is None else minibatch.ref_logp[rows, :C]
+        penalty = None
+        if self.cfg.algo.kl_cov_ratio and minibatch.cov_selection is not None:  # KL-Cov
+            penalty = algo.kl_cov_penalty(out.logp, old, minibatch.cov_selection[rows, :C], coef=self.cfg.algo.kl_cov_coef)
         res = algo.policy_loss(
             out.logp,
             old,
@@ -167,6 +170,7 @@ class Updater:
             sampler_weights=is_w,
             sampling_logp=e.sampling_logprobs[rows, :C],
             entropy=out.entropy,
+            token_penalty=penalty,
             **self.loss_kwargs,
         )
         with no_grad_sync(self.dist, self.train_model, skip=not last):
@@ -187,6 +191,9 @@ class Updater:
                 first.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
             selection = first.entropy_weights
         w = None if selection is None else selection[rows, :C]
+        if a.clip_cov_ratio and minibatch.cov_selection is not None:  # Clip-Cov: its tokens' gradient detached
+            clip = minibatch.cov_selection[rows, :C]
+            w = clip if w is None else w * clip
         is_w = None
         if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
             is_w = algo.sampler_correction(
@@ -223,6 +230,8 @@ class Updater:
         old = self.generating_forwards(rows, after_a_step, entropy=select_now or minibatch.episodes.sampling_entropy is None)
         entropy_weights, norms = self.top_entropy_tokens(rows, old) if select_now else (None, rows.norms)
         sampled_entropy, from_first_epoch = self.entropy_before_epochs(minibatch.episodes, rows, old)
+        a = self.cfg.algo
+        cov = self.covariance_selection(rows, old) if a.clip_cov_ratio or a.kl_cov_ratio else None
         return MinibatchInputs(
             rows.episodes,
             rows.advantages,
@@ -234,7 +243,22 @@ class Updater:
             entropy_weights,
             minibatch.loss_weight * sampled_entropy,
             from_first_epoch,
+            cov,
         )
+
+    def covariance_selection(self, rows: RowsToRun, old: list | None) -> torch.Tensor:
+        """[N, C] Clip-Cov's weights or KL-Cov's selected tokens, chosen once per minibatch before its epochs from the
+        generating policy's log-probs over this rank's rows (verl: per micro-batch, from the current log-probs, which
+        are those in the first epoch of a step's first minibatch). Clip-Cov draws with torch's generator, which
+        checkpoints keep."""
+        a = self.cfg.algo
+        outs = old or self.fixed_forward(self.model, rows.episodes, rows.slices)
+        logp = _padded(outs, rows.episodes.completion_ids.shape[1], entropy=False).to(self.device)
+        if a.clip_cov_ratio:
+            return algo.clip_cov_weights(
+                logp, rows.advantages, rows.loss_mask, ratio=a.clip_cov_ratio, lower=a.clip_cov_lb, upper=a.clip_cov_ub
+            )
+        return algo.kl_cov_selection(logp, rows.advantages, rows.loss_mask, ratio=a.kl_cov_ratio)
 
     def rows_to_run(self, minibatch: Minibatch) -> RowsToRun:
         """The rows run (zero-advantage ones left out, packed by length when the plan says so), their

@@ -33,6 +33,7 @@ class MinibatchInputs(NamedTuple):
     entropy_weights: torch.Tensor | None  # [N, C] top-entropy token selection; None with a quantile < 1: from the first epoch's forward
     sampled_entropy: torch.Tensor  # [2] float64: entropy sum and count of the sampled tokens known before the epochs
     entropy_from_first_epoch: bool  # the first epoch's forwards add the entropies of the rows they run to sampled_entropy
+    cov_selection: torch.Tensor | None = None  # [N, C] Clip-Cov's weights or KL-Cov's selected tokens (algo.*_cov_ratio)
 
     @property
     def micro_batch_sizes(self) -> list[int]:

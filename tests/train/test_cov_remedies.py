@@ -1,0 +1,67 @@
+"""Clip-Cov and KL-Cov (algo.clip_cov_ratio, algo.kl_cov_ratio) in a real run: they change the update as their
+formulas say, and the tokens they pick do not depend on how the minibatch is cut into micro-batches."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+BASE = [
+    "model.path=tiny",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=8",
+    "eval_before_after=false",
+    "optim.lr=1e-3",
+    "log_completions_every=0",
+    "steps=2",
+]
+
+
+def _metrics(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(run):
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def _token_weights_of_one_step(make_trainer, monkeypatch, *overrides, run):
+    """The token weights every policy_loss call of one step got, as one [N, C] tensor in row order."""
+    from rlvr import algo
+
+    calls, real = [], algo.policy_loss
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["token_weights"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algo, "policy_loss", spy)
+    t = make_trainer(*BASE, *overrides, run=run)
+    t.train_step()
+    monkeypatch.undo()
+    C = t.last_step.batch.episodes.completion_ids.shape[1]
+    return torch.cat([torch.nn.functional.pad(w, (0, C - w.shape[1]), value=1.0) for w in calls]), t
+
+
+def test_clip_cov_detaches_a_share_of_the_tokens_chosen_over_the_whole_minibatch(make_trainer, tmp_path, monkeypatch):
+    wide = ["algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-1e9", "algo.clip_cov_ub=1e9"]  # any covariance: half of all tokens
+    whole, t = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, "optim.micro_batch_size=16", run="whole")
+    cut, t2 = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, "optim.micro_batch_size=4", run="cut")
+    assert len(t.last_step.micro_batch_sizes) == 1 and len(t2.last_step.micro_batch_sizes) == 4
+    assert torch.equal(whole, cut)  # the same tokens, however the minibatch is cut
+    tokens = int(t.last_step.batch.episodes.loss_mask.sum())
+    assert int((whole == 0).sum()) == int(0.5 * tokens)  # every token eligible: exactly the share
+
+
+def test_kl_cov_adds_its_penalty_once_the_policy_moved(make_trainer, tmp_path):
+    two = ["algo.num_iterations=2"]  # the second epoch's ratio is no longer 1: |log p_new - log p_old| > 0
+    make_trainer(*BASE, *two, run="off").train()
+    make_trainer(*BASE, *two, "algo.kl_cov_ratio=0.5", "algo.kl_cov_coef=10", run="on").train()
+    off, on = _metrics(tmp_path / "off"), _metrics(tmp_path / "on")
+    # step 1: the first epoch is identical (ratio 1, |log-ratio| = 0 with zero gradient); the second is not
+    w_off, w_on = _weights(tmp_path / "off"), _weights(tmp_path / "on")
+    assert any(not torch.equal(w_off[k], w_on[k]) for k in w_off)
+    assert on[0]["loss"] > off[0]["loss"]  # the penalty is >= 0 and positive on the moved tokens (mean over the 2 updates)
