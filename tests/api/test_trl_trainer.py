@@ -279,9 +279,11 @@ def test_a_callback_stops_training_at_step_3_and_sees_trls_state(tmp_path):
 
 
 def test_an_iterable_dataset_needs_max_steps_and_is_read_as_far_as_it_reaches():
-    def gen():
-        for a in range(1000):
+    def gen():  # endless, as a streamed dataset can be
+        a = 0
+        while True:
             yield {"prompt": f"{a}+1="}
+            a += 1
 
     with pytest.raises(ConfigError, match="max_steps"):
         GRPOTrainer(

@@ -48,12 +48,12 @@ class GRPOTrainer:
         self.rollout_func = rollout_func
         self._live: dict[str, Any] = {}
         errors = _unsupported(reward_processing_classes, optimizers, quantization_config, model)
-        objects = self._objects(model, tools, environment_factory, peft_config, errors)
         import os
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.batches = batches(self.args, world_size, [])
-        rows = self._training_rows(errors)
+        rows = self._training_rows(errors)  # before the dataset is named in the config: an iterable one is read here
+        objects = self._objects(model, tools, environment_factory, peft_config, errors)
         has_tools = bool(tools) or environment_factory is not None
         fields, self.notes = settings(self.args, world_size=world_size, rows=rows, has_eval=eval_dataset is not None, has_tools=has_tools)
         if errors:
