@@ -350,3 +350,10 @@ def test_a_trl_rollout_func_gets_each_prompt_num_generations_times_and_its_extra
     assert calls == [4, 4]  # 1 prompt x num_generations 4, per step
     last = [json.loads(x) for x in (Path("rf") / "metrics.jsonl").read_text().splitlines()][-1]
     assert last["rewards/from_my_rollout/mean"] == 1.0
+
+
+def test_logging_strategy_epoch_logs_when_a_pass_over_the_dataset_ends():
+    args = GRPOConfig(output_dir="ep", logging_strategy="epoch", **{**FAST, "max_steps": 5})
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(4))  # 4 rows, 1 per step
+    trainer.train()
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [4, 5]  # the pass's end, then the run's

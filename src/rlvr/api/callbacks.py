@@ -82,10 +82,12 @@ class CallbackHooks:
         if isinstance(metrics.get("loss"), (int, float)):
             self._losses.append(float(metrics["loss"]))
         self.call("on_step_end", trainer)
-        due = self.args.logging_strategy == "steps" and self.state.global_step % self.log_every < self.updates_per_step
+        strategy = str(getattr(self.args.logging_strategy, "value", self.args.logging_strategy))
+        due = strategy == "steps" and self.state.global_step % self.log_every < self.updates_per_step
+        due = due or (strategy == "epoch" and int(self.state.epoch or 0) > self._epoch)  # this step ended a pass
         due = due or (self.args.logging_first_step and trainer.state.step == 1)
         last = trainer.state.step >= trainer.cfg.steps
-        if self.args.logging_strategy != "no" and (due or last or self.control.should_training_stop):
+        if strategy != "no" and (due or last or self.control.should_training_stop):
             self.log(trainer, _mean(self._window))
             self._window = []
         return bool(self.control.should_training_stop)
