@@ -59,6 +59,8 @@ def main():
     if t.dist.is_main:
         torch.save(record, out)
     t.dist.barrier("test end")
+    if t.apart is not None:  # what Trainer.train() does at its end: a rollouts-ahead thread still generating would
+        t.apart.close()  # otherwise be cut by the interpreter's exit mid-call (an abort: "terminate called ...")
     t.dist.close()
 
 
