@@ -46,3 +46,12 @@ def with_ci(result: dict, key: str) -> str:
 def table_row(*cells) -> str:
     """A markdown table row: `| a | b | c |`."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the machine line of a result; the architecture where it is not known."""
+    import platform
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
-from _report import wilson
+from _report import cpu_name, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {
@@ -40,13 +39,6 @@ ARMS = {
     "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
     "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
 }
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def metrics(run: Path) -> list[dict]:
@@ -152,7 +144,7 @@ def write(a, started: str, results: dict) -> None:
         "# Exploration: today's defaults against the entropy remedies",
         "",
         f"Command: `python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps}` "
-        f"(started {started}; {_cpu()}, 2 threads, arms one after the other).",
+        f"(started {started}; {cpu_name()}, 2 threads, arms one after the other).",
         "",
         f"## tiny-tools, multiplication with a calculator (examples/tools-calculator.yaml, {a.tiny_steps} steps; held-out: "
         f"`--task multiplication --n {a.tiny_eval}`)",

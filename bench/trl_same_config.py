@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import platform
 import tempfile
 import types
 from pathlib import Path
 
 import torch
+from _report import cpu_name
 
 CONFIGS = {
     "defaults (dapo)": {},
@@ -134,13 +134,6 @@ def trl_loss(t, record, kwargs: dict) -> float:
     return GRPOTrainer._compute_loss(stub, None, batch).item()
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -152,7 +145,7 @@ def main() -> None:
         "# The same GRPOConfig through TRL 1.16's loss and through rlvr.GRPOTrainer",
         "",
         f"Command: `python bench/trl_same_config.py --out {a.out}` (trl {trl.__version__}, torch {torch.__version__}, "
-        f"{_cpu()}). One step of the tiny model, 8 completions (2 prompts x 4), float32.",
+        f"{cpu_name()}). One step of the tiny model, 8 completions (2 prompts x 4), float32.",
         "",
         "| GRPOConfig | rlvr loss (logged) | TRL _compute_loss | abs diff |",
         "|---|---|---|---|",
