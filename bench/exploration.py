@@ -31,10 +31,13 @@ from pathlib import Path
 from _report import cpu_name, wilson
 
 REPO = Path(__file__).resolve().parents[1]
+AUTOCAST = "bf16"  # SmolLM2 arms: bench/smollm2.py's precision (twice as fast as fp32 on a bf16 CPU)
 ARMS = {
     "defaults": [],
     "clip_higher": ["algo.epsilon_high=0.28"],
     "adaptive": ["algo.adaptive_entropy=true"],  # + algo.entropy_target from the defaults arm
+    # TRL's delta (0.005) ramps the coefficient to 0.2 in 40 steps, after a short run has collapsed; 4x faster:
+    "adaptive_fast": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02"],
     "clip_cov": ["algo.clip_cov_ratio=2e-4"],
     "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
     "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
@@ -71,16 +74,77 @@ def tiny_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, eval
     return summary(run.output_dir, wall, greedy, sampled)
 
 
-def summary(run_dir: Path, wall: float, greedy, sampled) -> dict:
+# SmolLM2's held-out grading, as bench/smollm2.py grades: the first <answer> tag holds exactly the gold number.
+STRICT = '''
+import re
+
+
+def strict_answer(prompts, completions, answer, **kwargs):
+    """1 when the first <answer>...</answer> tag holds exactly the gold number, else 0."""
+    out = []
+    for c, gold in zip(completions, answer):
+        text = c[0]["content"] if isinstance(c, list) else c
+        m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+        out.append(1.0 if m and m.group(1).strip() == str(gold) else 0.0)
+    return out
+'''
+
+
+def smollm2_data(work: Path, eval_n: int) -> dict[str, Path]:
+    """bench/smollm2.py's training rows and its two held-out sets (same seeds), written once as JSONL."""
+    import smollm2
+
+    held_out = smollm2.problems(eval_n, seed=1)
+    new = smollm2.problems(eval_n, seed=3, templates=smollm2.NEW_TEMPLATES, names=smollm2.NEW_NAMES)
+    train = smollm2.problems(2000, seed=2, exclude={r["question"] for r in held_out})
+    files = {"train": train, "in-template": held_out, "new phrasings": new}
+    out = {}
+    for name, rows in files.items():
+        out[name] = work / f"smollm2-{name.replace(' ', '_')}.jsonl"
+        out[name].write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    (work / "smollm2_rewards.py").write_text(smollm2.REWARDS + STRICT)
+    return out
+
+
+def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, eval_n: int) -> dict:
+    """bench/smollm2.py's run (8 prompts x 8 completions, 48 new tokens, T=0.7, lr 1e-5, both rewards) for `steps`
+    steps, then greedy accuracy on both held-out sets and pass@k (8 samples at the training temperature)."""
+    import rlvr
+    from rlvr.models.gguf import DEFAULT_CACHE, convert_gguf, smollm2_gguf
+
+    if not (DEFAULT_CACHE / "config.json").exists():
+        convert_gguf(smollm2_gguf(), DEFAULT_CACHE)
+    files, rewards = smollm2_data(work, eval_n), work / "smollm2_rewards.py"
+    out = work / f"smollm2-{arm}-s{seed}"
+    settings = [
+        f"model.path={DEFAULT_CACHE}", "data.task=null", f"data.path={files['train']}",
+        f"rewards=[math, {rewards}:answer_tag]", "rewards.1.weight=0.5", "rollout.group_size=8",
+        "rollout.prompts_per_step=8", "rollout.max_new_tokens=48", "rollout.temperature=0.7", "optim.lr=1e-5",
+        "optim.micro_batch_size=16", f"model.autocast={AUTOCAST}", f"steps={steps}", "eval.before_after=false",
+        "logging.report_to=[]", "log_completions_every=5", f"output_dir={out}", f"seed={seed}", "threads=2",
+    ]  # fmt: skip
+    t0 = time.time()
+    run = rlvr.train(None, *settings, *ARMS[arm], *extra, force=True, progress=False)
+    wall = time.time() - t0
+    strict = f"{rewards}:strict_answer"
+    held = {}
+    for name in ("in-template", "new phrasings"):
+        held[name] = rlvr.evaluate(run, data=files[name], reward=strict, max_new_tokens=48, quiet=True)
+    sampled = rlvr.evaluate(run, data=files["new phrasings"], reward=strict, max_new_tokens=48, samples=8, temperature=0.7, quiet=True)
+    return summary(run.output_dir, wall, held, sampled, correctness="math")
+
+
+def summary(run_dir: Path, wall: float, greedy, sampled, correctness: str | None = None) -> dict:
+    """`greedy`: one EvalResult, or {held-out set: EvalResult}."""
     from rlvr.observe.doctor import diagnose_run
 
     ms = metrics(run_dir)
-    k = round(greedy.score * greedy.rows)
-    findings = diagnose_run(run_dir)
+    held = greedy if isinstance(greedy, dict) else {"": greedy}
+    findings = diagnose_run(run_dir, correctness=correctness)
     return {
         "steps": len(ms),
         "wall": wall,
-        "greedy": accuracy(k, greedy.rows),
+        "greedy": {name: accuracy(round(r.score * r.rows), r.rows) for name, r in held.items()},
         "pass": {j: sampled.intervals[f"pass@{j}"] for j in (1, 8) if f"pass@{j}" in sampled.intervals},
         "entropy": early_late(ms, "entropy"),
         "distinct": early_late(ms, "distinct_completions"),
@@ -94,67 +158,124 @@ def fmt_pair(p, f=".2f") -> str:
     return "-" if p is None else f"{p[0]:{f}} -> {p[1]:{f}}"
 
 
-def table(results: dict) -> list[str]:
+def table(results: dict, temperature: float) -> list[str]:
+    sets = next(iter(results.values()))["greedy"].keys() if results else []
+    acc = " | ".join(f"held-out accuracy{', ' + name if name else ''} (greedy)" for name in sets)
     rows = [
-        "| arm | seed | held-out accuracy (greedy) | pass@1 (8 samples, T=1) | pass@8 | entropy (nats) | distinct completions | "
+        f"| arm | seed | {acc} | pass@1 (8 samples, T={temperature:g}) | pass@8 | entropy (nats) | distinct completions | "
         "identical-reward groups | entropy coef | doctor | steps | wall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|" + "---|" * len(sets) + "---|---|---|---|---|---|---|---|---|",
     ]
     for (arm, seed), r in results.items():
-        g = r["greedy"]
+        greedy = " | ".join(f"{g['acc']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] ({g['k']}/{g['n']})" for g in r["greedy"].values())
         rows.append(
-            f"| {arm} | {seed} | {g['acc']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] ({g['k']}/{g['n']}) | {r['pass'].get(1, '-')} | "
+            f"| {arm} | {seed} | {greedy} | {r['pass'].get(1, '-')} | "
             f"{r['pass'].get(8, '-')} | {fmt_pair(r['entropy'], '.3f')} | {fmt_pair(r['distinct'], '.0%')} | "
             f"{fmt_pair(r['zero_std'], '.0%')} | {fmt_pair(r['coef'], '.3f')} | {r['doctor']} | {r['steps']} | {r['wall']:.0f} s |"
         )
     return rows
 
 
+def curves(png: Path, runs: dict[tuple[str, int], Path]) -> None:
+    """Token entropy and distinct completions per group over the steps: one colour per arm, one line style per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    arms = sorted({arm for arm, _ in runs}, key=list(ARMS).index)
+    for (arm, seed), run in runs.items():
+        ms = metrics(run)
+        style = {"color": f"C{arms.index(arm)}", "linestyle": ["-", "--", ":", "-."][seed % 4], "alpha": 0.8}
+        for ax, key in zip(axes, ("entropy", "distinct_completions")):
+            ax.plot([m["step"] for m in ms], [m.get(key, float("nan")) for m in ms], label=f"{arm} s{seed}", **style)
+    for ax, label in zip(axes, ("token entropy (nats)", "distinct completions per group")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+TINY = "tiny-tools, multiplication with a calculator (examples/tools-calculator.yaml; held-out: `--task multiplication`)"
+SMOLLM2 = (
+    "SmolLM2-135M-Instruct, word problems (bench/smollm2.py's task; held out: problems in the training phrasings and in "
+    "new phrasings, strict grading; pass@k on the new phrasings)"
+)
+TASKS = {  # task: (arm runner, steps option, eval size option, pass@k temperature, heading)
+    "tiny": (tiny_arm, "tiny_steps", "tiny_eval", 1.0, TINY),
+    "smollm2": (smollm2_arm, "smollm2_steps", "smollm2_eval", 0.7, SMOLLM2),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="tiny")
+    ap.add_argument("--tasks", default="tiny", help="comma-separated: " + ", ".join(TASKS))
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--tiny-steps", type=int, default=80)
     ap.add_argument("--tiny-eval", type=int, default=300)
+    ap.add_argument("--smollm2-steps", type=int, default=40)
+    ap.add_argument("--smollm2-eval", type=int, default=100)
+    ap.add_argument("--entropy-target", type=float, default=0.2, help="adaptive arms without a defaults arm before them")
     ap.add_argument("--work", type=Path, default=Path("runs/exploration-bench"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/exploration.md"))
     a = ap.parse_args()
-    if "smollm2" in a.tasks.split(","):
-        raise SystemExit("--tasks smollm2: not written yet (bench/smollm2.py's task with these arms is the next step)")
     sys.path.insert(0, str(REPO / "src"))
-    seeds, arms = [int(s) for s in a.seeds.split(",")], a.arms.split(",")
+    sys.path.insert(0, str(REPO / "bench"))
+    tasks, seeds, arms = a.tasks.split(","), [int(s) for s in a.seeds.split(",")], a.arms.split(",")
+    unknown = [t for t in tasks if t not in TASKS] + [x for x in arms if x not in ARMS]
+    if unknown:
+        raise SystemExit(f"unknown task or arm: {', '.join(unknown)} (tasks: {', '.join(TASKS)}; arms: {', '.join(ARMS)})")
     a.work.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results: dict = {}
-    for seed in seeds:
-        for arm in arms:
-            extra = []
-            if arm == "adaptive":  # half the entropy the defaults arm of this seed started at (TRL's 0.2 without one)
-                base = results.get(("defaults", seed))
-                target = max(0.05, base["entropy"][0] / 2) if base and base["entropy"] else 0.2
-                extra = [f"algo.entropy_target={target:.3g}"]
-            results[(arm, seed)] = tiny_arm(arm, seed, extra, a.work, a.tiny_steps, a.tiny_eval)
-            print(table({(arm, seed): results[(arm, seed)]})[-1], flush=True)
-            write(a, started, results)
+    results: dict = {task: {} for task in tasks}
+    for task in tasks:
+        run_arm, steps, eval_n = TASKS[task][0], getattr(a, TASKS[task][1]), getattr(a, TASKS[task][2])
+        for seed in seeds:
+            for arm in arms:
+                extra = []
+                if arm.startswith("adaptive"):  # half the entropy the defaults arm of this seed started at
+                    base = results[task].get(("defaults", seed))
+                    target = max(0.05, base["entropy"][0] / 2) if base and base["entropy"] else a.entropy_target
+                    extra = [f"algo.entropy_target={target:.3g}"]
+                results[task][(arm, seed)] = run_arm(arm, seed, extra, a.work, steps, eval_n)
+                print(task, table({(arm, seed): results[task][(arm, seed)]}, TASKS[task][3])[-1], flush=True)
+                write(a, started, results)
 
 
 def write(a, started: str, results: dict) -> None:
     lines = [
         "# Exploration: today's defaults against the entropy remedies",
         "",
-        f"Command: `python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps}` "
-        f"(started {started}; {cpu_name()}, 2 threads, arms one after the other).",
-        "",
-        f"## tiny-tools, multiplication with a calculator (examples/tools-calculator.yaml, {a.tiny_steps} steps; held-out: "
-        f"`--task multiplication --n {a.tiny_eval}`)",
-        "",
-        *table(results),
+        f"Command: `python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps} "
+        f"--smollm2-steps {a.smollm2_steps}` (started {started}; {cpu_name()}, 2 threads, arms one after the other).",
+    ]
+    for task, rows in results.items():
+        steps = getattr(a, TASKS[task][1])
+        png = a.out.with_name(f"{a.out.stem}_{task}.png")
+        curves(png, {key: a.work / f"{task}-{key[0]}-s{key[1]}" for key in rows})
+        lines += [
+            "",
+            f"## {TASKS[task][4]}, {steps} steps",
+            "",
+            *table(rows, TASKS[task][3]),
+            "",
+            f"![entropy and distinct completions]({png.name})",
+        ]
+    lines += [
         "",
         "Entropy, distinct completions, identical-reward groups and the coefficient: mean of the first 5 steps -> mean of the "
         "last 5. Intervals: 95 % (Wilson for accuracy; pass@k: the interval rlvr eval prints).",
     ]
     a.out.write_text("\n".join(lines) + "\n")
+    (a.out.with_suffix(".json")).write_text(
+        json.dumps({task: {f"{arm}/s{seed}": r for (arm, seed), r in rows.items()} for task, rows in results.items()}, indent=1)
+    )
 
 
 if __name__ == "__main__":
