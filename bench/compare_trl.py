@@ -76,6 +76,8 @@ CONFIGS = {
 # B16 runs both libraries in bf16 autocast, nothing else changed.
 RLVR_BEST = ["optim.micro_batch_size=16"]
 RLVR_BF16 = ["model.autocast=bf16"]
+# config B's model (C and D too): 25M parameters
+LLAMA25M = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
 
 
 # ----------------------------------------------------------------------------- the machine
@@ -127,36 +129,14 @@ def load_average() -> float:
 
 def build_inputs(cfg_names: list[str]) -> dict:
     """Model folders and prompt datasets, written once under /tmp/rlvr_bench."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from rlvr.tasks import arithmetic as ar
     from rlvr.models import resolve_model_path
-    from rlvr.models.tokenizer import build_char_tokenizer
 
     WORK.mkdir(parents=True, exist_ok=True)
     paths = {"tiny": resolve_model_path("tiny")}
-    big = WORK / "llama25m"
-    if any(CONFIGS[c]["model"] == "llama25m" for c in cfg_names) and not (big / "model.safetensors").exists():
-        tok = build_char_tokenizer()
-        tok.model_max_length = 1024
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=512,
-            intermediate_size=1376,
-            num_hidden_layers=8,
-            num_attention_heads=8,
-            num_key_value_heads=8,
-            max_position_embeddings=1024,
-            tie_word_embeddings=False,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=tok.bos_token_id,
-        )
-        LlamaForCausalLM(cfg).save_pretrained(big)
-        tok.save_pretrained(big)
-    paths["llama25m"] = str(big)
+    if any(CONFIGS[c]["model"] == "llama25m" for c in cfg_names):
+        build_llama(WORK / "llama25m", LLAMA25M)
+    paths["llama25m"] = str(WORK / "llama25m")
     n = 200  # more than (warmup + steps) x prompts per step
     for long in (False, True):
         rows = []
@@ -168,6 +148,32 @@ def build_inputs(cfg_names: list[str]) -> dict:
         f.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[f"data_{long}"] = str(f)
     return paths
+
+
+def build_llama(path: Path, dims: dict) -> None:
+    """A Llama with random weights (seed 0) and the char tokenizer, saved to `path` unless it is there already.
+    `dims`: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.models.tokenizer import build_char_tokenizer
+
+    if (path / "model.safetensors").exists():
+        return
+    tok = build_char_tokenizer()
+    tok.model_max_length = 1024
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        **dims,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
 
 
 def n_params(model_path: str) -> int:
@@ -187,26 +193,18 @@ def _finish(rec: dict) -> None:
     print("RESULT " + json.dumps(rec), flush=True)
 
 
-def worker_rlvr(spec: dict) -> None:
-    import torch
-
-    torch.set_num_threads(THREADS)
-    sys.path.insert(0, str(HERE))
-    import bench_rewards
-
-    from rlvr.config import load_config
-    from rlvr.training import Trainer
-
-    T = spec["max_new_tokens"]
-    overrides = [
+def rlvr_overrides(spec: dict) -> list[str]:
+    """rlvr's config overrides for a worker spec: the shared settings of the module docstring, then spec["extra"].
+    `group_size`, `prompts` and `threads` default to this file's G, PROMPTS and THREADS (bench/floor.py sets its own)."""
+    return [
         f"model.path={spec['model_path']}",
         "data.task=null",
         f"data.path={spec['data']}",
         "data.shuffle=false",
         f"rewards=[{HERE / 'bench_rewards.py'}:{spec['reward']}]",
-        f"rollout.group_size={G}",
-        f"rollout.prompts_per_step={PROMPTS}",
-        f"rollout.max_new_tokens={T}",
+        f"rollout.group_size={spec.get('group_size', G)}",
+        f"rollout.prompts_per_step={spec.get('prompts', PROMPTS)}",
+        f"rollout.max_new_tokens={spec['max_new_tokens']}",
         "rollout.temperature=1.0",
         f"rollout.ignore_eos={spec['fixed']}",
         f"optim.lr={LR}",
@@ -217,7 +215,7 @@ def worker_rlvr(spec: dict) -> None:
         "algo.num_iterations=1",
         "algo.loss_type=dapo",
         "algo.std_ddof=1",
-        f"threads={THREADS}",
+        f"threads={spec.get('threads', THREADS)}",
         "device=cpu",
         "eval_before_after=false",
         "log_completions_every=0",
@@ -228,6 +226,24 @@ def worker_rlvr(spec: dict) -> None:
         "seed=0",
         *spec["extra"],
     ]
+
+
+def rlvr_extra(config: dict) -> list[str]:
+    """rlvr's overrides particular to a config: D's micro-batches (RLVR_BEST), B16's bf16 (RLVR_BF16), else none."""
+    return RLVR_BEST if config["trl_defaults"] else RLVR_BF16 if config.get("bf16") else []
+
+
+def worker_rlvr(spec: dict) -> None:
+    import torch
+
+    torch.set_num_threads(spec.get("threads", THREADS))
+    sys.path.insert(0, str(HERE))
+    import bench_rewards
+
+    from rlvr.config import load_config
+    from rlvr.training import Trainer
+
+    overrides = rlvr_overrides(spec)
     trainer = Trainer(load_config(None, overrides), logger_live=False)
     steps = []
     for _ in range(spec["warmup"] + spec["steps"]):
@@ -241,7 +257,7 @@ def worker_rlvr(spec: dict) -> None:
                 "reward": m["time/reward"],
                 "train": m["time/train"],
                 "completion_tokens": int(e.attention_mask.sum()),
-                "prompt_tokens": int(e.prompt_mask[::G].sum()),
+                "prompt_tokens": int(e.prompt_mask[:: spec.get("group_size", G)].sum()),
                 "min_len": int(e.lengths.min()),
                 "max_len": int(e.lengths.max()),
                 "frac_zero_std": m.get("frac_reward_zero_std"),
@@ -353,13 +369,15 @@ def worker_trl(spec: dict) -> None:
     )
 
 
-def worker_peak(spec: dict) -> None:
+def matmul_peaks(threads: int = THREADS, names: tuple[str, ...] = ("fp32", "bf16")) -> dict:
+    """FLOP/s of the best 2048^3 product on `threads` threads, per precision in `names`: {"fp32": ..., "bf16": ...}."""
     import torch
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     out = {}
     n = 2048
-    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name in names:
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
         a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
         t = time.perf_counter()
         a @ b
@@ -373,7 +391,11 @@ def worker_peak(spec: dict) -> None:
                 a @ b
             best = max(best, (4 if reps == 8 else 1) * 2 * n**3 / (time.perf_counter() - t))
         out[name] = best
-    _finish({"lib": "peak", "flops": out})
+    return out
+
+
+def worker_peak(spec: dict) -> None:
+    _finish({"lib": "peak", "flops": matmul_peaks()})
 
 
 # ----------------------------------------------------------------------------- driver
@@ -555,7 +577,7 @@ def main() -> None:
                 steps=a.steps,
                 warmup=a.warmup,
             )
-            extra = [x for x in a.rlvr_extra.split(",") if x] + (RLVR_BEST if c["trl_defaults"] else RLVR_BF16 if c.get("bf16") else [])
+            extra = [x for x in a.rlvr_extra.split(",") if x] + rlvr_extra(c)
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
             for rnd in range(a.rounds):
