@@ -264,7 +264,8 @@ def worker_rlvr(spec: dict) -> None:
             }
         )
     settings = (overrides[-len(spec["extra"]) :] if spec["extra"] else []) + [f"precision={trainer.precision.name}"]
-    _finish({"lib": "rlvr", "steps": steps[spec["warmup"] :], "settings": settings, "precision": trainer.precision.describe()})
+    src = str(Path(sys.modules["rlvr"].__file__).parent)  # the source tree that ran (bench/floor.py runs two)
+    _finish({"lib": "rlvr", "steps": steps[spec["warmup"] :], "settings": settings, "precision": trainer.precision.describe(), "src": src})
 
 
 def worker_trl(spec: dict) -> None:

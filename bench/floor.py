@@ -1,0 +1,373 @@
+"""rlvr's generation, training and step time as multiples of a floor measured at the exact shapes the step runs.
+
+    python bench/floor.py                                    # configs A-F, writes bench/results/floor.md (and .json)
+    python bench/floor.py --configs B,E --before main        # two versions of the code side by side, in one run
+    python bench/floor.py --configs A --warmup 0 --steps 1 --rounds 1 --threads 1 --out /tmp/floor.md   # smoke test
+
+The floor counts only the policy's own matmuls, at the shapes and in the dtype they run, each timed alone:
+  * shapes: a floor worker (the current code) runs the config's rlvr steps with a forward pre-hook on every
+    nn.Linear of the policy (lm_head included; under peft the base layers and the adapters). Each call is
+    counted by phase (generation: inside the engine's generate, prefill and decode; training: inside the
+    trainer's update), rows M = input.numel() / in features, in K, out N, the dtype the product ran in (the
+    autocast dtype under autocast), and the products it costs: the forward x W^T, plus in a forward with grad
+    enabled grad_input = gy W when the input needs a gradient and grad_weight = gy^T x when W is trained (a
+    frozen LoRA base: grad_input only). EOS is ignored (rollout.ignore_eos), so every row decodes
+    max_new_tokens and the shapes are fixed; the floor is the median over the measured steps.
+  * times: every distinct (M, K, N, dtype, product) alone on --threads threads, best of 5 runs of enough calls
+    for 20 ms. Weights cycle through views of one buffer as large as all the model's Linear weights (in that
+    dtype), so a decode-shaped product reads its weight from memory exactly when the model does not fit in the
+    cache, as in the real decode; the activations are one tensor per shape. Each call's dispatch (a few us) is in.
+  * floor = sum over shapes of count x time: per phase, and the total (generation + training) for the step.
+    The classic FLOP floor is beside it: 2 x P x generated tokens + 6 x P x (completion + each prompt once)
+    over the 2048^3 peak in the run's matmul dtype, P = the Linear layers' weights (a tied output projection counts).
+
+rlvr's times: `time/generate`, `time/train` and `time/step` of its metrics (bench/compare_trl.py's rlvr worker,
+the same config overrides, `--warmup` steps left out), medians over `--steps` steps x `--rounds` rounds, each
+version in its own process with exactly `--threads` threads, alternating which version goes first per round.
+`--before REF` checks REF out in a temporary git worktree and runs its src as "before"; "after" is this tree.
+The floor runs once per config (it does not depend on the version).
+
+Profile (current code, `--no-profile` skips it), torch.profiler on the CPU with shapes and FLOPs: one decode step
+(the sampler then the model's step, mean of 4 steps from the middle of a decode of the real step's prompts) and
+one training micro-batch (Updater.micro_batch_step: forward, loss, backward). Ops' self times by name: matmul
+(mm, addmm, bmm, linear, matmul...; GFLOP/s from the profiler's FLOPs), attention (scaled_dot_product*, flash
+attention), norms/activations (elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary are made of,
+with their backwards), sampling/log-probs (in the decode: every op inside the sampler call; in training: the
+(log-)softmax, logsumexp and gather over the vocabulary), copies (copy_, cat, index*, clone, to, views, expand,
+empty/zeros allocations, embedding lookups), other ops; Python/dispatch = the region's wall time less the ops'
+self times (autograd engine nodes and labels count here). All from the profiled run, so they add up to its wall
+time and the profiler's own per-op cost is in them; the wall time without the profiler is beside. Lists: bench/floor_ops.py.
+
+Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
+  A-D  compare_trl.CONFIGS. D is TRL's defaults for TRL; for rlvr it is B plus optim.micro_batch_size=16
+       (compare_trl.RLVR_BEST), so it is not B's rlvr run.
+  E    larger GQA Llama (hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2048, ~76M), short prompts, 8 x 8, 64 new tokens
+  F    smaller GQA Llama (hidden 320, 8 layers, 8 heads, 2 kv heads, intermediate 864, ~8.8M), C's ~256-token
+       prompts, 4 prompts x 16, 48 new tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import compare_trl  # noqa: E402
+import floor_ops  # noqa: E402
+from _report import cpu_name, table_row  # noqa: E402
+
+NEW = dict(reward="digit_share", trl_defaults=False)
+CONFIGS = {
+    **{k: compare_trl.CONFIGS[k] for k in "ABCD"},
+    "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
+    "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
+}
+LLAMAS = {
+    "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
+    "llama9m_gqa": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2),
+}
+TIMES = ("generate", "train", "step")
+FLOOR_OF = {"generate": "generation", "train": "training", "step": "total"}  # each time against its floor
+
+
+def build_inputs(names: list[str]) -> dict:
+    """compare_trl's models and prompt files, and E's and F's models, under /tmp/rlvr_bench."""
+    paths = compare_trl.build_inputs([n for n in names if n in compare_trl.CONFIGS])
+    for n in names:
+        if (model := CONFIGS[n]["model"]) in LLAMAS:
+            compare_trl.build_llama(compare_trl.WORK / model, LLAMAS[model])
+            paths[model] = str(compare_trl.WORK / model)
+    return paths
+
+
+def make_spec(name: str, paths: dict, a) -> dict:
+    """A worker spec (compare_trl.rlvr_overrides reads it) for config `name`."""
+    c = CONFIGS[name]
+    return dict(
+        model_path=paths[c["model"]],
+        data=paths[f"data_{c['long_prompt']}"],
+        reward=c["reward"],
+        max_new_tokens=c["max_new_tokens"],
+        fixed=True,
+        group_size=c.get("group_size", compare_trl.G),
+        prompts=c.get("prompts", compare_trl.PROMPTS),
+        threads=a.threads,
+        warmup=a.warmup,
+        steps=a.steps,
+        extra=compare_trl.rlvr_extra(c),
+    )
+
+
+# ----------------------------------------------------------------------------- the floor worker
+
+
+def worker_floor(spec: dict) -> None:
+    """The config's steps with the Linear hooks, each shape's product timed alone, the classic floor and the profile."""
+    import torch
+
+    from rlvr.config import load_config
+    from rlvr.training import Trainer
+
+    torch.set_num_threads(spec["threads"])
+    trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
+    shapes, last_call = floor_ops.LinearShapes(trainer.model), {}
+
+    def in_phase(phase, fn):
+        def wrapper(*args, **kwargs):
+            shapes.phase = phase
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                shapes.phase = "other"
+
+        return wrapper
+
+    def generate(prompts, params, seeds, _generate=trainer.engine.generate):
+        last_call.update(prompts=list(prompts), params=params, seeds=list(seeds))  # what the profile decodes
+        return _generate(prompts, params, seeds)
+
+    trainer.engine.generate = in_phase("generation", generate)  # the rollout source holds the same engine
+    trainer.update = in_phase("training", trainer.update)
+    tokens = []
+    for _ in range(spec["warmup"] + spec["steps"]):  # warm-up steps too: the measured steps then see the same prompts
+        shapes.begin_step()
+        trainer.train_step()
+        e = trainer.last_step.batch.episodes
+        tokens.append({"completion": int(e.attention_mask.sum()), "prompt": int(e.prompt_mask[:: spec["group_size"]].sum())})
+    shapes.remove()
+    measured, tokens = shapes.steps[spec["warmup"] :], tokens[spec["warmup"] :]
+    linears = [m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]
+    working_set = sum({id(m.weight): m.weight.numel() for m in linears}.values())
+    keys = [(*k[1:5], p) for s in measured for k in s for p in k[5]]
+    floor = floor_ops.floor_of(measured, floor_ops.time_products(keys, working_set, spec["threads"]))
+    floor["total"] = {"seconds": statistics.median(sum(floor[p]["per_step"][i] for p in floor) for i in range(len(measured)))}
+    # the classic floor, at the run's matmul precision
+    dtype = "bf16" if trainer.precision.autocast == "bf16" else "fp32"
+    peak = compare_trl.matmul_peaks(spec["threads"], (dtype,))[dtype]
+    P = sum(m.weight.numel() for m in linears)
+    gen = statistics.median(2 * P * t["completion"] for t in tokens)
+    train = statistics.median(6 * P * (t["completion"] + t["prompt"]) for t in tokens)
+    classic = {"params": P, "peak": peak, "dtype": dtype, "generation": gen / peak, "training": train / peak, "total": (gen + train) / peak}
+    profile = {}
+    if spec["profile"]:
+        profile["decode"] = floor_ops.profile_decode(trainer, last_call["prompts"], last_call["params"], last_call["seeds"])
+        profile["micro_batch"] = floor_ops.profile_micro_batch(trainer)
+    compare_trl._finish(
+        {"floor": floor, "classic": classic, "tokens": tokens, "precision": trainer.precision.describe(), "profile": profile}
+        | {"src": str(Path(sys.modules["rlvr"].__file__).parent)}
+    )
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def run_worker(script: str, kind: str, spec: dict, src: Path, log) -> dict:
+    """One worker process, rlvr from `src`, exactly spec["threads"] threads; its RESULT record."""
+    n = str(spec["threads"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(HERE)]), OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)
+    env.update(RLVR_BENCH_THREADS=n, TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
+    load, t = compare_trl.load_average(), time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, str(HERE / script), "--worker", kind, "--spec", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode or not lines:
+        raise RuntimeError(f"{kind} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    rec = json.loads(lines[-1][7:])
+    rec.update(wall=time.perf_counter() - t, load=(load, compare_trl.load_average()))
+    if "src" in rec and Path(rec["src"]).parent.resolve() != src.resolve():
+        raise RuntimeError(f"the {kind} worker ran rlvr from {rec['src']}, not from {src}")
+    log(f"  {kind:5s} {src}: wall {rec['wall']:6.1f}s  load {load:.2f}->{rec['load'][1]:.2f}  {rec.get('precision', '')}")
+    return rec
+
+
+@contextlib.contextmanager
+def checkout(ref: str):
+    """A temporary git worktree of `ref` (detached), removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix="rlvr_floor_"))
+    tree = tmp / "before"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True, capture_output=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def describe_version(ref: str) -> str:
+    """`ref (short hash)`, and for the working tree whether src/ or bench/ have uncommitted changes."""
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    if ref == "HEAD":
+        dirty = git("status", "--porcelain", "--", "src", "bench")
+        return f"this tree, HEAD {git('rev-parse', '--short', 'HEAD')}" + (" + uncommitted changes" if dirty else "")
+    return f"{ref} ({git('rev-parse', '--short', ref)})"
+
+
+def summarize(recs: list[dict]) -> dict:
+    """Medians of generate/train/step over every measured step of every round, each round's step median, the precision."""
+    steps = [s for r in recs for s in r["steps"]]
+    out = {k: statistics.median(s[k] for s in steps) for k in TIMES}
+    out.update(rounds=[statistics.median(s["step"] for s in r["steps"]) for r in recs], precision=sorted({r["precision"] for r in recs}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="A,B,C,D,E,F")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="runs per version per config, alternating which version goes first")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--before", help="a git ref: its src runs as 'before', beside this tree's ('after')")
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="per-op profile of the current code")
+    ap.add_argument("--out", default=str(HERE / "results" / "floor.md"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        {"floor": worker_floor}[a.worker](json.loads(a.spec))
+        return
+    import torch
+
+    log_lines: list[str] = []
+
+    def log(msg):
+        print(msg, flush=True)
+        log_lines.append(msg)
+
+    names = a.configs.split(",")
+    paths = build_inputs(names)
+    head = {
+        "command": "python bench/floor.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "cpu": f"{cpu_name()}, {os.cpu_count()} cpus",
+        "torch": torch.__version__,
+        "threads": a.threads,
+        "steps": f"{a.warmup} warm-up + {a.steps} measured steps per run, {a.rounds} round(s) per version",
+        "versions": {"after": describe_version("HEAD")} | ({"before": describe_version(a.before)} if a.before else {}),
+        "busy_at_start": compare_trl.busy_processes(),
+    }
+    log(f"{head['cpu']}; torch {head['torch']}; {a.threads} threads; versions {head['versions']}")
+    results: dict = {}
+    with checkout(a.before) if a.before else contextlib.nullcontext() as before_tree:
+        srcs = {"after": ROOT / "src"} | ({"before": before_tree / "src"} if before_tree else {})
+        for name in names:
+            spec = make_spec(name, paths, a)
+            log(f"config {name}: {spec['model_path']}, {spec['prompts']} x {spec['group_size']}, {spec['max_new_tokens']} new tokens")
+            with tempfile.TemporaryDirectory() as out:
+                floor = run_worker("floor.py", "floor", {**spec, "out": out, "profile": a.profile}, srcs["after"], log)
+            runs: dict[str, list] = {v: [] for v in srcs}
+            for rnd in range(a.rounds):
+                for v in sorted(srcs, reverse=rnd % 2 == 1):  # after, before / before, after
+                    with tempfile.TemporaryDirectory() as out:
+                        runs[v].append(run_worker("compare_trl.py", "rlvr", {**spec, "out": out}, srcs[v], log))
+            results[name] = {"spec": spec, "floor": floor, "versions": {v: summarize(r) for v, r in runs.items()}, "runs": runs}
+            write_report(Path(a.out), head, results, log_lines)  # partial results survive
+    head["busy_at_end"] = compare_trl.busy_processes()
+    write_report(Path(a.out), head, results, log_lines)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _x(seconds: float, floor: float) -> str:
+    return f"{seconds:.3f} | {seconds / floor:.1f}x" if floor else f"{seconds:.3f} | -"
+
+
+def write_report(path: Path, head: dict, results: dict, log_lines: list[str]) -> None:
+    versions = [v for v in ("before", "after") if v in head["versions"]]
+    L = ["# rlvr against its matmul floor, CPU", ""]
+    L.append(f"Command: `{head['command']}` ({head['date']})  ")
+    L.append(f"Machine: {head['cpu']}; torch {head['torch']}; {head['threads']} threads per process, processes one after another.  ")
+    L.append(f"Steps: {head['steps']}.  ")
+    L.append("Versions: " + "; ".join(f"{v} = {head['versions'][v]}" for v in versions) + ".")
+    busy = head["busy_at_start"] + head.get("busy_at_end", [])
+    if busy:
+        L += ["", "> **The machine was not idle** (other busy processes): " + "; ".join(sorted(set(busy)))]
+    L += ["", "Floor: the step's own matmuls at their exact shapes, each timed alone (bench/floor.py's docstring). Medians.", ""]
+    L.append(table_row("config", "precision", "floor gen / train / total s", *(f"{v} step s (x floor)" for v in versions)))
+    L.append(table_row(*["---"] * (3 + len(versions))))
+    for name, r in results.items():
+        f = r["floor"]["floor"]
+        fl = " / ".join(f"{f[p]['seconds']:.3f}" if p in f else "-" for p in ("generation", "training", "total"))
+        steps = (f"{r['versions'][v]['step']:.3f} ({r['versions'][v]['step'] / f['total']['seconds']:.1f}x)" for v in versions)
+        L.append(table_row(name, r["floor"]["precision"].split(" (")[0].removeprefix("precision: "), fl, *steps))
+    for name, r in results.items():
+        L += config_section(name, r, versions)
+    for name, r in results.items():
+        L += profile_section(name, r["floor"]["profile"])
+    L += ["", "## Log", "", "```", *log_lines, "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(L))
+    path.with_suffix(".json").write_text(json.dumps({**head, "results": results}, indent=1))
+    print(f"wrote {path}")
+
+
+def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
+    """One config: floor and rlvr's times side by side, the floor's products, the classic floor, the rounds."""
+    rec, spec = r["floor"], r["spec"]
+    f, c = rec["floor"], rec["classic"]
+    L = ["", f"## Config {name}", ""]
+    L.append(f"{spec['model_path']}, {spec['prompts']} prompts x {spec['group_size']}, {spec['max_new_tokens']} new tokens, ")
+    L[-1] += f"extra overrides: {', '.join(spec['extra']) or 'none'}; floor worker: {rec['precision']}."
+    L += ["", table_row("", "floor s", *(f"{v} {h}" for v in versions for h in ("s", "x floor")))]
+    L.append(table_row(*["---"] * (2 + 2 * len(versions))))
+    for k in TIMES:
+        fs = f.get(FLOOR_OF[k], {}).get("seconds", 0.0)
+        L.append(table_row(FLOOR_OF[k].replace("total", "step (total)"), f"{fs:.3f}", *(_x(r["versions"][v][k], fs) for v in versions)))
+    L.append("")
+    for p in ("generation", "training", "other"):
+        if p in f:
+            rate = f[p]["gflop"] / f[p]["seconds"] if f[p]["seconds"] else 0
+            L.append(
+                f"- {p}: {len(f[p]['shapes'])} distinct products, {f[p]['gflop']:.2f} GFLOP per step, {rate:.0f} GFLOP/s over the floor."
+            )
+    L.append(
+        f"- classic FLOP floor ({c['params'] / 1e6:.2f}M Linear params, {c['dtype']} peak {c['peak'] / 1e9:.0f} GFLOP/s): "
+        f"generation {c['generation']:.3f} s, training {c['training']:.3f} s, total {c['total']:.3f} s."
+    )
+    for v in versions:
+        x = r["versions"][v]
+        L.append(f"- {v}: step medians per round {', '.join(f'{s:.3f}' for s in x['rounds'])} s; {'; '.join(x['precision'])}.")
+    return L
+
+
+def profile_section(name: str, prof: dict) -> list[str]:
+    """One config's profile: ms per decode step and per training micro-batch, by category."""
+    parts = [(k, prof[k]) for k in ("decode", "micro_batch") if prof.get(k)]
+    if not parts:
+        return []
+    L = ["", f"### Profile of config {name} (after)", ""]
+    if d := prof.get("decode"):
+        L.append(f"Decode step: {d['rows']} rows, mean of {d['steps']} steps from mid-decode.  ")
+    m = prof.get("micro_batch")
+    L.append(
+        f"Micro-batch: {m['rows']} rows, {m['tokens']} tokens (prompt + completion)." if m else "Micro-batch: the step trained no rows."
+    )
+    L += ["", table_row("category", *(f"{k.replace('_', '-')} ms | share" for k, _ in parts))]
+    L.append(table_row(*["---"] * (1 + 2 * len(parts))))
+    for cat in floor_ops.CATEGORIES:
+        cells = []
+        for _, x in parts:
+            s = x["categories"].get(cat, 0.0)
+            rate = f" ({x['matmul_gflops']:.0f} GFLOP/s)" if cat == "matmul" and x["matmul_gflops"] else ""
+            cells.append(f"{s * 1e3:.2f}{rate} | {s / x['wall']:.0%}")
+        L.append(table_row(cat, *cells))
+    L.append(table_row("wall (without the profiler)", *(f"{x['wall'] * 1e3:.2f} ({x['wall_plain'] * 1e3:.2f}) | 100%" for _, x in parts)))
+    return L
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""What bench/floor.py measures inside its floor worker (the current code only): the exact matmul shapes of
+real training steps (forward pre-hooks on every nn.Linear), each shape's time alone (the floor), and the
+per-op profile of one decode step and one training micro-batch (torch.profiler)."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+
+PHASES = ("generation", "training")
+SAMPLER = "floor::sampler"  # the profiler label around the decode's sampling call
+
+
+# ----------------------------------------------------------------------------- the shapes a step runs
+
+
+class LinearShapes:
+    """Counts of the policy's nn.Linear calls (LoRA's base layers and adapters are nn.Linear too), one Counter per
+    step, keyed by (phase, M rows, K in, N out, dtype the product ran in, the products it costs). The phase is what
+    `phase` holds when the call happens (floor.py sets it around the engine's generate and the trainer's update)."""
+
+    def __init__(self, model):
+        self.phase = "other"
+        self.steps: list[Counter] = []
+        self.handles = [m.register_forward_pre_hook(self._hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def _hook(self, module, args) -> None:
+        x = args[0]
+        K, N = module.in_features, module.out_features
+        on = x.device.type
+        # under autocast the product runs in the autocast dtype (linear is on its lower-precision list)
+        dtype = torch.get_autocast_dtype(on) if torch.is_autocast_enabled(on) and x.is_floating_point() else module.weight.dtype
+        grad = torch.is_grad_enabled()
+        # the backward of y = x W^T: grad_input = gy W when x needs a gradient, grad_weight = gy^T x when W is trained
+        products = (
+            ("forward",)
+            + (("grad_input",) if grad and x.requires_grad else ())
+            + (("grad_weight",) if grad and module.weight.requires_grad else ())
+        )
+        self.steps[-1][(self.phase, x.numel() // K, K, N, str(dtype).removeprefix("torch."), products)] += 1
+
+    def begin_step(self) -> None:
+        self.steps.append(Counter())
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def product_flops(M: int, K: int, N: int) -> int:
+    return 2 * M * K * N
+
+
+def time_products(keys, working_set: int, threads: int, reps: int = 5, min_seconds: float = 0.02) -> dict:
+    """Seconds of each product alone, {(M, K, N, dtype, product): s}: the best over `reps` runs of the mean of n
+    products, n enough for `min_seconds`. Weights cycle through views of one buffer as large as the model's Linear
+    weights (`working_set` elements), so a decode-shaped product finds its weight in cache exactly when the whole
+    model fits there, as in the real decode; activations are one tensor per shape."""
+    torch.set_num_threads(threads)
+    buffers: dict[str, torch.Tensor] = {}
+    out = {}
+    for M, K, N, dtype, product in sorted(set(keys)):
+        dt = getattr(torch, dtype)
+        buf = buffers.setdefault(dtype, torch.randn(max(working_set, N * K), dtype=dt))
+        copies = buf.numel() // (N * K)
+        weights = [buf[i * N * K : (i + 1) * N * K].view(N, K) for i in range(copies)]
+        x, gy = torch.randn(M, K, dtype=dt), torch.randn(M, N, dtype=dt)
+        fn = _product(product, x, gy)
+        t = time.perf_counter()
+        fn(weights[0])  # also the first call's one-off set-up (oneDNN kernels for bf16)
+        first = time.perf_counter() - t
+        n, i, best = max(1, min(2000, int(min_seconds / max(first, 1e-7)))), 1, float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn(weights[i % copies])
+                i += 1
+            best = min(best, (time.perf_counter() - t) / n)
+        out[(M, K, N, dtype, product)] = best
+    return out
+
+
+def _product(product: str, x: torch.Tensor, gy: torch.Tensor):
+    """The product as a function of the weight W [N, K]: the forward x W^T (as nn.Linear, no bias in these
+    models), or what autograd's mm backward computes for the column-major W^T: gy W, and gy^T x in W's layout."""
+    if product == "forward":
+        return lambda w: F.linear(x, w)
+    if product == "grad_input":
+        return lambda w: torch.mm(gy, w)
+    return lambda w: torch.mm(gy.t(), x)
+
+
+def floor_of(steps: list[Counter], seconds: dict) -> dict:
+    """Per phase: the floor (median over steps of the sum of count x product time), GFLOP, the shapes and their rates."""
+    res = {}
+    for phase in sorted({k[0] for s in steps for k in s}):
+        per_step, flops = [], []
+        for s in steps:
+            calls = [(k, c) for k, c in s.items() if k[0] == phase]
+            per_step.append(sum(c * seconds[(*k[1:5], p)] for k, c in calls for p in k[5]))
+            flops.append(sum(c * product_flops(*k[1:4]) * len(k[5]) for k, c in calls))
+        shapes = sorted({(*k[1:5], p) for s in steps for k in s if k[0] == phase for p in k[5]})
+        res[phase] = {
+            "seconds": statistics.median(per_step),
+            "per_step": per_step,
+            "gflop": statistics.median(flops) / 1e9,
+            "shapes": [
+                {"M": M, "K": K, "N": N, "dtype": d, "product": p, "seconds": seconds[(M, K, N, d, p)],
+                 "gflops": product_flops(M, K, N) / seconds[(M, K, N, d, p)] / 1e9}
+                for M, K, N, d, p in shapes
+            ],
+        }  # fmt: skip
+    return res
+
+
+# ----------------------------------------------------------------------------- the profile
+
+MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "dot"}
+# elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary embeddings are made of, and their backwards
+ELEMENTWISE = {
+    "add", "sub", "rsub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "mean", "sum", "silu", "silu_backward", "gelu",
+    "gelu_backward", "sigmoid", "sigmoid_backward", "tanh", "tanh_backward", "exp", "log", "lerp", "rms_norm",
+    "_fused_rms_norm", "_fused_rms_norm_backward", "where", "masked_fill", "clamp", "clamp_min", "maximum", "minimum",
+    "abs", "reciprocal", "addcmul", "addcdiv", "threshold_backward", "square", "norm", "var", "amax", "max", "min",
+}  # fmt: skip
+# the log-probabilities over the vocabulary (the training forward's counterpart of sampling)
+LOGPROBS = {
+    "softmax", "_softmax", "log_softmax", "_log_softmax", "logsumexp", "_softmax_backward_data", "_log_softmax_backward_data",
+    "gather", "nll_loss",
+}  # fmt: skip
+COPIES = {
+    "copy", "cat", "clone", "to", "_to_copy", "contiguous", "expand", "expand_as", "view", "view_as", "_unsafe_view",
+    "reshape", "_reshape_alias", "slice", "select", "transpose", "t", "permute", "unsqueeze", "squeeze", "as_strided",
+    "embedding", "embedding_backward", "embedding_dense_backward", "repeat", "repeat_interleave", "pad", "constant_pad_nd",
+    "stack", "split", "chunk", "narrow", "unbind", "detach", "alias", "lift_fresh", "resolve_conj", "resolve_neg",
+    "flatten", "unflatten", "fill", "scatter", "scatter_add", "masked_scatter", "set_", "split_with_sizes", "slice_backward",
+    "select_backward", "zero",
+}  # fmt: skip
+CATEGORIES = ("matmul", "attention", "norms/activations", "sampling/log-probs", "copies", "other ops", "Python/dispatch")
+
+
+def category(ev, in_sampler: bool) -> str:
+    """The category of one profiler event by its name (rule in floor.py's docstring). Only aten ops are ops:
+    the self time of everything else (autograd engine nodes, labels) is framework overhead, Python/dispatch."""
+    if not ev.name.startswith("aten::"):
+        return "Python/dispatch"
+    if in_sampler:
+        return "sampling/log-probs"
+    op = ev.name[6:]
+    base = op.rstrip("_")
+    if op in MATMUL:
+        return "matmul"
+    if "attention" in op or "scaled_dot_product" in op:
+        return "attention"
+    if base in LOGPROBS:
+        return "sampling/log-probs"
+    if base in ELEMENTWISE:
+        return "norms/activations"
+    if base in COPIES or base.startswith(("index", "empty", "new_", "zeros", "ones", "full", "copy")):
+        return "copies"
+    return "other ops"
+
+
+def _inside(ev, label: str) -> bool:
+    p = ev.cpu_parent
+    while p is not None:
+        if p.name == label:
+            return True
+        p = p.cpu_parent
+    return False
+
+
+def profiled(fn, n: int) -> dict:
+    """Run fn n times plain (timed), then n times under torch.profiler; seconds per call by category, all from the
+    profiled run so that they add up to its wall time: Python/dispatch = that wall time less the ops' self times.
+    The profiler's own cost per op is in them (the plain wall time, `wall_plain`, shows how much)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    plain = (time.perf_counter() - t) / n
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        wall = (time.perf_counter() - t) / n
+    cats, flops, mm_time = Counter(), 0, 0.0
+    for ev in prof.events():
+        kind = category(ev, _inside(ev, SAMPLER))
+        if kind == "Python/dispatch":
+            continue
+        cats[kind] += ev.self_cpu_time_total / 1e6 / n
+        if kind == "matmul" and ev.flops:
+            flops, mm_time = flops + ev.flops / n, mm_time + ev.self_cpu_time_total / 1e6 / n
+    cats["Python/dispatch"] = max(0.0, wall - sum(cats.values()))
+    return {"wall": wall, "wall_plain": plain, "categories": dict(cats), "matmul_gflops": flops / mm_time / 1e9 if mm_time else None}
+
+
+def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
+    """One decode step (the sampler on the last logits, then the model's step), as HFEngine._decode runs it
+    without its bookkeeping, averaged over n steps from the middle of a decode of the real step's prompts."""
+    from rlvr.models.precision import autocast_context
+    from rlvr.rollout.engines.hf.forward import generation_mode, prefill
+    from rlvr.rollout.engines.hf.steps import choose_layout, start_decode
+
+    engine, model = trainer.engine, trainer.model
+    G, T = params.n, params.max_new_tokens
+    n = max(1, min(n, (T - 1) // 3))  # steps before, timed and profiled: all within the T - 1 the buffers hold
+    with torch.no_grad(), autocast_context(trainer.precision.autocast, trainer.device), contextlib.ExitStack() as stack:
+        # as HFEngine.generate, inside the source's autocast (the layout's KV dtype depends on it)
+        layout = choose_layout(model, G, static=engine.static_cache, shared_prefix=engine.shared_prefix, lean=engine.lean)
+        stack.enter_context(generation_mode(model, layout.attention))
+        pre = prefill(model, engine.tokenizer, prompts, G)
+        step = start_decode(model, pre, layout, G, T)
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        active = torch.arange(pre.logits.shape[0])
+        state = {"logits": pre.logits, "pos": pre.prompt_mask.sum(-1).repeat_interleave(G, 0)}
+
+        def one():
+            with torch.profiler.record_function(SAMPLER):
+                token, _, _ = engine._sample(state["logits"], params, gens, active, G)
+            state["logits"] = step.step(token, state["pos"], active)
+            state["pos"] = state["pos"] + 1
+
+        for _ in range(max(0, T // 2 - n)):  # to mid-decode: attention over a typical length
+            one()
+        res = profiled(one, n)
+    return {**res, "rows": int(active.numel()), "steps": n}
+
+
+def profile_micro_batch(trainer) -> dict | None:
+    """Forward, loss and backward of the last step's first micro-batch (Updater.micro_batch_step), after one
+    unprofiled run; gradients are dropped after (no optimizer step). None when the step trained no rows."""
+    from rlvr.training.minibatches import this_ranks_minibatches
+    from rlvr.training.update_inputs import FirstEpoch
+    from rlvr.training.update_metrics import MetricSums
+
+    rec, up = trainer.last_step, trainer.updater
+    minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
+    inputs = up.prepare(minibatches[0])
+    if not inputs.micro_batches:
+        return None
+    mb = inputs.micro_batches[0]
+
+    def one():
+        up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True)
+
+    one()
+    res = profiled(one, 1)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    e = inputs.episodes
+    tokens = int(e.prompt_mask[mb.rows].sum() + e.attention_mask[mb.rows].sum())
+    return {**res, "rows": mb.rows.stop - mb.rows.start, "tokens": tokens}
