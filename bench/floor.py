@@ -282,6 +282,11 @@ def main() -> None:
 # ----------------------------------------------------------------------------- the report
 
 
+def _precision(describe: str) -> str:
+    """`bf16` from `precision: bf16 (why...)` (PrecisionChoice.describe)."""
+    return describe.split(" (")[0].removeprefix("precision: ")
+
+
 def _x(seconds: float, floor: float) -> str:
     return f"{seconds:.3f} | {seconds / floor:.1f}x" if floor else f"{seconds:.3f} | -"
 
@@ -293,9 +298,9 @@ def write_report(path: Path, head: dict, results: dict, log_lines: list[str]) ->
     L.append(f"Machine: {head['cpu']}; torch {head['torch']}; {head['threads']} threads per process, processes one after another.  ")
     L.append(f"Steps: {head['steps']}.  ")
     L.append("Versions: " + "; ".join(f"{v} = {head['versions'][v]}" for v in versions) + ".")
-    busy = head["busy_at_start"] + head.get("busy_at_end", [])
+    busy = {b.split()[1]: b for b in head["busy_at_start"] + head.get("busy_at_end", [])}  # one line per pid
     if busy:
-        L += ["", "> **The machine was not idle** (other busy processes): " + "; ".join(sorted(set(busy)))]
+        L += ["", "> **The machine was not idle** (other busy processes): " + "; ".join(busy.values())]
     L += ["", "Floor: the step's own matmuls at their exact shapes, each timed alone (bench/floor.py's docstring). Medians.", ""]
     L.append(table_row("config", "precision", "floor gen / train / total s", *(f"{v} step s (x floor)" for v in versions)))
     L.append(table_row(*["---"] * (3 + len(versions))))
@@ -303,7 +308,7 @@ def write_report(path: Path, head: dict, results: dict, log_lines: list[str]) ->
         f = r["floor"]["floor"]
         fl = " / ".join(f"{f[p]['seconds']:.3f}" if p in f else "-" for p in ("generation", "training", "total"))
         steps = (f"{r['versions'][v]['step']:.3f} ({r['versions'][v]['step'] / f['total']['seconds']:.1f}x)" for v in versions)
-        L.append(table_row(name, r["floor"]["precision"].split(" (")[0].removeprefix("precision: "), fl, *steps))
+        L.append(table_row(name, _precision(r["floor"]["precision"]), fl, *steps))
     for name, r in results.items():
         L += config_section(name, r, versions)
     for name, r in results.items():
@@ -321,13 +326,15 @@ def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
     f, c = rec["floor"], rec["classic"]
     L = ["", f"## Config {name}", ""]
     L.append(f"{spec['model_path']}, {spec['prompts']} prompts x {spec['group_size']}, {spec['max_new_tokens']} new tokens, ")
-    L[-1] += f"extra overrides: {', '.join(spec['extra']) or 'none'}; floor worker: {rec['precision']}."
+    L[-1] += f"extra overrides: {', '.join(spec['extra']) or 'none'}; {rec['precision']}."
     L += ["", table_row("", "floor s", *(f"{v} {h}" for v in versions for h in ("s", "x floor")))]
     L.append(table_row(*["---"] * (2 + 2 * len(versions))))
     for k in TIMES:
         fs = f.get(FLOOR_OF[k], {}).get("seconds", 0.0)
         L.append(table_row(FLOOR_OF[k].replace("total", "step (total)"), f"{fs:.3f}", *(_x(r["versions"][v][k], fs) for v in versions)))
     L.append("")
+    if "training" not in f:
+        L.append("- training: no Linear call in the update (no rows trained: every group's rewards were equal, so all were skipped).")
     for p in ("generation", "training", "other"):
         if p in f:
             rate = f[p]["gflop"] / f[p]["seconds"] if f[p]["seconds"] else 0
@@ -340,7 +347,11 @@ def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
     )
     for v in versions:
         x = r["versions"][v]
-        L.append(f"- {v}: step medians per round {', '.join(f'{s:.3f}' for s in x['rounds'])} s; {'; '.join(x['precision'])}.")
+        ran = sorted({_precision(p) for p in x["precision"]})
+        note = (
+            "" if ran == [_precision(rec["precision"])] else " **not the floor worker's precision: the multiples compare different work**"
+        )
+        L.append(f"- {v}: step medians per round {', '.join(f'{s:.3f}' for s in x['rounds'])} s; precision {', '.join(ran)}{note}.")
     return L
 
 
