@@ -117,3 +117,59 @@ def test_lean_decode_only_for_architectures_it_reproduces():
     assert lean_decoder_for(Gemma2ForCausalLM(Gemma2Config(head_dim=8, **small))) is None  # extra norms, soft-capping
     assert lean_decoder_for(MistralForCausalLM(MistralConfig(sliding_window=8, attn_implementation="sdpa", **small))) is None
     assert lean_decoder_for(LlamaForCausalLM(LlamaConfig(attn_implementation="eager", **small))) is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_fused_projections_same_as_separate(kind, autocast, monkeypatch):
+    """q/k/v and gate/up as one product each: the same tokens and log-probs as the per-module step
+    (fp32 to 1e-6; under bf16 autocast both round the same bf16 weights, to 1e-3 in log-prob)."""
+    import rlvr.rollout.engines.hf.fused_projections as fp
+    import rlvr.rollout.engines.hf.lean_decode as lean
+
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=20, ignore_eos=True)
+    runs = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(lean, "FUSE_MAX_HIDDEN", 10**6 if fuse else 0)
+        assert lean_decoder_for(model).fuse is fuse
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            runs[fuse] = _generate(model, tok, params)
+        assert not fuse or model.model.layers[0] in fp._BUILT  # the fused run built (and used) the copies
+    built = lean.fused_layer(model.model.layers[0], torch.bfloat16 if autocast else None)
+    assert built.qkv_weight is not None and built.gate_up_weight is not None
+    assert built.qkv_weight.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert (built.qkv_bias is not None) == (kind == "qwen2")
+    if autocast:
+        assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
+        torch.testing.assert_close(runs[True].sampling_logprobs, runs[False].sampling_logprobs, rtol=0, atol=1e-3)
+    else:
+        _same(runs[True], runs[False])
+        torch.testing.assert_close(runs[True].sampling_logprobs, runs[False].sampling_logprobs, rtol=0, atol=1e-6)
+
+
+def test_fused_projections_follow_every_weight_update():
+    """An optimizer step (in-place) changes the weights: the next decode rebuilds the fused copies and
+    samples as the plain path does with the new weights; unchanged weights reuse the copies."""
+    from rlvr.rollout.engines.hf.fused_projections import fused_layer
+
+    torch.set_num_threads(1)
+    tok, model = _model("llama-gqa")
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, ignore_eos=True)
+    first = _generate(model, tok, params)
+    layer = model.model.layers[0]
+    copies = fused_layer(layer, None)
+    assert fused_layer(layer, None) is copies  # no update: the same copies
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    after = _generate(model, tok, params)
+    assert fused_layer(layer, None) is not copies
+    torch.testing.assert_close(fused_layer(layer, None).qkv_weight[: layer.self_attn.q_proj.out_features], layer.self_attn.q_proj.weight)
+    _same(after, _generate(model, tok, params, static_cache=False))
+    assert not torch.equal(after.sampling_logprobs, first.sampling_logprobs)
+    with torch.no_grad():  # a load (copy_) is an update too
+        layer.mlp.up_proj.weight.copy_(torch.randn_like(layer.mlp.up_proj.weight))
+    _same(_generate(model, tok, params), _generate(model, tok, params, static_cache=False))

@@ -27,11 +27,16 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.rollout.engines.hf.forward import padding_bias
+from rlvr.rollout.engines.hf.fused_projections import FusedLayer, fused_layer
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (F.rms_norm computes the same)
 PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+# Widest model whose decode fuses its projections. Products alone, 1 thread, 8 layers' weights (AMD EPYC, loaded):
+# fused/separate 0.86-1.00 at hidden 128-320, 0.97-1.02 at 512, 1.06-1.15 at 576-768 (larger products gain no
+# more from one call and lose cache locality); bench/floor.py measures the whole decode before/after.
+FUSE_MAX_HIDDEN = 320
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 
 
@@ -55,6 +60,12 @@ def lean_decoder_for(model) -> "LeanDecoder | None":
         if children != _LAYER_PARTS or not all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             return None
     return LeanDecoder(lm)
+
+
+def fuse_projections(lm) -> bool:
+    """Whether the decode runs q/k/v and gate/up as one product each (rlvr.rollout.engines.hf.fused_projections):
+    on the CPU, for models up to FUSE_MAX_HIDDEN wide, where fewer, larger products measured faster."""
+    return lm.device.type == "cpu" and lm.config.hidden_size <= FUSE_MAX_HIDDEN
 
 
 def _rms_norm(norm, x):
@@ -103,6 +114,8 @@ class LeanDecoder:
         self.head_dim = attn.head_dim
         self.kv_heads = lm.config.num_key_value_heads
         self.q_heads = lm.config.num_attention_heads
+        self.fuse = fuse_projections(lm)
+        self.fused: list[FusedLayer] | None = None  # built at the first step, in the autocast dtype it runs under
 
     def start(
         self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
@@ -133,12 +146,19 @@ class LeanDecoder:
         n, D, t = tokens.shape[0], self.head_dim, state.written
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
+        if self.fuse and self.fused is None:
+            dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+            self.fused = [fused_layer(layer, dtype) for layer in self.layers]
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
+            attn, fused = layer.self_attn, self.fused[i] if self.fused else None
             h = _rms_norm(layer.input_layernorm, x)
-            q = attn.q_proj(h).view(n, self.q_heads, D)
-            k = attn.k_proj(h).view(n, self.kv_heads, D)
-            v = attn.v_proj(h).view(n, self.kv_heads, D)
+            if fused is not None and fused.qkv_weight is not None:  # one product: [n, (Hq + 2 Hkv) x D]
+                q, k, v = F.linear(h, fused.qkv_weight, fused.qkv_bias).split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
+                q, k, v = q.unflatten(-1, (self.q_heads, D)), k.unflatten(-1, (self.kv_heads, D)), v.unflatten(-1, (self.kv_heads, D))
+            else:
+                q = attn.q_proj(h).view(n, self.q_heads, D)
+                k = attn.k_proj(h).view(n, self.kv_heads, D)
+                v = attn.v_proj(h).view(n, self.kv_heads, D)
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -147,7 +167,12 @@ class LeanDecoder:
             own_v[:, :, t] = v
             o = self._attend(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, attn.scaling)  # [n, Hq x D]
             x = x + attn.o_proj(o)
-            x = x + layer.mlp(_rms_norm(layer.post_attention_layernorm, x))
+            h = _rms_norm(layer.post_attention_layernorm, x)
+            if fused is not None and fused.gate_up_weight is not None:  # one product: [n, 2 x intermediate]
+                gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, -1)
+                x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            else:
+                x = x + layer.mlp(h)
         state.written = t + 1
         return self.lm.lm_head(_rms_norm(self.norm, x)).float()
 
