@@ -5,6 +5,7 @@
 decode steps
   steps.py           the single-turn step and the KV layout it runs on (lean, shared prefix, repeated)
   lean_decode.py     the step of Llama-family models without transformers' per-token machinery
+  fused_projections.py  q/k/v and gate/up as one product each in that step, rebuilt when the weights change
   shared_prefix.py   attention that reads a prompt's keys/values once for its G samples
   episode_decode.py  the multi-turn decode: rows advance independently, tools answer in between
   continuous.py      continuous batching for an outside agent's requests: rows join and leave token by token,
