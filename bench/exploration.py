@@ -31,6 +31,7 @@ from pathlib import Path
 from _report import cpu_name, wilson
 
 REPO = Path(__file__).resolve().parents[1]
+RESUME = False  # --resume
 AUTOCAST = "bf16"  # SmolLM2 arms: bench/smollm2.py's precision (twice as fast as fp32 on a bf16 CPU)
 ARMS = {
     "defaults": [],
@@ -123,9 +124,13 @@ def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, e
         "optim.micro_batch_size=16", f"model.autocast={AUTOCAST}", f"steps={steps}", "eval.before_after=false",
         "logging.report_to=[]", "log_completions_every=5", f"output_dir={out}", f"seed={seed}", "threads=2",
     ]  # fmt: skip
-    t0 = time.time()
-    run = rlvr.train(None, *settings, *ARMS[arm], *extra, force=True, progress=False)
-    wall = time.time() - t0
+    t0, earlier = time.time(), 0.0
+    if RESUME and (out / "checkpoints").is_dir():  # --resume: the same run, continued from its checkpoint to `steps`
+        earlier = sum(m["time/step"] for m in metrics(out))
+        run = rlvr.train(None, f"steps={steps}", resume=out, progress=False)
+    else:
+        run = rlvr.train(None, *settings, *ARMS[arm], *extra, force=True, progress=False)
+    wall = earlier + time.time() - t0
     strict = f"{rewards}:strict_answer"
     held = {}
     for name in ("in-template", "new phrasings"):
@@ -224,7 +229,11 @@ def main() -> None:
     ap.add_argument("--entropy-target", type=float, default=0.2, help="adaptive arms without a defaults arm before them")
     ap.add_argument("--work", type=Path, default=Path("runs/exploration-bench"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/exploration.md"))
+    ap.add_argument("--add", action="store_true", help="keep the arms already in --out's JSON (more seeds or arms later)")
+    ap.add_argument("--resume", action="store_true", help="smollm2: continue each arm's run in --work to the new step count")
     a = ap.parse_args()
+    global RESUME
+    RESUME = a.resume
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(REPO / "bench"))
     tasks, seeds, arms = a.tasks.split(","), [int(s) for s in a.seeds.split(",")], a.arms.split(",")
@@ -233,7 +242,14 @@ def main() -> None:
         raise SystemExit(f"unknown task or arm: {', '.join(unknown)} (tasks: {', '.join(TASKS)}; arms: {', '.join(ARMS)})")
     a.work.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results: dict = {task: {} for task in tasks}
+    command = (
+        f"python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps} "
+        f"--smollm2-steps {a.smollm2_steps}{' --add' if a.add else ''}{' --resume' if a.resume else ''}` (started {started}"
+    )
+    results, commands = load(a.out.with_suffix(".json")) if a.add else ({}, [])
+    commands.append(command)
+    for task in tasks:
+        results.setdefault(task, {})
     for task in tasks:
         run_arm, steps, eval_n = TASKS[task][0], getattr(a, TASKS[task][1]), getattr(a, TASKS[task][2])
         for seed in seeds:
@@ -245,15 +261,26 @@ def main() -> None:
                     extra = [f"algo.entropy_target={target:.3g}"]
                 results[task][(arm, seed)] = run_arm(arm, seed, extra, a.work, steps, eval_n)
                 print(task, table({(arm, seed): results[task][(arm, seed)]}, TASKS[task][3])[-1], flush=True)
-                write(a, started, results)
+                write(a, commands, results)
 
 
-def write(a, started: str, results: dict) -> None:
+def load(path: Path) -> tuple[dict, list[str]]:
+    """The results and commands an earlier run wrote to `path` (--add)."""
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    results = {}
+    for task, rows in saved.get("results", {}).items():
+        results[task] = {}
+        for key, r in rows.items():
+            arm, seed = key.rsplit("/s", 1)
+            results[task][(arm, int(seed))] = r | {"pass": {int(k): v for k, v in r["pass"].items()}}
+    return results, saved.get("commands", [])
+
+
+def write(a, commands: list[str], results: dict) -> None:
     lines = [
         "# Exploration: today's defaults against the entropy remedies",
         "",
-        f"Command: `python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps} "
-        f"--smollm2-steps {a.smollm2_steps}` (started {started}; {cpu_name()}, 2 threads, arms one after the other).",
+        *[f"Command: `{c}; {cpu_name()}, 2 threads, arms one after the other)." for c in commands],
     ]
     for task, rows in results.items():
         steps = getattr(a, TASKS[task][1])
@@ -273,9 +300,8 @@ def write(a, started: str, results: dict) -> None:
         "last 5. Intervals: 95 % (Wilson for accuracy; pass@k: the interval rlvr eval prints).",
     ]
     a.out.write_text("\n".join(lines) + "\n")
-    (a.out.with_suffix(".json")).write_text(
-        json.dumps({task: {f"{arm}/s{seed}": r for (arm, seed), r in rows.items()} for task, rows in results.items()}, indent=1)
-    )
+    saved = {task: {f"{arm}/s{seed}": r for (arm, seed), r in rows.items()} for task, rows in results.items()}
+    a.out.with_suffix(".json").write_text(json.dumps({"commands": commands, "results": saved}, indent=1))
 
 
 if __name__ == "__main__":
