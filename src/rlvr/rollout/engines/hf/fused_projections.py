@@ -14,7 +14,7 @@ Llama-family SwiGLU are fused: a LoRA-wrapped or quantised projection is called 
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -48,7 +48,7 @@ def _cat(linears, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor
     return weight, bias
 
 
-def fused_layer(layer: torch.nn.Module, dtype: torch.dtype | None) -> FusedLayer:
+def fused_layer(layer: Any, dtype: torch.dtype | None) -> FusedLayer:
     """The decoder layer's fused projections (in `dtype` when given), rebuilt when a weight changed since the last call."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv = (attn.q_proj, attn.k_proj, attn.v_proj) if _plain(attn.q_proj, attn.k_proj, attn.v_proj) else None
