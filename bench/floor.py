@@ -121,6 +121,10 @@ def worker_floor(spec: dict) -> None:
     from rlvr.training import Trainer
 
     torch.set_num_threads(spec["threads"])
+    with contextlib.suppress(ImportError):  # the fused decode products bypass the Linear hooks: count the model's own
+        import rlvr.rollout.engines.hf.lean_decode as lean_decode
+
+        lean_decode.FUSE_MAX_HIDDEN = 0  # type: ignore[attr-defined]
     trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
     shapes, last_call = floor_ops.LinearShapes(trainer.model), {}
 

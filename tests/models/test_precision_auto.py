@@ -49,6 +49,11 @@ def _linear_outputs(model) -> tuple[list[tuple[torch.dtype, bool]], list]:
 
 @pytest.mark.parametrize("fp32, bf16, expected", [(1.0, 0.5, torch.bfloat16), (0.5, 1.0, torch.float32)])
 def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, cache_file, monkeypatch, fp32, bf16, expected):
+    import rlvr.rollout.engines.hf.lean_decode as lean_decode
+
+    # the fused decode products (q/k/v, gate/up) bypass the modules' hooks: off here, so that every product is seen
+    # (their weights are kept in the autocast dtype: tests/rollout/test_lean_decode.py)
+    monkeypatch.setattr(lean_decode, "FUSE_MAX_HIDDEN", 0)
     timer = StubTimer(fp32, bf16)
     monkeypatch.setattr(precision_choice, "measure_step", timer)
     t = make_trainer("model.autocast=auto", "steps=1", "optim.skip_zero_advantage=false")  # the update runs every row
