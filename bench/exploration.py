@@ -163,6 +163,11 @@ def fmt_pair(p, f=".2f") -> str:
     return "-" if p is None else f"{p[0]:{f}} -> {p[1]:{f}}"
 
 
+def interval(v) -> str:
+    """(mean, low, high), an Interval or the list JSON keeps of it, as `0.456 [0.379, 0.534]`."""
+    return "-" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+
 def table(results: dict, temperature: float) -> list[str]:
     sets = next(iter(results.values()))["greedy"].keys() if results else []
     acc = " | ".join(f"held-out accuracy{', ' + name if name else ''} (greedy)" for name in sets)
@@ -174,8 +179,8 @@ def table(results: dict, temperature: float) -> list[str]:
     for (arm, seed), r in results.items():
         greedy = " | ".join(f"{g['acc']:.3f} [{g['lo']:.3f}, {g['hi']:.3f}] ({g['k']}/{g['n']})" for g in r["greedy"].values())
         rows.append(
-            f"| {arm} | {seed} | {greedy} | {r['pass'].get(1, '-')} | "
-            f"{r['pass'].get(8, '-')} | {fmt_pair(r['entropy'], '.3f')} | {fmt_pair(r['distinct'], '.0%')} | "
+            f"| {arm} | {seed} | {greedy} | {interval(r['pass'].get(1))} | "
+            f"{interval(r['pass'].get(8))} | {fmt_pair(r['entropy'], '.3f')} | {fmt_pair(r['distinct'], '.0%')} | "
             f"{fmt_pair(r['zero_std'], '.0%')} | {fmt_pair(r['coef'], '.3f')} | {r['doctor']} | {r['steps']} | {r['wall']:.0f} s |"
         )
     return rows
