@@ -32,6 +32,7 @@ from _report import cpu_name, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 RESUME = False  # --resume
+THREADS = 2  # --threads: torch threads per run (1 when two benches share the 2 cores)
 AUTOCAST = "bf16"  # SmolLM2 arms: bench/smollm2.py's precision (twice as fast as fp32 on a bf16 CPU)
 ARMS = {
     "defaults": [],
@@ -39,6 +40,8 @@ ARMS = {
     "adaptive": ["algo.adaptive_entropy=true"],  # + algo.entropy_target from the defaults arm
     # TRL's delta (0.005) ramps the coefficient to 0.2 in 40 steps, after a short run has collapsed; 4x faster:
     "adaptive_fast": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02"],
+    # adaptive_fast with the automatic target (half the run's own first 5 steps): a setting a default can carry
+    "auto_target": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02", "algo.entropy_target=null"],
     "clip_cov": ["algo.clip_cov_ratio=2e-4"],
     "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
     "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
@@ -67,7 +70,8 @@ def tiny_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, eval
 
     out = work / f"tiny-{arm}-s{seed}"
     t0 = time.time()
-    settings = [f"output_dir={out}", f"seed={seed}", f"steps={steps}", "eval.before_after=false", "logging.report_to=[]", "threads=2"]
+    settings = [f"output_dir={out}", f"seed={seed}", f"steps={steps}", "eval.before_after=false", "logging.report_to=[]"]
+    settings.append(f"threads={THREADS}")
     run = rlvr.train(str(REPO / "examples/tools-calculator.yaml"), *settings, *ARMS[arm], *extra, force=True, progress=False)
     wall = time.time() - t0
     greedy = rlvr.evaluate(run, task="multiplication", n=eval_n, quiet=True)
@@ -122,7 +126,7 @@ def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, e
         f"rewards=[math, {rewards}:answer_tag]", "rewards.1.weight=0.5", "rollout.group_size=8",
         "rollout.prompts_per_step=8", "rollout.max_new_tokens=48", "rollout.temperature=0.7", "optim.lr=1e-5",
         "optim.micro_batch_size=16", f"model.autocast={AUTOCAST}", f"steps={steps}", "eval.before_after=false",
-        "logging.report_to=[]", "log_completions_every=5", f"output_dir={out}", f"seed={seed}", "threads=2",
+        "logging.report_to=[]", "log_completions_every=5", f"output_dir={out}", f"seed={seed}", f"threads={THREADS}",
     ]  # fmt: skip
     t0, earlier = time.time(), 0.0
     if RESUME and (out / "checkpoints").is_dir():  # --resume: the same run, continued from its checkpoint to `steps`
@@ -236,12 +240,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/exploration.md"))
     ap.add_argument("--add", action="store_true", help="keep the arms already in --out's JSON (more seeds or arms later)")
     ap.add_argument("--resume", action="store_true", help="smollm2: continue each arm's run in --work to the new step count")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    ap.add_argument("--merge", default="", help="comma-separated JSONs of runs made beside this one (other --out), merged in")
     a = ap.parse_args()
-    global RESUME
-    RESUME = a.resume
+    global RESUME, THREADS
+    RESUME, THREADS = a.resume, a.threads
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(REPO / "bench"))
-    tasks, seeds, arms = a.tasks.split(","), [int(s) for s in a.seeds.split(",")], a.arms.split(",")
+    tasks, seeds, arms = a.tasks.split(","), [int(s) for s in a.seeds.split(",") if s], [x for x in a.arms.split(",") if x]
     unknown = [t for t in tasks if t not in TASKS] + [x for x in arms if x not in ARMS]
     if unknown:
         raise SystemExit(f"unknown task or arm: {', '.join(unknown)} (tasks: {', '.join(TASKS)}; arms: {', '.join(ARMS)})")
@@ -249,12 +255,21 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     command = (
         f"python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps} "
-        f"--smollm2-steps {a.smollm2_steps}{' --add' if a.add else ''}{' --resume' if a.resume else ''}` (started {started}"
+        f"--smollm2-steps {a.smollm2_steps}{' --add' if a.add else ''}{' --resume' if a.resume else ''}"
+        f"{f' --threads {a.threads}' if a.threads != 2 else ''}{f' --merge {a.merge}' if a.merge else ''}` "
+        f"(started {started}; {cpu_name()}, {a.threads} threads per run"
     )
     results, commands = load(a.out.with_suffix(".json")) if a.add else ({}, [])
+    for other in filter(None, a.merge.split(",")):  # parallel runs' results, each with its own commands
+        more, more_commands = load(Path(other))
+        commands += more_commands
+        for task, rows in more.items():
+            results.setdefault(task, {}).update(rows)
     commands.append(command)
     for task in tasks:
         results.setdefault(task, {})
+    if not arms:  # --arms "": only merge and rewrite the report
+        write(a, commands, results)
     for task in tasks:
         run_arm, steps, eval_n = TASKS[task][0], getattr(a, TASKS[task][1]), getattr(a, TASKS[task][2])
         for seed in seeds:
@@ -285,7 +300,7 @@ def write(a, commands: list[str], results: dict) -> None:
     lines = [
         "# Exploration: today's defaults against the entropy remedies",
         "",
-        *[f"Command: `{c}; {cpu_name()}, 2 threads, arms one after the other)." for c in commands],
+        *[f"Command: `{c}{'' if 'threads' in c else f'; {cpu_name()}, 2 threads'}, arms one after the other)." for c in commands],
     ]
     for task, rows in results.items():
         steps = getattr(a, TASKS[task][1])

@@ -39,14 +39,32 @@ def trl_controller(entropies, *, coef, target, delta, lo, hi):
 def test_the_controller_follows_trls_rule(seed):
     g = torch.Generator().manual_seed(seed)
     entropies = (0.4 * torch.rand(40, generator=g, dtype=D)).tolist()  # around the target, both sides
-    kw = dict(target=0.2, delta=0.005 * (seed + 1), coef_min=0.001 * seed, coef_max=0.03)
-    state, applied = start_entropy_control(0.01), []
+    kw = dict(delta=0.005 * (seed + 1), coef_min=0.001 * seed, coef_max=0.03)
+    state, applied = start_entropy_control(0.01, target=0.2), []
     for h in entropies:
-        applied.append(applied_entropy_coef(state, target=kw["target"]))
+        applied.append(applied_entropy_coef(state))
         state = next_entropy_control(state, h, **kw)
     expected, coef, last = trl_controller(entropies, coef=0.01, target=0.2, delta=kw["delta"], lo=kw["coef_min"], hi=kw["coef_max"])
-    assert applied == expected and state == (coef, last)
-    assert applied[0] == 0.0 and math.isinf(start_entropy_control(0.5).last_entropy)  # nothing applied before a measurement
+    assert applied == expected and state == (coef, last, 0.2, ())
+    assert applied[0] == 0.0 and math.isinf(start_entropy_control(0.5, target=0.2).last_entropy)  # nothing before a measurement
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_automatic_target_is_half_the_first_five_steps_then_trls_rule(seed):
+    g = torch.Generator().manual_seed(seed)
+    entropies = (0.3 + 0.5 * torch.rand(60, generator=g, dtype=D)).tolist()
+    entropies[20:] = [0.5 * h for h in entropies[20:]]  # falls below half the start: the coefficient must engage
+    kw = dict(delta=0.01, coef_min=0.0, coef_max=0.08)
+    state, applied = start_entropy_control(0.02, target=None), []
+    for h in entropies:
+        applied.append(applied_entropy_coef(state))
+        state = next_entropy_control(state, h, **kw)
+    target = 0.5 * sum(entropies[:5]) / 5
+    # by hand: nothing moves or applies for 4 steps, then TRL's rule from step 5 on with that target
+    expected, coef, last = trl_controller(entropies[4:], coef=0.02, target=target, delta=0.01, lo=0.0, hi=0.08)
+    assert applied == [0.0] * 4 + expected  # TRL's loop starts with nothing measured: no bonus at step 5 either
+    assert state.target == pytest.approx(target, rel=1e-15) and (state.coef, state.last_entropy) == (coef, last)
+    assert max(applied) > 0  # the scenario did engage
 
 
 def inputs(seed):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import torch
 from safetensors.torch import load_file
 
@@ -60,7 +62,7 @@ def test_resume_continues_the_controller_bit_for_bit(make_trainer, tmp_path):
     first.save_checkpoint()
     del first
     again = make_trainer(*ADAPTIVE, "steps=4", "resume=auto", run="resumed")
-    assert again.updater.entropy_control == (0.05, again.updater.entropy_control.last_entropy)
+    assert again.updater.entropy_control == (0.05, again.updater.entropy_control.last_entropy, 5.0, ())
     again.train()
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
     assert strip(_metrics(tmp_path / "straight"))[2:] == strip(_metrics(tmp_path / "resumed"))
@@ -77,3 +79,28 @@ def test_the_report_plots_the_coefficient(make_trainer, tmp_path):
     make_trainer(*ADAPTIVE, "steps=2", run="r").train()
     html = make_report([str(tmp_path / "r")], str(tmp_path / "report")).read_text()
     assert "the coefficient algo.adaptive_entropy moved" in html
+
+
+AUTO = [a for a in ADAPTIVE if not a.startswith("algo.entropy_target")]  # null: half the first 5 steps' entropy
+
+
+def test_the_automatic_target_is_half_the_first_five_steps_and_resumes_mid_measurement(make_trainer, tmp_path):
+    make_trainer(*AUTO, "steps=7", run="straight").train()
+    rows = _metrics(tmp_path / "straight")
+    target = 0.5 * sum(r["entropy/controlled"] for r in rows[:5]) / 5
+    assert all("entropy/target" not in r for r in rows[:4]) and [r["entropy_coef"] for r in rows[:4]] == [0.01] * 4
+    assert rows[4]["entropy/target"] == rows[6]["entropy/target"] == pytest.approx(target, rel=1e-12)
+    coef = 0.01  # TRL's rule from step 5 on, against that target
+    for r in rows[4:]:
+        coef = min(coef + 0.02, 0.05) if r["entropy/controlled"] <= target else max(coef - 0.02, 0.0)
+        assert r["entropy_coef"] == pytest.approx(coef, abs=1e-15)
+    first = make_trainer(*AUTO, "steps=7", run="resumed")
+    for _ in range(3):  # a checkpoint in the middle of the measurement
+        first.train_step()
+    first.save_checkpoint()
+    del first
+    again = make_trainer(*AUTO, "steps=7", "resume=auto", run="resumed")
+    assert again.updater.entropy_control.target is None and len(again.updater.entropy_control.measured) == 3
+    again.train()
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert strip(rows)[3:] == strip(_metrics(tmp_path / "resumed"))

@@ -8,6 +8,11 @@ measured at the previous step was at or below the target, else 0 (before any mea
     c_{k+1} = min(c_k + delta, c_max)  if H_k <= target        applied_k = c_k  if H_{k-1} <= target
               max(c_k - delta, c_min)  otherwise                           0    otherwise
 
+With no target given (rlvr's addition, the doctor's proposal made automatic), the target is half the mean entropy
+of the first AUTO_TARGET_STEPS optimizer steps, during which the coefficient waits and no bonus applies:
+
+    target = AUTO_TARGET_SHARE x mean(H_1 .. H_n),  n = AUTO_TARGET_STEPS;  the rule above from step n on.
+
 Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
 Models"): entropy falls where tokens with a high covariance between their log-probability and their advantage
 are reinforced,
@@ -27,28 +32,40 @@ from typing import NamedTuple
 import torch
 
 
+AUTO_TARGET_STEPS = 5  # an automatic target averages the entropy of this many first optimizer steps
+AUTO_TARGET_SHARE = 0.5  # ... and steers to this share of it
+
+
 class EntropyControl(NamedTuple):
     coef: float  # the coefficient reached (TRL's entropy_coef as it moves)
     last_entropy: float  # the entropy measured at the last optimizer step (inf before the first)
+    target: float | None  # the entropy steered to (None: automatic, not measured yet)
+    measured: tuple[float, ...] = ()  # automatic target: the entropies of the steps before it is set
 
 
-def start_entropy_control(coef: float) -> EntropyControl:
-    """The controller before the first step: `coef` (algo.entropy_coef) as the starting coefficient."""
-    return EntropyControl(float(coef), math.inf)
+def start_entropy_control(coef: float, *, target: float | None) -> EntropyControl:
+    """The controller before the first step: `coef` (algo.entropy_coef) as the starting coefficient; `target` None
+    sets the target from the first AUTO_TARGET_STEPS steps."""
+    return EntropyControl(float(coef), math.inf, None if target is None else float(target))
 
 
-def applied_entropy_coef(state: EntropyControl, *, target: float) -> float:
+def applied_entropy_coef(state: EntropyControl) -> float:
     """The coefficient every micro-batch of the next optimizer step applies."""
-    return state.coef if state.last_entropy <= target else 0.0
+    return state.coef if state.target is not None and state.last_entropy <= state.target else 0.0
 
 
-def next_entropy_control(
-    state: EntropyControl, entropy: float, *, target: float, delta: float, coef_min: float, coef_max: float
-) -> EntropyControl:
+def next_entropy_control(state: EntropyControl, entropy: float, *, delta: float, coef_min: float, coef_max: float) -> EntropyControl:
     """The controller after an optimizer step whose tokens had mean entropy `entropy`."""
-    if entropy <= target:
-        return EntropyControl(min(state.coef + delta, coef_max), float(entropy))
-    return EntropyControl(max(state.coef - delta, coef_min), float(entropy))
+    entropy = float(entropy)
+    if state.target is None:  # automatic target: measuring; the step that completes the measurement moves c too
+        measured = (*state.measured, entropy)
+        if len(measured) < AUTO_TARGET_STEPS:
+            return state._replace(last_entropy=entropy, measured=measured)
+        state = state._replace(target=AUTO_TARGET_SHARE * math.fsum(measured) / len(measured), measured=())
+    assert state.target is not None
+    if entropy <= state.target:
+        return state._replace(coef=min(state.coef + delta, coef_max), last_entropy=entropy)
+    return state._replace(coef=max(state.coef - delta, coef_min), last_entropy=entropy)
 
 
 def token_covariance(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

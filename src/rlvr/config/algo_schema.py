@@ -80,8 +80,9 @@ class AlgoConfig:
     """Adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy): entropy_coef is the starting coefficient,
     raised by entropy_coef_delta after each optimizer step whose trained tokens' mean entropy is at or below
     entropy_target and lowered otherwise; the bonus applies while the last measured entropy is at or below the target."""
-    entropy_target: float = 0.2
-    """adaptive_entropy: the mean token entropy (nats) below which the bonus pushes back."""
+    entropy_target: float | None = None
+    """adaptive_entropy: the mean token entropy (nats) below which the bonus pushes back; null = half the mean
+    entropy of the run's first 5 optimizer steps (the coefficient waits until then; TRL's default is 0.2)."""
     entropy_coef_delta: float = 0.005
     """adaptive_entropy: the coefficient's change per optimizer step."""
     entropy_coef_min: float = 0.0

@@ -137,7 +137,7 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
         errors.append("`algo.clip_cov_ratio` and `algo.kl_cov_ratio` are two remedies for one thing: set one of them (the other 0)")
     if a.clip_cov_ratio > 0 and not a.clip_cov_lb < a.clip_cov_ub:
         errors.append(f"`algo.clip_cov_lb` must be below `algo.clip_cov_ub`, got {a.clip_cov_lb} and {a.clip_cov_ub}")
-    if a.adaptive_entropy and not (a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0 and a.entropy_target >= 0):
+    if a.adaptive_entropy and not (a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0 and (a.entropy_target or 0) >= 0):
         errors.append(
             f"`algo.adaptive_entropy`: needs entropy_coef_min <= entropy_coef_max (got {a.entropy_coef_min}, {a.entropy_coef_max}), "
             f"entropy_coef_delta >= 0 (got {a.entropy_coef_delta}) and entropy_target >= 0 nats (got {a.entropy_target})"

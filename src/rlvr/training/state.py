@@ -33,7 +33,7 @@ class TrainState:
     skipped_steps: int = 0  # steps whose update was dropped for a non-finite loss or gradient
     train_seconds: float = 0.0  # wall time of the steps done, over every segment of a resumed run
     eval_before: float | None = None  # the held-out score before training (summary.json reports it after a resume too)
-    entropy_control: tuple[float, float] | None = None  # algo.adaptive_entropy: (coefficient, last measured entropy)
+    entropy_control: dict | None = None  # algo.adaptive_entropy: algo.EntropyControl's fields
     bad_steps_in_a_row: int = 0  # not saved: a checkpoint is never written right after a bad step
 
 

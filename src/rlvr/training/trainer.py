@@ -192,7 +192,7 @@ class Trainer:
         state.step += 1
         self.source.sync_weights()  # a separate sampler (vLLM, servers) gets the new weights, version state.step; hf shares them
         state.skipped_steps += result.skipped
-        state.entropy_control = None if (c := self.updater.entropy_control) is None else (c.coef, c.last_entropy)  # checkpointed
+        state.entropy_control = None if (c := self.updater.entropy_control) is None else c._asdict()  # checkpointed
         state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
         for e in (batch.episodes, batch.episodes.extra_sequences):  # the extra sequences are trained too
             state.num_tokens += 0 if e is None else int(e.prompt_mask.sum() + e.attention_mask.sum())

@@ -70,7 +70,7 @@ class Updater:
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
         # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window
-        self.entropy_control = algo.start_entropy_control(a.entropy_coef) if a.adaptive_entropy else None
+        self.entropy_control = algo.start_entropy_control(a.entropy_coef, target=a.entropy_target) if a.adaptive_entropy else None
         self.entropy_bonus = a.entropy_coef != 0 or a.adaptive_entropy  # the entropy then needs its gradient
         self._entropy_window = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of H x mask, tokens]
 
@@ -87,7 +87,10 @@ class Updater:
             skipped = self.run_epochs(inputs, sums)
         metrics = sums.metrics(inputs, self.dist, beta=self.cfg.algo.beta, correction=self.correction)
         if self.entropy_control is not None:
-            metrics.update({"entropy_coef": self.entropy_control.coef, "entropy/controlled": self.entropy_control.last_entropy})
+            c = self.entropy_control
+            metrics.update({"entropy_coef": c.coef, "entropy/controlled": c.last_entropy})
+            if c.target is not None:
+                metrics["entropy/target"] = c.target
         if self.compiled:
             metrics.update({"compile/count": self.compile_clock.graphs, "time/compile": self.compile_clock.seconds - compile_seconds})
         return UpdateResult(metrics, [n for m in inputs for n in m.micro_batch_sizes], skipped)
@@ -112,7 +115,7 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=True)
         sums.step_loss.zero_()
         if self.entropy_control is not None:  # every micro-batch of the step applies the coefficient the last step left
-            self.loss_kwargs["entropy_coef"] = algo.applied_entropy_coef(self.entropy_control, target=self.cfg.algo.entropy_target)
+            self.loss_kwargs["entropy_coef"] = algo.applied_entropy_coef(self.entropy_control)
             self._entropy_window.zero_()
         for k, micro_batch in enumerate(minibatch.micro_batches):
             last = k == len(minibatch.micro_batches) - 1  # gradients are reduced across ranks on the last backward only
@@ -121,10 +124,12 @@ class Updater:
             self.steer_entropy()
         return self.optimizer_step(sums, has_rows=bool(minibatch.micro_batches))
 
-    def resume_entropy_control(self, saved: tuple[float, float] | None) -> None:
+    def resume_entropy_control(self, saved: dict | tuple | None) -> None:
         """The controller as a checkpoint left it (a checkpoint from before adaptive_entropy was on: as started)."""
         if self.entropy_control is not None and saved is not None:
-            self.entropy_control = algo.EntropyControl(*saved)
+            if isinstance(saved, tuple):  # written before the automatic target: (coefficient, last entropy)
+                saved = {"coef": saved[0], "last_entropy": saved[1], "target": self.entropy_control.target, "measured": ()}
+            self.entropy_control = algo.EntropyControl(**{**saved, "measured": tuple(saved["measured"])})
 
     def steer_entropy(self) -> None:
         """The controller after this optimizer step: the mean entropy of the step's trained tokens over every rank."""
@@ -134,7 +139,6 @@ class Updater:
         self.entropy_control = algo.next_entropy_control(
             self.entropy_control,
             total / max(tokens, 1.0),
-            target=a.entropy_target,
             delta=a.entropy_coef_delta,
             coef_min=a.entropy_coef_min,
             coef_max=a.entropy_coef_max,
