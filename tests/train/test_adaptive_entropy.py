@@ -62,7 +62,7 @@ def test_resume_continues_the_controller_bit_for_bit(make_trainer, tmp_path):
     first.save_checkpoint()
     del first
     again = make_trainer(*ADAPTIVE, "steps=4", "resume=auto", run="resumed")
-    assert again.updater.entropy_control == (0.05, again.updater.entropy_control.last_entropy, 5.0, ())
+    assert again.updater.entropy_control.state == (0.05, again.updater.entropy_control.state.last_entropy, 5.0, ())
     again.train()
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
     assert strip(_metrics(tmp_path / "straight"))[2:] == strip(_metrics(tmp_path / "resumed"))
@@ -100,7 +100,25 @@ def test_the_automatic_target_is_half_the_first_five_steps_and_resumes_mid_measu
     first.save_checkpoint()
     del first
     again = make_trainer(*AUTO, "steps=7", "resume=auto", run="resumed")
-    assert again.updater.entropy_control.target is None and len(again.updater.entropy_control.measured) == 3
+    assert again.updater.entropy_control.state.target is None and len(again.updater.entropy_control.state.measured) == 3
     again.train()
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
     assert strip(rows)[3:] == strip(_metrics(tmp_path / "resumed"))
+
+
+def test_rows_with_advantage_0_skip_while_the_bonus_rests_and_the_sampler_measures_them(make_trainer, tmp_path):
+    """With the coefficient applied at 0 (the automatic target still measuring), the update is the defaults' (zero-
+    advantage rows skipped, the same loss and gradient), and the controller's entropy is still over every loss token,
+    the skipped rows' from the sampler (in fp32 the sampler's and the trainer's entropies agree to 1e-5)."""
+    make_trainer(*AUTO, "steps=3", run="auto").train()
+    plain = [a for a in ADAPTIVE if not a.startswith("algo.")]
+    make_trainer(*plain, "steps=3", "optim.skip_zero_advantage=false", run="all_rows").train()
+    make_trainer(*plain, "steps=3", run="skipping").train()
+    auto, all_rows, skipping = (_metrics(tmp_path / r) for r in ("auto", "all_rows", "skipping"))
+    assert any(r["frac_reward_zero_std"] > 0 for r in auto)  # some rows had advantage 0: the skip acted
+    for a, s in zip(auto, skipping):
+        assert a["loss"] == s["loss"] and a["grad_norm"] == s["grad_norm"]  # the defaults' update, bit for bit
+        assert a["entropy/trained"] == s["entropy/trained"]  # over the same rows: the zero-advantage ones left out
+        assert a["entropy/controlled"] == pytest.approx(a["entropy"], abs=1e-5)  # every sampled token, none lost
+    assert any(abs(r["entropy/trained"] - r["entropy"]) > 1e-4 for r in auto)  # ... which the controller still counted
+    assert [r["loss"] for r in all_rows] == pytest.approx([r["loss"] for r in skipping], abs=1e-6)

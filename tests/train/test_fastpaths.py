@@ -171,7 +171,12 @@ def test_skip_is_off_when_rows_are_needed():
 
     def rows(p, adv):
         return update_rows(
-            adv, torch.full((len(adv),), 3), torch.zeros(len(adv), dtype=torch.long), torch.ones(len(adv), 2, dtype=torch.long), p
+            adv,
+            torch.full((len(adv),), 3),
+            torch.zeros(len(adv), dtype=torch.long),
+            torch.ones(len(adv), 2, dtype=torch.long),
+            p,
+            skip_zero_advantage=p.skip_zero_advantage,
         )[0]
 
     adv = torch.tensor([0.0, 1.0, -1.0])
@@ -183,6 +188,12 @@ def test_skip_is_off_when_rows_are_needed():
         assert not p.skip_zero_advantage, extra
         assert rows(p, adv) is None, extra
     assert not plan(world_size=2).skip_zero_advantage
+    # the adaptive controller: rows skip only in steps whose applied coefficient is 0, with one optimizer step per batch
+    adaptive = plan("algo.adaptive_entropy=true")
+    assert not adaptive.skip_zero_advantage and adaptive.skip_while_no_bonus
+    for extra in (["optim.steps_per_generation=2"], ["algo.num_iterations=2"], ["algo.beta=0.04"], ["optim.skip_zero_advantage=false"]):
+        assert not plan("algo.adaptive_entropy=true", *extra).skip_while_no_bonus, extra
+    assert not plan().skip_while_no_bonus
 
 
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"]])  # 5: groups split across micro-batches

@@ -8,6 +8,7 @@ minibatches.py     the batch as minibatches of whole groups, and this rank's sha
 update.py          phase 3: the Updater (epochs, minibatches, micro-batches)
 update_inputs.py   what the update reads (a minibatch's frozen inputs, micro-batches) and returns
 update_metrics.py  the update's metrics, summed on the device
+entropy_steering.py  algo.adaptive_entropy in the update: the coefficient applied, the entropy measured
 step_metrics.py    the batch's metrics, the completions table, the last step's record
 batch_plan.py      every derived batch value resolved once; fast_paths.py: work the update may leave out
 setup.py           checking the config against the registries; device, precision, training prompts

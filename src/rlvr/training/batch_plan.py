@@ -29,6 +29,7 @@ class BatchPlan:
     shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing, not compiled)
     compiled_forward: bool  # training forward+backward under torch.compile at bucketed lengths (optim.compile)
     skip_zero_advantage: bool  # rows with advantage exactly 0 skip forward/backward (their gradient is zero)
+    skip_while_no_bonus: bool  # adaptive_entropy: they skip in the steps whose applied coefficient is 0 (sampler entropies given)
     pack_by_length: bool  # rows may be sorted by length into micro-batches when that computes fewer tokens
     packing_pieces: int | None  # micro-batches packing cuts a whole-step batch into (None: micro_batch_size rows each)
     num_params: int
@@ -58,6 +59,15 @@ class BatchPlan:
         pack = o.pack_by_length and regroupable
         device = params[0].device.type if params else "cpu"
         compiled = one_process and (o.compile == "on" or (o.compile == "auto" and device in COMPILE_WINS_ON))
+        skippable = (  # zero-advantage rows have a zero gradient (the adaptive bonus: in steps it does not apply)
+            o.skip_zero_advantage
+            and one_process
+            and all_rows
+            and algo.zero_advantage_rows_have_zero_gradient(
+                loss_type=a.loss_type, beta=a.beta, entropy_coef=0.0 if a.adaptive_entropy else a.entropy_coef
+            )
+            and not (a.clip_cov_ratio or a.kl_cov_ratio)  # their covariances are over every row, and KL-Cov's term has a gradient
+        )
         return cls(
             world_size=world_size,
             prompts=r.prompts_per_step,
@@ -66,13 +76,9 @@ class BatchPlan:
             steps_per_generation=o.steps_per_generation,
             shared_prefix=o.shared_prefix and one_process and not cfg.model.gradient_checkpointing and not compiled,
             compiled_forward=compiled,
-            skip_zero_advantage=o.skip_zero_advantage
-            and one_process
-            and all_rows
-            and algo.zero_advantage_rows_have_zero_gradient(
-                loss_type=a.loss_type, beta=a.beta, entropy_coef=1.0 if a.adaptive_entropy else a.entropy_coef
-            )
-            and not (a.clip_cov_ratio or a.kl_cov_ratio),  # their covariances are over every row, and KL-Cov's term has a gradient
+            skip_zero_advantage=skippable and not a.adaptive_entropy,
+            # one optimizer step per batch: the coefficient the step applies is known when its rows are chosen
+            skip_while_no_bonus=skippable and a.adaptive_entropy and o.steps_per_generation == 1 and a.num_iterations == 1,
             pack_by_length=pack,
             packing_pieces=PACKING_PIECES if pack and not o.micro_batch_size else None,
             num_params=n,

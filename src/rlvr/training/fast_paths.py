@@ -65,10 +65,12 @@ def update_rows(
     group_ids: torch.Tensor,  # [N]
     prompt_mask: torch.Tensor,  # [N, P]
     plan,  # rlvr.training.batch_plan.BatchPlan: which fast paths apply
+    *,
+    skip_zero_advantage: bool,  # this step leaves rows with advantage exactly 0 out (the plan's, or the controller's)
 ) -> tuple[torch.Tensor | None, int]:
     """Which rows the update runs, in which order (None: all, as they are), and the micro-batch size."""
     rows = None
-    if plan.skip_zero_advantage:
+    if skip_zero_advantage:
         rows = (advantages != 0).nonzero().squeeze(-1)
         if len(rows) == len(advantages):
             rows = None
@@ -88,3 +90,20 @@ def update_rows(
         return rows, plan.micro_batch_size
     order, size = packed
     return idx[order], size
+
+
+def other_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The row indices in range(n) that are not in `rows`."""
+    left = torch.ones(n, dtype=torch.bool)
+    left[rows] = False
+    return left.nonzero().squeeze(-1)
+
+
+def left_out_entropy(sampling_entropy: torch.Tensor | None, mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """[2] float64: the sum of the sampler's entropies [N, C'] over the loss tokens `mask` [N, C] of the rows not in
+    `keep`, and their count (0, 0 when every row runs or the sampler gave none)."""
+    if keep is None or sampling_entropy is None or len(keep) == len(mask):
+        return torch.zeros(2, dtype=torch.float64)
+    left = other_rows(keep, len(mask))
+    h, m = sampling_entropy[left].double(), mask[left, : sampling_entropy.shape[1]].double()
+    return torch.stack([(h * m).sum(), m.sum()])

@@ -148,7 +148,8 @@ class Trainer:
         self.dist.barrier("output folder")
         if self.cfg.resume and (resumed := self.checkpointer.resume(self.cfg.resume, force=force)):
             self.state, self.resumed_from = resumed
-            self.updater.resume_entropy_control(self.state.entropy_control)
+            if self.updater.entropy_control is not None and self.state.entropy_control is not None:
+                self.updater.entropy_control.resume(self.state.entropy_control)
             self.source.sync_weights()
             self.warnings += schedule_change(self.cfg, self.resumed_from, self.state.step)
 
@@ -192,7 +193,7 @@ class Trainer:
         state.step += 1
         self.source.sync_weights()  # a separate sampler (vLLM, servers) gets the new weights, version state.step; hf shares them
         state.skipped_steps += result.skipped
-        state.entropy_control = None if (c := self.updater.entropy_control) is None else c._asdict()  # checkpointed
+        state.entropy_control = None if (c := self.updater.entropy_control) is None else c.saved()  # checkpointed
         state.bad_steps_in_a_row = state.bad_steps_in_a_row + 1 if result.skipped else 0
         for e in (batch.episodes, batch.episodes.extra_sequences):  # the extra sequences are trained too
             state.num_tokens += 0 if e is None else int(e.prompt_mask.sum() + e.attention_mask.sum())

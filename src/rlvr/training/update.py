@@ -30,7 +30,8 @@ from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, us
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
 from rlvr.training.batch_plan import BatchPlan
-from rlvr.training.fast_paths import fill_missing_grads, update_rows
+from rlvr.training.entropy_steering import EntropySteering
+from rlvr.training.fast_paths import fill_missing_grads, left_out_entropy, other_rows, update_rows
 from rlvr.training.minibatches import Minibatch
 from rlvr.training.update_inputs import FirstEpoch, MicroBatch, MinibatchInputs, RowsToRun, UpdateResult, old_logprobs
 from rlvr.training.update_metrics import MetricSums
@@ -70,9 +71,8 @@ class Updater:
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
         # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window
-        self.entropy_control = algo.start_entropy_control(a.entropy_coef, target=a.entropy_target) if a.adaptive_entropy else None
+        self.entropy_control = EntropySteering(cfg, device) if a.adaptive_entropy else None
         self.entropy_bonus = a.entropy_coef != 0 or a.adaptive_entropy  # the entropy then needs its gradient
-        self._entropy_window = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of H x mask, tokens]
 
     def __call__(self, episodes: Episodes, advantages: torch.Tensor, loss_weight: float = 1.0) -> UpdateResult:
         return self.update([Minibatch(episodes, advantages, loss_weight)])
@@ -87,10 +87,7 @@ class Updater:
             skipped = self.run_epochs(inputs, sums)
         metrics = sums.metrics(inputs, self.dist, beta=self.cfg.algo.beta, correction=self.correction)
         if self.entropy_control is not None:
-            c = self.entropy_control
-            metrics.update({"entropy_coef": c.coef, "entropy/controlled": c.last_entropy})
-            if c.target is not None:
-                metrics["entropy/target"] = c.target
+            metrics.update(self.entropy_control.metrics())
         if self.compiled:
             metrics.update({"compile/count": self.compile_clock.graphs, "time/compile": self.compile_clock.seconds - compile_seconds})
         return UpdateResult(metrics, [n for m in inputs for n in m.micro_batch_sizes], skipped)
@@ -115,34 +112,13 @@ class Updater:
         self.optimizer.zero_grad(set_to_none=True)
         sums.step_loss.zero_()
         if self.entropy_control is not None:  # every micro-batch of the step applies the coefficient the last step left
-            self.loss_kwargs["entropy_coef"] = algo.applied_entropy_coef(self.entropy_control)
-            self._entropy_window.zero_()
+            self.loss_kwargs["entropy_coef"] = self.entropy_control.applied(minibatch.skipped_entropy)
         for k, micro_batch in enumerate(minibatch.micro_batches):
             last = k == len(minibatch.micro_batches) - 1  # gradients are reduced across ranks on the last backward only
             self.micro_batch_step(minibatch, micro_batch, first, sums, last=last)
         if self.entropy_control is not None:
-            self.steer_entropy()
+            self.entropy_control.steer(self.dist)
         return self.optimizer_step(sums, has_rows=bool(minibatch.micro_batches))
-
-    def resume_entropy_control(self, saved: dict | tuple | None) -> None:
-        """The controller as a checkpoint left it (a checkpoint from before adaptive_entropy was on: as started)."""
-        if self.entropy_control is not None and saved is not None:
-            if isinstance(saved, tuple):  # written before the automatic target: (coefficient, last entropy)
-                saved = {"coef": saved[0], "last_entropy": saved[1], "target": self.entropy_control.target, "measured": ()}
-            self.entropy_control = algo.EntropyControl(**{**saved, "measured": tuple(saved["measured"])})
-
-    def steer_entropy(self) -> None:
-        """The controller after this optimizer step: the mean entropy of the step's trained tokens over every rank."""
-        a = self.cfg.algo
-        total, tokens = self.dist.sum(*(float(x) for x in self._entropy_window), what="entropy window")
-        assert self.entropy_control is not None, "adaptive_entropy"
-        self.entropy_control = algo.next_entropy_control(
-            self.entropy_control,
-            total / max(tokens, 1.0),
-            delta=a.entropy_coef_delta,
-            coef_min=a.entropy_coef_min,
-            coef_max=a.entropy_coef_max,
-        )
 
     def micro_batch_step(
         self, minibatch: MinibatchInputs, micro_batch: MicroBatch, first: FirstEpoch | None, sums: MetricSums, *, last: bool
@@ -181,9 +157,8 @@ class Updater:
             (res.loss * (micro_batch.weight * loss_scale(self.dist))).backward()
         if micro_batch.weight:
             sums.add(res, entropy, m, can_clip=not own_old)
-            if self.entropy_control is not None:  # the tokens the bonus acts on: the loss mask, narrowed by a top-entropy selection
-                acting = (m if w is None else m * w).to(torch.float64)
-                self._entropy_window += torch.stack([(entropy.to(torch.float64) * acting).sum(), acting.sum()])
+            if self.entropy_control is not None:
+                self.entropy_control.add(entropy, m if w is None else m * w)
 
     def token_weights(self, minibatch: MinibatchInputs, rows: slice, C: int, entropy, m, old_logp, first: FirstEpoch | None):
         """(the top-entropy token selection or None, the sampler-correction weights or None)."""
@@ -248,6 +223,7 @@ class Updater:
             minibatch.loss_weight * sampled_entropy,
             from_first_epoch,
             cov,
+            rows.skipped_entropy,
         )
 
     def covariance_selection(self, rows: RowsToRun, old: list | None) -> torch.Tensor:
@@ -274,7 +250,16 @@ class Updater:
         # Normalisers: the whole minibatch over all ranks (a placeholder share counts 0), before any
         # zero-advantage rows are left out: the other rows' gradients stay what they were.
         n_seq, n_tok = self.dist.sum(loss_weight * len(episodes), loss_weight * float(mask.sum()), what="batch sizes")
-        keep, size = update_rows(advantages, episodes.lengths, episodes.group_ids, episodes.prompt_mask, self.plan)
+        skip = self.plan.skip_zero_advantage or (  # adaptive_entropy resting: the sampler's entropies measure skipped rows
+            self.plan.skip_while_no_bonus
+            and episodes.sampling_entropy is not None
+            and self.entropy_control is not None
+            and self.entropy_control.rests()
+        )
+        keep, size = update_rows(
+            advantages, episodes.lengths, episodes.group_ids, episodes.prompt_mask, self.plan, skip_zero_advantage=skip
+        )
+        skipped_entropy = None if self.entropy_control is None else left_out_entropy(episodes.sampling_entropy, mask, keep)
         if keep is not None:
             episodes, mask, advantages = episodes.select(keep), mask[keep], advantages[keep]
         slices = _slices(len(episodes), size)
@@ -294,6 +279,7 @@ class Updater:
             size,
             self.lockstep(slices, loss_weight),
             norms,
+            None if skipped_entropy is None else skipped_entropy.to(self.device),
         )
 
     def lockstep(self, slices: list[slice], weight: float) -> tuple[MicroBatch, ...]:
@@ -344,7 +330,7 @@ class Updater:
             return sums(share.sampling_entropy, share.loss_mask), False
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         if rows.keep is not None and len(rows.keep) < len(share):
-            skipped = share.select(_other_rows(rows.keep, len(share))).to(self.device)
+            skipped = share.select(other_rows(rows.keep, len(share))).to(self.device)
             total += sums(
                 self.fixed_logprobs(self.model, skipped, _slices(len(skipped), rows.micro_batch_size), entropy=True), skipped.loss_mask
             )
@@ -393,10 +379,3 @@ def _slices(n: int, size: int) -> list[slice]:
 def _padded(outs: list, C: int, *, entropy: bool) -> torch.Tensor:
     """Per-micro-batch forwards (trimmed to their own longest completion) as one [N, C] tensor."""
     return torch.cat([torch.nn.functional.pad(o.entropy if entropy else o.logp, (0, C - o.logp.shape[1])) for o in outs])
-
-
-def _other_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """The row indices in range(n) that are not in `rows`."""
-    left = torch.ones(n, dtype=torch.bool)
-    left[rows] = False
-    return left.nonzero().squeeze(-1)
