@@ -41,12 +41,23 @@ def test_smollm2_collapse_is_entropy_collapse_not_easy_prompts():
     assert "84% of groups had identical rewards (steps 51-60)" in f.message  # 75-100 % a step
     assert "36% of groups got the step's lowest reward" in f.message  # 43 % of the identical groups wrong
     assert "easy" not in f.message and "filter" not in f.fix
-    adaptive = "algo.adaptive_entropy=true algo.entropy_target=0.27"  # half of 0.533, the entropy the run started at
+    adaptive = "algo.adaptive_entropy=true: its automatic target is half the entropy of the first 5 steps, here about 0.27"
     for setting in (adaptive, "rollout.temperature (now 0.7)", "algo.epsilon_high=0.28", "optim.lr (now 1e-05)"):
         assert setting in f.fix, (setting, f.fix)
     # the same run as the old entropy metric showed it: the distinct-completion share tells
     (g,) = _verdict(CASES["smollm2_collapse_hidden_entropy"]).values()
     assert g.rule == "entropy_collapse" and g.metric == "distinct_completions" and "88% -> 20%" in g.message  # first and last 3 steps
+
+
+def test_a_collapse_under_the_adaptive_controller_asks_it_to_act_sooner():
+    case = CASES["smollm2_collapse"]
+    algo = {**case.config["algo"], "adaptive_entropy": True, "entropy_coef_delta": 0.005, "entropy_target": None}
+    history = [h | {"entropy_coef": min(0.005 * i, 0.1)} for i, h in enumerate(case.history)]
+    (f,) = diagnose(history, Context(config={**case.config, "algo": algo}))
+    assert f.rule == "entropy_collapse"
+    assert "the adaptive controller was on, its coefficient reached 0.1" in f.fix
+    assert "algo.entropy_coef_delta, e.g. 0.05 (now 0.005)" in f.fix and "algo.entropy_target=0.27" in f.fix and "(now None)" in f.fix
+    assert "algo.adaptive_entropy=true" not in f.fix
 
 
 def test_live_doctor_never_blames_the_prompts_during_the_collapse():

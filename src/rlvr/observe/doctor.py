@@ -367,13 +367,28 @@ def entropy_collapse(history: list[dict], ctx: Context) -> Finding | None:
         metric,
         message,
         fmt(steps, values),
-        f"keep the entropy up with the adaptive controller (algo.adaptive_entropy=true algo.entropy_target={_target(x)}: "
-        f"about half the entropy this run started at{ctx.now('algo.adaptive_entropy')}), "
+        f"{_controller_fix(x, history, ctx)}, "
         f"raise rollout.temperature{ctx.now('rollout.temperature')}, widen the clip's high side "
         f"(algo.epsilon_high=0.28{ctx.now('algo.epsilon_high')}), "
         f"or lower optim.lr{ctx.now('optim.lr')}",
         steps,
         values,
+    )
+
+
+def _controller_fix(x, history: list[dict], ctx: Context) -> str:
+    """Turn the adaptive controller on, or (it was on and the entropy still fell) let it act sooner and harder."""
+    if ctx.setting("algo.adaptive_entropy", False) is not True:
+        return (
+            f"keep the entropy up with the adaptive controller (algo.adaptive_entropy=true{ctx.now('algo.adaptive_entropy')}: "
+            f"its automatic target is half the entropy of the first 5 steps, here about {_target(x)})"
+        )
+    coefs = [h["entropy_coef"] for h in history if isinstance(h.get("entropy_coef"), (int, float))]
+    reached = f", its coefficient reached {max(coefs):.3g}" if coefs else ""
+    return (
+        f"the adaptive controller was on{reached}: let it act sooner and harder (algo.entropy_coef_delta, e.g. 0.05"
+        f"{ctx.now('algo.entropy_coef_delta')}; algo.entropy_target={_target(x)}, half the entropy this run started at"
+        f"{ctx.now('algo.entropy_target')}; algo.entropy_coef_max{ctx.now('algo.entropy_coef_max')})"
     )
 
 
