@@ -122,3 +122,21 @@ def test_rows_with_advantage_0_skip_while_the_bonus_rests_and_the_sampler_measur
         assert a["entropy/controlled"] == pytest.approx(a["entropy"], abs=1e-5)  # every sampled token, none lost
     assert any(abs(r["entropy/trained"] - r["entropy"]) > 1e-4 for r in auto)  # ... which the controller still counted
     assert [r["loss"] for r in all_rows] == pytest.approx([r["loss"] for r in skipping], abs=1e-6)
+
+
+def test_with_tools_the_skipped_rows_are_measured_by_a_forward_of_their_own(make_trainer, tmp_path):
+    """The multi-turn source gives no sampler entropies: the skipped rows' come from the no-grad forward that
+    `entropy` already runs for them, so the resting controller still skips and still counts every loss token."""
+    from pathlib import Path
+
+    calc = Path(__file__).resolve().parents[2] / "examples" / "tools-calculator.yaml"
+    small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "eval.before_after=false"]
+    small += ["log_completions_every=0", "model.autocast=none", "steps=3"]
+    auto = ["algo.adaptive_entropy=true", "algo.entropy_target=null", "algo.entropy_coef_delta=0.02"]
+    make_trainer(*small, *auto, f"output_dir={tmp_path / 'auto'}", config=calc).train()
+    make_trainer(*small, f"output_dir={tmp_path / 'skipping'}", config=calc).train()
+    auto_rows, skipping = _metrics(tmp_path / "auto"), _metrics(tmp_path / "skipping")
+    assert any(0 < r["frac_reward_zero_std"] < 1 for r in auto_rows)  # some rows skipped, some trained
+    for a, s in zip(auto_rows, skipping):
+        assert a["loss"] == s["loss"] and a["grad_norm"] == s["grad_norm"] and a.get("entropy/trained") == s.get("entropy/trained")
+        assert a["entropy/controlled"] == pytest.approx(a["entropy"], abs=1e-6)  # the loss tokens are the sampled ones here

@@ -29,7 +29,7 @@ class BatchPlan:
     shared_prefix: bool  # training forward runs each group's prompt once (single process, no checkpointing, not compiled)
     compiled_forward: bool  # training forward+backward under torch.compile at bucketed lengths (optim.compile)
     skip_zero_advantage: bool  # rows with advantage exactly 0 skip forward/backward (their gradient is zero)
-    skip_while_no_bonus: bool  # adaptive_entropy: they skip in the steps whose applied coefficient is 0 (sampler entropies given)
+    skip_while_no_bonus: bool  # adaptive_entropy: they skip in the steps whose applied coefficient is 0
     pack_by_length: bool  # rows may be sorted by length into micro-batches when that computes fewer tokens
     packing_pieces: int | None  # micro-batches packing cuts a whole-step batch into (None: micro_batch_size rows each)
     num_params: int

@@ -99,11 +99,9 @@ def other_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
     return left.nonzero().squeeze(-1)
 
 
-def left_out_entropy(sampling_entropy: torch.Tensor | None, mask: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """[2] float64: the sum of the sampler's entropies [N, C'] over the loss tokens `mask` [N, C] of the rows not in
-    `keep`, and their count (0, 0 when every row runs or the sampler gave none)."""
-    if keep is None or sampling_entropy is None or len(keep) == len(mask):
+def masked_entropy_sum(entropy: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    """[2] float64 (sum of the entropies [n, C'] over the tokens of mask [n, C], their count); (0, 0) for no rows."""
+    if entropy is None or mask is None or len(mask) == 0:
         return torch.zeros(2, dtype=torch.float64)
-    left = other_rows(keep, len(mask))
-    h, m = sampling_entropy[left].double(), mask[left, : sampling_entropy.shape[1]].double()
+    h, m = entropy.double().cpu(), mask[:, : entropy.shape[1]].double().cpu()
     return torch.stack([(h * m).sum(), m.sum()])

@@ -31,7 +31,7 @@ from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
 from rlvr.training.batch_plan import BatchPlan
 from rlvr.training.entropy_steering import EntropySteering
-from rlvr.training.fast_paths import fill_missing_grads, left_out_entropy, other_rows, update_rows
+from rlvr.training.fast_paths import fill_missing_grads, masked_entropy_sum, other_rows, update_rows
 from rlvr.training.minibatches import Minibatch
 from rlvr.training.update_inputs import FirstEpoch, MicroBatch, MinibatchInputs, RowsToRun, UpdateResult, old_logprobs
 from rlvr.training.update_metrics import MetricSums
@@ -208,7 +208,9 @@ class Updater:
         select_now = self.selects_tokens_before_epochs(len(rows.slices), after_a_step)
         old = self.generating_forwards(rows, after_a_step, entropy=select_now or minibatch.episodes.sampling_entropy is None)
         entropy_weights, norms = self.top_entropy_tokens(rows, old) if select_now else (None, rows.norms)
-        sampled_entropy, from_first_epoch = self.entropy_before_epochs(minibatch.episodes, rows, old)
+        sampled_entropy, from_first_epoch, left_out_h = self.entropy_before_epochs(minibatch.episodes, rows, old)
+        # the adaptive controller measures every loss token: the skipped rows' by the sampler's or that forward's entropies
+        skipped_entropy = None if self.entropy_control is None else masked_entropy_sum(left_out_h, rows.left_out_mask)
         a = self.cfg.algo
         cov = self.covariance_selection(rows, old) if a.clip_cov_ratio or a.kl_cov_ratio else None
         return MinibatchInputs(
@@ -223,7 +225,7 @@ class Updater:
             minibatch.loss_weight * sampled_entropy,
             from_first_epoch,
             cov,
-            rows.skipped_entropy,
+            None if skipped_entropy is None else skipped_entropy.to(self.device),
         )
 
     def covariance_selection(self, rows: RowsToRun, old: list | None) -> torch.Tensor:
@@ -250,16 +252,12 @@ class Updater:
         # Normalisers: the whole minibatch over all ranks (a placeholder share counts 0), before any
         # zero-advantage rows are left out: the other rows' gradients stay what they were.
         n_seq, n_tok = self.dist.sum(loss_weight * len(episodes), loss_weight * float(mask.sum()), what="batch sizes")
-        skip = self.plan.skip_zero_advantage or (  # adaptive_entropy resting: the sampler's entropies measure skipped rows
-            self.plan.skip_while_no_bonus
-            and episodes.sampling_entropy is not None
-            and self.entropy_control is not None
-            and self.entropy_control.rests()
-        )
+        resting = self.entropy_control is not None and self.entropy_control.rests()  # adaptive_entropy, no bonus this step
+        skip = self.plan.skip_zero_advantage or (self.plan.skip_while_no_bonus and resting)
         keep, size = update_rows(
             advantages, episodes.lengths, episodes.group_ids, episodes.prompt_mask, self.plan, skip_zero_advantage=skip
         )
-        skipped_entropy = None if self.entropy_control is None else left_out_entropy(episodes.sampling_entropy, mask, keep)
+        left_out_mask = None if keep is None else mask[other_rows(keep, len(mask))]
         if keep is not None:
             episodes, mask, advantages = episodes.select(keep), mask[keep], advantages[keep]
         slices = _slices(len(episodes), size)
@@ -279,7 +277,7 @@ class Updater:
             size,
             self.lockstep(slices, loss_weight),
             norms,
-            None if skipped_entropy is None else skipped_entropy.to(self.device),
+            left_out_mask,
         )
 
     def lockstep(self, slices: list[slice], weight: float) -> tuple[MicroBatch, ...]:
@@ -316,27 +314,29 @@ class Updater:
         weights = algo.high_entropy_mask(entropy.to(self.device), rows.loss_mask, self.cfg.algo.top_entropy_quantile)
         return weights, rows.norms._replace(num_entropy_tokens=int(weights.sum()))
 
-    def entropy_before_epochs(self, share: Episodes, rows: RowsToRun, old: list | None) -> tuple[torch.Tensor, bool]:
+    def entropy_before_epochs(self, share: Episodes, rows: RowsToRun, old: list | None):
         """`entropy` is over every token the model sampled, trained or not: ([2] entropy sum and token
-        count known before the epochs, whether the first epoch adds those of the rows it runs). The sampler's
-        entropies when the source gives them (no forward); otherwise a forward without dropout: the first
-        epoch's own (or the old log-probs' when prepared), and one of their own for rows the update skips."""
+        count known before the epochs, whether the first epoch adds those of the rows it runs, [n, C'] the
+        entropies of the rows the update skips or None). The sampler's entropies when the source gives them
+        (no forward); otherwise a forward without dropout: the first epoch's own (or the old log-probs' when
+        prepared), and one of their own for rows the update skips."""
 
         def sums(entropy: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
             sampled = sampled[:, : entropy.shape[1]].to(self.device, torch.float64)
             return torch.stack([(entropy.to(self.device, torch.float64) * sampled).sum(), sampled.sum()])
 
+        left = None if rows.keep is None or len(rows.keep) == len(share) else other_rows(rows.keep, len(share))
         if share.sampling_entropy is not None:
-            return sums(share.sampling_entropy, share.loss_mask), False
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        if rows.keep is not None and len(rows.keep) < len(share):
-            skipped = share.select(other_rows(rows.keep, len(share))).to(self.device)
-            total += sums(
-                self.fixed_logprobs(self.model, skipped, _slices(len(skipped), rows.micro_batch_size), entropy=True), skipped.loss_mask
-            )
+            left_out = None if left is None else share.sampling_entropy[left]
+            return sums(share.sampling_entropy, share.loss_mask), False, left_out
+        total, left_out = torch.zeros(2, dtype=torch.float64, device=self.device), None
+        if left is not None:
+            skipped = share.select(left).to(self.device)
+            left_out = self.fixed_logprobs(self.model, skipped, _slices(len(skipped), rows.micro_batch_size), entropy=True)
+            total += sums(left_out, skipped.loss_mask)
         for mb, o in zip(rows.slices, old or []):
             total += sums(o.entropy, rows.episodes.loss_mask[mb])
-        return total, old is None
+        return total, old is None, left_out
 
     # ------------------------------------------------------------------ forwards
 

@@ -34,7 +34,7 @@ class MinibatchInputs(NamedTuple):
     sampled_entropy: torch.Tensor  # [2] float64: entropy sum and count of the sampled tokens known before the epochs
     entropy_from_first_epoch: bool  # the first epoch's forwards add the entropies of the rows they run to sampled_entropy
     cov_selection: torch.Tensor | None = None  # [N, C] Clip-Cov's weights or KL-Cov's selected tokens (algo.*_cov_ratio)
-    skipped_entropy: torch.Tensor | None = None  # [2] float64: H sum and loss tokens of the rows skipped while the adaptive bonus rests
+    skipped_entropy: torch.Tensor | None = None  # [2] float64: H sum and loss tokens of the rows skipped (adaptive_entropy)
 
     @property
     def micro_batch_sizes(self) -> list[int]:
@@ -70,7 +70,7 @@ class RowsToRun(NamedTuple):
     micro_batch_size: int
     micro_batches: tuple[MicroBatch, ...]  # the slices, then the lockstep repeats
     norms: algo.BatchNorms
-    skipped_entropy: torch.Tensor | None = None  # [2] float64: the sampler's H sum and loss tokens of rows left out
+    left_out_mask: torch.Tensor | None = None  # [n, C] the loss mask of the rows left out (None: every row runs)
 
 
 @dataclass
