@@ -42,6 +42,14 @@ ARMS = {
     "adaptive_fast": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02"],
     # adaptive_fast with the automatic target (half the run's own first 5 steps): a setting a default can carry
     "auto_target": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02", "algo.entropy_target=null"],
+    # ... with the coefficient capped: on tiny-tools auto_target's coefficient wound up to 0.7 under a collapsed entropy
+    # (an entropy gradient near 0 cannot lift it), then broke the policy (reward 0.9 -> 0, entropy 0.02 -> 0.97)
+    "auto_capped": [
+        "algo.adaptive_entropy=true",
+        "algo.entropy_coef_delta=0.02",
+        "algo.entropy_target=null",
+        "algo.entropy_coef_max=0.2",
+    ],  # fmt: skip
     "clip_cov": ["algo.clip_cov_ratio=2e-4"],
     "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
     "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
