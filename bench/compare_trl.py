@@ -151,29 +151,11 @@ def build_inputs(cfg_names: list[str]) -> dict:
 
 
 def build_llama(path: Path, dims: dict) -> None:
-    """A Llama with random weights (seed 0) and the char tokenizer, saved to `path` unless it is there already.
+    """A random-weight Llama on the character tokenizer at `path` (bench/_models.py), built once.
     `dims`: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from _models import char_llama
 
-    from rlvr.models.tokenizer import build_char_tokenizer
-
-    if (path / "model.safetensors").exists():
-        return
-    tok = build_char_tokenizer()
-    tok.model_max_length = 1024
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        **dims,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
+    char_llama(path, dims)
 
 
 def n_params(model_path: str) -> int:

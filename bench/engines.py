@@ -34,29 +34,9 @@ MODELS = {
 
 
 def build_model(name: str, work: Path) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from _models import char_llama
 
-    from rlvr.models.tokenizer import build_char_tokenizer
-
-    path = work / name
-    if (path / "model.safetensors").exists():
-        return path
-    tok = build_char_tokenizer()
-    tok.model_max_length = 2048
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        **MODELS[name][0],
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return char_llama(work / name, MODELS[name][0], max_positions=2048)
 
 
 def run(engine: str, model: str, path: Path, a, work: Path) -> dict:

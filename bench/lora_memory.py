@@ -34,24 +34,9 @@ REWARD = "def digits(prompts, completions, **kw):\n    return [sum(c.isdigit() f
 
 
 def build_model(path: Path, size: str) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from _models import char_llama
 
-    from rlvr.models.tokenizer import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-        **SIZES[size],
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
+    char_llama(path, SIZES[size], max_positions=256, tie=True)
 
 
 def child(model: str, reward: str, variant: str) -> None:
