@@ -87,8 +87,9 @@ class AlgoConfig:
     """adaptive_entropy: the coefficient's change per optimizer step."""
     entropy_coef_min: float = 0.0
     """adaptive_entropy: the coefficient's lower bound."""
-    entropy_coef_max: float = 1.0
-    """adaptive_entropy: the coefficient's upper bound."""
+    entropy_coef_max: float = 0.2
+    """adaptive_entropy: the coefficient's upper bound (TRL's default is 1.0: under an entropy that has collapsed, whose
+    gradient is then near 0, the coefficient winds up, and at about 0.7 it broke tiny-tools' policy; bench/results/exploration.md)."""
     off_policy_mask_threshold: float | None = None
     """Off-policy sequence masking (DeepSeek-V3.2): drop completions with negative advantage whose mean
     log p_sampler - log p_policy over their tokens exceeds this (e.g. 0.5); null = off."""
