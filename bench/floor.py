@@ -25,6 +25,7 @@ rlvr's times: `time/generate`, `time/train` and `time/step` of its metrics (benc
 the same config overrides, `--warmup` steps left out), medians over `--steps` steps x `--rounds` rounds, each
 version in its own process with exactly `--threads` threads, alternating which version goes first per round.
 `--before REF` checks REF out in a temporary git worktree and runs its src as "before"; "after" is this tree.
+`--after-extra k=v,...` adds rlvr overrides to "after" only (with `--before HEAD`: one setting against another, same code).
 The floor runs once per config (it does not depend on the version).
 
 Profile (current code, `--no-profile` skips it), torch.profiler on the CPU with shapes and FLOPs: one decode step
@@ -235,6 +236,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="runs per version per config, alternating which version goes first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--before", help="a git ref: its src runs as 'before', beside this tree's ('after')")
+    ap.add_argument("--after-extra", default="", help="rlvr overrides for 'after' only, comma-separated: with --before HEAD, a setting A/B")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="per-op profile of the current code")
     ap.add_argument("--out", default=str(HERE / "results" / "floor.md"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -265,6 +267,9 @@ def main() -> None:
     }
     log(f"{head['cpu']}; torch {head['torch']}; {a.threads} threads; versions {head['versions']}")
     results: dict = {}
+    after_extra = [x for x in a.after_extra.split(",") if x]
+    if after_extra:
+        head["versions"]["after"] += f" with {' '.join(after_extra)}"
     with checkout(a.before) if a.before else contextlib.nullcontext() as before_tree:
         srcs = {"after": ROOT / "src"} | ({"before": before_tree / "src"} if before_tree else {})
         for name in names:
@@ -275,8 +280,9 @@ def main() -> None:
             runs: dict[str, list] = {v: [] for v in srcs}
             for rnd in range(a.rounds):
                 for v in sorted(srcs, reverse=rnd % 2 == 1):  # after, before / before, after
+                    extra = spec["extra"] + (after_extra if v == "after" else [])
                     with tempfile.TemporaryDirectory() as out:
-                        runs[v].append(run_worker("compare_trl.py", "rlvr", {**spec, "out": out}, srcs[v], log))
+                        runs[v].append(run_worker("compare_trl.py", "rlvr", {**spec, "out": out, "extra": extra}, srcs[v], log))
             results[name] = {"spec": spec, "floor": floor, "versions": {v: summarize(r) for v, r in runs.items()}, "runs": runs}
             write_report(Path(a.out), head, results, log_lines)  # partial results survive
     head["busy_at_end"] = compare_trl.busy_processes()
