@@ -211,10 +211,11 @@ def checkout(ref: str):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def describe_version(ref: str) -> str:
-    """`ref (short hash)`, and for the working tree whether src/ or bench/ have uncommitted changes."""
+def describe_version(ref: str | None) -> str:
+    """`ref (short hash)` for a checked-out ref; for the working tree (None), its HEAD and whether src/ or bench/
+    have uncommitted changes."""
     git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    if ref == "HEAD":
+    if ref is None:
         dirty = git("status", "--porcelain", "--", "src", "bench")
         return f"this tree, HEAD {git('rev-parse', '--short', 'HEAD')}" + (" + uncommitted changes" if dirty else "")
     return f"{ref} ({git('rev-parse', '--short', ref)})"
@@ -262,7 +263,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": a.threads,
         "steps": f"{a.warmup} warm-up + {a.steps} measured steps per run, {a.rounds} round(s) per version",
-        "versions": {"after": describe_version("HEAD")} | ({"before": describe_version(a.before)} if a.before else {}),
+        "versions": {"after": describe_version(None)} | ({"before": describe_version(a.before)} if a.before else {}),
         "busy_at_start": compare_trl.busy_processes(),
     }
     log(f"{head['cpu']}; torch {head['torch']}; {a.threads} threads; versions {head['versions']}")

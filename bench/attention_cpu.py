@@ -1,0 +1,98 @@
+"""The training forward's attention on the CPU: SDPA (torch's flash kernel) against rlvr's explicit products.
+
+    python bench/attention_cpu.py                  # writes bench/results/attention_cpu.md
+    python bench/attention_cpu.py --threads 1 --out /tmp/a.md
+
+For each shape (rows B, query heads H / kv heads Hkv, query positions Lq, key positions Lk, head size D; a causal
+mask with left padding on half the rows) it times forward + backward of `F.scaled_dot_product_attention` (what
+transformers' SDPA function runs) and of `rlvr.models.attention.explicit_attention`, best of 5 after a warm-up, both
+as a Llama's training forward runs them under bf16 autocast: queries and keys in fp32 (the rotary embedding's
+output), values in bf16 (a projection's). The ratio explicit / SDPA below
+1 is where the explicit products pay; rlvr.models.attention.EXPLICIT_MAX_SCORES is set from this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from _report import cpu_name  # noqa: E402
+
+from rlvr.models.attention import EXPLICIT_MAX_ELEMENTS, EXPLICIT_MAX_SCORES, explicit_attention  # noqa: E402
+
+# (B, H, Hkv, Lq, Lk, D): bench/floor.py's configs' heads (B, E: D 64; F: D 40) at square lengths around the
+# crossover, and a completion after a long shared prompt (the shared-prefix forward's tail: Lq < Lk)
+SHAPES = [
+    (64, 8, 8, 76, 76, 64),
+    *[(64, 12, 4, L, L, 64) for L in (48, 72, 96, 128, 160, 192)],
+    *[(64, 8, 2, L, L, 40) for L in (72, 96, 128, 160, 192, 300)],
+    (64, 12, 4, 48, 300, 64),
+    (64, 8, 2, 48, 300, 40),
+]
+
+
+def best_ms(fn, inputs, repeats: int) -> float:
+    out = fn()
+    grad = torch.randn_like(out)
+    torch.autograd.grad(out, inputs, grad)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.autograd.grad(fn(), inputs, grad)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def measure(B, H, Hkv, Lq, Lk, D, repeats) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, L, D, generator=g).requires_grad_() for h, L in ((H, Lq), (Hkv, Lk), (Hkv, Lk)))
+    v = v.detach().bfloat16().requires_grad_()
+    pad = torch.zeros(B, Lk, dtype=torch.bool)
+    pad[: B // 2, : Lk // 4] = True  # left padding on half the rows
+    causal = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq)
+    last = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq) & ~torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq - 1)
+    mask = (causal[None] & ~pad[:, None, :])[:, None] | last  # every query sees at least its own key
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sdpa = best_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=H != Hkv), (q, k, v), repeats)
+        explicit = best_ms(lambda: explicit_attention(q, k, v, mask, D**-0.5), (q, k, v), repeats)
+    return sdpa, explicit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(HERE / "results" / "attention_cpu.md"))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    lines = [
+        "# Training attention on the CPU: SDPA against explicit products",
+        "",
+        f"Command: `python bench/attention_cpu.py --threads {a.threads} --repeats {a.repeats}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
+        f"Machine: {cpu_name()}, torch {torch.__version__}, {a.threads} threads. "
+        f"Forward + backward under bf16 autocast, best of {a.repeats}.  ",
+        f"rlvr takes the explicit products where Lq x Lk <= EXPLICIT_MAX_SCORES = {EXPLICIT_MAX_SCORES} "
+        f"and B x H x Lq x Lk <= EXPLICIT_MAX_ELEMENTS = {EXPLICIT_MAX_ELEMENTS}.",
+        "",
+        "| B | H / Hkv | Lq x Lk | D | SDPA ms | explicit ms | explicit / SDPA | rlvr runs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for B, H, Hkv, Lq, Lk, D in SHAPES:
+        sdpa, explicit = measure(B, H, Hkv, Lq, Lk, D, a.repeats)
+        chosen = "explicit" if Lq * Lk <= EXPLICIT_MAX_SCORES and B * H * Lq * Lk <= EXPLICIT_MAX_ELEMENTS else "SDPA"
+        lines.append(f"| {B} | {H} / {Hkv} | {Lq} x {Lk} | {D} | {sdpa:.1f} | {explicit:.1f} | {explicit / sdpa:.2f} | {chosen} |")
+        print(lines[-1], flush=True)
+    Path(a.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

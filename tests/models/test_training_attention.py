@@ -1,0 +1,163 @@
+"""The training forward's explicit attention (rlvr.models.attention) against SDPA: the same outputs and gradients in
+float64 (1e-10), at the op and through a real Llama's completion log-probs (plain and shared-prefix paths), close under
+bf16 autocast; and used only where it is meant to be."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlvr.models import attention
+from rlvr.models.attention import explicit_attention, short_attention_explicit
+from rlvr.models.forward import completion_logprobs
+
+
+def _qkv(B=3, H=4, Hkv=2, Lq=6, Lk=6, D=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, h, L, D, generator=g, dtype=dtype, requires_grad=True) for h, L in ((H, Lq), (Hkv, Lk), (Hkv, Lk))]
+
+
+def _sdpa(q, k, v, mask, scale):  # what transformers' SDPA function computes, [B, Lq, H, D]
+    causal = mask is None and q.shape[2] > 1
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)
+
+
+def _padding_mask(B, Lq, Lk, pads):
+    """Bool [B, 1, Lq, Lk]: causal aligned to the last key, keys before pads[b] masked (left padding)."""
+    causal = torch.ones(Lq, Lk, dtype=torch.bool).tril(Lk - Lq)
+    keys = torch.arange(Lk)[None] >= torch.tensor(pads)[:, None]  # [B, Lk]
+    return (causal[None] & keys[:, None, :])[:, None]
+
+
+@pytest.mark.parametrize(
+    "H,Hkv,Lq,Lk,pads",
+    [(4, 4, 6, 6, None), (4, 2, 6, 6, None), (6, 2, 7, 7, [0, 2, 3]), (4, 1, 5, 9, [0, 4, 1]), (4, 2, 1, 9, [0, 4, 1])],
+)
+def test_explicit_attention_is_sdpa_in_float64(H, Hkv, Lq, Lk, pads):
+    q, k, v = _qkv(H=H, Hkv=Hkv, Lq=Lq, Lk=Lk)
+    mask = None if pads is None else _padding_mask(3, Lq, Lk, pads)
+    real = torch.ones(3, Lq, dtype=torch.bool) if mask is None else mask[:, 0].any(-1)  # [B, Lq] queries with a key
+    g = torch.randn(3, Lq, H, 8, dtype=torch.float64) * real[..., None, None]  # padding queries get no gradient
+    outs, grads = [], []
+    for f in (lambda: explicit_attention(q, k, v, mask, 0.3), lambda: _sdpa(q, k, v, mask, 0.3)):
+        out = f()
+        outs.append(out[real])
+        grads.append(torch.autograd.grad(out, (q, k, v), g))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-10)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_additive_mask_and_fully_masked_rows_stay_finite():
+    q, k, v = _qkv(Lq=5, Lk=5)
+    mask = _padding_mask(3, 5, 5, [0, 3, 5])  # the last row masks every key of every query
+    out = explicit_attention(q, k, v, mask, 0.5)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(explicit_attention(q[:2], k[:2], v[:2], additive[:2], 0.5), out[:2], rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg).train()
+
+
+def _batch(G=3, P=7, C=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    p_ids, p_mask = torch.zeros(3, P, dtype=torch.long), torch.zeros(3, P, dtype=torch.long)
+    for i, n in enumerate([P, P - 3, P - 1]):  # left padding of different widths
+        p_ids[i, P - n :] = torch.randint(1, 50, (n,), generator=g)
+        p_mask[i, P - n :] = 1
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
+    c_len = torch.randint(1, C + 1, (3 * G,), generator=g)
+    c_mask = (torch.arange(C)[None] < c_len[:, None]).long()
+    c_ids = torch.randint(1, 50, (3 * G, C), generator=g).masked_fill(c_mask == 0, 0)
+    return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)
+
+
+def _logp_and_grads(model, batch, shared: bool, explicit_max: int, monkeypatch, calls: list):
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_SCORES", explicit_max)
+    monkeypatch.setattr(attention, "explicit_attention", lambda *a: calls.append(a[0].shape) or explicit_attention(*a))
+    p_ids, p_mask, c_ids, c_mask, groups = batch
+    model.zero_grad()
+    out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, with_entropy=True, group_ids=groups if shared else None)
+    (out.logp * c_mask).sum().backward()
+    return (out.logp * c_mask).detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_llamas_logprobs_and_gradients_equal_sdpas_in_float64(llama, shared, monkeypatch):
+    model = llama.double()
+    try:
+        explicit, sdpa = [], []
+        logp_e, grad_e = _logp_and_grads(model, _batch(), shared, 10**6, monkeypatch, explicit)
+        logp_s, grad_s = _logp_and_grads(model, _batch(), shared, 0, monkeypatch, sdpa)
+    finally:
+        llama.float()
+    assert len(explicit) == 2 * (1 + shared) and not sdpa  # each layer's attention (and the prompt's, shared) took it
+    torch.testing.assert_close(logp_e, logp_s, rtol=0, atol=1e-10)
+    for name in grad_s:
+        torch.testing.assert_close(grad_e[name], grad_s[name], rtol=0, atol=1e-10, msg=name)
+
+
+def test_bf16_autocast_as_close_to_fp32_as_sdpa(llama, monkeypatch):
+    """Under bf16 autocast neither path is exact; the explicit one (fp32 inside) is no further from the fp32 truth."""
+    truth_logp, truth_grad = _logp_and_grads(llama, _batch(), False, 0, monkeypatch, [])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explicit, sdpa = [], []
+        logp_e, grad_e = _logp_and_grads(llama, _batch(), False, 10**6, monkeypatch, explicit)
+        logp_s, grad_s = _logp_and_grads(llama, _batch(), False, 0, monkeypatch, sdpa)
+    assert len(explicit) == 2 and explicit[0][0] == 9 and not sdpa
+
+    def err(a, b):  # max error relative to the largest value
+        return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
+
+    assert err(logp_e, truth_logp) <= 1.5 * err(logp_s, truth_logp) + 1e-3
+    for name in truth_grad:
+        assert err(grad_e[name], truth_grad[name]) <= 1.5 * err(grad_s[name], truth_grad[name]) + 1e-3, name
+
+
+def test_explicit_only_with_a_gradient_short_rows_and_sdpa_models(llama, monkeypatch):
+    calls: list = []
+    batch = _batch()
+    monkeypatch.setattr(attention, "explicit_attention", lambda *a: calls.append(1) or explicit_attention(*a))
+    with torch.no_grad():  # old log-probs, the reference: SDPA
+        completion_logprobs(llama, *batch[:4])
+    assert calls == []
+    _logp_and_grads(llama, batch, False, 12 * 12, monkeypatch, calls)  # 13 x 13 positions per head: past the limit
+    assert calls == []
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 9 * 4 * 13 * 13 - 1)  # 9 rows x 4 heads: one score too many
+    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls)
+    assert calls == []
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 9 * 4 * 13 * 13)
+    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls)
+    assert len(calls) == 2
+    with short_attention_explicit(llama):
+        assert llama.config._attn_implementation == attention.NAME
+    assert llama.config._attn_implementation == "sdpa"
+    llama.gradient_checkpointing_enable()
+    try:
+        with short_attention_explicit(llama):
+            assert llama.config._attn_implementation == "sdpa"  # the recompute in the backward runs outside the block
+    finally:
+        llama.gradient_checkpointing_disable()
+    llama.config._attn_implementation = "eager"
+    try:
+        with short_attention_explicit(llama):
+            assert llama.config._attn_implementation == "eager"  # another attention than SDPA: left as it is
+    finally:
+        llama.config._attn_implementation = "sdpa"
