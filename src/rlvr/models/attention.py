@@ -101,7 +101,7 @@ def short_attention_explicit(model) -> Iterator[None]:
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x; before, its old name
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if impl != "sdpa" or checkpointing:
+    if config is None or impl != "sdpa" or checkpointing:
         yield
         return
     config._attn_implementation = NAME
