@@ -1,4 +1,4 @@
-"""The training forward's attention on the CPU: SDPA (torch's flash kernel) against rlvr's explicit products.
+"""Attention on the CPU, training forward and decode step: SDPA (torch's flash kernel) against rlvr's explicit products.
 
     python bench/attention_cpu.py                  # writes bench/results/attention_cpu.md
     python bench/attention_cpu.py --threads 1 --out /tmp/a.md
@@ -9,6 +9,10 @@ transformers' SDPA function runs) and of `rlvr.models.attention.explicit_attenti
 as a Llama's training forward runs them under bf16 autocast: queries and keys in fp32 (the rotary embedding's
 output), values in bf16 (a projection's). The ratio explicit / SDPA below
 1 is where the explicit products pay; rlvr.models.attention.EXPLICIT_MAX_SCORES is set from this table.
+
+The decode table: one query per row over a KV cache of T positions (fp32, as the lean decode step keeps it on the CPU;
+a padding bias on half the rows), forward only: `F.scaled_dot_product_attention` against
+`rlvr.rollout.engines.hf.lean_decode._attend_explicit`, best of 5 runs of 20 calls.
 """
 
 from __future__ import annotations
@@ -67,6 +71,34 @@ def measure(B, H, Hkv, Lq, Lk, D, repeats) -> tuple[float, float]:
     return sdpa, explicit
 
 
+# (rows n, H, Hkv, T, D): the decode's shapes for bench/floor.py's B (8 heads of 64), E (12 / 4 of 64), F (8 / 2 of 40)
+DECODE_SHAPES = [(64, H, Hkv, T, D) for T in (20, 76, 140, 300) for H, Hkv, D in ((8, 8, 64), (12, 4, 64), (8, 2, 40))]
+
+
+def measure_decode(n, H, Hkv, T, D, repeats) -> tuple[float, float]:
+    from rlvr.rollout.engines.hf.lean_decode import _attend_explicit
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(n, H, 1, D, generator=g), torch.randn(n, Hkv, T, D, generator=g), torch.randn(n, Hkv, T, D, generator=g)
+    bias = torch.zeros(n, 1, 1, T)
+    bias[: n // 2, ..., :3] = float("-inf")  # left padding on half the rows
+    qr = q.view(n, Hkv, H // Hkv, D)  # the lean step's grouped-query layout
+
+    def best_us(fn):
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(20):
+                fn()
+            best = min(best, (time.perf_counter() - t) / 20)
+        return best * 1e6
+
+    sdpa = best_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=D**-0.5, enable_gqa=H != Hkv))
+    explicit = best_us(lambda: _attend_explicit(qr, k, v, D**-0.5, bias))
+    return sdpa, explicit
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -75,13 +107,15 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     lines = [
-        "# Training attention on the CPU: SDPA against explicit products",
+        "# Attention on the CPU: SDPA against explicit products",
         "",
         f"Command: `python bench/attention_cpu.py --threads {a.threads} --repeats {a.repeats}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
         f"Machine: {cpu_name()}, torch {torch.__version__}, {a.threads} threads. "
         f"Forward + backward under bf16 autocast, best of {a.repeats}.  ",
         f"rlvr takes the explicit products where Lq x Lk <= EXPLICIT_MAX_SCORES = {EXPLICIT_MAX_SCORES} "
         f"and B x H x Lq x Lk <= EXPLICIT_MAX_ELEMENTS = {EXPLICIT_MAX_ELEMENTS}.",
+        "",
+        "## The training forward: forward + backward under bf16 autocast",
         "",
         "| B | H / Hkv | Lq x Lk | D | SDPA ms | explicit ms | explicit / SDPA | rlvr runs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -90,6 +124,17 @@ def main() -> None:
         sdpa, explicit = measure(B, H, Hkv, Lq, Lk, D, a.repeats)
         chosen = "explicit" if Lq * Lk <= EXPLICIT_MAX_SCORES and B * H * Lq * Lk <= EXPLICIT_MAX_ELEMENTS else "SDPA"
         lines.append(f"| {B} | {H} / {Hkv} | {Lq} x {Lk} | {D} | {sdpa:.1f} | {explicit:.1f} | {explicit / sdpa:.2f} | {chosen} |")
+        print(lines[-1], flush=True)
+    lines += [
+        "",
+        "## The decode step: one query per row over the KV cache (fp32, forward)",
+        "",
+        "| rows | H / Hkv | T | D | SDPA us | explicit us | explicit / SDPA |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for n, H, Hkv, T, D in DECODE_SHAPES:
+        sdpa, explicit = measure_decode(n, H, Hkv, T, D, a.repeats)
+        lines.append(f"| {n} | {H} / {Hkv} | {T} | {D} | {sdpa:.0f} | {explicit:.0f} | {explicit / sdpa:.2f} |")
         print(lines[-1], flush=True)
     Path(a.out).write_text("\n".join(lines) + "\n")
 

@@ -30,6 +30,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlvr.models.attention import explicit_attention
 from rlvr.models.kv_cache import cache_kwarg
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.forward import generation_mode
@@ -119,8 +120,11 @@ def rows_attention(module, query, key, value, attention_mask, scaling=None, drop
     if rlvr_rows is None:
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     with torch.autocast(query.device.type, enabled=False):
-        gqa = query.shape[1] != key.shape[1]
         bias = rlvr_rows.bias.to(key.dtype)
+        if query.device.type == "cpu":  # as the lean decode step: two products beat the flash kernel for few queries
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            return explicit_attention(query.to(key.dtype), key, value, bias, scale).to(query.dtype), None  # [n, m, Hq, D]
+        gqa = query.shape[1] != key.shape[1]
         sdpa = torch.nn.functional.scaled_dot_product_attention
         out = sdpa(query.to(key.dtype), key, value, attn_mask=bias, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous().to(query.dtype), None  # [n, m, Hq, D]

@@ -9,8 +9,10 @@ three things done directly:
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
-    shared_prefix.py), each part one fused SDPA call that also returns its log-sum-exp,
-    merged exactly; keys and values are written in place into buffers allocated once.
+    shared_prefix.py), each part with its log-sum-exp, merged exactly; each part is two batched
+    products and a softmax (on the CPU faster than SDPA's flash kernel for one query per row; on
+    other devices the repeated layout runs SDPA); keys and values are written in place into buffers
+    allocated once.
 Rows keep one shape for the whole decode except at the few points where the engine compacts
 finished rows out (DecodeState.select).
 
@@ -184,7 +186,7 @@ class LeanDecoder:
         n, Hkv, D = q.shape[0], self.kv_heads, self.head_dim
         rep, G = self.q_heads // Hkv, state.group_size
         q = q.to(own_k.dtype)
-        if q.device.type != "cpu":  # the same math through SDPA's kernels (rlvr.rollout.engines.hf.shared_prefix)
+        if q.device.type != "cpu":  # the same math: SDPA (repeated layout), shared_prefix's products (shared layout)
             if state.prefix_keys is None:
                 out = F.scaled_dot_product_attention(
                     q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]], scale=scale, enable_gqa=rep > 1
@@ -227,5 +229,5 @@ def _attend_explicit(q, k, v, scale: float, bias: torch.Tensor | None = None) ->
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
     if bias is not None:
         s = s + bias
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse[..., None]), v), lse
+    # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
+    return torch.matmul(torch.softmax(s, dim=-1), v), torch.logsumexp(s, dim=-1)
