@@ -29,9 +29,12 @@ demo: $(STAMP)
 	$(BIN)/rlvr train
 
 # One OpenMP thread per test process: tests start CLI subprocesses, and two torch processes
-# spinning two threads each on a 2-core machine run many times slower.
+# spinning two threads each on a 2-core machine run many times slower. TEST_WORKERS pytest
+# processes (pytest-xdist; a test file stays in one worker, with its module fixtures): 2 fill CI's
+# 2 cores, 13 minutes where one process took 24 on the same machine. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The habits CI enforces before the tests: ruff's rules and its formatting (line length 140, pyproject.toml), and
 # mypy (basic everywhere, strict on algo/, config/, the Episodes seam and the engine Protocols).
