@@ -12,7 +12,8 @@ output), values in bf16 (a projection's). The ratio explicit / SDPA below
 
 The decode table: one query per row over a KV cache of T positions (fp32, as the lean decode step keeps it on the CPU;
 a padding bias on half the rows), forward only: `F.scaled_dot_product_attention` against
-`rlvr.rollout.engines.hf.lean_decode._attend_explicit`, best of 5 runs of 20 calls.
+`rlvr.rollout.engines.hf.lean_decode._attend_explicit` (as the repeated layout calls it: no log-sum-exp), best of 5
+runs of 20 calls.
 """
 
 from __future__ import annotations
