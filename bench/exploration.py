@@ -51,6 +51,9 @@ ARMS = {
         "algo.entropy_coef_max=0.2",
     ],  # fmt: skip
     "clip_cov": ["algo.clip_cov_ratio=2e-4"],
+    # the paper's 2e-4 detaches one token a step at these batch sizes (1-3k tokens, against the paper's millions);
+    # 2 % detaches 20-60 a step (or every token whose covariance lies in (1, 5), where fewer do)
+    "clip_cov_2pct": ["algo.clip_cov_ratio=0.02"],
     "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
     "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
 }
