@@ -226,6 +226,7 @@ def summarize(recs: list[dict]) -> dict:
     steps = [s for r in recs for s in r["steps"]]
     out = {k: statistics.median(s[k] for s in steps) for k in TIMES}
     out.update(rounds=[statistics.median(s["step"] for s in r["steps"]) for r in recs], precision=sorted({r["precision"] for r in recs}))
+    out["peak_rss_mb"] = [round(r["peak_rss_mb"]) for r in recs if "peak_rss_mb" in r]  # each round's process
     return out
 
 
@@ -362,7 +363,8 @@ def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
         note = (
             "" if ran == [_precision(rec["precision"])] else " **not the floor worker's precision: the multiples compare different work**"
         )
-        L.append(f"- {v}: step medians per round {', '.join(f'{s:.3f}' for s in x['rounds'])} s; precision {', '.join(ran)}{note}.")
+        rss = f"; peak RSS per round {', '.join(f'{m} MiB' for m in x['peak_rss_mb'])}" if x.get("peak_rss_mb") else ""
+        L.append(f"- {v}: step medians per round {', '.join(f'{s:.3f}' for s in x['rounds'])} s{rss}; precision {', '.join(ran)}{note}.")
     return L
 
 

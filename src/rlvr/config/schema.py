@@ -320,6 +320,11 @@ class Config:
     """auto (CUDA when available), cpu, or cuda."""
     threads: int = 0
     """torch CPU threads (0 leaves torch's default)."""
+    keep_cpu_memory: bool = True
+    """Training on the CPU (Linux, glibc): keep freed memory in the process for the next tensor instead of handing
+    every block of 32 MiB or more back to the system, which made each such tensor page-fault in anew (an fp32
+    activation of 32 MiB: 35 ms a multiply instead of 3-9 ms). Peak memory is unchanged; memory freed during the
+    run is returned when the process ends. Process-wide: false leaves malloc as it is."""
     nproc: int = 1
     """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
     dist: DistConfig = field(default_factory=DistConfig)

@@ -137,6 +137,7 @@ RESUMABLE_CHANGES = {
     "resume",
     "device",
     "threads",
+    "keep_cpu_memory",
     "max_bad_steps",
     "max_failed_reward_steps",
     "checkpoint",

@@ -19,6 +19,7 @@ from rlvr.config import Config, validate
 from rlvr.config.no_effect import changed
 from rlvr.data import PromptStream, load_rows, render_prompt
 from rlvr.dist import Dist
+from rlvr.models.cpu_memory import keep_freed_memory
 from rlvr.models.precision import cpu_has_fast_bf16
 from rlvr.models.precision_choice import PrecisionChoice, choose_precision
 from rlvr.models.precision_timing import StepShapes
@@ -97,6 +98,15 @@ def device_for(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return device
+
+
+def run_device(cfg: Config) -> torch.device:
+    """The device this process trains on; on the CPU, with cfg.keep_cpu_memory, freed memory is kept in the process
+    from now on (rlvr.models.cpu_memory: large tensors would otherwise page-fault in anew at every allocation)."""
+    device = device_for(cfg.device)
+    if device.type == "cpu" and cfg.keep_cpu_memory:
+        keep_freed_memory()
     return device
 
 

@@ -40,7 +40,7 @@ from rlvr.training.reward_health import RewardHealth
 from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
 from rlvr.training.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside
 from rlvr.training.run_folder import truncate_jsonl, write_atomically
-from rlvr.training.setup import check_config, columns_the_rollout_adds, device_for, make_optimizer, prompt_tokens, run_precision
+from rlvr.training.setup import check_config, columns_the_rollout_adds, make_optimizer, prompt_tokens, run_device, run_precision
 from rlvr.training.setup import schedule_change, training_prompts, training_sampling
 from rlvr.training.state import Checkpointer, TrainState
 from rlvr.training.servers import GenerationApart, uses_servers
@@ -59,7 +59,7 @@ class Trainer:
         """`source`: a RolloutSource to learn from instead of the single-turn one the config describes; `hooks`: told of each step."""
         self.cfg, self.logger_live, self.hooks = cfg, logger_live, hooks or NoHooks()
         self.warnings = check_config(cfg, force=force)
-        self.device = device_for(cfg.device)
+        self.device = run_device(cfg)
         self._join_processes()
         seed_everything(cfg.seed)
         # Everything a mistake in the output folder, data or rewards would stop, before the (slow) model load.
