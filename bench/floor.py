@@ -45,6 +45,8 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
   E    larger GQA Llama (hidden 768, 12 layers, 12 heads, 4 kv heads, intermediate 2048, ~76M), short prompts, 8 x 8, 64 new tokens
   F    smaller GQA Llama (hidden 320, 8 layers, 8 heads, 2 kv heads, intermediate 864, ~8.8M), C's ~256-token
        prompts, 4 prompts x 16, 48 new tokens
+  G    E with LoRA (r 16 on every Linear, through peft): the base weights are frozen, so their backward products
+       compute only the input's gradient (the floor counts them so), and the adapters add their own small products
 """
 
 from __future__ import annotations
@@ -70,10 +72,12 @@ import floor_ops  # noqa: E402
 from _report import cpu_name, table_row  # noqa: E402
 
 NEW = dict(reward="digit_share", trl_defaults=False)
+LORA = ["model.lora.r=16", "model.lora.alpha=32"]  # G: adapters on every Linear (peft), the base frozen
 CONFIGS = {
     **{k: compare_trl.CONFIGS[k] for k in "ABCD"},
     "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
     "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
+    "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
 }
 LLAMAS = {
     "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
@@ -107,7 +111,7 @@ def make_spec(name: str, paths: dict, a) -> dict:
         threads=a.threads,
         warmup=a.warmup,
         steps=a.steps,
-        extra=compare_trl.rlvr_extra(c),
+        extra=compare_trl.rlvr_extra(c) + c.get("extra", []),
     )
 
 

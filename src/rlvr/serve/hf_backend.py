@@ -71,12 +71,13 @@ class HFBackend:
             raise ValueError("generate: prompt_ids, seeds and max_tokens must have one entry per prompt")
         if not req.prompt_ids:
             return GenerateResult([], self.version)
-        with self.lock, autocast_context(self.autocast, self.device):
-            self._apply_pending()
+        with self.lock:
+            self._apply_pending()  # before the region: it writes weights the region swaps for kept bf16 copies
             self.requests += 1
-            if not req.stop_strings and len(set(req.max_tokens)) == 1:
-                return GenerateResult(self._completions(req), self.version)
-            return GenerateResult(self._turns(req), self.version)
+            with autocast_context(self.autocast, self.device, self.model):
+                if not req.stop_strings and len(set(req.max_tokens)) == 1:
+                    return GenerateResult(self._completions(req), self.version)
+                return GenerateResult(self._turns(req), self.version)
 
     def _params(self, req: GenerateRequest, max_tokens: int) -> SamplingParams:
         return SamplingParams(req.n, req.temperature, req.top_p, req.top_k, max_tokens, req.ignore_eos)

@@ -344,7 +344,7 @@ class Updater:
         """(log-probs and entropies of micro-batch mb, its completion width); `compiled`: through the compiled forward."""
         p_ids, p_mask, c_ids, c_mask = trim_padding(e.prompt_ids[mb], e.prompt_mask[mb], e.completion_ids[mb], e.attention_mask[mb])
         kw = dict(temperature=self.cfg.rollout.temperature, with_entropy=with_entropy, entropy_grad=self.entropy_bonus)
-        with autocast_context(self.precision, self.device):
+        with autocast_context(self.precision, self.device, model):
             if compiled is not None:
                 out = compiled(model, p_ids, p_mask, c_ids, c_mask, **kw)
             else:

@@ -110,7 +110,7 @@ class MultiTurnSource:
         driver = _Driver(self, states)
         self.runner.expect(len(states))  # each episode's calls run while the others decode, none queued behind another's
         grouped = all(prompts[i] == prompts[i - i % G] for i in range(len(prompts)))
-        with autocast_context(self.autocast, self.device):
+        with autocast_context(self.autocast, self.device, getattr(self.engine, "model", None)):
             if grouped:  # the G episodes of a row share their prompt: prefilled once
                 p_ids, p_mask, traces = self.engine.generate_episodes(prompts[::G], self.sampling, seeds, driver)
                 p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)

@@ -46,7 +46,7 @@ class SingleTurnSource:
     def rollout(self, rows: list[dict], seeds: list[int]) -> Episodes:
         prompts = [render_prompt(r["prompt"], self.tokenizer, self.system_prompt) for r in rows]
         check_prompt_lengths(prompts, self.tokenizer, self.context_length, self.sampling.max_new_tokens)
-        with autocast_context(self.autocast, self.device):
+        with autocast_context(self.autocast, self.device, getattr(self.engine, "model", None)):
             gen = self.engine.generate(prompts, self.sampling, seeds)
         G = self.group_size
         return Episodes(
