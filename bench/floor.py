@@ -47,6 +47,8 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
        prompts, 4 prompts x 16, 48 new tokens
   G    E with LoRA (r 16 on every Linear, through peft): the base weights are frozen, so their backward products
        compute only the input's gradient (the floor counts them so), and the adapters add their own small products
+  H    multi-turn: the bundled tiny-tools model playing guess_number (examples/guess-number.yaml; it calls `guess`
+       about 4.5 times an episode), 8 x 8, up to 240 tokens an episode, EOS and turns as they come (not fixed)
 """
 
 from __future__ import annotations
@@ -73,11 +75,17 @@ from _report import cpu_name, table_row  # noqa: E402
 
 NEW = dict(reward="digit_share", trl_defaults=False)
 LORA = ["model.lora.r=16", "model.lora.alpha=32"]  # G: adapters on every Linear (peft), the base frozen
+# H: examples/guess-number.yaml's multi-turn episodes (bench/multiturn_overlap.py's batch), in place of the prompts
+GUESS = [
+    "data.path=null", "data.task=guess_number", "rewards=[]", "tools.environment=guess_number", "tools.format=tags",
+    "tools.describe=false", "tools.max_turns=6", "tools.timeout_s=5",
+]  # fmt: skip
 CONFIGS = {
     **{k: compare_trl.CONFIGS[k] for k in "ABCD"},
     "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
     "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
     "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
+    "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 LLAMAS = {
     "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
@@ -89,7 +97,10 @@ FLOOR_OF = {"generate": "generation", "train": "training", "step": "total"}  # e
 
 def build_inputs(names: list[str]) -> dict:
     """compare_trl's models and prompt files, and E's and F's models, under /tmp/rlvr_bench."""
+    from rlvr.models import resolve_model_path
+
     paths = compare_trl.build_inputs([n for n in names if n in compare_trl.CONFIGS])
+    paths["tiny-tools"] = resolve_model_path("tiny-tools")
     for n in names:
         if (model := CONFIGS[n]["model"]) in LLAMAS:
             compare_trl.build_llama(compare_trl.WORK / model, LLAMAS[model])
@@ -105,7 +116,7 @@ def make_spec(name: str, paths: dict, a) -> dict:
         data=paths[f"data_{c['long_prompt']}"],
         reward=c["reward"],
         max_new_tokens=c["max_new_tokens"],
-        fixed=True,
+        fixed=c.get("fixed", True),
         group_size=c.get("group_size", compare_trl.G),
         prompts=c.get("prompts", compare_trl.PROMPTS),
         threads=a.threads,
@@ -148,6 +159,8 @@ def worker_floor(spec: dict) -> None:
         return _generate(prompts, params, seeds)
 
     trainer.engine.generate = in_phase("generation", generate)  # the rollout source holds the same engine
+    if hasattr(trainer.engine, "generate_episodes"):  # multi-turn (H): its decode is generation too
+        trainer.engine.generate_episodes = in_phase("generation", trainer.engine.generate_episodes)
     trainer.update = in_phase("training", trainer.update)
     tokens = []
     for _ in range(spec["warmup"] + spec["steps"]):  # warm-up steps too: the measured steps then see the same prompts
@@ -171,7 +184,8 @@ def worker_floor(spec: dict) -> None:
     classic = {"params": P, "peak": peak, "dtype": dtype, "generation": gen / peak, "training": train / peak, "total": (gen + train) / peak}
     profile = {}
     if spec["profile"]:
-        profile["decode"] = floor_ops.profile_decode(trainer, last_call["prompts"], last_call["params"], last_call["seeds"])
+        if last_call:  # single-turn; the multi-turn decode (continuous rows, tool turns) has no one step to profile
+            profile["decode"] = floor_ops.profile_decode(trainer, last_call["prompts"], last_call["params"], last_call["seeds"])
         profile["micro_batch"] = floor_ops.profile_micro_batch(trainer)
     compare_trl._finish(
         {"floor": floor, "classic": classic, "tokens": tokens, "precision": trainer.precision.describe(), "profile": profile}

@@ -212,7 +212,7 @@ def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
     engine, model = trainer.engine, trainer.model
     G, T = params.n, params.max_new_tokens
     n = max(1, min(n, (T - 1) // 3))  # steps before, timed and profiled: all within the T - 1 the buffers hold
-    with torch.no_grad(), autocast_context(trainer.precision.autocast, trainer.device), contextlib.ExitStack() as stack:
+    with torch.no_grad(), autocast_context(trainer.precision.autocast, trainer.device, model), contextlib.ExitStack() as stack:
         # as HFEngine.generate, inside the source's autocast (the layout's KV dtype depends on it)
         layout = choose_layout(model, G, static=engine.static_cache, shared_prefix=engine.shared_prefix, lean=engine.lean)
         stack.enter_context(generation_mode(model, layout.attention))
