@@ -171,6 +171,7 @@ def summary(run_dir: Path, wall: float, greedy, sampled, correctness: str | None
         "zero_std": early_late(ms, "frac_reward_zero_std"),
         "coef": early_late(ms, "entropy_coef"),
         "doctor": ", ".join(sorted({f.rule for f in findings})) or "no problems found",
+        "curves": {"entropy": [m.get("entropy") for m in ms], "distinct": [m.get("distinct_completions") for m in ms]},
     }
 
 
@@ -201,8 +202,9 @@ def table(results: dict, temperature: float) -> list[str]:
     return rows
 
 
-def curves(png: Path, runs: dict[tuple[str, int], Path]) -> None:
-    """Token entropy and distinct completions per group over the steps: one colour per arm, one line style per seed."""
+def curves(png: Path, runs: dict[tuple[str, int], Path], rows: dict | None = None) -> None:
+    """Token entropy and distinct completions per group over the steps: one colour per arm, one line style per seed.
+    From each run's metrics.jsonl, or from the curves its result row kept (runs whose folder is gone)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +213,14 @@ def curves(png: Path, runs: dict[tuple[str, int], Path]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     arms = sorted({arm for arm, _ in runs}, key=list(ARMS).index)
     for (arm, seed), run in runs.items():
-        ms = metrics(run)
+        kept = (rows or {}).get((arm, seed), {}).get("curves")
+        if (run / "metrics.jsonl").exists():
+            ms = metrics(run)
+        elif kept:
+            pairs = zip(kept["entropy"], kept["distinct"])
+            ms = [{"step": i + 1, "entropy": e, "distinct_completions": d} for i, (e, d) in enumerate(pairs)]
+        else:
+            continue  # an older row: neither its folder nor its curves were kept
         style = {"color": f"C{arms.index(arm)}", "linestyle": ["-", "--", ":", "-."][seed % 4], "alpha": 0.8}
         for ax, key in zip(axes, ("entropy", "distinct_completions")):
             ax.plot([m["step"] for m in ms], [m.get(key, float("nan")) for m in ms], label=f"{arm} s{seed}", **style)
@@ -316,7 +325,7 @@ def write(a, commands: list[str], results: dict) -> None:
     for task, rows in results.items():
         steps = getattr(a, TASKS[task][1])
         png = a.out.with_name(f"{a.out.stem}_{task}.png")
-        curves(png, {key: a.work / f"{task}-{key[0]}-s{key[1]}" for key in rows})
+        curves(png, {key: a.work / f"{task}-{key[0]}-s{key[1]}" for key in rows}, rows)
         lines += [
             "",
             f"## {TASKS[task][4]}, {steps} steps",
