@@ -321,10 +321,11 @@ class Config:
     threads: int = 0
     """torch CPU threads (0 leaves torch's default)."""
     keep_cpu_memory: bool = True
-    """Training on the CPU (Linux, glibc): keep freed memory in the process for the next tensor instead of handing
-    every block of 32 MiB or more back to the system, which made each such tensor page-fault in anew (an fp32
-    activation of 32 MiB: 35 ms a multiply instead of 3-9 ms). Peak memory is unchanged; memory freed during the
-    run is returned when the process ends. Process-wide: false leaves malloc as it is."""
+    """Training on the CPU (Linux, glibc): keep freed memory in the process for the next tensor instead of giving
+    it back to the system, which made the update's large tensors page-fault in anew at every micro-batch (an fp32
+    multiply of 32 MiB tensors: 12.4 ms instead of 2.3 ms; the update 21-28 % longer on a 25M and a 76M model).
+    Peak memory measured the same; memory freed during the run returns when the process ends. Process-wide:
+    false leaves malloc as it is."""
     nproc: int = 1
     """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
     dist: DistConfig = field(default_factory=DistConfig)

@@ -1,15 +1,16 @@
 """Keeping freed CPU memory in the process, so that large tensors do not page-fault their memory in anew.
 
-glibc's malloc serves every request of 32 MiB or more (its largest mmap threshold) with a fresh mmap and
-unmaps it on free. A training micro-batch allocates such tensors by the dozen (a [64, 64, 2048] fp32 MLP
-activation is exactly 32 MiB; so are matmul outputs and their gradients), and every one of them faults its
-pages in again, zeroed by the kernel: on a 2-core AMD EPYC an fp32 multiply of two such tensors took 35 ms
-instead of 3-9 ms (bench/results/cpu_memory.md). With mmap off and the heap's top kept (up to 2 GiB), a freed
-block is reused by the next request of its size, as a caching allocator does on a GPU; peak memory is the
-high-water mark either way, but memory freed during a run goes back to the system only when the process ends.
+glibc's malloc gives memory back to the system as it is freed: every block of 32 MiB or more (its largest mmap
+threshold) is a fresh mmap, unmapped on free, and the heap's top is trimmed whenever more than twice the current
+mmap threshold is free there. A training micro-batch allocates and frees its activations, products and gradients
+by the hundred, so each came back as new pages for the kernel to map and zero: on a 2-core AMD EPYC an fp32
+multiply of two 32 MiB tensors took 12.4 ms instead of 2.3 ms (bench/results/cpu_memory.md), and the update of
+the floor bench's configs B and E 21-28 % longer (bench/results/floor_memory.md). With mmap off and the heap's top
+kept (up to 2 GiB), a freed block is reused by the next request that fits, as a caching allocator does on a GPU;
+peak memory measured the same, but memory freed during a run goes back to the system only when the process ends.
 
-Process-wide and irreversible in a process, so the entry points (rlvr train, rlvr serve) call it, not the library.
-Other C libraries (musl) or platforms: nothing happens.
+Process-wide and irreversible in a process, so it follows the run's config (keep_cpu_memory), applied where the
+Trainer picks its device. Other C libraries (musl) or platforms: nothing happens.
 """
 
 from __future__ import annotations
