@@ -33,6 +33,7 @@ from _report import cpu_name, wilson
 REPO = Path(__file__).resolve().parents[1]
 RESUME = False  # --resume
 THREADS = 2  # --threads: torch threads per run (1 when two benches share the 2 cores)
+MINUTES = 0.0  # --smollm2-minutes: SmolLM2 arms train for this wall time instead of a number of steps (0: steps)
 AUTOCAST = "bf16"  # SmolLM2 arms: bench/smollm2.py's precision (twice as fast as fp32 on a bf16 CPU)
 ARMS = {
     "defaults": [],
@@ -140,7 +141,12 @@ def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, e
         "logging.report_to=[]", "log_completions_every=5", f"output_dir={out}", f"seed={seed}", f"threads={THREADS}",
     ]  # fmt: skip
     t0, earlier = time.time(), 0.0
-    if RESUME and (out / "checkpoints").is_dir():  # --resume: the same run, continued from its checkpoint to `steps`
+    if MINUTES:  # the same wall time for every arm: as many steps as fit (the reviewers' comparison)
+        from rlvr.training.checkpoint import latest_checkpoint
+
+        train_for_minutes([*settings, "steps=100000", *ARMS[arm], *extra], MINUTES)
+        run = latest_checkpoint(out / "checkpoints")  # a stopped run's weights: its checkpoint (no final/)
+    elif RESUME and (out / "checkpoints").is_dir():  # --resume: the same run, continued from its checkpoint to `steps`
         earlier = sum(m["time/step"] for m in metrics(out))
         run = rlvr.train(None, f"steps={steps}", resume=out, progress=False)
     else:
@@ -151,7 +157,23 @@ def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, e
     for name in ("in-template", "new phrasings"):
         held[name] = rlvr.evaluate(run, data=files[name], reward=strict, max_new_tokens=48, quiet=True)
     sampled = rlvr.evaluate(run, data=files["new phrasings"], reward=strict, max_new_tokens=48, samples=8, temperature=0.7, quiet=True)
-    return summary(run.output_dir, wall, held, sampled, correctness="math")
+    return summary(out, wall, held, sampled, correctness="math")
+
+
+def train_for_minutes(overrides: list[str], minutes: float) -> None:
+    """Train until the step that ends past `minutes` of wall time (then a checkpoint, as any stop)."""
+    from rlvr.config import load_config
+    from rlvr.training import Trainer
+    from rlvr.training.hooks import NoHooks
+
+    class Budget(NoHooks):
+        def train_begin(self, trainer) -> None:
+            self.t0 = time.time()
+
+        def step_end(self, trainer, metrics: dict) -> bool:
+            return time.time() - self.t0 >= minutes * 60
+
+    Trainer(load_config(None, overrides), force=True, logger_live=False, hooks=Budget()).train()
 
 
 def summary(run_dir: Path, wall: float, greedy, sampled, correctness: str | None = None) -> dict:
@@ -255,6 +277,7 @@ def main() -> None:
     ap.add_argument("--tiny-eval", type=int, default=300)
     ap.add_argument("--smollm2-steps", type=int, default=40)
     ap.add_argument("--smollm2-eval", type=int, default=100)
+    ap.add_argument("--smollm2-minutes", type=float, default=0.0, help="train each SmolLM2 arm this long instead of --smollm2-steps")
     ap.add_argument("--entropy-target", type=float, default=0.2, help="adaptive arms without a defaults arm before them")
     ap.add_argument("--work", type=Path, default=Path("runs/exploration-bench"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/exploration.md"))
@@ -263,8 +286,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads per run")
     ap.add_argument("--merge", default="", help="comma-separated JSONs of runs made beside this one (other --out), merged in")
     a = ap.parse_args()
-    global RESUME, THREADS
-    RESUME, THREADS = a.resume, a.threads
+    global RESUME, THREADS, MINUTES
+    RESUME, THREADS, MINUTES = a.resume, a.threads, a.smollm2_minutes
     sys.path.insert(0, str(REPO / "src"))
     sys.path.insert(0, str(REPO / "bench"))
     tasks, seeds, arms = a.tasks.split(","), [int(s) for s in a.seeds.split(",") if s], [x for x in a.arms.split(",") if x]
@@ -276,7 +299,8 @@ def main() -> None:
     command = (
         f"python bench/exploration.py --tasks {a.tasks} --seeds {a.seeds} --arms {a.arms} --tiny-steps {a.tiny_steps} "
         f"--smollm2-steps {a.smollm2_steps}{' --add' if a.add else ''}{' --resume' if a.resume else ''}"
-        f"{f' --threads {a.threads}' if a.threads != 2 else ''}{f' --merge {a.merge}' if a.merge else ''}` "
+        f"{f' --threads {a.threads}' if a.threads != 2 else ''}{f' --merge {a.merge}' if a.merge else ''}"
+        f"{f' --smollm2-minutes {a.smollm2_minutes:g}' if a.smollm2_minutes else ''}` "
         f"(started {started}; {cpu_name()}, {a.threads} threads per run"
     )
     results, commands = load(a.out.with_suffix(".json")) if a.add else ({}, [])
