@@ -162,6 +162,8 @@ def smollm2_arm(arm: str, seed: int, extra: list[str], work: Path, steps: int, e
 
 def train_for_minutes(overrides: list[str], minutes: float) -> None:
     """Train until the step that ends past `minutes` of wall time (then a checkpoint, as any stop)."""
+    import torch
+
     from rlvr.config import load_config
     from rlvr.training import Trainer
     from rlvr.training.hooks import NoHooks
@@ -173,7 +175,9 @@ def train_for_minutes(overrides: list[str], minutes: float) -> None:
         def step_end(self, trainer, metrics: dict) -> bool:
             return time.time() - self.t0 >= minutes * 60
 
-    Trainer(load_config(None, overrides), force=True, logger_live=False, hooks=Budget()).train()
+    cfg = load_config(None, overrides)
+    torch.set_num_threads(cfg.threads)  # as rlvr.train does (process-wide; the Trainer leaves it)
+    Trainer(cfg, force=True, logger_live=False, hooks=Budget()).train()
 
 
 def summary(run_dir: Path, wall: float, greedy, sampled, correctness: str | None = None) -> dict:
