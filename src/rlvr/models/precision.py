@@ -46,10 +46,10 @@ def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype):
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear):
             continue
-        copies = _FROZEN_COPIES.setdefault(module, {})
         for name, p in module._parameters.items():
             if p is None or p.requires_grad or p.dtype != torch.float32:
                 continue
+            copies = _FROZEN_COPIES.setdefault(module, {})  # only modules with a frozen weight get an entry
             kept = copies.get(name)
             if kept is None or kept[0] is not p or kept[1] != p._version:
                 kept = copies[name] = (p, p._version, torch.nn.Parameter(p.detach().to(dtype), requires_grad=False))
