@@ -123,6 +123,7 @@ def test_pathological_answers_return_within_the_limit_from_a_thread_and_leave_no
     cpu = {pid: _cpu_seconds(pid) for pid in children}
     time.sleep(0.5)
     assert all(_cpu_seconds(pid) - cpu[pid] < 0.05 for pid in children)  # idle, computing nothing
-    assert set(threading.enumerate()) == threads_before
+    # Nothing new left running (threads from earlier tests may end meanwhile: idle tool workers time out).
+    assert [t for t in threading.enumerate() if t not in threads_before] == []
     symbolic.POOL.close()
     assert not _children()
