@@ -84,7 +84,7 @@ def _model_and_rollout(cfg: Config) -> list[str]:
         out += _say(
             "model.lora.",
             cfg.model.lora,
-            ("alpha", "dropout", "target_modules"),
+            ("alpha", "dropout", "target_modules", "merge_for_generation"),
             "LoRA is off (model.lora.r=0); set model.lora.r (e.g. 16) to train adapters",
         )
     if r.engine != "vllm":

@@ -62,6 +62,15 @@ def frozen_linears_in(model: torch.nn.Module, dtype: torch.dtype):
             module._parameters[name] = p
 
 
+def frozen_original(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """The parameter `name` of `module` as the model holds it: inside frozen_linears_in, the fp32 original its copy
+    stands in for."""
+    p = module._parameters[name]
+    kept = _FROZEN_COPIES.get(module, {}).get(name)
+    assert p is not None, f"{type(module).__name__} has no {name}"
+    return kept[0] if kept is not None and kept[2] is p else p
+
+
 def cpu_has_fast_bf16() -> bool:
     """avx512_bf16 or AMX: bf16 matmuls run at about twice the fp32 rate (else they are emulated, slower)."""
     try:

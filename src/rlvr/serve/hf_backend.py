@@ -49,7 +49,7 @@ class HFBackend:
         from rlvr.rollout.engines.hf import HFEngine
 
         self.model, self.tokenizer, self.name, self.autocast, self.timeout = model, tokenizer, name, autocast, timeout
-        self.engine = HFEngine(model, tokenizer)
+        self.engine = HFEngine(model, tokenizer, keep_merged=True)  # a LoRA adapter stays merged between weight updates
         self.device = next(model.parameters()).device
         self.version = 0
         self.lock = threading.Lock()  # held while generating and while swapping weights in

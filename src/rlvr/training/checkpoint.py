@@ -150,6 +150,7 @@ RESUMABLE_CHANGES = {
     "dist.timeout",
     "model.gradient_checkpointing",
     "model.lora.save_merged",
+    "model.lora.merge_for_generation",  # the same samples up to rounding
     # vLLM's memory and start-up knobs: same samples, same update.
     "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.sleep",

@@ -47,6 +47,8 @@ class HFEngine:
         static_cache: bool = True,
         shared_prefix: bool = True,
         lean: bool = True,
+        merge_lora: bool = True,
+        keep_merged: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -54,6 +56,12 @@ class HFEngine:
         self.static_cache = static_cache
         self.shared_prefix = shared_prefix  # decode reads each prompt's KV once per group (shared_prefix.py)
         self.lean = lean  # Llama-family models decode with lean_decode.py (static_cache only)
+        # LoRA adapters generate merged into their base weights (rlvr.models.lora_merge); `keep_merged`: the merged
+        # weights are kept between calls while no weight changes (a server), else freed after each (a trainer)
+        self.merge_lora, self.keep_merged = merge_lora, keep_merged
+
+    def _mode(self, attention: str | None):
+        return generation_mode(self.model, attention, merge_lora=self.merge_lora, keep_merged=self.keep_merged)
 
     def sync_weights(self) -> None:  # same module as the trainer's: nothing to copy
         pass
@@ -64,7 +72,7 @@ class HFEngine:
             raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
         G, T = params.n, params.max_new_tokens
         layout = choose_layout(self.model, G, static=self.static_cache, shared_prefix=self.shared_prefix, lean=self.lean)
-        with generation_mode(self.model, layout.attention):
+        with self._mode(layout.attention):
             pre = prefill(self.model, self.tokenizer, prompts, G)
             step = start_decode(self.model, pre, layout, G, T)
             gens = [torch.Generator(device=pre.prompt_ids.device).manual_seed(int(s)) for s in seeds]
@@ -84,7 +92,7 @@ class HFEngine:
                 f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)"
             )
         cache_dtype = torch.float32 if cpu_bf16_autocast(model) else None
-        with generation_mode(model, "rlvr_episode"):
+        with self._mode("rlvr_episode"):
             return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype)
 
     def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens):
