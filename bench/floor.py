@@ -47,6 +47,8 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
        prompts, 4 prompts x 16, 48 new tokens
   G    E with LoRA (r 16 on every Linear, through peft): the base weights are frozen, so their backward products
        compute only the input's gradient (the floor counts them so), and the adapters add their own small products
+  I    G in fp32 (model.autocast=none), as on a CPU whose bf16 is emulated: its decode runs each adapted layer as
+       one product with the adapter merged in (rlvr.models.lora_merge; bf16 keeps peft's three)
   H    multi-turn: the bundled tiny-tools model playing guess_number (examples/guess-number.yaml; it calls `guess`
        about 4.5 times an episode), 8 x 8, up to 240 tokens an episode, EOS and turns as they come (not fixed)
 """
@@ -85,6 +87,7 @@ CONFIGS = {
     "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
     "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
     "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
+    "I": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=[*LORA, "model.autocast=none"], **NEW),
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 LLAMAS = {
