@@ -351,12 +351,14 @@ def write(a, commands: list[str], results: dict) -> None:
         *[f"Command: `{c}{'' if 'threads' in c else f'; {cpu_name()}, 2 threads'}, arms one after the other)." for c in commands],
     ]
     for task, rows in results.items():
-        steps = getattr(a, TASKS[task][1])
+        budget = f"{getattr(a, TASKS[task][1])} steps"
+        if task == "smollm2" and a.smollm2_minutes:
+            budget = f"{a.smollm2_minutes:g} minutes of training per arm (its steps: the table's)"
         png = a.out.with_name(f"{a.out.stem}_{task}.png")
         curves(png, {key: a.work / f"{task}-{key[0]}-s{key[1]}" for key in rows}, rows)
         lines += [
             "",
-            f"## {TASKS[task][4]}, {steps} steps",
+            f"## {TASKS[task][4]}, {budget}",
             "",
             *table(rows, TASKS[task][3]),
             "",

@@ -24,7 +24,7 @@ import torch
 
 from rlvr.models.precision import frozen_original
 
-# module -> (the tensors W' was made from, their _version then, W')
+# module -> ((W, A, B) W' was made from, (their _version then, the scaling), W')
 _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -71,18 +71,18 @@ def merged_lora_in(model: torch.nn.Module, dtype: torch.dtype, keep: bool = Fals
             continue
         base, A, B, scaling = plan
         W = frozen_original(base, "weight")  # fp32, also where a bf16 copy stands in for it (the same W' either way)
-        sources = (W, A, B, scaling)
-        versions = (W._version, A._version, B._version)
+        sources = (W, A, B)
+        state = (W._version, A._version, B._version, scaling)
         kept = _MERGED.get(module)
-        if kept is not None and all(x is y for x, y in zip(kept[0], sources)) and kept[1] == versions:
+        if kept is not None and all(x is y for x, y in zip(kept[0], sources)) and kept[1] == state:
             merged = kept[2]
         else:
             with torch.no_grad():
-                delta = B.detach().float() @ A.detach().float()  # [out, in]
-                weight = torch.add(W.detach().float(), delta, alpha=scaling).to(dtype)
+                delta = B.detach().to(dtype) @ A.detach().to(dtype)  # [out, in]
+                weight = torch.add(W.detach().to(dtype), delta, alpha=scaling)
             merged = torch.nn.Parameter(weight, requires_grad=False)
             if keep:
-                _MERGED[module] = (sources, versions, merged)
+                _MERGED[module] = (sources, state, merged)
             else:
                 _MERGED.pop(module, None)
         swapped.append((module, base, base._parameters["weight"]))
