@@ -77,6 +77,7 @@ from _report import cpu_name, table_row  # noqa: E402
 
 NEW = dict(reward="digit_share", trl_defaults=False)
 LORA = ["model.lora.r=16", "model.lora.alpha=32"]  # G: adapters on every Linear (peft), the base frozen
+LORA_FP32 = [*LORA, "model.autocast=none"]  # I: G in fp32
 # H: examples/guess-number.yaml's multi-turn episodes (bench/multiturn_overlap.py's batch), in place of the prompts
 GUESS = [
     "data.path=null", "data.task=guess_number", "rewards=[]", "tools.environment=guess_number", "tools.format=tags",
@@ -87,7 +88,7 @@ CONFIGS = {
     "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
     "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
     "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
-    "I": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=[*LORA, "model.autocast=none"], **NEW),
+    "I": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA_FP32, **NEW),
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 LLAMAS = {
