@@ -32,7 +32,8 @@ class LoraConfig:
     """When generation runs in fp32, the hf engine generates with the adapter merged into the base weights (one
     product per adapted layer instead of three; training keeps them apart for the adapter's gradients): faster
     decoding, for one fp32 copy of the adapted layers' weights while generating. Log-probs differ from the unmerged
-    adapter's by rounding only. Under bf16 nothing is merged: bf16 weights would round small adapter updates away."""
+    adapter's by rounding only. Under bf16 nothing is merged: a bf16 merged weight rounds unlike the training forward
+    (rlvr.models.lora_merge)."""
 
 
 @dataclass

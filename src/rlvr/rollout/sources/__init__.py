@@ -89,7 +89,7 @@ def _continuous_decoder(engine, tokenizer):
 
     if not isinstance(engine, HFEngine) or not supports_shared_prefix(engine.model.config):
         return None
-    return lambda: ContinuousDecoder(engine.model, tokenizer, eos=eos_ids(engine.model, tokenizer))
+    return lambda: ContinuousDecoder(engine.model, tokenizer, eos=eos_ids(engine.model, tokenizer), merge_lora=engine.merge_lora)
 
 
 def _tools_and_environment(cfg):

@@ -168,8 +168,9 @@ class ContinuousDecoder:
     """submit(request) -> its n samples, from any thread; one decode thread serves every request. Holds the model
     in generation mode from start to close(): create it for a collection and close it before the update."""
 
-    def __init__(self, model, tokenizer, *, eos: set[int], cache_dtype: torch.dtype | None = None):
+    def __init__(self, model, tokenizer, *, eos: set[int], cache_dtype: torch.dtype | None = None, merge_lora: bool = True):
         self.model, self.tokenizer, self.eos, self.ckw = model, tokenizer, eos, cache_kwarg(model)
+        self.merge_lora = merge_lora  # as the hf engine it decodes for (model.lora.merge_for_generation)
         self.device = next(model.parameters()).device
         self.state = RowsState()
         self.cache = DynamicCache(config=model.config)
@@ -206,7 +207,7 @@ class ContinuousDecoder:
     # ------------------------------------------------------------ the loop
 
     def _run(self) -> None:
-        with torch.no_grad(), generation_mode(self.model, "rlvr_rows"):
+        with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
             while self._admit():
                 try:
                     self._feed_chunks()
