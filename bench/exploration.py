@@ -51,6 +51,9 @@ ARMS = {
         "algo.entropy_target=null",
         "algo.entropy_coef_max=0.2",
     ],  # fmt: skip
+    # a fixed target low enough to let the policy commit (auto_capped's ~0.36 kept long, cut answers) and high enough
+    # to keep groups apart (on SmolLM2 the defaults fall below 50 % distinct completions near 0.25 nats)
+    "target_03": ["algo.adaptive_entropy=true", "algo.entropy_coef_delta=0.02", "algo.entropy_target=0.3"],
     "clip_cov": ["algo.clip_cov_ratio=2e-4"],
     # the paper's 2e-4 detaches one token a step at these batch sizes (1-3k tokens, against the paper's millions);
     # 2 % detaches 20-60 a step (or every token whose covariance lies in (1, 5), where fewer do)
