@@ -138,3 +138,21 @@ def test_layers_that_are_not_a_plain_adapter_are_left_alone(tiny_model_dir):
         assert n == len(_adapted(dropout))
     with dropout.disable_adapter(), merged_lora_in(dropout, torch.float32) as n:  # the reference policy
         assert n == 0
+
+
+class _Wrapped(torch.Tensor):
+    """A tensor subclass standing in for FSDP's DTensor or a quantised weight: not a plain strided tensor."""
+
+
+def test_weights_that_are_tensor_subclasses_are_left_alone(lora):
+    model, _ = lora
+    layer = model.get_base_model().model.layers[0].mlp.up_proj
+    x = torch.randn(3, layer.base_layer.weight.shape[1], generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain = layer(x)
+        layer.base_layer.weight = torch.nn.Parameter(layer.base_layer.weight.data.as_subclass(_Wrapped))
+        with merged_lora_in(model, torch.float32) as n:
+            assert n == len(_adapted(model)) - 1  # every other layer merged
+            assert layer.merged_adapters == [] and type(layer.base_layer.weight) is _Wrapped
+            same = layer(x)
+    assert torch.equal(same.as_subclass(torch.Tensor), plain)

@@ -48,7 +48,13 @@ def _plain_lora(module: Any) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tenso
     A, B = cast(torch.Tensor, lora_A[a].weight), cast(torch.Tensor, lora_B[a].weight)
     if lora_A[a].bias is not None or lora_B[a].bias is not None:
         return None
+    if not all(_plain(t) for t in (base.weight, A, B)):
+        return None  # a tensor subclass (FSDP's DTensor shard, a quantised weight): W + s B A is not its kind of tensor
     return base, A, B, float(module.scaling[a])
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
 
 
 @contextlib.contextmanager
@@ -71,6 +77,8 @@ def merged_lora_in(model: torch.nn.Module, dtype: torch.dtype, keep: bool = Fals
             continue
         base, A, B, scaling = plan
         W = frozen_original(base, "weight")  # fp32, also where a bf16 copy stands in for it (the same W' either way)
+        if not _plain(W):
+            continue
         sources = (W, A, B)
         state = (W._version, A._version, B._version, scaling)
         kept = _MERGED.get(module)
