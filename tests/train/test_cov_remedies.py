@@ -50,10 +50,29 @@ def test_clip_cov_detaches_a_share_of_the_tokens_chosen_over_the_whole_minibatch
     wide = ["algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-1e9", "algo.clip_cov_ub=1e9"]  # any covariance: half of all tokens
     whole, t = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, "optim.micro_batch_size=16", run="whole")
     cut, t2 = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, "optim.micro_batch_size=4", run="cut")
-    assert len(t.last_step.micro_batch_sizes) == 1 and len(t2.last_step.micro_batch_sizes) == 4
+    trained = t.last_step.advantages != 0  # the zero-advantage skip (the default) trains only these rows
+    assert t2.last_step.micro_batch_sizes == [4] * (int(trained.sum()) // 4) and len(t.last_step.micro_batch_sizes) == 1
     assert torch.equal(whole, cut)  # the same tokens, however the minibatch is cut
-    tokens = int(t.last_step.batch.episodes.loss_mask.sum())
-    assert int((whole == 0).sum()) == int(0.5 * tokens)  # every token eligible: exactly the share
+    assert t.plan.skip_zero_advantage and int(trained.sum()) == len(whole)
+    tokens = int(t.last_step.batch.episodes.loss_mask[trained].sum())
+    assert int((whole == 0).sum()) == int(0.5 * tokens)  # every token eligible: exactly the share of the rows trained
+
+
+def test_clip_cov_keeps_the_skip_and_draws_over_the_rows_with_a_signal(make_trainer, tmp_path, monkeypatch):
+    """A zero-advantage row has no gradient to detach, so Clip-Cov keeps the zero-advantage skip and its share is of
+    the rows that carry a signal (verl's DAPO recipe drops those groups first); without the skip, of every row."""
+    wide = ["algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=-1e9", "algo.clip_cov_ub=1e9", "optim.micro_batch_size=16"]
+    skip, t = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, run="skip")
+    every, t2 = _token_weights_of_one_step(make_trainer, monkeypatch, *wide, "optim.skip_zero_advantage=false", run="all")
+    zero = t.last_step.advantages == 0
+    assert 0 < int(zero.sum()) < len(zero)  # the step has both kinds of rows (the same rollout in both runs)
+    assert torch.equal(t.last_step.advantages, t2.last_step.advantages)
+    mask = t.last_step.batch.episodes.loss_mask
+    assert (len(skip), len(every)) == (int((~zero).sum()), len(zero))
+    assert int((skip == 0).sum()) == int(0.5 * int(mask[~zero].sum()))
+    assert int((every == 0).sum()) == int(0.5 * int(mask.sum()))
+    kl = make_trainer(*BASE, "algo.kl_cov_ratio=0.5", run="kl")
+    assert not kl.plan.skip_zero_advantage  # KL-Cov's penalty has a gradient on zero-advantage rows
 
 
 def test_kl_cov_adds_its_penalty_once_the_policy_moved(make_trainer, tmp_path):

@@ -66,7 +66,9 @@ class AlgoConfig:
     clip_cov_ratio: float = 0.0
     """Clip-Cov (Cui et al. 2025): each step, detach the policy gradient of this share of the loss tokens (at least
     one), drawn among those whose covariance of log-probability and advantage lies in (clip_cov_lb, clip_cov_ub);
-    0 = off (the paper: 2e-4)."""
+    0 = off (the paper: 2e-4). The tokens and covariances are those of the rows trained: with the zero-advantage skip
+    (optim.skip_zero_advantage) the rows that carry a signal, as in verl's DAPO recipe, whose dynamic sampling drops
+    the all-equal groups before the update (a zero-advantage row has no gradient to detach)."""
     clip_cov_lb: float = 1.0
     """Clip-Cov: the covariance's lower bound (excluded)."""
     clip_cov_ub: float = 5.0

@@ -66,7 +66,8 @@ class BatchPlan:
             and algo.zero_advantage_rows_have_zero_gradient(
                 loss_type=a.loss_type, beta=a.beta, entropy_coef=0.0 if a.adaptive_entropy else a.entropy_coef
             )
-            and not (a.clip_cov_ratio or a.kl_cov_ratio)  # their covariances are over every row, and KL-Cov's term has a gradient
+            # KL-Cov's term has a gradient on zero-advantage rows; Clip-Cov then draws over the rows that carry a signal
+            and not a.kl_cov_ratio
         )
         return cls(
             world_size=world_size,
