@@ -173,3 +173,50 @@ def test_fused_projections_follow_every_weight_update():
     with torch.no_grad():  # a load (copy_) is an update too
         layer.mlp.up_proj.weight.copy_(torch.randn_like(layer.mlp.up_proj.weight))
     _same(_generate(model, tok, params), _generate(model, tok, params, static_cache=False))
+
+
+class _AnswerOnce:
+    """A turn driver: each row's first turn (ended by a stop string or EOS) is answered with a few external tokens
+    (different per row), then the row's next turn ends the episode."""
+
+    def __init__(self, tok, stop_strings):
+        self.tok, self.stop_strings, self.turns, self.pending = tok, stop_strings, {}, {}
+
+    def end_turn(self, row, turn_ids, eos):
+        self.turns[row] = self.turns.get(row, 0) + 1
+        if self.turns[row] > 1:
+            return False
+        self.pending[row] = self.tok(f"<{row % 3}{'x' * (row % 4)}>", add_special_tokens=False)["input_ids"]
+        return True
+
+    def ready(self, block):
+        out, self.pending = self.pending, {}
+        return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("temperature, autocast", [(1.0, False), (0.0, False), (1.0, True)], ids=["sampled", "greedy", "bf16"])
+def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, monkeypatch):
+    """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
+    and through the model's own forward on the same episode cache: the same tokens, log-probs to 1e-5 (also under
+    bf16 autocast, with the fp32 cache the engine keeps there)."""
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    calls = []
+    step = LeanDecoder.step_episode
+    monkeypatch.setattr(LeanDecoder, "step_episode", lambda self, *a: calls.append(len(a[0])) or step(self, *a))
+    prompts = [render_prompt(q, tok) for q in QUESTIONS]
+    params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24)
+    runs = {}
+    for lean in (False, True):
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            engine = HFEngine(model, tok, lean=lean)
+            runs[lean] = engine.generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5", "O", "g"]))
+        assert bool(calls) == lean
+    (p_ids, p_mask, plain), (l_ids, l_mask, lean_traces) = runs[False], runs[True]
+    assert torch.equal(p_ids, l_ids) and torch.equal(p_mask, l_mask) and (p_mask == 0).any()  # left padding
+    assert sum(0 in t.loss for t in plain) >= 2  # external tokens fed mid-episode
+    assert len(set(calls)) > 1  # steps with some rows out of the forward (a row ended or waited)
+    for a, b in zip(plain, lean_traces):
+        assert a.ids == b.ids and a.loss == b.loss
+        torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)

@@ -19,6 +19,7 @@ from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.episode_cache import episode_attention
 from rlvr.rollout.engines.hf.episode_decode import decode_episodes
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, generation_mode, prefill
+from rlvr.rollout.engines.hf.lean_decode import lean_decoder_for
 from rlvr.rollout.engines.hf.shared_prefix import shared_prefix_attention, supports_shared_prefix
 from rlvr.rollout.engines.hf.steps import LeanStep, TransformersStep, choose_layout, start_decode
 from rlvr.rollout.engines.protocols import Generation, SamplingParams
@@ -92,8 +93,9 @@ class HFEngine:
                 f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)"
             )
         cache_dtype = torch.float32 if cpu_bf16_autocast(model) else None
+        lean = lean_decoder_for(model) if self.lean else None  # read before the attention is swapped
         with self._mode("rlvr_episode"):
-            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype)
+            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype, lean=lean)
 
     def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens):
         """Sample up to T tokens per row: (completion ids, their log-probs, entropies or None), each [N, T].

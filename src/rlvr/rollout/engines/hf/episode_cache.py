@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
@@ -33,7 +34,7 @@ READ_IN_PLACE_SHARE = 0.25
 class EpisodeState:
     """What one decode forward needs besides q/k/v (shared by every layer, set by the decode loop)."""
 
-    cache: object  # the DynamicCache whose layers are EpisodeLayers
+    cache: DynamicCache  # its layers are EpisodeLayers
     group_size: int
     prefix_bias: torch.Tensor  # [B, 1, 1, P] 0 on prompt tokens, -inf-like on left padding
     rows: torch.Tensor | None = None  # [n] the rows in this forward, ascending

@@ -10,7 +10,8 @@ driver hands back the row's external tokens (tool results, template glue), they 
 step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
 next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
 Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
-episode does not depend on when the other rows' tools finished.
+episode does not depend on when the other rows' tools finished. Llama-family models run each
+step through lean_decode's step (no transformers per-token machinery), others through their forward.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers import DynamicCache
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
+from rlvr.rollout.engines.hf.lean_decode import LeanDecoder
 from rlvr.rollout.engines.protocols import SamplingParams
 from rlvr.rollout.engines.sampling import row_seed, sample_tokens
 from rlvr.rollout.engines.turns import (
@@ -50,9 +52,11 @@ def decode_episodes(
     driver: TurnDriver,
     *,
     cache_dtype: torch.dtype | None = None,
+    lean: LeanDecoder | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
     """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
-    params.max_new_tokens bounds each episode's tokens after the prompt (model and external)."""
+    params.max_new_tokens bounds each episode's tokens after the prompt (model and external).
+    `lean`: the decode steps run lean_decode's step on the same cache (Llama-family models), else the model's forward."""
     G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
     pre = prefill(model, tokenizer, prompts, G)
     cache, state = _episode_cache(pre, G, T, cache_dtype)
@@ -78,14 +82,12 @@ def decode_episodes(
             rows = torch.tensor([r for r, _ in feed], device=device)
             tokens = torch.tensor([t for _, t in feed], device=device)
             state.prepare(rows, lengths, N)
-            out = model(
-                input_ids=tokens[:, None],
-                position_ids=(start[rows] + lengths[rows])[:, None],
-                use_cache=True,
-                rlvr_episode=state,
-                **{ckw: cache},
-            )
-            logits[rows] = out.logits[:, -1].float()
+            positions = start[rows] + lengths[rows]
+            if lean is not None:
+                logits[rows] = lean.step_episode(tokens, positions, state)
+            else:
+                out = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True, rlvr_episode=state, **{ckw: cache})
+                logits[rows] = out.logits[:, -1].float()
             lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces
 

@@ -18,16 +18,20 @@ finished rows out (DecodeState.select).
 
 Only architectures whose layers are exactly pre-norm attention + MLP with rotary embeddings
 (llama, mistral without a window, qwen2, qwen3) take it; anything else keeps the transformers path.
-tests/rollout/test_lean_decode.py checks tokens and log-probs against that plain path.
+Multi-turn episodes take the same step (`step_episode`) on their own cache (episode_cache.py: rows at
+lengths of their own), with that cache's attention.
+tests/rollout/test_lean_decode.py checks tokens and log-probs against that plain path, for both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
 from rlvr.rollout.engines.hf.fused_projections import FusedLayer, fused_layer
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
@@ -148,7 +152,36 @@ class LeanDecoder:
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
-        n, D, t = tokens.shape[0], self.head_dim, state.written
+        t = state.written
+
+        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
+            own_k, own_v = state.own_keys[i], state.own_values[i]
+            own_k[:, :, t] = k
+            own_v[:, :, t] = v
+            return self._attend(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
+
+        logits = self._forward(tokens, positions, attend)
+        state.written = t + 1
+        return logits
+
+    def step_episode(self, tokens: torch.Tensor, positions: torch.Tensor, state: EpisodeState) -> torch.Tensor:
+        """The same step for multi-turn episodes, whose rows are at lengths of their own: keys/values go into the
+        episode cache's layers and attention is episode_attention, as in the model's own forward with that cache
+        (state.prepare() has set up the rows of this step). Logits [n, V] (fp32)."""
+        n = tokens.shape[0]
+
+        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:
+            layer = cast(EpisodeLayer, state.cache.layers[i])
+            keys, values = layer.update(k[:, :, None], v[:, :, None])  # [n, Hkv, 1, D] in
+            out, _ = episode_attention(self.layers[i].self_attn, q[:, :, None], keys, values, None, scaling=scale, rlvr_episode=state)
+            return out.reshape(n, -1)  # [n, 1, Hq, D] -> [n, Hq x D]
+
+        return self._forward(tokens, positions, attend)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """The layers for one new token per row; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale) stores k, v and
+        returns the attention output [n, Hq x D]."""
+        n, D = tokens.shape[0], self.head_dim
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
         if self.fuse and self.fused is None:
@@ -167,18 +200,13 @@ class LeanDecoder:
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            own_k, own_v = state.own_keys[i], state.own_values[i]
-            own_k[:, :, t] = k
-            own_v[:, :, t] = v
-            o = self._attend(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, attn.scaling)  # [n, Hq x D]
-            x = x + attn.o_proj(o)
+            x = x + attn.o_proj(attend(i, q, k, v, attn.scaling))
             h = _rms_norm(layer.post_attention_layernorm, x)
             if fused is not None and fused.gate_up_weight is not None:  # one product: [n, 2 x intermediate]
                 gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, -1)
                 x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
             else:
                 x = x + layer.mlp(h)
-        state.written = t + 1
         return self.lm.lm_head(_rms_norm(self.norm, x)).float()
 
     def _attend(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
