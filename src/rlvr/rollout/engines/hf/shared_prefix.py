@@ -106,9 +106,12 @@ def attend_prefix_and_own(
     q = query.reshape(n, Hkv, rep, D)
     B, G = prefix_keys.shape[0], group_size
 
+    full = n == B * G  # every row, in order (rows ascend): no scatter into, or gather from, the B x G layout
     # prompt part: the group's G rows (x rep heads) are the query rows of one product per group
-    qf = q.new_zeros(B * G, Hkv, rep, D)
-    qf[rows] = q
+    qf = q
+    if not full:
+        qf = q.new_zeros(B * G, Hkv, rep, D)
+        qf[rows] = q
     qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)
     s = torch.matmul(qf, prefix_keys.transpose(-1, -2)) * scale + prefix_bias  # [B, Hkv, G*rep, P]
     m_p = s.amax(-1, keepdim=True)
@@ -117,7 +120,8 @@ def attend_prefix_and_own(
 
     def per_row(x):  # [B, Hkv, G*rep, X] -> [n, Hkv, rep, X]
         X = x.shape[-1]
-        return x.view(B, Hkv, G, rep, X).transpose(1, 2).reshape(B * G, Hkv, rep, X)[rows]
+        x = x.view(B, Hkv, G, rep, X).transpose(1, 2).reshape(B * G, Hkv, rep, X)
+        return x if full else x[rows]
 
     m_p, l_p, o_p = per_row(m_p), per_row(l_p), per_row(o_p)
 
