@@ -31,10 +31,11 @@ The floor runs once per config (it does not depend on the version).
 Profile (current code, `--no-profile` skips it), torch.profiler on the CPU with shapes and FLOPs: one decode step
 (the sampler then the model's step, mean of 4 steps from the middle of a decode of the real step's prompts) and
 one training micro-batch (Updater.micro_batch_step: forward, loss, backward). Ops' self times by name: matmul
-(mm, addmm, bmm, linear, matmul...; GFLOP/s from the profiler's FLOPs), attention (scaled_dot_product*, flash
-attention), norms/activations (elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary are made of,
+(mm, addmm, linear, matmul...: the Linear layers' products; GFLOP/s from the profiler's FLOPs), attention
+(scaled_dot_product*, flash attention, and explicit attention's bmm and softmax with their backwards; its scaling and
+masking count as elementwise), norms/activations (elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary are made of,
 with their backwards), sampling/log-probs (in the decode: every op inside the sampler call; in training: the
-(log-)softmax, logsumexp and gather over the vocabulary), copies (copy_, cat, index*, clone, to, views, expand,
+log_softmax, logsumexp and gather over the vocabulary), copies (copy_, cat, index*, clone, to, views, expand,
 empty/zeros allocations, embedding lookups), other ops; Python/dispatch = the region's wall time less the ops'
 self times (autograd engine nodes and labels count here). All from the profiled run, so they add up to its wall
 time and the profiler's own per-op cost is in them; the wall time without the profiler is beside. Lists: bench/floor_ops.py.

@@ -120,7 +120,11 @@ def floor_of(steps: list[Counter], seconds: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the profile
 
-MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "dot"}
+MATMUL = {"mm", "addmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "dot"}
+# attention's own ops when it runs as explicit products (rlvr's decode and short training attention): its batched
+# products (a Linear on a 3-D input folds into mm, so bmm is only ever attention here) and its softmax (the
+# log-probs use log_softmax and logsumexp, the sampler's softmax is inside the sampler label)
+ATTENTION = {"bmm", "baddbmm", "softmax", "_softmax", "_softmax_backward_data"}
 # elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary embeddings are made of, and their backwards
 ELEMENTWISE = {
     "add", "sub", "rsub", "mul", "div", "neg", "pow", "rsqrt", "sqrt", "mean", "sum", "silu", "silu_backward", "gelu",
@@ -130,8 +134,7 @@ ELEMENTWISE = {
 }  # fmt: skip
 # the log-probabilities over the vocabulary (the training forward's counterpart of sampling)
 LOGPROBS = {
-    "softmax", "_softmax", "log_softmax", "_log_softmax", "logsumexp", "_softmax_backward_data", "_log_softmax_backward_data",
-    "gather", "nll_loss",
+    "log_softmax", "_log_softmax", "logsumexp", "_log_softmax_backward_data", "gather", "nll_loss",
 }  # fmt: skip
 COPIES = {
     "copy", "cat", "clone", "to", "_to_copy", "contiguous", "expand", "expand_as", "view", "view_as", "_unsafe_view",
@@ -155,7 +158,7 @@ def category(ev, in_sampler: bool) -> str:
     base = op.rstrip("_")
     if op in MATMUL:
         return "matmul"
-    if "attention" in op or "scaled_dot_product" in op:
+    if op in ATTENTION or "attention" in op or "scaled_dot_product" in op:
         return "attention"
     if base in LOGPROBS:
         return "sampling/log-probs"
