@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 PHASES = ("generation", "training")
+DECODE_ROWS_MAX = 256  # as rlvr.models.packed_linears: bf16 products up to this many rows also timed from packed weights
 SAMPLER = "floor::sampler"  # the profiler label around the decode's sampling call
 
 
@@ -60,7 +61,9 @@ def time_products(keys, working_set: int, threads: int, reps: int = 5, min_secon
     """Seconds of each product alone, {(M, K, N, dtype, product): s}: the best over `reps` runs of the mean of n
     products, n enough for `min_seconds`. Weights cycle through views of one buffer as large as the model's Linear
     weights (`working_set` elements), so a decode-shaped product finds its weight in cache exactly when the whole
-    model fits there, as in the real decode; activations are one tensor per shape."""
+    model fits there, as in the real decode; activations are one tensor per shape. A bf16 forward of at most
+    DECODE_ROWS_MAX rows is also timed from weights packed once for oneDNN (as rlvr's decode runs it), and the
+    faster of the two is the floor."""
     torch.set_num_threads(threads)
     buffers: dict[str, torch.Tensor] = {}
     out = {}
@@ -70,19 +73,26 @@ def time_products(keys, working_set: int, threads: int, reps: int = 5, min_secon
         copies = buf.numel() // (N * K)
         weights = [buf[i * N * K : (i + 1) * N * K].view(N, K) for i in range(copies)]
         x, gy = torch.randn(M, K, dtype=dt), torch.randn(M, N, dtype=dt)
-        fn = _product(product, x, gy)
-        t = time.perf_counter()
-        fn(weights[0])  # also the first call's one-off set-up (oneDNN kernels for bf16)
-        first = time.perf_counter() - t
-        n, i, best = max(1, min(2000, int(min_seconds / max(first, 1e-7)))), 1, float("inf")
-        for _ in range(reps):
-            t = time.perf_counter()
-            for _ in range(n):
-                fn(weights[i % copies])
-                i += 1
-            best = min(best, (time.perf_counter() - t) / n)
-        out[(M, K, N, dtype, product)] = best
+        ways = [(_product(product, x, gy), weights)]
+        if product == "forward" and dt == torch.bfloat16 and M <= DECODE_ROWS_MAX:  # also from weights packed once
+            packed = [torch.ops.mkldnn._reorder_linear_weight(w, M) for w in weights]
+            ways.append((lambda p, x=x: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""), packed))
+        out[(M, K, N, dtype, product)] = min(_best_time(fn, ws, reps, min_seconds) for fn, ws in ways)
     return out
+
+
+def _best_time(fn, weights: list, reps: int, min_seconds: float) -> float:
+    t = time.perf_counter()
+    fn(weights[0])  # also the first call's one-off set-up (oneDNN kernels for bf16)
+    first = time.perf_counter() - t
+    n, i, best = max(1, min(2000, int(min_seconds / max(first, 1e-7)))), 1, float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn(weights[i % len(weights)])
+            i += 1
+        best = min(best, (time.perf_counter() - t) / n)
+    return best
 
 
 def _product(product: str, x: torch.Tensor, gy: torch.Tensor):
