@@ -52,6 +52,7 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
        compute only the input's gradient (the floor counts them so), and the adapters add their own small products
   I    G in fp32 (model.autocast=none), as on a CPU whose bf16 is emulated: its decode runs each adapted layer as
        one product with the adapter merged in (rlvr.models.lora_merge; bf16 keeps peft's three)
+  J    B in fp32 (model.autocast=none), as a CPU whose bf16 is emulated runs it
   H    multi-turn: the bundled tiny-tools model playing guess_number (examples/guess-number.yaml; it calls `guess`
        about 4.5 times an episode), 8 x 8, up to 240 tokens an episode, EOS and turns as they come (not fixed)
 """
@@ -92,6 +93,7 @@ CONFIGS = {
     "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
     "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
     "I": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA_FP32, **NEW),
+    "J": {**compare_trl.CONFIGS["B"], "extra": ["model.autocast=none"]},  # B in fp32, as on a CPU without fast bf16
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 LLAMAS = {

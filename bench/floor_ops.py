@@ -131,6 +131,7 @@ def floor_of(steps: list[Counter], seconds: dict) -> dict:
 # ----------------------------------------------------------------------------- the profile
 
 MATMUL = {"mm", "addmm", "addbmm", "matmul", "linear", "_addmm_activation", "mv", "dot"}
+PACKED_MATMUL = {"mkldnn::_linear_pointwise"}  # a Linear's product from a pre-packed weight (rlvr.models.packed_linears)
 # attention's own ops when it runs as explicit products (rlvr's decode and short training attention): its batched
 # products (a Linear on a 3-D input folds into mm, so bmm is only ever attention here) and its softmax (the
 # log-probs use log_softmax and logsumexp, the sampler's softmax is inside the sampler label)
@@ -160,6 +161,8 @@ CATEGORIES = ("matmul", "attention", "norms/activations", "sampling/log-probs", 
 def category(ev, in_sampler: bool) -> str:
     """The category of one profiler event by its name (rule in floor.py's docstring). Only aten ops are ops:
     the self time of everything else (autograd engine nodes, labels) is framework overhead, Python/dispatch."""
+    if ev.name in PACKED_MATMUL:
+        return "sampling/log-probs" if in_sampler else "matmul"
     if not ev.name.startswith("aten::"):
         return "Python/dispatch"
     if in_sampler:

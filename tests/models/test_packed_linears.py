@@ -1,7 +1,9 @@
-"""Decode products from pre-packed bf16 weights (rlvr.models.packed_linears): under CPU bf16 autocast the
-generation's tokens and log-probs are bit for bit those of autocast's own products, for a fully trained model and
-for LoRA (peft's base layers, frozen, from their kept bf16 copies; Qwen2's projection biases); a weight written in
-place is packed again; each module's own forward is back after the region; calls with gradients are untouched."""
+"""Decode products from pre-packed weights (rlvr.models.packed_linears): under CPU bf16 autocast the generation's
+tokens and log-probs are bit for bit those of autocast's own products, for a fully trained model and for LoRA
+(peft's base layers, frozen, from their kept bf16 copies; Qwen2's projection biases); in fp32 the large weights
+run packed, the same tokens and log-probs to float rounding. Packed copies are dropped after a trainer's region
+and kept for a server's until the weight is written; each module's own forward is back after the region; calls
+with gradients and prefill-sized calls run as before."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from rlvr.rollout.engines.hf import HFEngine
 from rlvr.rollout.engines.protocols import SamplingParams
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(
-    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels on this CPU: nothing is packed"
+bf16_kernels = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="oneDNN has no bf16 kernels on this CPU: nothing is packed in bf16"
 )
 
 
@@ -45,30 +47,38 @@ def _assert_same(a, b):
     assert torch.equal(a.sampling_entropy, b.sampling_entropy)
 
 
+@pytest.fixture
+def packed_modules(monkeypatch):
+    """The modules whose products ran from a packed weight (every call to rlvr.models.packed_linears._packed)."""
+    seen: list[torch.nn.Module] = []
+    packed = packed_linears._packed
+
+    def spy(module, rows, dtype):
+        seen.append(module)
+        return packed(module, rows, dtype)
+
+    monkeypatch.setattr(packed_linears, "_packed", spy)
+    return seen
+
+
+@bf16_kernels
 @pytest.mark.parametrize("lean", [True, False])
-def test_generation_is_bit_for_bit_autocasts_and_packs_again_after_a_write(tiny_model_dir, monkeypatch, lean):
+def test_generation_is_bit_for_bit_autocasts_and_trainable_copies_are_dropped(tiny_model_dir, monkeypatch, packed_modules, lean):
     tok, _ = load_tokenizer(tiny_model_dir, False)
     model = load_model(tiny_model_dir, "float32", CPU, False)
     kw = {"lean": lean}
-    plain, packed = _generate(model, tok, False, monkeypatch, kw), _generate(model, tok, True, monkeypatch, kw)
+    plain = _generate(model, tok, False, monkeypatch, kw)
+    assert not packed_modules
+    packed = _generate(model, tok, True, monkeypatch, kw)
     _assert_same(plain, packed)
     linears = _linears(model)
-    assert all(m in packed_linears._PACKED for m in linears)  # every projection and the head ran packed
+    assert set(packed_modules) == set(linears)  # every projection and the head ran packed
     assert not any("forward" in m.__dict__ for m in linears)  # their own forward is back
-    q = model.model.layers[0].self_attn.q_proj
-    kept = packed_linears._PACKED[q][2]
-    _generate(model, tok, True, monkeypatch, kw)
-    assert packed_linears._PACKED[q][2] is kept  # same weights: packed once
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.5)  # as an optimizer step: in place, a new version
-    changed_plain, changed_packed = _generate(model, tok, False, monkeypatch, kw), _generate(model, tok, True, monkeypatch, kw)
-    assert packed_linears._PACKED[q][2] is not kept
-    _assert_same(changed_plain, changed_packed)
-    assert not torch.equal(changed_plain.sampling_logprobs, plain.sampling_logprobs)
+    assert not any(m in packed_linears._PACKED for m in linears)  # trainable: stale after the next step, dropped
 
 
-def test_lora_and_biases_generate_bit_for_bit(monkeypatch):
+@bf16_kernels
+def test_lora_base_layers_and_biases_generate_bit_for_bit_and_are_packed_again_after_a_write(monkeypatch, packed_modules):
     from peft import LoraConfig, get_peft_model
 
     from rlvr.models.tokenizer import build_char_tokenizer
@@ -85,17 +95,66 @@ def test_lora_and_biases_generate_bit_for_bit(monkeypatch):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.3)
-    _assert_same(_generate(model, tok, False, monkeypatch), _generate(model, tok, True, monkeypatch))
+    plain, packed = _generate(model, tok, False, monkeypatch), _generate(model, tok, True, monkeypatch)
+    _assert_same(plain, packed)
     base_q = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
-    assert base_q in packed_linears._PACKED and packed_linears._PACKED[base_q][3] is not None  # packed, with its bias
+    adapter = model.get_base_model().model.layers[0].self_attn.q_proj.lora_A["default"]
+    assert base_q in packed_modules and adapter in packed_modules
+    assert base_q not in packed_linears._PACKED  # a trainer's region: dropped at its end
+    server = {"keep_merged": True}  # a generation server's: kept while the weight is unchanged
+    assert torch.equal(_generate(model, tok, True, monkeypatch, server).completion_ids, plain.completion_ids)
+    kept = packed_linears._PACKED[base_q]
+    assert kept[3] is not None  # packed with its bias
+    _generate(model, tok, True, monkeypatch, server)
+    assert packed_linears._PACKED[base_q][2] is kept[2]  # same weight: packed once
+    with torch.no_grad():
+        base_q.weight.mul_(-1.0)  # written in place (a load): a new version, packed again
+    changed_plain, changed_packed = _generate(model, tok, False, monkeypatch), _generate(model, tok, True, monkeypatch, server)
+    assert packed_linears._PACKED[base_q][2] is not kept[2]
+    _assert_same(changed_plain, changed_packed)
+    assert not torch.equal(changed_plain.sampling_logprobs, plain.sampling_logprobs)
 
 
-def test_calls_with_gradients_or_without_bf16_autocast_run_as_before(tiny_model_dir):
+def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(5)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
+
+    def generate(packed: bool, **kw):
+        monkeypatch.setattr(packed_linears, "DECODE_ROWS_MAX", 256 if packed else 0)
+        with torch.no_grad():
+            return HFEngine(model, tok, **kw).generate(["12+7=", "3*4=", "100-1="], params, [5, 6, 7])
+
+    for lean in (True, False):
+        plain, packed = generate(False, lean=lean), generate(True, lean=lean)
+        assert torch.equal(plain.completion_ids, packed.completion_ids)
+        torch.testing.assert_close(packed.sampling_logprobs, plain.sampling_logprobs, rtol=0, atol=1e-5)
+        assert not torch.equal(packed.sampling_logprobs, plain.sampling_logprobs)  # another order of the sums
+    attn = model.model.layers[0].self_attn
+    ran = set(packed_modules)
+    assert {attn.q_proj, attn.o_proj, model.model.layers[0].mlp.down_proj} <= ran  # 256 x 256 and larger
+    assert attn.k_proj not in ran and model.lm_head not in ran  # 128 x 256 and ~100 x 256: F.linear was faster
+
+
+@bf16_kernels
+def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_model_dir):
     model = load_model(tiny_model_dir, "float32", CPU, False)
     q = model.model.layers[0].self_attn.q_proj
     x = torch.randn(5, q.in_features)
-    with packed_linears.packed_linears_in(model):
-        assert "forward" not in q.__dict__  # no autocast: nothing swapped
+    assert q.weight.numel() < packed_linears.FP32_MIN_WEIGHT
+    with packed_linears.packed_linears_in(model), torch.no_grad():  # fp32, a small weight: F.linear's own product
+        assert "forward" in q.__dict__ and torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
+        assert q not in packed_linears._PACKED
     with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears.packed_linears_in(model):
         assert "forward" in q.__dict__
         y = q(x)  # gradients on: autocast's own product
@@ -103,3 +162,7 @@ def test_calls_with_gradients_or_without_bf16_autocast_run_as_before(tiny_model_
         with torch.no_grad():
             assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
         assert q in packed_linears._PACKED
+        k, prefill = model.model.layers[0].self_attn.k_proj, torch.randn(3, 100, q.in_features)  # 300 rows: a prefill
+        with torch.no_grad():
+            assert torch.equal(k(prefill), torch.nn.functional.linear(prefill, k.weight, k.bias))
+        assert k not in packed_linears._PACKED

@@ -1,15 +1,21 @@
-"""Decode-shaped bf16 products from weights pre-packed for oneDNN (CPU generation under bf16 autocast).
+"""Decode-shaped products from weights pre-packed for oneDNN (CPU generation).
 
-Under CPU bf16 autocast an nn.Linear's product runs in oneDNN, which reorders the weight into its blocked layout
-at every call. At decode shapes (one token per row, tens of rows) that reorder is a large share of the product:
-the decode products of 9M-76M Llamas ran 1.26-1.31x faster from weights packed once for the decode's row count
-(1.17-1.29x packed without it), with the same bits out; prefill- and training-sized products gain nothing
-(0.99x at 4608 rows). So inside a generation region every plain nn.Linear of the model runs its decode-shaped
-calls (at most DECODE_ROWS_MAX rows) from a packed bf16 copy of its weight, packed at the first such call and
-kept while the weight is the same tensor at the same version (an optimizer step or a load bumps the version;
-the next region packs again). Larger calls, calls with gradients and calls outside bf16 autocast run as before.
-The packed call computes what autocast's would (inputs, weight and bias in bf16, the same kernel family):
-tests/models/test_packed_linears.py checks it bit for bit.
+A Linear's product on the CPU goes through a kernel that takes the weight in its plain layout at every call. At
+decode shapes (one token per row, tens of rows) the products ran much faster from a weight packed once into
+oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/floor_packed.md):
+  * under bf16 autocast, 1.26-1.31x on the decode products of 9M-76M Llamas (1.1-1.5x per shape, 0.94x at worst
+    for a LoRA adapter's r=16 product), with the same bits out: oneDNN runs autocast's product too, and the packed
+    weight only changes how it is read;
+  * in fp32, 1.8-3.4x for weights of at least 256 x 256 (F.linear's kernel reaches a fraction of the machine's
+    rate at 16-64 rows), and slower below (0.5-1.0x at 64 x 64 to 128 x 384), so only those are packed; the sums
+    run in another order, so outputs differ from F.linear's by float rounding (~1e-6 relative).
+Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
+plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
+packed at the first such call. The copies are dropped at the end of the region (a trainer's next step changes
+the weights; packing again costs one pass over them), or with `keep` kept while the weight is the same tensor
+at the same version (a generation server). Larger calls, calls with gradients, other dtypes and fp16/bf16
+weights outside autocast run as before. tests/models/test_packed_linears.py checks the bf16 path bit for bit
+and the fp32 path to float rounding.
 """
 
 from __future__ import annotations
@@ -22,24 +28,22 @@ import torch
 import torch.nn.functional as F
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
+FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
 
-# module -> (the weight it was packed from, that weight's _version, packed weight, bf16 bias or None)
+# module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def packing_applies(device: torch.device) -> bool:
-    """Whether this region's Linear calls can run from packed weights: the CPU under bf16 autocast, with oneDNN's
-    bf16 kernels and a CPU that runs bf16 natively (where it was measured; elsewhere bf16 is emulated)."""
+    """Whether this region's Linear calls can run from packed weights: on the CPU with oneDNN; under bf16 autocast
+    only with oneDNN's bf16 kernels on a CPU that runs bf16 natively (where it was measured; elsewhere emulated)."""
     from rlvr.models.precision import cpu_has_fast_bf16
 
-    return (
-        device.type == "cpu"
-        and torch.is_autocast_enabled("cpu")
-        and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        and cpu_has_fast_bf16()
-    )
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not torch.is_autocast_enabled("cpu"):
+        return True
+    return torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported() and cpu_has_fast_bf16()
 
 
 def _plain(module: torch.nn.Module) -> bool:
@@ -54,34 +58,40 @@ def _plain(module: torch.nn.Module) -> bool:
     )
 
 
-def _packed(module: torch.nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _packed(module: torch.nn.Linear, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     w = module.weight
     kept = _PACKED.get(module)
-    if kept is None or kept[0] is not w or kept[1] != w._version:
-        bias = None if module.bias is None else module.bias.detach().to(torch.bfloat16)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(torch.bfloat16), rows)
+    if kept is None or kept[0] is not w or kept[1] != w._version or kept[2].dtype != dtype:
+        bias = None if module.bias is None else module.bias.detach().to(dtype)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype), rows)
         kept = _PACKED[module] = (w, w._version, packed, bias)
     return kept[2], kept[3]
 
 
+def _packed_dtype(module: torch.nn.Linear, x: torch.Tensor) -> torch.dtype | None:
+    """The dtype this call's product runs in from a packed weight, or None: the call runs as before."""
+    if x.numel() > DECODE_ROWS_MAX * module.in_features or torch.is_grad_enabled():
+        return None
+    if torch.is_autocast_enabled("cpu"):  # autocast's product: inputs, weight and bias in bf16
+        bf16 = torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.dtype in (torch.float32, torch.bfloat16)
+        return torch.bfloat16 if bf16 else None
+    fp32 = x.dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
+    return torch.float32 if fp32 else None
+
+
 def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // module.in_features
-    if (
-        rows > DECODE_ROWS_MAX
-        or torch.is_grad_enabled()
-        or x.dtype not in (torch.float32, torch.bfloat16)
-        or not torch.is_autocast_enabled("cpu")
-        or torch.get_autocast_dtype("cpu") != torch.bfloat16
-    ):
+    dtype = _packed_dtype(module, x)
+    if dtype is None:
         return F.linear(x, module.weight, module.bias)
-    packed, bias = _packed(module, rows)
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, bias, "none", [], "")
+    packed, bias = _packed(module, x.numel() // module.in_features, dtype)
+    return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
 
 
 @contextlib.contextmanager
-def packed_linears_in(model: torch.nn.Module) -> Iterator[None]:
+def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[None]:
     """Within the region, the model's plain nn.Linear layers run decode-shaped calls from packed weights (see the
-    module docstring), where packing_applies; their own forward is back at exit."""
+    module docstring), where packing_applies; their own forward is back at exit, and the packed copies are dropped
+    unless `keep` (weights that do not change between regions: a generation server)."""
     param = next(model.parameters(), None)
     if param is None or not packing_applies(param.device):
         yield
@@ -94,3 +104,5 @@ def packed_linears_in(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for m in swapped:
             del m.forward
+            if not keep:
+                _PACKED.pop(m, None)

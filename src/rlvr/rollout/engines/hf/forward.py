@@ -22,11 +22,11 @@ def generation_mode(model, attention: str | None = None, merge_lora: bool = True
     """The model in eval mode inside the block, with the attention function registered as `attention`
     (rlvr.rollout.engines.hf.engine registers the decode's; None: the model's own); both as they were after it.
     `merge_lora`: LoRA adapters run merged into their base weights (rlvr.models.lora_merge; `keep_merged` keeps
-    the merged weights for the next block while the weights do not change). Under CPU bf16 autocast the decode's
-    products run from pre-packed weights (rlvr.models.packed_linears)."""
+    the merged weights for the next block while the weights do not change). On the CPU the decode's products run
+    from pre-packed weights (rlvr.models.packed_linears; `keep_merged` keeps those too)."""
     impl = model.config._attn_implementation
     merged = merged_lora_in(model, compute_dtype(model), keep=keep_merged) if merge_lora else contextlib.nullcontext()
-    with eval_mode(model), merged, packed_linears_in(model):
+    with eval_mode(model), merged, packed_linears_in(model, keep=keep_merged):
         if attention is not None:
             model.config._attn_implementation = attention
         try:
