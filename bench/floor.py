@@ -17,8 +17,8 @@ The floor counts only the policy's own matmuls, at the shapes and in the dtype t
     for 20 ms. Weights cycle through views of one buffer as large as all the model's Linear weights (in that
     dtype), so a decode-shaped product reads its weight from memory exactly when the model does not fit in the
     cache, as in the real decode; the activations are one tensor per shape. Each call's dispatch (a few us) is in.
-    bf16 forwards of up to 256 rows (decode shapes) are timed both as F.linear and from weights packed once for
-    oneDNN (rlvr.models.packed_linears; 1.2-1.3x faster here): the floor is the faster.
+    Forwards of up to 256 rows (decode shapes) are timed both as F.linear and from weights packed once for oneDNN
+    (rlvr.models.packed_linears; bf16 1.1-1.5x, fp32 up to 3.4x faster here): the floor is the faster.
   * floor = sum over shapes of count x time: per phase, and the total (generation + training) for the step.
     The classic FLOP floor is beside it: 2 x P x generated tokens + 6 x P x (completion + each prompt once)
     over the 2048^3 peak in the run's matmul dtype, P = the Linear layers' weights (a tied output projection counts).

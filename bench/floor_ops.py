@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 PHASES = ("generation", "training")
-DECODE_ROWS_MAX = 256  # as rlvr.models.packed_linears: bf16 products up to this many rows also timed from packed weights
+DECODE_ROWS_MAX = 256  # as rlvr.models.packed_linears: products up to this many rows also timed from packed weights
 SAMPLER = "floor::sampler"  # the profiler label around the decode's sampling call
 
 
@@ -61,7 +61,7 @@ def time_products(keys, working_set: int, threads: int, reps: int = 5, min_secon
     """Seconds of each product alone, {(M, K, N, dtype, product): s}: the best over `reps` runs of the mean of n
     products, n enough for `min_seconds`. Weights cycle through views of one buffer as large as the model's Linear
     weights (`working_set` elements), so a decode-shaped product finds its weight in cache exactly when the whole
-    model fits there, as in the real decode; activations are one tensor per shape. A bf16 forward of at most
+    model fits there, as in the real decode; activations are one tensor per shape. A forward of at most
     DECODE_ROWS_MAX rows is also timed from weights packed once for oneDNN (as rlvr's decode runs it), and the
     faster of the two is the floor."""
     torch.set_num_threads(threads)
@@ -74,7 +74,7 @@ def time_products(keys, working_set: int, threads: int, reps: int = 5, min_secon
         weights = [buf[i * N * K : (i + 1) * N * K].view(N, K) for i in range(copies)]
         x, gy = torch.randn(M, K, dtype=dt), torch.randn(M, N, dtype=dt)
         ways = [(_product(product, x, gy), weights)]
-        if product == "forward" and dt == torch.bfloat16 and M <= DECODE_ROWS_MAX:  # also from weights packed once
+        if product == "forward" and M <= DECODE_ROWS_MAX:  # also from weights packed once
             packed = [torch.ops.mkldnn._reorder_linear_weight(w, M) for w in weights]
             ways.append((lambda p, x=x: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""), packed))
         out[(M, K, N, dtype, product)] = min(_best_time(fn, ws, reps, min_seconds) for fn, ws in ways)
