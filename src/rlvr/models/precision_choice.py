@@ -19,6 +19,7 @@ import torch
 from rlvr.models.precision_timing import StepShapes, measure_step
 
 CACHE_ENV = "RLVR_PRECISION_CACHE"
+TIMING = 2  # how precision_timing times a step; estimates cached under another are not reused (2: decode from packed weights)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def cache_key(model, device: torch.device, shapes: StepShapes) -> str:
         "threads": torch.get_num_threads(),
         "device": str(device),
         "shapes": asdict(shapes),
+        "timing": TIMING,
     }
     return json.dumps(key, sort_keys=True)
 

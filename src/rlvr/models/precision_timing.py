@@ -33,6 +33,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg
+from rlvr.models.packed_linears import packed_linears_in
 from rlvr.models.precision import autocast_context
 
 # Tokens per row timed: fewer leave a forward+backward mostly reading weights (memory-bound), where
@@ -177,10 +178,11 @@ def _decode_step(model, rows: int, vocab: int, device) -> float:
     try:
         kwargs = {cache_kwarg(model): DynamicCache(config=model.config), "use_cache": True}
         token, times = _ids(rows, 1, vocab, device), []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            model(input_ids=token, **kwargs)
-            times.append(time.perf_counter() - t0)
+        with packed_linears_in(model):  # as the engine's decode: its products from packed weights (packed at the warm-up)
+            for _ in range(3):
+                t0 = time.perf_counter()
+                model(input_ids=token, **kwargs)
+                times.append(time.perf_counter() - t0)
     finally:
         model.train(was_training)
     return min(times[1:])
