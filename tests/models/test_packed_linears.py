@@ -166,3 +166,13 @@ def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_mod
         with torch.no_grad():
             assert torch.equal(k(prefill), torch.nn.functional.linear(prefill, k.weight, k.bias))
         assert k not in packed_linears._PACKED
+
+
+def test_no_bf16_packing_where_bf16_is_emulated_even_when_autocast_starts_inside_the_region(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
+    model = load_model(tiny_model_dir, "float32", CPU, False)
+    q = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(5, q.in_features)
+    with packed_linears.packed_linears_in(model), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "forward" in q.__dict__  # swapped (fp32 calls may pack), but a bf16 call is autocast's own
+        assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias)) and q not in packed_linears._PACKED

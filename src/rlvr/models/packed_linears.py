@@ -21,6 +21,7 @@ and the fp32 path to float rounding.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 
@@ -35,15 +36,16 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDi
 
 
 def packing_applies(device: torch.device) -> bool:
-    """Whether this region's Linear calls can run from packed weights: on the CPU with oneDNN; under bf16 autocast
-    only with oneDNN's bf16 kernels on a CPU that runs bf16 natively (where it was measured; elsewhere emulated)."""
+    """Whether a region's Linear calls can run from packed weights: on the CPU, with oneDNN."""
+    return device.type == "cpu" and torch.backends.mkldnn.is_available()
+
+
+def bf16_packs() -> bool:
+    """Whether bf16 products are packed too: with oneDNN's bf16 kernels, on a CPU that runs bf16 natively (where it
+    was measured; elsewhere bf16 is emulated)."""
     from rlvr.models.precision import cpu_has_fast_bf16
 
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not torch.is_autocast_enabled("cpu"):
-        return True
-    return torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported() and cpu_has_fast_bf16()
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported() and cpu_has_fast_bf16()
 
 
 def _plain(module: torch.nn.Module) -> bool:
@@ -68,19 +70,19 @@ def _packed(module: torch.nn.Linear, rows: int, dtype: torch.dtype) -> tuple[tor
     return kept[2], kept[3]
 
 
-def _packed_dtype(module: torch.nn.Linear, x: torch.Tensor) -> torch.dtype | None:
+def _packed_dtype(module: torch.nn.Linear, x: torch.Tensor, bf16_ok: bool) -> torch.dtype | None:
     """The dtype this call's product runs in from a packed weight, or None: the call runs as before."""
     if x.numel() > DECODE_ROWS_MAX * module.in_features or torch.is_grad_enabled():
         return None
     if torch.is_autocast_enabled("cpu"):  # autocast's product: inputs, weight and bias in bf16
-        bf16 = torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.dtype in (torch.float32, torch.bfloat16)
+        bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.dtype in (torch.float32, torch.bfloat16)
         return torch.bfloat16 if bf16 else None
     fp32 = x.dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
     return torch.float32 if fp32 else None
 
 
-def _forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    dtype = _packed_dtype(module, x)
+def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.Tensor:
+    dtype = _packed_dtype(module, x, bf16_ok)
     if dtype is None:
         return F.linear(x, module.weight, module.bias)
     packed, bias = _packed(module, x.numel() // module.in_features, dtype)
@@ -96,9 +98,9 @@ def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[No
     if param is None or not packing_applies(param.device):
         yield
         return
-    swapped = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _plain(m)]
+    swapped, bf16_ok = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _plain(m)], bf16_packs()
     for m in swapped:
-        m.forward = _forward.__get__(m)  # type: ignore[method-assign]  # an instance attribute: __call__ (and its hooks) call it
+        m.forward = functools.partial(_forward, m, bf16_ok)  # type: ignore[method-assign]  # __call__ (and its hooks) call it
     try:
         yield
     finally:
