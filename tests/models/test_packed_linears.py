@@ -176,3 +176,17 @@ def test_no_bf16_packing_where_bf16_is_emulated_even_when_autocast_starts_inside
     with packed_linears.packed_linears_in(model), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert "forward" in q.__dict__  # swapped (fp32 calls may pack), but a bf16 call is autocast's own
         assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias)) and q not in packed_linears._PACKED
+
+
+def test_overlapping_regions_restore_the_forward_when_the_last_one_exits(tiny_model_dir):
+    """The agent endpoint's decoder thread holds a region for its lifetime while the engine generates on the same
+    model: the first region to exit must not take the swapped forward from the other."""
+    model = load_model(tiny_model_dir, "float32", CPU, False)
+    q = model.model.layers[0].self_attn.q_proj
+    first, second = packed_linears.packed_linears_in(model), packed_linears.packed_linears_in(model)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert "forward" in q.__dict__  # the second region still runs it
+    second.__exit__(None, None, None)
+    assert "forward" not in q.__dict__ and q not in packed_linears._HOLDERS

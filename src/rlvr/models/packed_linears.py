@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -33,6 +34,8 @@ FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear
 
 # module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
+_SWAP_LOCK = threading.Lock()
 
 
 def packing_applies(device: torch.device) -> bool:
@@ -92,19 +95,34 @@ def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.T
 @contextlib.contextmanager
 def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[None]:
     """Within the region, the model's plain nn.Linear layers run decode-shaped calls from packed weights (see the
-    module docstring), where packing_applies; their own forward is back at exit, and the packed copies are dropped
-    unless `keep` (weights that do not change between regions: a generation server)."""
+    module docstring), where packing_applies; their own forward is back when the last region holding them exits
+    (regions may overlap: the agent endpoint's decoder thread holds one for its lifetime while the engine
+    generates on the same model), and the packed copies are dropped then unless `keep` (weights that do not
+    change between regions: a generation server)."""
     param = next(model.parameters(), None)
     if param is None or not packing_applies(param.device):
         yield
         return
-    swapped, bf16_ok = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and _plain(m)], bf16_packs()
-    for m in swapped:
-        m.forward = functools.partial(_forward, m, bf16_ok)  # type: ignore[method-assign]  # __call__ (and its hooks) call it
+    held: list[torch.nn.Module] = []
+    with _SWAP_LOCK:
+        bf16_ok = bf16_packs()
+        for m in model.modules():
+            if m in _HOLDERS:  # swapped by an overlapping region
+                _HOLDERS[m] += 1
+            elif isinstance(m, torch.nn.Linear) and _plain(m):
+                m.forward = functools.partial(_forward, m, bf16_ok)  # type: ignore[method-assign]  # __call__ calls it
+                _HOLDERS[m] = 1
+            else:
+                continue
+            held.append(m)
     try:
         yield
     finally:
-        for m in swapped:
-            del m.forward
-            if not keep:
-                _PACKED.pop(m, None)
+        with _SWAP_LOCK:
+            for m in held:
+                _HOLDERS[m] -= 1
+                if _HOLDERS[m] == 0:
+                    del _HOLDERS[m]
+                    del m.forward
+                    if not keep:
+                        _PACKED.pop(m, None)

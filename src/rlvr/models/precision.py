@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import torch
@@ -71,6 +72,7 @@ def frozen_original(module: torch.nn.Module, name: str) -> torch.Tensor:
     return kept[0] if kept is not None and kept[2] is p else p
 
 
+@functools.cache  # read once: generation asks at every region
 def cpu_has_fast_bf16() -> bool:
     """avx512_bf16 or AMX: bf16 matmuls run at about twice the fp32 rate (else they are emulated, slower)."""
     try:

@@ -183,7 +183,11 @@ class ContinuousDecoder:
         self.forwards = 0  # model forwards run
         self.tokens_fed = 0  # tokens run through the model (an agent's history is not run again)
         self.thread = threading.Thread(target=self._run, name="rlvr-continuous-decode", daemon=True)
+        self.in_mode = threading.Event()  # the thread holds the model in generation mode
         self.thread.start()
+        # back only once the thread's generation mode is on: a region the caller opens after this nests inside it
+        # and gives it back its attention at exit (one opened before would restore the model's own under the thread)
+        self.in_mode.wait()
 
     def submit(self, req: DecodeRequest) -> list[Sample]:
         gen = torch.Generator(device=self.device).manual_seed(int(req.seed))
@@ -207,13 +211,17 @@ class ContinuousDecoder:
     # ------------------------------------------------------------ the loop
 
     def _run(self) -> None:
-        with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
-            while self._admit():
-                try:
-                    self._feed_chunks()
-                    self._step()
-                except BaseException as e:  # every request in the decode answers the error; the decoder goes on
-                    self._fail_all(e)
+        try:
+            with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
+                self.in_mode.set()
+                while self._admit():
+                    try:
+                        self._feed_chunks()
+                        self._step()
+                    except BaseException as e:  # every request in the decode answers the error; the decoder goes on
+                        self._fail_all(e)
+        finally:
+            self.in_mode.set()  # also when generation mode failed to start: __init__ must not wait forever
         self._fail_all(RuntimeError("the decoder closed before this request was answered"))
 
     def _admit(self) -> bool:
