@@ -2,20 +2,19 @@
 
 A Linear's product on the CPU goes through a kernel that takes the weight in its plain layout at every call. At
 decode shapes (one token per row, tens of rows) the products ran much faster from a weight packed once into
-oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/floor_packed.md):
-  * under bf16 autocast, 1.26-1.31x on the decode products of 9M-76M Llamas (1.1-1.5x per shape, 0.94x at worst
-    for a LoRA adapter's r=16 product), with the same bits out: oneDNN runs autocast's product too, and the packed
-    weight only changes how it is read;
-  * in fp32, 1.8-3.4x for weights of at least 256 x 256 (F.linear's kernel reaches a fraction of the machine's
-    rate at 16-64 rows), and slower below (0.5-1.0x at 64 x 64 to 128 x 384), so only those are packed; the sums
-    run in another order, so outputs differ from F.linear's by float rounding (~1e-6 relative).
+oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/packed_linear.md):
+  * under bf16 autocast, 1.2-1.9x for weights of 128 x 128 and up (about 1.0x for a LoRA adapter's r=16 product),
+    with the same bits out: oneDNN runs autocast's product too, and the packed weight only changes how it is read;
+  * in fp32, 1.2-3.8x for weights of at least 256 x 256 (F.linear's kernel reaches a fraction of the machine's
+    rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so only those are packed; the
+    sums run in another order, so outputs differ from F.linear's by float rounding (~1e-5 relative at most).
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
-packed at the first such call. The copies are dropped at the end of the region (a trainer's next step changes
-the weights; packing again costs one pass over them), or with `keep` kept while the weight is the same tensor
-at the same version (a generation server). Larger calls, calls with gradients, other dtypes and fp16/bf16
-weights outside autocast run as before. tests/models/test_packed_linears.py checks the bf16 path bit for bit
-and the fp32 path to float rounding.
+packed at the first such call. The copies are dropped when the last region holding the model exits (a
+trainer's next step changes the weights; packing again costs one pass over them), or with `keep` kept while the
+weight is the same tensor at the same version (a generation server). Larger calls, calls with gradients, other
+dtypes and bf16 weights outside autocast run as before. tests/models/test_packed_linears.py checks the bf16 path
+bit for bit and the fp32 path to float rounding.
 """
 
 from __future__ import annotations
