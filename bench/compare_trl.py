@@ -14,14 +14,17 @@ model.autocast=auto (it times fp32 and bf16 on the model at start-up and runs th
 choice is in the log), TRL with bf16=True only where this machine's bf16 matmul peak beats fp32's
 (measured first; CPUs without native bf16 emulate it, many times slower).
 
-Configs (8 prompts x G=8 per step):
+Configs (8 prompts x G=8 per step unless said):
   A  bundled `tiny` model on arithmetic, 16 new tokens, arithmetic reward (0/1); each at its best precision
   B  25M Llama (hidden 512, 8 layers, 8 heads, intermediate 1376), char tokenizer, 64 new tokens; each at its best
   C  as B with ~256-token prompts (a long fixed instruction before each question); each at its best
   D  as B, TRL at its own defaults (bf16 autocast on CPU + gradient checkpointing) vs rlvr's best
      (model.autocast=auto, micro-batches of 16)
+  E  76M GQA Llama (hidden 768, 12 layers, 12 query / 4 KV heads, intermediate 2048), 64 new tokens; each at its best
+  F  9M GQA Llama (hidden 320, 8 layers, 8 query / 2 KV heads, intermediate 864), 4 prompts x G=16, C's ~256-token
+     prompts, 48 new tokens; each at its best (E and F: bench/floor.py's two other shapes)
   B16 (extra) as B with both in bf16 autocast, no checkpointing: what bf16 alone gives each library
-B-D use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
+B-F use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
 applies there). Variant `fixed`: EOS ignored, every completion exactly max_new_tokens long in
 both (rlvr: rollout.ignore_eos; TRL: generation_kwargs min_new_tokens=max_new_tokens); variant
 `eos`: normal stopping (different samples, so similar but not identical work).
@@ -65,6 +68,9 @@ CONFIGS = {
     "B": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     "C": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=True, trl_defaults=False),
     "D": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=True),
+    # the floor bench's two other shapes (bench/floor.py): a larger model with short prompts, a smaller one with long
+    "E": dict(model="llama76m_gqa", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
+    "F": dict(model="llama9m_gqa", reward="digit_share", max_new_tokens=48, long_prompt=True, trl_defaults=False, prompts=4, group_size=16),
     # not in the issue: B with both libraries in bf16 autocast (TRL without checkpointing), to separate
     # what bf16 gives from what rlvr gives in D
     "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),
@@ -77,7 +83,11 @@ CONFIGS = {
 RLVR_BEST = ["optim.micro_batch_size=16"]
 RLVR_BF16 = ["model.autocast=bf16"]
 # config B's model (C and D too): 25M parameters
-LLAMA25M = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8)
+LLAMAS = {  # random-weight Llamas on the character tokenizer, built under WORK
+    "llama25m": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8),
+    "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
+    "llama9m_gqa": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2),
+}
 
 
 # ----------------------------------------------------------------------------- the machine
@@ -134,9 +144,9 @@ def build_inputs(cfg_names: list[str]) -> dict:
 
     WORK.mkdir(parents=True, exist_ok=True)
     paths = {"tiny": resolve_model_path("tiny")}
-    if any(CONFIGS[c]["model"] == "llama25m" for c in cfg_names):
-        build_llama(WORK / "llama25m", LLAMA25M)
-    paths["llama25m"] = str(WORK / "llama25m")
+    for name in {CONFIGS[c]["model"] for c in cfg_names} & set(LLAMAS):
+        build_llama(WORK / name, LLAMAS[name])
+    paths |= {name: str(WORK / name) for name in LLAMAS}
     n = 200  # more than (warmup + steps) x prompts per step
     for long in (False, True):
         rows = []
@@ -261,6 +271,7 @@ def worker_trl(spec: dict) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     T = spec["max_new_tokens"]
+    group_size, prompts = spec.get("group_size", G), spec.get("prompts", PROMPTS)
     rows = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines()]
     total = spec["warmup"] + spec["steps"]
     kwargs = {}
@@ -268,9 +279,9 @@ def worker_trl(spec: dict) -> None:
         kwargs.update(bf16=spec["bf16"], gradient_checkpointing=False)
     args = GRPOConfig(
         output_dir=spec["out"],
-        per_device_train_batch_size=G * PROMPTS,
+        per_device_train_batch_size=group_size * prompts,
         gradient_accumulation_steps=1,
-        num_generations=G,
+        num_generations=group_size,
         max_completion_length=T,
         max_steps=total,
         learning_rate=LR,
@@ -300,7 +311,7 @@ def worker_trl(spec: dict) -> None:
         model=spec["model_path"],
         reward_funcs=[getattr(bench_rewards, spec["reward"])],
         args=args,
-        train_dataset=Dataset.from_list(rows[: total * PROMPTS]),
+        train_dataset=Dataset.from_list(rows[: total * prompts]),
         processing_class=tok,
     )
     cur = {}
@@ -475,7 +486,7 @@ def summarize(rec: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="A,B,C,D,B16")
+    ap.add_argument("--configs", default="A,B,C,D,E,F,B16")
     ap.add_argument("--variants", default="fixed", help="variants run for every config: fixed (EOS ignored), eos (normal stopping)")
     ap.add_argument("--eos-configs", default="A,B", help="configs that also run the eos variant")
     ap.add_argument("--steps", type=int, default=8)
@@ -554,6 +565,8 @@ def main() -> None:
                 data=paths[f"data_{c['long_prompt']}"],
                 reward=c["reward"],
                 max_new_tokens=c["max_new_tokens"],
+                group_size=c.get("group_size", G),
+                prompts=c.get("prompts", PROMPTS),
                 fixed=variant == "fixed",
                 trl_defaults=c["trl_defaults"],
                 bf16=c.get("bf16", False) or _trl_best(peak) == "bf16",

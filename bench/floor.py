@@ -89,31 +89,26 @@ GUESS = [
 ]  # fmt: skip
 CONFIGS = {
     **{k: compare_trl.CONFIGS[k] for k in "ABCD"},
-    "E": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, **NEW),
-    "F": dict(model="llama9m_gqa", max_new_tokens=48, long_prompt=True, prompts=4, group_size=16, **NEW),
-    "G": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA, **NEW),
-    "I": dict(model="llama76m_gqa", max_new_tokens=64, long_prompt=False, prompts=8, group_size=8, extra=LORA_FP32, **NEW),
+    "E": compare_trl.CONFIGS["E"],
+    "F": compare_trl.CONFIGS["F"],
+    "G": {**compare_trl.CONFIGS["E"], "extra": LORA},
+    "I": {**compare_trl.CONFIGS["E"], "extra": LORA_FP32},
     "J": {**compare_trl.CONFIGS["B"], "extra": ["model.autocast=none"]},  # B in fp32, as on a CPU without fast bf16
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
-}
-LLAMAS = {
-    "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
-    "llama9m_gqa": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2),
 }
 TIMES = ("generate", "train", "step")
 FLOOR_OF = {"generate": "generation", "train": "training", "step": "total"}  # each time against its floor
 
 
 def build_inputs(names: list[str]) -> dict:
-    """compare_trl's models and prompt files, and E's and F's models, under /tmp/rlvr_bench."""
+    """compare_trl's models and prompt files under /tmp/rlvr_bench, and the bundled tiny-tools."""
     from rlvr.models import resolve_model_path
 
     paths = compare_trl.build_inputs([n for n in names if n in compare_trl.CONFIGS])
     paths["tiny-tools"] = resolve_model_path("tiny-tools")
     for n in names:
-        if (model := CONFIGS[n]["model"]) in LLAMAS:
-            compare_trl.build_llama(compare_trl.WORK / model, LLAMAS[model])
-            paths[model] = str(compare_trl.WORK / model)
+        if (model := CONFIGS[n]["model"]) in compare_trl.LLAMAS:  # G and I: E's model
+            compare_trl.build_llama(compare_trl.WORK / model, compare_trl.LLAMAS[model])
     return paths
 
 

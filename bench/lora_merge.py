@@ -29,7 +29,6 @@ def main() -> None:
     a = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import compare_trl
-    import floor
     from _report import cpu_name
     from peft import LoraConfig, get_peft_model
 
@@ -40,7 +39,7 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     path = compare_trl.WORK / "llama76m_gqa"
-    compare_trl.build_llama(path, floor.LLAMAS["llama76m_gqa"])
+    compare_trl.build_llama(path, compare_trl.LLAMAS["llama76m_gqa"])
     tok, _ = load_tokenizer(str(path), False)
     model = load_model(str(path), "float32", torch.device("cpu"), False)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
