@@ -84,3 +84,19 @@ def test_kl_cov_adds_its_penalty_once_the_policy_moved(make_trainer, tmp_path):
     w_off, w_on = _weights(tmp_path / "off"), _weights(tmp_path / "on")
     assert any(not torch.equal(w_off[k], w_on[k]) for k in w_off)
     assert on[0]["loss"] > off[0]["loss"]  # the penalty is >= 0 and positive on the moved tokens (mean over the 2 updates)
+
+
+def test_clip_cov_steps_when_no_row_carries_a_signal(make_trainer, tmp_path):
+    """A reward that pays every completion the same: every advantage is 0 and the skip leaves no row (a collapsed run
+    reaches this: tiny-tools at step 38). Clip-Cov then has nothing to draw from and the run is the defaults' run, to
+    the bit."""
+    (tmp_path / "same.py").write_text("def same(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    same = [f"rewards=[{tmp_path / 'same.py'}:same]"]
+    off = make_trainer(*BASE, *same, run="off")
+    off.train()
+    on = make_trainer(*BASE, *same, "algo.clip_cov_ratio=0.02", run="on")
+    on.train()
+    assert bool((on.last_step.advantages == 0).all())
+    w_off, w_on = _weights(tmp_path / "off"), _weights(tmp_path / "on")
+    assert all(torch.equal(w_off[k], w_on[k]) for k in w_off)
+    assert [m["loss"] for m in _metrics(tmp_path / "on")] == [m["loss"] for m in _metrics(tmp_path / "off")]

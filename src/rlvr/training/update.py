@@ -212,7 +212,8 @@ class Updater:
         # the adaptive controller measures every loss token: the skipped rows' by the sampler's or that forward's entropies
         skipped_entropy = None if self.entropy_control is None else masked_entropy_sum(left_out_h, rows.left_out_mask)
         a = self.cfg.algo
-        cov = self.covariance_selection(rows, old) if a.clip_cov_ratio or a.kl_cov_ratio else None
+        # no rows run (every advantage 0 under the skip): nothing to select from, nothing to detach or penalise
+        cov = self.covariance_selection(rows, old) if (a.clip_cov_ratio or a.kl_cov_ratio) and rows.slices else None
         return MinibatchInputs(
             rows.episodes,
             rows.advantages,
