@@ -31,7 +31,7 @@ from rlvr.config import ConfigError
 from rlvr.models.forward import TokenLogProbs, logits_plain, logprobs_from_logits
 
 # Device types where the compiled forward is measured to win within a run's first steps (optim.compile=auto):
-# none yet (bench/results/compile.md: on CPU no faster than eager, and unmeasured on CUDA).
+# none yet (bench/results/compile.md: on CPU no faster than eager in fp32, slower in bf16; unmeasured on CUDA).
 COMPILE_WINS_ON: frozenset[str] = frozenset()
 BUCKET_STEP = 16  # the finest bucket step (lengths up to 128)
 RECOMPILE_LIMIT = 64  # graphs of the compiled forward before torch.compile falls back to eager (its default: 8)
