@@ -40,7 +40,9 @@ with their backwards), sampling/log-probs (in the decode: every op inside the sa
 log_softmax, logsumexp and gather over the vocabulary), copies (copy_, cat, index*, clone, to, views, expand,
 empty/zeros allocations, embedding lookups), other ops; Python/dispatch = the region's wall time less the ops'
 self times (autograd engine nodes and labels count here). All from the profiled run, so they add up to its wall
-time and the profiler's own per-op cost is in them; the wall time without the profiler is beside. Lists: bench/floor_ops.py.
+time and the profiler's own per-op cost is in them; the wall time without the profiler is beside. A profiled run that
+page-faults more than the plain run is run plain and profiled again (up to 4 tries, the fewest faults kept;
+floor_ops.profiled): fresh pages slowed the elementwise ops 2-5x. Lists: bench/floor_ops.py.
 
 Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
   A-D  compare_trl.CONFIGS. D is TRL's defaults for TRL; for rlvr it is B plus optim.micro_batch_size=16
@@ -412,6 +414,13 @@ def profile_section(name: str, prof: dict) -> list[str]:
             cells.append(f"{s * 1e3:.2f}{rate} | {s / x['wall']:.0%}")
         L.append(table_row(cat, *cells))
     L.append(table_row("wall (without the profiler)", *(f"{x['wall'] * 1e3:.2f} ({x['wall_plain'] * 1e3:.2f}) | 100%" for _, x in parts)))
+    if all("faults" in x for _, x in parts):  # reports before the page-fault retries have none
+        L.append(
+            table_row(
+                "page faults (without the profiler)",
+                *(f"{x['faults']} ({x['faults_plain']}) | {x['tries']} {'try' if x['tries'] == 1 else 'tries'}" for _, x in parts),
+            )
+        )
     return L
 
 
