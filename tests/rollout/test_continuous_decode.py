@@ -173,3 +173,35 @@ def test_the_model_is_as_it_was_after_close(model_tok):
     assert model.config._attn_implementation == impl and model.training == training
     with pytest.raises(RuntimeError, match="closed"):
         d.submit(Req(tok("Hi")["input_ids"], 3, 1))
+
+
+def test_a_decoder_whose_generation_mode_fails_raises_instead_of_hanging(model_tok, monkeypatch):
+    """generation_mode starts on the decode thread; when it fails there, the constructor raises its error (it used
+    to return a decoder whose thread was gone, and the first submit waited forever) and the model is left as it was."""
+    import contextlib
+
+    import rlvr.rollout.engines.hf.continuous as continuous
+
+    model, tok = model_tok
+    impl, training = model.config._attn_implementation, model.training
+
+    @contextlib.contextmanager
+    def failing_mode(*args, **kwargs):
+        raise ValueError("no generation mode for this model")
+        yield
+
+    monkeypatch.setattr(continuous, "generation_mode", failing_mode)
+    outcome: list[BaseException | ContinuousDecoder] = []
+
+    def build():
+        try:
+            outcome.append(ContinuousDecoder(model, tok, eos=eos_ids(model, tok)))
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=build, daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the constructor hung"
+    assert isinstance(outcome[0], ValueError) and "no generation mode" in str(outcome[0])
+    assert model.config._attn_implementation == impl and model.training == training

@@ -182,19 +182,23 @@ class ContinuousDecoder:
         self.closed = False
         self.forwards = 0  # model forwards run
         self.tokens_fed = 0  # tokens run through the model (an agent's history is not run again)
+        self.failure: BaseException | None = None  # what ended the decode thread, when something did
         self.thread = threading.Thread(target=self._run, name="rlvr-continuous-decode", daemon=True)
         self.in_mode = threading.Event()  # the thread holds the model in generation mode
         self.thread.start()
         # back only once the thread's generation mode is on: a region the caller opens after this nests inside it
         # and gives it back its attention at exit (one opened before would restore the model's own under the thread)
         self.in_mode.wait()
+        if self.failure is not None:  # generation mode did not start: no decoder to hand out
+            self.thread.join()
+            raise self.failure
 
     def submit(self, req: DecodeRequest) -> list[Sample]:
         gen = torch.Generator(device=self.device).manual_seed(int(req.seed))
         asked = _Asked(req, gen, StopMatcher(self.tokenizer, req.stops), [None] * req.n)
         with self.cond:
             if self.closed:
-                raise RuntimeError("the decoder is closed")
+                raise RuntimeError("the decoder is closed") from self.failure
             self.queue.append(asked)
             self.cond.notify_all()
         asked.done.wait()
@@ -220,9 +224,13 @@ class ContinuousDecoder:
                         self._step()
                     except BaseException as e:  # every request in the decode answers the error; the decoder goes on
                         self._fail_all(e)
+        except BaseException as e:  # generation mode failed to start or to end: the thread ends here, with the reason
+            self.failure = e
         finally:
+            with self.cond:
+                self.closed = True  # a later submit raises at once instead of waiting on a thread that is gone
             self.in_mode.set()  # also when generation mode failed to start: __init__ must not wait forever
-        self._fail_all(RuntimeError("the decoder closed before this request was answered"))
+        self._fail_all(self.failure or RuntimeError("the decoder closed before this request was answered"))
 
     def _admit(self) -> bool:
         """Rows for the requests that arrived (waiting for one when nothing decodes); False once closed."""
