@@ -256,6 +256,29 @@ def _execute(program, mode, tests, inputs, expected, limits, network_namespace, 
         "output_limit": limits.output_limit,
         "case_timeout_s": max(0.5, (limits.timeout_s - 0.5) / max(1, n_cases)),
     }
+    bufs, ending, returncode = _launch(harness_job, limits, network_namespace, start)
+    iso, report = _parse_result(bytes(bufs["result"]), nonce)
+    for key, message in WEAKER.items():
+        if iso and not iso.get(key, False):
+            _warn_once(key, message)
+    stdout, stderr = (bufs[k].decode("utf-8", "replace") for k in ("stdout", "stderr"))
+    common = dict(stdout=stdout, stderr=stderr, duration_s=time.monotonic() - start, isolation=iso)
+    total_guess = n_cases if mode == "io" else 0
+    if ending == "timeout":
+        return SandboxResult(TIMEOUT, 0, total_guess, reason=f"wall-clock limit of {limits.timeout_s} s", **common)
+    if ending:
+        return SandboxResult(LIMIT, 0, total_guess, reason=ending, **common)
+    if report is None:
+        status, reason = _status_without_report(returncode)
+        return SandboxResult(status, 0, total_guess, reason=reason, **common)
+    status, passed, total, reason, outputs = _verdict(report, mode, expected)
+    return SandboxResult(status, passed, total, reason=reason, outputs=outputs, **common)
+
+
+def _launch(harness_job: dict, limits, network_namespace, start) -> tuple[dict, str, int | None]:
+    """Run the harness job in the launcher under a sandbox uid in a fresh working directory, and collect what it
+    writes: (buffers by stream: result, stdout, stderr; how a limit ended the run, "" when none did; the
+    launcher's exit status). The directory, the pipe and the process are gone when this returns."""
     workdir = tempfile.mkdtemp(prefix="rlvr-sandbox-")
     result_r, result_w = os.pipe()
     proc = None
@@ -305,20 +328,5 @@ def _execute(program, mode, tests, inputs, expected, limits, network_namespace, 
         if proc is not None and proc.returncode is None:
             _reap(proc)
         shutil.rmtree(workdir, ignore_errors=True)
-
-    iso, report = _parse_result(bytes(bufs["result"]), nonce)
-    for key, message in WEAKER.items():
-        if iso and not iso.get(key, False):
-            _warn_once(key, message)
-    stdout, stderr = (bufs[k].decode("utf-8", "replace") for k in ("stdout", "stderr"))
-    common = dict(stdout=stdout, stderr=stderr, duration_s=time.monotonic() - start, isolation=iso)
-    total_guess = n_cases if mode == "io" else 0
-    if ending == "timeout":
-        return SandboxResult(TIMEOUT, 0, total_guess, reason=f"wall-clock limit of {limits.timeout_s} s", **common)
-    if ending:
-        return SandboxResult(LIMIT, 0, total_guess, reason=ending, **common)
-    if report is None:
-        status, reason = _status_without_report(proc.returncode)
-        return SandboxResult(status, 0, total_guess, reason=reason, **common)
-    status, passed, total, reason, outputs = _verdict(report, mode, expected)
-    return SandboxResult(status, passed, total, reason=reason, outputs=outputs, **common)
+    assert proc is not None, "started, or an exception left"
+    return bufs, ending, proc.returncode
