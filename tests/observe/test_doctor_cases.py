@@ -42,7 +42,8 @@ def test_smollm2_collapse_is_entropy_collapse_not_easy_prompts():
     assert "36% of groups got the step's lowest reward" in f.message  # 43 % of the identical groups wrong
     assert "easy" not in f.message and "filter" not in f.fix
     adaptive = "algo.adaptive_entropy=true: its automatic target is half the entropy of the first 5 steps, here about 0.27"
-    for setting in (adaptive, "rollout.temperature (now 0.7)", "algo.epsilon_high=0.28", "optim.lr (now 1e-05)"):
+    clip_cov = "Clip-Cov (algo.clip_cov_ratio=0.02"
+    for setting in (adaptive, clip_cov, "rollout.temperature (now 0.7)", "algo.epsilon_high=0.28", "optim.lr (now 1e-05)"):
         assert setting in f.fix, (setting, f.fix)
     # the same run as the old entropy metric showed it: the distinct-completion share tells
     (g,) = _verdict(CASES["smollm2_collapse_hidden_entropy"]).values()
@@ -58,6 +59,14 @@ def test_a_collapse_under_the_adaptive_controller_asks_it_to_act_sooner():
     assert "the adaptive controller was on, its coefficient reached 0.1" in f.fix
     assert "algo.entropy_coef_delta, e.g. 0.05 (now 0.005)" in f.fix and "algo.entropy_target=0.27" in f.fix and "(now None)" in f.fix
     assert "algo.adaptive_entropy=true" not in f.fix
+
+
+def test_a_collapse_under_clip_cov_asks_for_a_larger_share():
+    case = CASES["smollm2_collapse"]
+    (f,) = diagnose(case.history, Context(config={**case.config, "algo": {**case.config["algo"], "clip_cov_ratio": 0.02}}))
+    assert f.rule == "entropy_collapse"
+    assert "Clip-Cov was on: detach more of the tokens that drive the collapse (algo.clip_cov_ratio, e.g. 0.04 (now 0.02))" in f.fix
+    assert "algo.clip_cov_ratio=0.02" not in f.fix
 
 
 def test_live_doctor_never_blames_the_prompts_during_the_collapse():
