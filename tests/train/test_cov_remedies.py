@@ -71,14 +71,14 @@ def test_clip_cov_keeps_the_skip_and_draws_over_the_rows_with_a_signal(make_trai
     assert (len(skip), len(every)) == (int((~zero).sum()), len(zero))
     assert int((skip == 0).sum()) == int(0.5 * int(mask[~zero].sum()))
     assert int((every == 0).sum()) == int(0.5 * int(mask.sum()))
-    kl = make_trainer(*BASE, "algo.kl_cov_ratio=0.5", run="kl")
+    kl = make_trainer(*BASE, "algo.clip_cov_ratio=0", "algo.kl_cov_ratio=0.5", run="kl")
     assert not kl.plan.skip_zero_advantage  # KL-Cov's penalty has a gradient on zero-advantage rows
 
 
 def test_kl_cov_adds_its_penalty_once_the_policy_moved(make_trainer, tmp_path):
     two = ["algo.num_iterations=2"]  # the second epoch's ratio is no longer 1: |log p_new - log p_old| > 0
-    make_trainer(*BASE, *two, run="off").train()
-    make_trainer(*BASE, *two, "algo.kl_cov_ratio=0.5", "algo.kl_cov_coef=10", run="on").train()
+    make_trainer(*BASE, *two, "algo.clip_cov_ratio=0", run="off").train()
+    make_trainer(*BASE, *two, "algo.clip_cov_ratio=0", "algo.kl_cov_ratio=0.5", "algo.kl_cov_coef=10", run="on").train()
     off, on = _metrics(tmp_path / "off"), _metrics(tmp_path / "on")
     # step 1: the first epoch is identical (ratio 1, |log-ratio| = 0 with zero gradient); the second is not
     w_off, w_on = _weights(tmp_path / "off"), _weights(tmp_path / "on")
@@ -92,7 +92,7 @@ def test_clip_cov_steps_when_no_row_carries_a_signal(make_trainer, tmp_path):
     the bit."""
     (tmp_path / "same.py").write_text("def same(completions, **kwargs):\n    return [1.0] * len(completions)\n")
     same = [f"rewards=[{tmp_path / 'same.py'}:same]"]
-    off = make_trainer(*BASE, *same, run="off")
+    off = make_trainer(*BASE, *same, "algo.clip_cov_ratio=0", run="off")
     off.train()
     on = make_trainer(*BASE, *same, "algo.clip_cov_ratio=0.02", run="on")
     on.train()
@@ -100,3 +100,38 @@ def test_clip_cov_steps_when_no_row_carries_a_signal(make_trainer, tmp_path):
     w_off, w_on = _weights(tmp_path / "off"), _weights(tmp_path / "on")
     assert all(torch.equal(w_off[k], w_on[k]) for k in w_off)
     assert [m["loss"] for m in _metrics(tmp_path / "on")] == [m["loss"] for m in _metrics(tmp_path / "off")]
+
+
+def test_clip_cov_takes_the_in_process_samplers_log_probs_instead_of_a_forward(make_trainer, monkeypatch):
+    """On-policy, the hf engine's log-probs are the policy's (float32 tiny model: equal to ~1e-6), so Clip-Cov picks
+    the same tokens from them as from a forward of its own, and the step runs no forward but the training one."""
+    from rlvr.training.update import Updater
+
+    forwards, real = [], Updater.fixed_forward
+
+    def counted(self, *args, **kwargs):
+        forwards.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Updater, "fixed_forward", counted)
+    # the band (0, inf): tokens whose log p and advantage sit on the same side of their means, so log p picks them
+    share = ["algo.clip_cov_ratio=0.5", "algo.clip_cov_lb=0", "algo.clip_cov_ub=1e9"]
+    sampler, t = _token_weights_of_one_step(make_trainer, monkeypatch, *share, run="sampler")
+    assert t.updater.sampler_is_policy and forwards == []
+
+    monkeypatch.setattr(Updater, "fixed_forward", counted)
+    monkeypatch.setattr(Updater, "__init__", _without_the_sampler(Updater.__init__))
+    forward, t2 = _token_weights_of_one_step(make_trainer, monkeypatch, *share, run="forward")
+    assert not t2.updater.sampler_is_policy and forwards == [1]
+    assert torch.equal(t.last_step.advantages, t2.last_step.advantages)  # the same rollout
+    trained = t.last_step.batch.episodes.loss_mask[t.last_step.advantages != 0]
+    assert int((sampler == 0).sum()) == int(0.5 * int(trained.sum()))  # drawn at random among the band's tokens ...
+    assert torch.equal(sampler, forward)  # ... the same draw from the same band
+
+
+def _without_the_sampler(init):
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.sampler_is_policy = False
+
+    return patched

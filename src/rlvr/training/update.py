@@ -68,6 +68,8 @@ class Updater:
         self.correction = applied_sampler_correction(cfg)  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
+        r = cfg.rollout  # the in-process sampler ran this step's weights, unfiltered: its log-probs are the policy's
+        self.sampler_is_policy = r.engine == "hf" and not r.servers and r.max_staleness == 0 and r.top_k == 0 and r.top_p == 1.0
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
         # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window
@@ -233,10 +235,14 @@ class Updater:
         """[N, C] Clip-Cov's weights or KL-Cov's selected tokens, chosen once per minibatch before its epochs from the
         generating policy's log-probs over this rank's rows (verl: per micro-batch, from the current log-probs, which
         are those in the first epoch of a step's first minibatch). Clip-Cov draws with torch's generator, which
-        checkpoints keep."""
+        checkpoints keep. Without old log-probs of its own (no dropout, the step's first minibatch) the in-process
+        sampler's are the generating policy's, up to rounding: no forward runs for them."""
         a = self.cfg.algo
-        outs = old or self.fixed_forward(self.model, rows.episodes, rows.slices)
-        logp = _padded(outs, rows.episodes.completion_ids.shape[1], entropy=False).to(self.device)
+        e = rows.episodes
+        if old is None and self.sampler_is_policy and e.sampling_entropy is not None and e.versions is None:  # it reports its sampler
+            logp = e.sampling_logprobs.to(self.device)
+        else:
+            logp = _padded(old or self.fixed_forward(self.model, e, rows.slices), e.completion_ids.shape[1], entropy=False).to(self.device)
         if a.clip_cov_ratio:
             return algo.clip_cov_weights(
                 logp, rows.advantages, rows.loss_mask, ratio=a.clip_cov_ratio, lower=a.clip_cov_lb, upper=a.clip_cov_ub
