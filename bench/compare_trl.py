@@ -206,6 +206,7 @@ def rlvr_overrides(spec: dict) -> list[str]:
         "algo.beta=0",
         "algo.num_iterations=1",
         "algo.loss_type=dapo",
+        "algo.clip_cov_ratio=0",  # TRL has no Clip-Cov (rlvr's default since 2026-12-03): the same loss on both sides
         "algo.std_ddof=1",
         f"threads={spec.get('threads', THREADS)}",
         "device=cpu",

@@ -13,7 +13,8 @@ Wilson interval), pass@1 and pass@8 (8 samples at temperature 1, unbiased estima
 and distinct completions per group (mean of the first and of the last 5 steps), the share of groups with identical
 rewards at the end, and the doctor's verdict.
 
-Arms (each the defaults plus): `clip_higher` algo.epsilon_high=0.28 (DAPO); `adaptive` algo.adaptive_entropy with
+Arms (each the defaults plus; the defaults include Clip-Cov at 2 % since 2026-12-03, `plain` turns it off):
+`clip_higher` algo.epsilon_high=0.28 (DAPO); `adaptive` algo.adaptive_entropy with
 TRL's coefficient settings and a target of half the entropy the defaults arm of that seed started at (the doctor's
 proposal); `clip_cov` algo.clip_cov_ratio=2e-4 (bounds 1, 5: the paper's); `kl_cov` algo.kl_cov_ratio=2e-4
 (coefficient 1: the paper's) with optim.steps_per_generation=2, since its penalty is 0 until the policy moves
@@ -37,6 +38,8 @@ MINUTES = 0.0  # --smollm2-minutes: SmolLM2 arms train for this wall time instea
 AUTOCAST = "bf16"  # SmolLM2 arms: bench/smollm2.py's precision (twice as fast as fp32 on a bf16 CPU)
 ARMS = {
     "defaults": [],
+    # the defaults before 2026-12-03 (TRL's dapo loss, no remedy): Clip-Cov at 2 % is on by default since
+    "plain": ["algo.clip_cov_ratio=0"],
     "clip_higher": ["algo.epsilon_high=0.28"],
     "adaptive": ["algo.adaptive_entropy=true"],  # + algo.entropy_target from the defaults arm
     # TRL's delta (0.005) ramps the coefficient to 0.2 in 40 steps, after a short run has collapsed; 4x faster:
@@ -58,8 +61,8 @@ ARMS = {
     # the paper's 2e-4 detaches one token a step at these batch sizes (1-3k tokens, against the paper's millions);
     # 2 % detaches 20-60 a step (or every token whose covariance lies in (1, 5), where fewer do)
     "clip_cov_2pct": ["algo.clip_cov_ratio=0.02"],
-    "kl_cov": ["algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
-    "spg2": ["optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
+    "kl_cov": ["algo.clip_cov_ratio=0", "algo.kl_cov_ratio=2e-4", "optim.steps_per_generation=2"],
+    "spg2": ["algo.clip_cov_ratio=0", "optim.steps_per_generation=2"],  # KL-Cov's control: the same two optimizer steps per step, no remedy
 }
 
 

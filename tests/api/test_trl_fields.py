@@ -170,6 +170,15 @@ def test_optim_takes_adamw_by_any_of_its_names_and_refuses_others():
         mapped(optim="adamw_8bit")
 
 
+def test_a_trl_script_gets_trls_loss_without_rlvrs_clip_cov():
+    """Clip-Cov is on in rlvr's defaults; TRL has none, so a GRPOConfig pins it off, and the run is TRL's loss."""
+    from rlvr.config import Config
+
+    assert Config().algo.clip_cov_ratio > 0
+    assert mapped()[0]["algo.clip_cov_ratio"] == 0
+    assert mapped(loss_type="grpo", beta=0.04)[0]["algo.clip_cov_ratio"] == 0
+
+
 def test_batch_arithmetic_is_trls():
     # 2 processes x 4 per device x steps_per_generation 6 = 48 completions = 12 prompts x 4; 3 accumulation steps: 2 updates
     s, _ = settings(

@@ -109,3 +109,10 @@ def test_negative_intervals_and_counts_are_refused_naming_the_key():
     assert "`checkpoint.keep` must be >= 0 (0: keep every one), got -1" in text
     assert "`logging.completions_every` must be >= 0 (0: never), got -2" in text
     assert "`logging.num_completions` must be >= 0 (0: none), got -1" in text
+
+
+def test_kl_cov_asks_to_turn_off_the_default_clip_cov():
+    """Clip-Cov is on by default; KL-Cov is the other remedy for the same thing, so asking for it names the switch."""
+    with pytest.raises(ConfigError, match=r"Clip-Cov is on by default, at 0.02: KL-Cov needs algo.clip_cov_ratio=0"):
+        check_config(load_config(None, ["algo.kl_cov_ratio=2e-4"]))
+    check_config(load_config(None, ["algo.kl_cov_ratio=2e-4", "algo.clip_cov_ratio=0"]))

@@ -193,6 +193,7 @@ _ALGO_SAME = [n for n, r in RULES.items() if r.what.startswith(f"algo.{n}:") and
 
 def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     s = {f"algo.{n}": getattr(args, n) for n in _ALGO_SAME}
+    s["algo.clip_cov_ratio"] = 0.0  # TRL has no Clip-Cov (rlvr's default): a TRL script keeps TRL's loss
     if args.use_adaptive_entropy:  # the controller's settings act only with it (rlvr warns about them otherwise)
         s["algo.adaptive_entropy"] = True
         s.update({f"algo.{n}": getattr(args, n) for n in _CONTROLLER})

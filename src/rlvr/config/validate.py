@@ -134,7 +134,10 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
         if not 0 <= getattr(a, name) < 1:
             errors.append(f"`algo.{name}` must be a share of the tokens in [0, 1) (0 = off; the paper: 2e-4), got {getattr(a, name)}")
     if a.clip_cov_ratio > 0 and a.kl_cov_ratio > 0:
-        errors.append("`algo.clip_cov_ratio` and `algo.kl_cov_ratio` are two remedies for one thing: set one of them (the other 0)")
+        errors.append(
+            "`algo.clip_cov_ratio` and `algo.kl_cov_ratio` are two remedies for one thing: set one of them (the other 0; "
+            f"Clip-Cov is on by default, at {type(a)().clip_cov_ratio}: KL-Cov needs algo.clip_cov_ratio=0)"
+        )
     if a.clip_cov_ratio > 0 and not a.clip_cov_lb < a.clip_cov_ub:
         errors.append(f"`algo.clip_cov_lb` must be below `algo.clip_cov_ub`, got {a.clip_cov_lb} and {a.clip_cov_ub}")
     if a.adaptive_entropy and not (a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0 and (a.entropy_target or 0) >= 0):

@@ -396,7 +396,8 @@ def _clip_cov_fix(ctx: Context) -> str:
     """Clip-Cov at 2 % of tokens: the remedy measured to keep SmolLM2 exploring without losing held-out accuracy."""
     ratio = ctx.setting("algo.clip_cov_ratio", 0.0)
     if isinstance(ratio, (int, float)) and ratio > 0:
-        return f"Clip-Cov was on: detach more of the tokens that drive the collapse (algo.clip_cov_ratio, e.g. {2 * ratio:.3g} (now {ratio}))"
+        more = f"{2 * ratio:.3g}{ctx.now('algo.clip_cov_ratio')}"
+        return f"Clip-Cov was on: detach more of the tokens that drive the collapse (algo.clip_cov_ratio, e.g. {more})"
     return (
         f"detach the gradient of the tokens that drive the collapse with Clip-Cov (algo.clip_cov_ratio=0.02"
         f"{ctx.now('algo.clip_cov_ratio')}: measured to keep SmolLM2 exploring at no held-out cost, "
