@@ -177,3 +177,22 @@ def test_covariance_is_centred_over_the_masks_tokens_only():
     a = adv.unsqueeze(1).expand_as(logp)
     expected = (logp - masked_mean(logp, mask)) * (a - masked_mean(a, mask)) * mask
     torch.testing.assert_close(cov, expected, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_clip_cov_leaves_the_entropy_bonus_on_every_token(seed):
+    """Clip-Cov zeroes the policy-gradient term of its tokens (policy_loss's token_weights); the entropy bonus still
+    averages over every loss token (entropy_weights), as verl's entropy loss does over the response mask."""
+    from rlvr.algo import BatchNorms, policy_loss
+
+    logp, old, adv, mask = inputs(seed)
+    H = 2 * torch.rand(logp.shape, generator=torch.Generator().manual_seed(seed), dtype=D)
+    w = clip_cov_weights(logp, adv, mask, ratio=0.3, lower=-1e9, upper=1e9, generator=torch.Generator().manual_seed(seed))
+    norms = BatchNorms(num_sequences=logp.shape[0], num_tokens=int(mask.sum()), max_completion_length=logp.shape[1])
+    kw = dict(loss_type="dapo", epsilon=0.2, token_weights=w)
+    no_bonus = policy_loss(logp, old, adv, mask, norms, **kw).loss
+    with_bonus = policy_loss(logp, old, adv, mask, norms, **kw, entropy=H, entropy_coef=0.1, entropy_weights=torch.ones_like(w)).loss
+    torch.testing.assert_close(with_bonus, no_bonus - 0.1 * (H * mask).sum() / mask.sum(), rtol=0, atol=1e-14)
+    legacy = policy_loss(logp, old, adv, mask, norms, **kw, entropy=H, entropy_coef=0.1).loss  # without entropy_weights: token_weights'
+    torch.testing.assert_close(legacy, no_bonus - 0.1 * (H * mask * w).sum() / mask.sum(), rtol=0, atol=1e-14)
+    assert (w == 0).any() and not torch.equal(with_bonus, legacy)

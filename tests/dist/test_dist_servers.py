@@ -104,6 +104,7 @@ def test_two_ranks_with_tools_equal_one(tmp_path, caller, two_servers, kind, str
         "optim.pack_by_length=false",  # the same rows in each micro-batch on one rank as on two: the same padding
         "optim.skip_zero_advantage=false",
         "algo.sampler_correction=none",  # its weights are exp(gap) ~ 1, recomputed per rank: more rounding to compare
+        "algo.clip_cov_ratio=0",  # Clip-Cov (the default) draws its tokens among each rank's rows: not one draw
         "optim.lr=0.001",
         "threads=1",
         "model.autocast=none",

@@ -109,6 +109,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,  # [N, L] with gradient, when entropy_coef != 0
     entropy_coef: float = 0.0,
     token_penalty: torch.Tensor | None = None,  # [N, L] added to the per-token loss (KL-Cov's), with its gradient
+    entropy_weights: torch.Tensor | None = None,  # [N, L] the tokens the entropy bonus averages over (None: token_weights)
 ) -> PolicyLossOutput:
     """This micro-batch's share of the batch loss, with clip fractions and the mean KL.
 
@@ -116,7 +117,8 @@ def policy_loss(
     losses (and gradients) of the micro-batches gives the full batch's loss exactly (bnpo aside,
     which by definition normalises by the local batch). `token_weights`, `sampler_weights` and the
     off-policy mask multiply the policy-gradient term only; the KL term, when beta > 0, counts on
-    every unmasked token. The entropy bonus averages over the tokens `token_weights` keeps. `token_penalty` adds
+    every unmasked token. The entropy bonus averages over the tokens `entropy_weights` keeps (default: those
+    `token_weights` keeps; Clip-Cov's detached tokens stay in the bonus, as in verl). `token_penalty` adds
     to the per-token loss before the aggregation (KL-Cov's |log-ratio| on its selected tokens).
     """
     objective, aggregation = _loss_type(loss_type)
@@ -154,7 +156,8 @@ def policy_loss(
         per_token = per_token + beta * per_token_kl  # [N, L]
     loss = aggregation.fn(per_token, mask, norms)  # []
     if entropy_coef != 0.0:
-        loss = loss - _entropy_bonus(entropy, mask, token_weights, norms, entropy_coef=entropy_coef)
+        kept = token_weights if entropy_weights is None else entropy_weights
+        loss = loss - _entropy_bonus(entropy, mask, kept, norms, entropy_coef=entropy_coef)
     return PolicyLossOutput(loss, *_clip_fractions(out.low_clipped, out.high_clipped, logp, mask), kl)
 
 

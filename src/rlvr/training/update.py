@@ -132,7 +132,7 @@ class Updater:
         m = minibatch.loss_mask[rows, :C]
         old, own_old = old_logprobs(minibatch, micro_batch.position, out, first)
         entropy = out.entropy.detach()  # out.entropy keeps its gradient for the entropy bonus
-        w, is_w = self.token_weights(minibatch, rows, C, entropy, m, old, first)
+        selection, w, is_w = self.token_weights(minibatch, rows, C, entropy, m, old, first)
         if first is not None and micro_batch.weight:
             sums.add_sampler_gap(old, e.sampling_logprobs[rows, :C], m, is_w)
             if minibatch.entropy_from_first_epoch:
@@ -153,6 +153,7 @@ class Updater:
             sampling_logp=e.sampling_logprobs[rows, :C],
             entropy=out.entropy,
             token_penalty=penalty,
+            entropy_weights=selection,
             **self.loss_kwargs,
         )
         with no_grad_sync(self.dist, self.train_model, skip=not last):
@@ -160,10 +161,11 @@ class Updater:
         if micro_batch.weight:
             sums.add(res, entropy, m, can_clip=not own_old)
             if self.entropy_control is not None:
-                self.entropy_control.add(entropy, m if w is None else m * w)
+                self.entropy_control.add(entropy, m if selection is None else m * selection)
 
     def token_weights(self, minibatch: MinibatchInputs, rows: slice, C: int, entropy, m, old_logp, first: FirstEpoch | None):
-        """(the top-entropy token selection or None, the sampler-correction weights or None)."""
+        """(the top-entropy token selection, the policy-gradient term's weights: it times Clip-Cov's, the
+        sampler-correction weights), each [n, C] or None. The entropy bonus and the controller count the selection."""
         a = self.cfg.algo
         selection = minibatch.entropy_weights
         if a.top_entropy_quantile < 1 and selection is None:  # one micro-batch: its first forward is the whole minibatch
@@ -171,8 +173,9 @@ class Updater:
             if first.entropy_weights is None:
                 first.entropy_weights = algo.high_entropy_mask(entropy, m, a.top_entropy_quantile)
             selection = first.entropy_weights
-        w = None if selection is None else selection[rows, :C]
-        if a.clip_cov_ratio and minibatch.cov_selection is not None:  # Clip-Cov: its tokens' gradient detached
+        selected = None if selection is None else selection[rows, :C]
+        w = selected
+        if a.clip_cov_ratio and minibatch.cov_selection is not None:  # Clip-Cov: its tokens' policy gradient detached
             clip = minibatch.cov_selection[rows, :C]
             w = clip if w is None else w * clip
         is_w = None
@@ -180,7 +183,7 @@ class Updater:
             is_w = algo.sampler_correction(
                 old_logp, minibatch.episodes.sampling_logprobs[rows, :C], m, self.correction, a.sampler_correction_cap
             )
-        return w, is_w
+        return selected, w, is_w
 
     def optimizer_step(self, sums: MetricSums, *, has_rows: bool) -> bool:
         """Clip and apply the accumulated gradients; False (and nothing applied) when they are not finite."""
