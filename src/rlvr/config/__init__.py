@@ -23,7 +23,7 @@ from rlvr.config.schema import (
 )
 from rlvr.config.trl_names import TRL_NAMES, trl_hint, trl_table
 from rlvr.config.validate import REGISTERED, batch_split_errors, validate
-from rlvr.config.validate_rollout import applied_sampler_correction
+from rlvr.config.validate_rollout import applied_sampler_correction, sampler_is_trainer
 
 __all__ = [
     "AlgoConfig",
@@ -45,6 +45,7 @@ __all__ = [
     "ToolsConfig",
     "VllmConfig",
     "applied_sampler_correction",
+    "sampler_is_trainer",
     "batch_split_errors",
     "describe",
     "field_docs",

@@ -102,6 +102,11 @@ def applied_sampler_correction(cfg: Config) -> str:
     trained model itself)."""
     if cfg.algo.sampler_correction != "auto":
         return cfg.algo.sampler_correction
+    return "none" if sampler_is_trainer(cfg) else "token_truncate"
+
+
+def sampler_is_trainer(cfg: Config) -> bool:
+    """The sampler is the trained model itself, at this step's weights: the in-process hf engine, not another engine's
+    probabilities (vLLM) nor weights that may be older than the trained ones (servers, rollout.max_staleness > 0)."""
     r = cfg.rollout
-    # another engine's probabilities (vLLM), or weights that may be older than the trained ones (servers, k > 0)
-    return "token_truncate" if r.engine == "vllm" or r.servers or r.max_staleness > 0 else "none"
+    return r.engine != "vllm" and not r.servers and r.max_staleness == 0

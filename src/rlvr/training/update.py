@@ -23,7 +23,7 @@ import math
 import torch
 
 from rlvr import algo
-from rlvr.config import applied_sampler_correction
+from rlvr.config import applied_sampler_correction, sampler_is_trainer
 from rlvr.dist import full_weights_for_generation, loss_scale, no_grad_sync
 from rlvr.models.compiled import CompileClock, CompiledForward
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
@@ -68,8 +68,8 @@ class Updater:
         self.correction = applied_sampler_correction(cfg)  # "none", or how to weight for the sampler/trainer mismatch
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
-        r = cfg.rollout  # the in-process sampler ran this step's weights, unfiltered: its log-probs are the policy's
-        self.sampler_is_policy = r.engine == "hf" and not r.servers and r.max_staleness == 0 and r.top_k == 0 and r.top_p == 1.0
+        # the sampler is the trained model, its distribution unfiltered: its log-probs are the policy's
+        self.sampler_is_policy = sampler_is_trainer(cfg) and cfg.rollout.top_k == 0 and cfg.rollout.top_p == 1.0
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
         # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window
