@@ -280,7 +280,9 @@ def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
     before = max(0, min(T // 2 - n, T - 1 - 2 * PROFILE_TRIES * n))
     with torch.no_grad(), autocast_context(trainer.precision.autocast, trainer.device, model), contextlib.ExitStack() as stack:
         # as HFEngine.generate, inside the source's autocast (the layout's KV dtype depends on it)
-        layout = choose_layout(model, G, static=engine.static_cache, shared_prefix=engine.shared_prefix, lean=engine.lean)
+        layout = choose_layout(
+            model, G, static=engine.static_cache, shared_prefix=engine.shared_prefix, lean=engine.lean, compiled=engine.compiled
+        )
         stack.enter_context(generation_mode(model, layout.attention))
         pre = prefill(model, engine.tokenizer, prompts, G)
         step = start_decode(model, pre, layout, G, T)

@@ -216,6 +216,11 @@ class RolloutConfig:
     function: str | None = None
     """A rollout function that makes the episodes itself (TRL's `rollout_func`): `file.py:function` or
     `module:function`, called as fn(prompts, model=, tokenizer=, sampling=, seeds=); see docs/agents.md."""
+    compile: str = "off"
+    """`on`: the hf engine's single-turn decode step of Llama-family models runs its layers under torch.compile on the
+    CPU (one graph per KV layout for the whole run; products from the same packed weights, only the elementwise
+    work rounds differently). 4-12 % faster bf16 generation on 9-76M models, none in fp32, after 17-57 s of
+    compiling at the first step (bench/results/decode_compile.md): it pays in long runs, so it is off by default."""
 
     @property
     def completions_per_step(self) -> int:

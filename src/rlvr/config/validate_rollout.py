@@ -32,6 +32,9 @@ def validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice
     if r.top_k < 0:
         errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
     choice("rollout.engine", r.engine, engines)
+    choice("rollout.compile", r.compile, ["on", "off"])
+    if r.compile == "on" and r.engine == "vllm":
+        errors.append("`rollout.compile`=on compiles the hf engine's decode; vLLM compiles its own: set rollout.compile=off")
     _validate_servers(cfg, errors, choice)
     _validate_agent(cfg, errors)
     if r.engine != "vllm":

@@ -139,7 +139,7 @@ class CompileClock:
             self.graphs += counters["stats"]["unique_graphs"] - graphs
 
 
-def require_cpp_compiler() -> None:
+def require_cpp_compiler(field: str = "optim.compile") -> None:
     """torch.compile on CPU writes C++ kernels: without a compiler it would fail at the first step."""
     from torch._inductor.cpp_builder import get_cpp_compiler
 
@@ -147,6 +147,6 @@ def require_cpp_compiler() -> None:
         get_cpp_compiler()
     except Exception as e:  # inductor's InvalidCxxCompiler, or the search failing
         raise ConfigError(
-            f"`optim.compile`=on needs a C++ compiler on CPU (torch.compile's inductor writes C++ kernels) and none "
-            f"was found ({type(e).__name__}: $CXX or g++): install g++, or set optim.compile=off"
+            f"`{field}`=on needs a C++ compiler on CPU (torch.compile's inductor writes C++ kernels) and none "
+            f"was found ({type(e).__name__}: $CXX or g++): install g++, or set {field}=off"
         ) from e

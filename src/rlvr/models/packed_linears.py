@@ -91,6 +91,24 @@ def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.T
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
 
 
+def decode_weight(
+    module: torch.nn.Linear, rows: int, autocast: torch.dtype | None, bf16_ok: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
+    """(weight, bias, packed) that a no-gradient call of `rows` rows inside a packing region computes with, for a caller
+    that runs the product itself (rlvr.rollout.engines.hf.compiled_decode): the packed weight and bias in the product's
+    dtype, or the plain fp32 weight (F.linear; small fp32 weights stay unpacked); None where the call would cast
+    under autocast without packing (no fast bf16) or the module is not swapped (not a plain Linear)."""
+    if module not in _HOLDERS:
+        return None
+    x = module.weight.new_empty((), dtype=torch.float32).expand(rows, module.in_features)  # only its shape and dtype are read
+    dtype = _packed_dtype(module, x, bf16_ok)  # bf16_ok: bf16_packs(), read once by the caller
+    if dtype is not None:
+        packed, bias = _packed(module, rows, dtype)
+        return packed, bias, True
+    plain_fp32 = autocast is None and module.weight.dtype == torch.float32 and rows <= DECODE_ROWS_MAX
+    return (module.weight.detach(), None if module.bias is None else module.bias.detach(), False) if plain_fp32 else None
+
+
 @contextlib.contextmanager
 def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[None]:
     """Within the region, the model's plain nn.Linear layers run decode-shaped calls from packed weights (see the

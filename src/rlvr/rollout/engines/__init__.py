@@ -23,7 +23,12 @@ def make_engine(name: str, model, tokenizer, cfg=None, save_adapter=None) -> Gen
     if name in ("hf", "torch"):
         from rlvr.rollout.engines.hf import HFEngine
 
-        return HFEngine(model, tokenizer, merge_lora=cfg is None or cfg.model.lora.merge_for_generation)
+        return HFEngine(
+            model,
+            tokenizer,
+            merge_lora=cfg is None or cfg.model.lora.merge_for_generation,
+            compile_decode=cfg is not None and cfg.rollout.compile == "on",
+        )
     if name == "vllm":
         from rlvr.models.loading import resolve_existing
         from rlvr.rollout.engines.vllm import VLLMEngine

@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers
 from rlvr.rollout.engines.hf.episode_cache import episode_attention
 from rlvr.rollout.engines.hf.episode_decode import decode_episodes
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, generation_mode, prefill
@@ -50,6 +51,7 @@ class HFEngine:
         lean: bool = True,
         merge_lora: bool = True,
         keep_merged: bool = False,
+        compile_decode: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -60,6 +62,8 @@ class HFEngine:
         # LoRA adapters generate merged into their base weights (rlvr.models.lora_merge); `keep_merged`: the merged
         # weights are kept between calls while no weight changes (a server), else freed after each (a trainer)
         self.merge_lora, self.keep_merged = merge_lora, keep_merged
+        # the lean step's layers under torch.compile on the CPU (`rollout.compile`; compiled_decode.py), kept across calls
+        self.compiled = CompiledLayers() if compile_decode else None
 
     def _mode(self, attention: str | None):
         return generation_mode(self.model, attention, merge_lora=self.merge_lora, keep_merged=self.keep_merged)
@@ -72,7 +76,9 @@ class HFEngine:
         if len(seeds) != len(prompts):
             raise ValueError(f"need one seed per prompt, got {len(seeds)} for {len(prompts)} prompts")
         G, T = params.n, params.max_new_tokens
-        layout = choose_layout(self.model, G, static=self.static_cache, shared_prefix=self.shared_prefix, lean=self.lean)
+        layout = choose_layout(
+            self.model, G, static=self.static_cache, shared_prefix=self.shared_prefix, lean=self.lean, compiled=self.compiled
+        )
         with self._mode(layout.attention):
             pre = prefill(self.model, self.tokenizer, prompts, G)
             step = start_decode(self.model, pre, layout, G, T)

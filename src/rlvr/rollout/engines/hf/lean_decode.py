@@ -31,9 +31,12 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, layer_weights
+from rlvr.rollout.engines.hf.decode_attention import decode_attention
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
-from rlvr.rollout.engines.hf.fused_projections import FusedLayer, fused_layer
+from rlvr.models.packed_linears import bf16_packs
+from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -55,8 +58,9 @@ def _causal_lm(model):
     return base
 
 
-def lean_decoder_for(model) -> "LeanDecoder | None":
-    """A LeanDecoder when the model's architecture is one this step reproduces exactly, else None."""
+def lean_decoder_for(model, compiled: CompiledLayers | None = None) -> "LeanDecoder | None":
+    """A LeanDecoder when the model's architecture is one this step reproduces exactly, else None; with `compiled`,
+    its CPU step runs the layers compiled where they are plain enough (compiled_decode.py)."""
     lm = _causal_lm(model)
     config = getattr(lm, "config", None)
     if config is None or config.model_type not in ARCHITECTURES or not supports_shared_prefix(config):
@@ -68,7 +72,21 @@ def lean_decoder_for(model) -> "LeanDecoder | None":
         children = {name for name, _ in layer.named_children()}
         if children != _LAYER_PARTS or not all(hasattr(layer.self_attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
             return None
-    return LeanDecoder(lm)
+    return LeanDecoder(lm, compiled)
+
+
+def _compilable(lm) -> bool:
+    """Whether compiled_decode.decoder_layer computes what this model's layers compute: plain RMSNorms, the SiLU
+    SwiGLU MLP, qwen3's per-head norms or none (the products are checked per call: layer_weights)."""
+    layer = lm.model.layers[0]
+    norms = [layer.input_layernorm, layer.post_attention_layernorm, lm.model.norm]
+    norms += [getattr(layer.self_attn, n) for n in ("q_norm", "k_norm") if hasattr(layer.self_attn, n)]
+    return (
+        all(type(m).__name__ in PLAIN_RMS_NORMS for m in norms)
+        and type(layer.mlp).__name__ in PLAIN_MLPS
+        and getattr(lm.config, "hidden_act", None) == "silu"
+        and all(getattr(m, "variance_epsilon", None) == layer.input_layernorm.variance_epsilon for m in norms)
+    )
 
 
 def fuse_projections(lm) -> bool:
@@ -115,8 +133,10 @@ class DecodeState:
 
 
 class LeanDecoder:
-    def __init__(self, lm):
+    def __init__(self, lm, compiled: CompiledLayers | None = None):
         self.lm = lm
+        self.compiled = compiled if compiled is not None and _compilable(lm) else None
+        self._weights: tuple[int, list[LayerWeights | None]] | None = None  # the compiled step's, for a row count
         inner = lm.model
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         attn = self.layers[0].self_attn
@@ -156,11 +176,21 @@ class LeanDecoder:
 
         def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
             own_k, own_v = state.own_keys[i], state.own_values[i]
+            if q.device.type == "cpu":  # the write and the attention as one call (decode_attention.py)
+                shared = state.prefix_keys is not None and state.prefix_values is not None
+                with torch.autocast("cpu", enabled=False):
+                    return decode_attention(
+                        q, k, v, own_k, own_v, t, state.bias, scale,
+                        state.prefix_keys[i] if shared else None, state.prefix_values[i] if shared else None,  # type: ignore[index]
+                        state.rows, state.group_size,
+                    )  # fmt: skip
             own_k[:, :, t] = k
             own_v[:, :, t] = v
-            return self._attend(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
+            return self._attend_on_device(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
 
-        logits = self._forward(tokens, positions, attend)
+        logits = self._compiled_forward(tokens, positions, state) if self.compiled is not None else None
+        if logits is None:
+            logits = self._forward(tokens, positions, attend)
         state.written = t + 1
         return logits
 
@@ -209,55 +239,44 @@ class LeanDecoder:
                 x = x + layer.mlp(h)
         return self.lm.lm_head(_rms_norm(self.norm, x)).float()
 
-    def _attend(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
-        """One query per row against (its prompt, once per group) + (its own tokens); [n, Hq x D]."""
+    def _compiled_forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor | None:
+        """step's layers through compiled_decode.decoder_layer; None where a layer's products cannot run there (then
+        the eager step runs: another device, a projection that is not a plain Linear, more rows than packing takes)."""
+        n, compiled = tokens.shape[0], self.compiled
+        if compiled is None or tokens.device.type != "cpu":
+            return None
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        if self._weights is None or self._weights[0] != n:
+            self._weights = (n, [layer_weights(layer, n, autocast, bf16_packs()) for layer in self.layers])
+        weights = self._weights[1]
+        if any(w is None for w in weights):
+            return None
+        x = self.embed(tokens)  # [n, hidden]
+        cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
+        eps, heads = self.layers[0].input_layernorm.variance_epsilon, (self.q_heads, self.kv_heads, self.head_dim)
+        shared = state.prefix_keys
+        with torch.autocast("cpu", enabled=False):
+            for i, (layer, w) in enumerate(zip(self.layers, weights)):
+                attention = (
+                    state.own_keys[i], state.own_values[i], state.written, state.bias, layer.self_attn.scaling,
+                    shared[i] if shared else None, state.prefix_values[i] if state.prefix_values else None, state.rows, state.group_size,
+                )  # fmt: skip
+                x = compiled(x, cos, sin, w, eps, heads, autocast or torch.float32, attention)
+        return self.lm.lm_head(_rms_norm(self.norm, x)).float()
+
+    def _attend_on_device(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
+        """decode_attention's math on other devices: SDPA (repeated layout), shared_prefix's products (shared layout)."""
         n, Hkv, D = q.shape[0], self.kv_heads, self.head_dim
         rep, G = self.q_heads // Hkv, state.group_size
         q = q.to(own_k.dtype)
-        if q.device.type != "cpu":  # the same math: SDPA (repeated layout), shared_prefix's products (shared layout)
-            if state.prefix_keys is None:
-                out = F.scaled_dot_product_attention(
-                    q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]], scale=scale, enable_gqa=rep > 1
-                )
-                return out.reshape(n, Hkv * rep * D)
-            assert state.prefix_values is not None, "set together with prefix_keys"
-            out = attend_prefix_and_own(
-                q.view(n, Hkv * rep, 1, D), own_k, own_v, state.prefix_keys[i], state.prefix_values[i],
-                rows=state.rows, group_size=G, prefix_bias=state.bias, scaling=scale,
-            )  # fmt: skip
+        if state.prefix_keys is None:
+            out = F.scaled_dot_product_attention(
+                q[:, :, None], own_k, own_v, attn_mask=state.bias[..., : own_k.shape[2]], scale=scale, enable_gqa=rep > 1
+            )
             return out.reshape(n, Hkv * rep * D)
-        qr = q.view(n, Hkv, rep, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
-        with torch.autocast("cpu", enabled=False):
-            if state.prefix_keys is None:  # repeated layout: prompt and own tokens in one buffer
-                out, _ = _attend_explicit(qr, own_k, own_v, scale, state.bias[..., : own_k.shape[2]])
-                return out.reshape(n, Hkv * rep * D)
-            assert state.prefix_values is not None, "set together with prefix_keys"
-            pk, pv = state.prefix_keys[i], state.prefix_values[i]
-            B = pk.shape[0]
-            o_own, s_own = _attend_explicit(qr, own_k, own_v, scale)
-            lse_own = torch.logsumexp(s_own, dim=-1)  # [n, Hkv, rep]
-            full = n == B * G
-            qf = qr if full else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, state.rows, qr)
-            qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
-            o_p, s_p = _attend_explicit(qf, pk, pv, scale, state.bias)
-            lse_p = torch.logsumexp(s_p, dim=-1)  # [B, Hkv, G x rep]
-            o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)
-            lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)
-            if not full:
-                o_p, lse_p = o_p[state.rows], lse_p[state.rows]
-            # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_own), normalised
-            w = torch.sigmoid(lse_p - lse_own)[..., None]
-            out = torch.lerp(o_own, o_p, w)
+        assert state.prefix_values is not None, "set together with prefix_keys"
+        out = attend_prefix_and_own(
+            q.view(n, Hkv * rep, 1, D), own_k, own_v, state.prefix_keys[i], state.prefix_values[i],
+            rows=state.rows, group_size=G, prefix_bias=state.bias, scaling=scale,
+        )  # fmt: skip
         return out.reshape(n, Hkv * rep * D)
-
-
-def _attend_explicit(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T x scale + bias) v [b, h, m, D] and the scores [b, h, m, S] (their log-sum-exp merges two parts),
-    for q [b, h, m, D] and k, v [b, h, S, D]. Two batched products: on the CPU mostly 0.4-0.9x the time of SDPA's flash kernel
-    for the decode's few queries per kv head (bench/results/attention_cpu.md), the same math up to rounding. Every
-    query sees at least one key (its own token, or a prompt's last), so no row of scores is all -inf."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
-    if bias is not None:
-        s = s + bias
-    # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
-    return torch.matmul(torch.softmax(s, dim=-1), v), s

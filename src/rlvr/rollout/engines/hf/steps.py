@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
+from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers
 from rlvr.rollout.engines.hf.forward import Prefill, cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 from rlvr.rollout.engines.hf.lean_decode import DecodeState, LeanDecoder, lean_decoder_for
@@ -47,10 +48,13 @@ class Layout:
         return "rlvr_sdpa" if self.cache_dtype is not None else None
 
 
-def choose_layout(model, group_size: int, *, static: bool, shared_prefix: bool, lean: bool) -> Layout:
-    """The fastest layout the model and the engine's settings allow (read before the attention is swapped)."""
+def choose_layout(
+    model, group_size: int, *, static: bool, shared_prefix: bool, lean: bool, compiled: CompiledLayers | None = None
+) -> Layout:
+    """The fastest layout the model and the engine's settings allow (read before the attention is swapped);
+    `compiled`: the lean step's compiled layers (rollout.compile), or None."""
     fp32_cache = static and cpu_bf16_autocast(model) and model.config._attn_implementation == "sdpa"
-    decoder = lean_decoder_for(model) if static and lean else None
+    decoder = lean_decoder_for(model, compiled) if static and lean else None
     shared = decoder is None and static and shared_prefix and group_size > 1 and supports_shared_prefix(model.config)
     return Layout(decoder, shared, shared_prefix and group_size > 1, static, torch.float32 if fp32_cache else None)
 
