@@ -174,6 +174,11 @@ def log_completions(log, cfg, metrics: dict, record: StepRecord, *, stopping: bo
             f"[compile] step {step}: torch.compile built the training forward's graphs for a new length bucket "
             f"in {metrics['time/compile']:.1f} s ({metrics['compile/count']} graphs so far)"
         )
+    if metrics.get("time/compile_decode"):
+        log.info(
+            f"[compile] step {step}: torch.compile built the decode step's graphs (rollout.compile) in "
+            f"{metrics['time/compile_decode']:.1f} s, inside time/generate ({metrics['compile/decode_graphs']:.0f} graphs so far)"
+        )
     due = step % (cfg.logging.completions_every or 1) == 0 or step in (1, cfg.steps) or stopping
     if cfg.logging.completions_every and due:
         log.samples(completion_rows(record.batch, record.advantages, step, cfg.logging.num_completions))

@@ -38,6 +38,7 @@ class SingleTurnSource:
         self.engine, self.tokenizer, self.sampling = engine, tokenizer, sampling
         self.system_prompt, self.context_length = system_prompt, context_length
         self.autocast, self.device = autocast, torch.device(device)
+        self._compile_seconds = 0.0  # the hf engine's compiled decode (rollout.compile): seconds reported so far
 
     @property
     def group_size(self) -> int:
@@ -69,4 +70,10 @@ class SingleTurnSource:
         self.engine.sync_weights()
 
     def metrics(self, episodes: Episodes) -> dict[str, float]:
-        return {}
+        """With rollout.compile=on (the hf engine's compiled decode): its graphs so far and the seconds this step
+        spent building them (inside time/generate)."""
+        compiled = getattr(self.engine, "compiled", None)
+        if compiled is None:
+            return {}
+        seconds, self._compile_seconds = compiled.clock.seconds - self._compile_seconds, compiled.clock.seconds
+        return {"compile/decode_graphs": float(compiled.clock.graphs), "time/compile_decode": seconds}
