@@ -17,6 +17,8 @@ tests/rollout/test_compiled_decode.py checks tokens and log-probs against the ea
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -129,18 +131,23 @@ def layer_weights(layer, rows: int, autocast: torch.dtype | None, bf16_ok: bool)
 
 
 class CompiledLayers:
-    """decoder_layer under torch.compile, with dynamic shapes; `clock` counts graphs and the seconds building them."""
+    """decoder_layer under torch.compile, with dynamic shapes; call it inside `running()`, once per step (not per
+    layer: the settings and the clock cost tens of microseconds to enter); `clock` counts graphs and build seconds."""
 
     def __init__(self):
         require_cpp_compiler("rollout.compile")
         self.fn = torch.compile(decoder_layer, dynamic=True)
         self.clock = CompileClock()
 
-    def __call__(self, *args) -> torch.Tensor:
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
         # duck sizing would make sizes equal at the first call (64 rows, head dim 64) one symbol: a recompile when they part
         with (
             torch.fx.experimental._config.patch(use_duck_shape=False),  # type: ignore[attr-defined]
             torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
             self.clock.measuring(),
         ):
-            return self.fn(*args)
+            yield
+
+    def __call__(self, *args) -> torch.Tensor:
+        return self.fn(*args)

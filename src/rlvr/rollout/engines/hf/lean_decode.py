@@ -255,7 +255,7 @@ class LeanDecoder:
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
         eps, heads = self.layers[0].input_layernorm.variance_epsilon, (self.q_heads, self.kv_heads, self.head_dim)
         shared = state.prefix_keys
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast("cpu", enabled=False), compiled.running():
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
                 attention = (
                     state.own_keys[i], state.own_values[i], state.written, state.bias, layer.self_attn.scaling,
