@@ -11,7 +11,8 @@ pre-norm layers); its products go through `decode_linear`, an op inductor cannot
 oneDNN product from the same packed weight as the eager step (rlvr.models.packed_linears). So the compiled and
 eager steps differ only in how the elementwise work rounds. Weights are the layer's inputs, not constants: one
 graph serves every layer, and an optimizer step needs no recompile. Rows and slots are dynamic: one graph per
-KV layout (repeated; shared with all rows or some) for the whole run. What compiling cost is counted (`clock`).
+KV layout for the whole run (the shared layout two: its first token's single slot is specialised apart). What
+compiling cost is counted (`clock`); bench/results/floor_decode_compile.md measures what it gains (off by default).
 tests/rollout/test_compiled_decode.py checks tokens and log-probs against the eager step.
 """
 
