@@ -72,22 +72,23 @@ def _packed(module: torch.nn.Linear, rows: int, dtype: torch.dtype) -> tuple[tor
     return kept[2], kept[3]
 
 
-def _packed_dtype(module: torch.nn.Linear, x: torch.Tensor, bf16_ok: bool) -> torch.dtype | None:
-    """The dtype this call's product runs in from a packed weight, or None: the call runs as before."""
-    if x.numel() > DECODE_ROWS_MAX * module.in_features or torch.is_grad_enabled():
+def _packed_dtype(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16_ok: bool) -> torch.dtype | None:
+    """The dtype a call of `rows` rows of `x_dtype` runs its product in from a packed weight, or None: the call runs as before."""
+    if rows > DECODE_ROWS_MAX or torch.is_grad_enabled():
         return None
     if torch.is_autocast_enabled("cpu"):  # autocast's product: inputs, weight and bias in bf16
-        bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.dtype in (torch.float32, torch.bfloat16)
+        bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x_dtype in (torch.float32, torch.bfloat16)
         return torch.bfloat16 if bf16 else None
-    fp32 = x.dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
+    fp32 = x_dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
     return torch.float32 if fp32 else None
 
 
 def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.Tensor:
-    dtype = _packed_dtype(module, x, bf16_ok)
+    rows = x.numel() // module.in_features
+    dtype = _packed_dtype(module, rows, x.dtype, bf16_ok)
     if dtype is None:
         return F.linear(x, module.weight, module.bias)
-    packed, bias = _packed(module, x.numel() // module.in_features, dtype)
+    packed, bias = _packed(module, rows, dtype)
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
 
 
@@ -100,8 +101,7 @@ def decode_weight(
     under autocast without packing (no fast bf16) or the module is not swapped (not a plain Linear)."""
     if module not in _HOLDERS:
         return None
-    x = module.weight.new_empty((), dtype=torch.float32).expand(rows, module.in_features)  # only its shape and dtype are read
-    dtype = _packed_dtype(module, x, bf16_ok)  # bf16_ok: bf16_packs(), read once by the caller
+    dtype = _packed_dtype(module, rows, torch.float32, bf16_ok)  # inputs: the fp32 residual stream's norms; bf16_ok read once by the caller
     if dtype is not None:
         packed, bias = _packed(module, rows, dtype)
         return packed, bias, True

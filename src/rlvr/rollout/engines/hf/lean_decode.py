@@ -31,11 +31,11 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
+from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, layer_weights
 from rlvr.rollout.engines.hf.decode_attention import decode_attention
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
-from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
@@ -123,6 +123,13 @@ class DecodeState:
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
 
+    def attention_args(self, i: int, scale: float) -> tuple:
+        """decode_attention's arguments after q, k, v for layer i: the buffers, the slot this step writes, the bias,
+        and in the shared layout the prompt's keys/values with the rows they serve."""
+        pk, pv = self.prefix_keys, self.prefix_values  # set together: the shared layout
+        prefix = (None, None) if pk is None or pv is None else (pk[i], pv[i])
+        return (self.own_keys[i], self.own_values[i], self.written, self.bias, scale, *prefix, self.rows, self.group_size)
+
     def select(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (indices into the current n): the few compaction points of a decode."""
         self.own_keys = [k[keep] for k in self.own_keys]
@@ -177,13 +184,8 @@ class LeanDecoder:
         def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
             own_k, own_v = state.own_keys[i], state.own_values[i]
             if q.device.type == "cpu":  # the write and the attention as one call (decode_attention.py)
-                shared = state.prefix_keys is not None and state.prefix_values is not None
                 with torch.autocast("cpu", enabled=False):
-                    return decode_attention(
-                        q, k, v, own_k, own_v, t, state.bias, scale,
-                        state.prefix_keys[i] if shared else None, state.prefix_values[i] if shared else None,  # type: ignore[index]
-                        state.rows, state.group_size,
-                    )  # fmt: skip
+                    return decode_attention(q, k, v, *state.attention_args(i, scale))
             own_k[:, :, t] = k
             own_v[:, :, t] = v
             return self._attend_on_device(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
@@ -254,13 +256,9 @@ class LeanDecoder:
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
         eps, heads = self.layers[0].input_layernorm.variance_epsilon, (self.q_heads, self.kv_heads, self.head_dim)
-        shared = state.prefix_keys
         with torch.autocast("cpu", enabled=False), compiled.running():
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
-                attention = (
-                    state.own_keys[i], state.own_values[i], state.written, state.bias, layer.self_attn.scaling,
-                    shared[i] if shared else None, state.prefix_values[i] if state.prefix_values else None, state.rows, state.group_size,
-                )  # fmt: skip
+                attention = state.attention_args(i, layer.self_attn.scaling)
                 x = compiled(x, cos, sin, w, eps, heads, autocast or torch.float32, attention)
         return self.lm.lm_head(_rms_norm(self.norm, x)).float()
 
