@@ -19,7 +19,7 @@ from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers
 from rlvr.rollout.engines.hf.forward import generation_mode, prefill
 from rlvr.rollout.engines.hf.steps import choose_layout, start_decode
 from rlvr.training.setup import check_config
-from tests.rollout.test_lean_decode import QUESTIONS, _generate, _model
+from tests.rollout.test_lean_decode import QUESTIONS, _generate, _model, with_lora
 
 
 @pytest.fixture
@@ -39,15 +39,9 @@ def _close(compiled, plain):
 @pytest.mark.parametrize("layout", ["repeated", "shared"])
 def test_compiled_decode_same_as_plain_path(layout, monkeypatch, compiled_calls):
     """Qwen2 (projection biases, grouped-query heads) with LoRA adapters, which generate merged into their base."""
-    from peft import LoraConfig, get_peft_model
-
     torch.set_num_threads(1)
     tok, model = _model("qwen2")
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)  # adapters that change the samples
+    model = with_lora(model, ["q_proj", "v_proj", "down_proj"])
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
     params = SamplingParams(n=6, temperature=1.0, max_new_tokens=20)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=0.01)

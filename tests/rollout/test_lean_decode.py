@@ -46,6 +46,18 @@ def _model(kind: str):
     return tok, model.eval()
 
 
+def with_lora(model, targets: list[str]):
+    """The model under peft LoRA adapters on `targets`, non-zero, so that ignoring them would change the samples."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return model
+
+
 def _generate(model, tok, params, **engine):
     prompts = [render_prompt(q, tok) for q in QUESTIONS]
     return HFEngine(model, tok, **engine).generate(prompts, params, seeds=[4, 5, 6])
@@ -90,15 +102,9 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
 
 def test_lean_decode_with_lora_adapters(count_lean_steps):
     """peft wraps the projections: the lean step calls them as modules, so the adapters apply."""
-    from peft import LoraConfig, get_peft_model
-
     torch.set_num_threads(1)
     tok, model = _model("llama-gqa")
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)  # non-zero adapters, so that ignoring them would change the samples
+    model = with_lora(model, ["q_proj", "v_proj", "gate_proj"])
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
     plain = _generate(model, tok, params, static_cache=False)
     lean = _generate(model, tok, params)
