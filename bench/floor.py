@@ -3,6 +3,9 @@
     python bench/floor.py                                    # configs A-F, writes bench/results/floor.md (and .json)
     python bench/floor.py --configs B,E --before main        # two versions of the code side by side, in one run
     python bench/floor.py --configs A --warmup 0 --steps 1 --rounds 1 --threads 1 --out /tmp/floor.md   # smoke test
+    python bench/floor.py --configs K --shape 'K={"llama": {"hidden_size": 384, "intermediate_size": 1024,
+        "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2}, "prompts": 4, "group_size": 16,
+        "max_new_tokens": 32, "long_prompt": true, "extra": ["model.autocast=none"]}'   # a shape of your own
 
 The floor counts only the policy's own matmuls, at the shapes and in the dtype they run, each timed alone:
   * shapes: a floor worker (the current code) runs the config's rlvr steps with a forward pre-hook on every
@@ -55,6 +58,10 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
   I    G in fp32 (model.autocast=none), as on a CPU whose bf16 is emulated: its decode runs each adapted layer as
        one product with the adapter merged in (rlvr.models.lora_merge; bf16 keeps peft's three)
   J    B in fp32 (model.autocast=none), as a CPU whose bf16 is emulated runs it
+  --shape NAME=JSON adds a config of your own (then name it in --configs): "model" a local model folder (its
+       tokenizer renders the chat prompts) or "llama" the dims of a random-weight Llama on the character tokenizer
+       (built once under /tmp/rlvr_bench/shape_NAME); "prompts", "group_size", "max_new_tokens", "long_prompt" (C's
+       ~256-token prompts, else ~12 tokens) and "extra" (rlvr overrides) as above, defaulting to B's.
   H    multi-turn: the bundled tiny-tools model playing guess_number (examples/guess-number.yaml; it calls `guess`
        about 4.5 times an episode), 8 x 8, up to 240 tokens an episode, EOS and turns as they come (not fixed)
 """
@@ -102,15 +109,45 @@ TIMES = ("generate", "train", "step")
 FLOOR_OF = {"generate": "generation", "train": "training", "step": "total"}  # each time against its floor
 
 
+SHAPE_KEYS = {"model", "llama", "prompts", "group_size", "max_new_tokens", "long_prompt", "extra"}
+
+
+def add_shape(arg: str) -> str:
+    """CONFIGS[NAME] from `--shape NAME=JSON` (the module docstring); returns NAME. Errors name the key."""
+    name, sep, text = arg.partition("=")
+    if not sep or not name or name in CONFIGS:
+        raise SystemExit(f"--shape {arg!r}: expected NAME=JSON with a NAME not among {sorted(CONFIGS)}")
+    try:
+        shape = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--shape {name}: not JSON ({e})") from e
+    if not isinstance(shape, dict):
+        raise SystemExit(f"--shape {name}: a JSON object, not {type(shape).__name__}")
+    if unknown := sorted(set(shape) - SHAPE_KEYS):
+        raise SystemExit(f"--shape {name}: unknown key(s) {unknown}; the keys are {sorted(SHAPE_KEYS)}")
+    if ("model" in shape) == ("llama" in shape):
+        raise SystemExit(f"--shape {name}: give exactly one of model (a folder) and llama (dims)")
+    if "llama" in shape:
+        model = f"shape_{name}"
+        compare_trl.LLAMAS[model] = shape.pop("llama")  # build_inputs writes it under /tmp/rlvr_bench
+    else:
+        model = str(Path(shape.pop("model")).resolve())
+    CONFIGS[name] = {**compare_trl.CONFIGS["B"], "model": model, **shape}
+    return name
+
+
 def build_inputs(names: list[str]) -> dict:
-    """compare_trl's models and prompt files under /tmp/rlvr_bench, and the bundled tiny-tools."""
+    """compare_trl's models and prompt files under /tmp/rlvr_bench, the bundled tiny-tools and --shape models."""
     from rlvr.models import resolve_model_path
 
     paths = compare_trl.build_inputs([n for n in names if n in compare_trl.CONFIGS])
     paths["tiny-tools"] = resolve_model_path("tiny-tools")
     for n in names:
-        if (model := CONFIGS[n]["model"]) in compare_trl.LLAMAS:  # G and I: E's model
+        if (model := CONFIGS[n]["model"]) in compare_trl.LLAMAS:  # G, I and --shape llamas
+            paths[model] = str(compare_trl.WORK / model)
             compare_trl.build_llama(compare_trl.WORK / model, compare_trl.LLAMAS[model])
+        elif Path(model).is_dir():  # a --shape model folder
+            paths[model] = model
     return paths
 
 
@@ -265,6 +302,7 @@ def main() -> None:
     ap.add_argument("--after-extra", default="", help="rlvr overrides for 'after' only, comma-separated: with --before HEAD, a setting A/B")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True, help="per-op profile of the current code")
     ap.add_argument("--out", default=str(HERE / "results" / "floor.md"))
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=JSON", help="a config of your own (module docstring)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -279,7 +317,11 @@ def main() -> None:
         print(msg, flush=True)
         log_lines.append(msg)
 
+    for shape in a.shape:
+        add_shape(shape)
     names = a.configs.split(",")
+    if unknown := [n for n in names if n not in CONFIGS]:
+        raise SystemExit(f"--configs: no config {unknown} (there are {sorted(CONFIGS)}; --shape adds one)")
     paths = build_inputs(names)
     head = {
         "command": "python bench/floor.py " + " ".join(sys.argv[1:]),
