@@ -16,8 +16,9 @@ import torch
 from rlvr.models.forward import completion_logprobs
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.engines.hf import episode_cache
+from rlvr.rollout.engines.hf import episode_cache, episode_decode
 from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
 
 class ScriptedDriver:
@@ -76,7 +77,20 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, mon
     G = 4
     driver = ScriptedDriver(tok, stops=["1", "5"], turns=2, delays=delays)
     engine = HFEngine(model, tok)
+    chunks, feed = [], episode_decode._feed_chunks
+
+    def feed_counted(model, state, rows_tokens, *a, **k):
+        chunks.append([len(t) for _, t in rows_tokens])
+        return feed(model, state, rows_tokens, *a, **k)
+
+    monkeypatch.setattr(episode_decode, "_feed_chunks", feed_counted)
     p_ids, p_mask, traces = engine.generate_episodes(prompts, SamplingParams(n=G, temperature=1.0, max_new_tokens=40), [11, 22, 33], driver)
+    # every external token went in with its tool result's chunk (results are 4-7 tokens here; a result that fills
+    # the budget ends its episode unfed), and (all delivered at once) forwards held chunks of different lengths
+    # side by side, right-padded
+    unfed = [len(t.loss) - 1 - max(i for i, x in enumerate(t.loss) if x) if t.truncated and not t.loss[-1] else 0 for t in traces]
+    assert sum(map(sum, chunks)) == sum(t.loss.count(0) for t in traces) - sum(unfed) > 0
+    assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
     # rows take external text and finish at different turns and lengths
     assert len({sum(1 for x in t.loss if x == 0) for t in traces}) > 1
@@ -103,6 +117,29 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, mon
     # rows share its batch); the sampler agrees with it within that.
     full = completion_logprobs(model, P, M, ids, attn, temperature=1.0).logp.detach()
     torch.testing.assert_close(full[m], logp[m], rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("rows", ["all", "some"])
+def test_attention_of_a_chunk_equals_its_tokens_one_by_one(rows):
+    """attend_prefix_and_own with K queries per row (a tool result fed at once), each masked to its own slots and
+    the chunk's tokens before it, equals K one-token calls: grouped-query heads, left-padded prompts."""
+    torch.manual_seed(0)
+    B, G, Hkv, rep, D, P, K, t = 2, 3, 2, 2, 4, 5, 3, 7
+    prefix_k, prefix_v = torch.randn(B, Hkv, P, D, dtype=torch.float64), torch.randn(B, Hkv, P, D, dtype=torch.float64)
+    prefix_bias = torch.zeros(B, 1, 1, P, dtype=torch.float64)
+    prefix_bias[1, ..., :2] = float("-inf")  # the second prompt is left-padded
+    idx = torch.arange(B * G) if rows == "all" else torch.tensor([1, 3, 4])
+    n = len(idx)
+    keys, values = torch.randn(n, Hkv, t, D, dtype=torch.float64), torch.randn(n, Hkv, t, D, dtype=torch.float64)
+    written = torch.tensor([1, 3, 2, 4, 0, 2])[:n]  # each row's tokens before the chunk; the chunk goes at written + j
+    query = torch.randn(n, Hkv * rep, K, D, dtype=torch.float64)
+    sees = written[:, None] + torch.arange(K)  # [n, K]
+    own_bias = torch.zeros(n, 1, K, t, dtype=torch.float64).masked_fill((torch.arange(t) > sees[:, :, None])[:, None], float("-inf"))
+    kw = dict(rows=idx, group_size=G, prefix_bias=prefix_bias, scaling=0.5)
+    chunk = attend_prefix_and_own(query, keys, values, prefix_k, prefix_v, own_bias=own_bias, **kw)  # [n, K, Hq, D]
+    for j in range(K):
+        one = attend_prefix_and_own(query[:, :, j : j + 1], keys, values, prefix_k, prefix_v, own_bias=own_bias[:, :, j : j + 1], **kw)
+        torch.testing.assert_close(chunk[:, j : j + 1], one, rtol=1e-12, atol=1e-12)
 
 
 def test_same_seeds_same_episodes_whatever_the_tool_timing(tiny):

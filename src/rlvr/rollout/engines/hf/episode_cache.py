@@ -1,12 +1,15 @@
 """The decode cache of multi-turn episodes: rows advance independently.
 
 In a single-turn decode every row writes one token per step (lockstep). In an episode a row may
-wait for a tool while the others go on, then take the tool's result one token per step, so rows
-reach different lengths. Here each row writes its own tokens at its own position into buffers
+wait for a tool while the others go on, then take the tool's result, so rows reach different
+lengths. Here each row writes its own tokens at its own position into buffers
 allocated once ([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
 rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
 own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots.
-A row that waits is simply left out of the forward: it never leaves holes in its own cache.
+A row that waits is simply left out of the forward: it never leaves holes in its own cache. A tool's
+result goes in as one chunk (a forward of K tokens for that row, causal within the chunk), not one token
+per step: rows taking chunks of different lengths are right-padded to the longest, and the padding is
+neither written nor read by any real token.
 When most rows are in a forward, the attention reads every row's buffer in place and drops the
 outputs of the rows not in it, rather than copying the rows' buffers out at every layer and step.
 """
@@ -14,6 +17,7 @@ outputs of the rows not in it, rather than copying the rows' buffers out at ever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from transformers import DynamicCache
@@ -38,22 +42,33 @@ class EpisodeState:
     group_size: int
     prefix_bias: torch.Tensor  # [B, 1, 1, P] 0 on prompt tokens, -inf-like on left padding
     rows: torch.Tensor | None = None  # [n] the rows in this forward, ascending
-    write_pos: torch.Tensor | None = None  # [n] where each row's new token goes in its own buffer
+    write_pos: torch.Tensor | None = None  # [n, K] where each row's new tokens go in its own buffer
+    real: tuple[torch.Tensor, torch.Tensor] | None = None  # (row index, token index) of the real tokens; None: all (K = 1)
     in_place: bool = False  # the attention reads all N rows' buffers as views and keeps the outputs of `rows`
     read_rows: torch.Tensor | None = None  # [m] the rows the attention computes: `rows`, or all N when in_place
-    own_bias: torch.Tensor | None = None  # [m, 1, 1, L] 0 on each read row's written slots (incl. the new one)
+    own_bias: torch.Tensor | None = None  # [m, 1, K, L] 0 on the slots each query of a read row sees (incl. its own)
 
-    def prepare(self, rows: torch.Tensor, lengths: torch.Tensor, num_rows: int) -> None:
-        """Set up a forward of one new token for each of `rows`; lengths [N]: tokens each row has written."""
-        self.rows, self.write_pos = rows, lengths[rows]
+    def prepare(self, rows: torch.Tensor, lengths: torch.Tensor, num_rows: int, counts: torch.Tensor | None = None) -> None:
+        """Set up a forward of counts[i] new tokens (one when counts is None) for each of `rows`, right-padded to the
+        largest count; lengths [N]: tokens each row has written."""
+        K = 1 if counts is None else int(counts.max())
+        steps = torch.arange(K, device=rows.device)
+        self.rows, self.write_pos = rows, lengths[rows][:, None] + steps  # [n, K]
+        if counts is None or K == 1:
+            self.real = None
+        else:
+            i, j = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)
+            self.real = (i, j)
         self.in_place = len(rows) >= READ_IN_PLACE_SHARE * num_rows
         self.read_rows = torch.arange(num_rows, device=rows.device) if self.in_place else rows
-        L = int(self.write_pos.max()) + 1
+        capacity = cast("EpisodeLayer", self.cache.layers[0]).kbuf.shape[2]
+        sees = lengths[self.read_rows][:, None] + steps  # [m, K] the last own slot each query sees
+        L = min(int(sees.max()) + 1, capacity)  # a padded query past the buffer sees less: its output is dropped
         slots = torch.arange(L, device=rows.device)
         dtype = self.prefix_bias.dtype
-        # a row outside the forward also sees its next, unwritten slot (zeros): finite, and its output is dropped
-        self.own_bias = torch.zeros(len(self.read_rows), 1, 1, L, dtype=dtype, device=rows.device).masked_fill(
-            (slots[None, :] > lengths[self.read_rows][:, None])[:, None, None, :], torch.finfo(dtype).min
+        # a row outside the forward (and a padded query) also sees unwritten slots (zeros): finite, its output is dropped
+        self.own_bias = torch.zeros(len(self.read_rows), 1, K, L, dtype=dtype, device=rows.device).masked_fill(
+            (slots[None, None, :] > sees[:, :, None])[:, None], torch.finfo(dtype).min
         )
 
 
@@ -71,10 +86,17 @@ class EpisodeLayer(DynamicLayer):
         self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 
     def update(self, key_states, value_states, *args, **kwargs):
-        st = self.state  # key_states [n, H, 1, D]
-        self.kbuf[st.rows, :, st.write_pos] = key_states[:, :, 0].to(self.kbuf.dtype)
-        self.vbuf[st.rows, :, st.write_pos] = value_states[:, :, 0].to(self.vbuf.dtype)
-        assert st.own_bias is not None, "the decode loop calls state.prepare() before every forward"
+        st = self.state  # key_states [n, H, K, D]
+        assert st.own_bias is not None and st.write_pos is not None and st.rows is not None, "state.prepare() comes first"
+        if st.real is None:  # one token per row
+            pos = st.write_pos[:, 0]
+            self.kbuf[st.rows, :, pos] = key_states[:, :, 0].to(self.kbuf.dtype)
+            self.vbuf[st.rows, :, pos] = value_states[:, :, 0].to(self.vbuf.dtype)
+        else:  # chunks: only the real tokens are written (padding could run past the buffer)
+            i, j = st.real
+            rows, pos = st.rows[i], st.write_pos[i, j]
+            self.kbuf[rows, :, pos] = key_states[i, :, j].to(self.kbuf.dtype)
+            self.vbuf[rows, :, pos] = value_states[i, :, j].to(self.vbuf.dtype)
         L = st.own_bias.shape[-1]
         if st.in_place:
             return self.kbuf[:, :, :L], self.vbuf[:, :, :L]  # [N, H, L, D] views
@@ -88,15 +110,15 @@ class EpisodeLayer(DynamicLayer):
 
 
 def episode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, rlvr_episode=None, **kwargs):
-    """transformers attention function: one new token per row against (prompt once per group) +
-    (the row's own written tokens). Any other call (the prefill) is SDPA."""
+    """transformers attention function: K new tokens per row (one in a decode step, a tool result's chunk) against
+    (prompt once per group) + (the row's own written tokens). Any other call (the prefill) is SDPA."""
     layer = None if rlvr_episode is None else rlvr_episode.cache.layers[module.layer_idx]
-    if query.shape[2] != 1 or not isinstance(layer, EpisodeLayer):
+    if not isinstance(layer, EpisodeLayer):
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     st, dtype = rlvr_episode, layer.prefix_keys.dtype
     n, m = len(st.rows), len(st.read_rows)
     with torch.autocast(query.device.type, enabled=False):
-        q = query.to(dtype)  # [n, Hq, 1, D]
+        q = query.to(dtype)  # [n, Hq, K, D]
         if m != n:  # in place: a query for every row, the rows outside the forward left at zero
             q = q.new_zeros(m, *q.shape[1:]).index_copy_(0, st.rows, q)
         out = attend_prefix_and_own(

@@ -6,9 +6,10 @@ driver's stop strings (e.g. `</calc>`; rlvr.rollout.engines.turns, shared with t
 the driver then either ends the episode or starts the tools (they run in the background) and the
 row waits, out of the forward, while the others go on. Every step first asks the driver which
 rows' tools have answered; only when no row can run does the loop block, until one has. When the
-driver hands back the row's external tokens (tool results, template glue), they are fed one per
-step, as sampled tokens are, but with loss mask 0 and no log-prob, and the row then samples its
-next turn. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
+driver hands back the row's external tokens (tool results, template glue), they go in as one chunk
+(one forward for all of them, beside the other rows' one-token step; loss mask 0, no log-prob), and
+the row samples its next turn from the logits after the chunk's last token: a tool result of k tokens
+costs one forward, not k decode steps. Nothing is ever re-tokenised or re-prefilled: the trained ids are the ids fed here.
 Sampling noise comes from one generator per row, drawn only when that row samples, so a row's
 episode does not depend on when the other rows' tools finished. Llama-family models run each
 step through lean_decode's step (no transformers per-token machinery), others through their forward.
@@ -68,16 +69,23 @@ def decode_episodes(
     stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
     while (runnable := _rows_to_run(traces, driver, T)) is not None:
         sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, gens)
-        feed = []  # (row, token) that go into the cache this step
+        feed, chunks = [], []  # (row, token) that go into the cache this step; (row, tokens) of external chunks
         for r in runnable:
             tr = traces[r]
             if tr.mode == FORCE:
-                (token,) = take_external(tr, T, count=1)
+                taken = take_external(tr, T)  # all the external tokens waiting: one forward for them
             else:
                 token, logp = sampled[r]
-                take_sampled(tr, r, [token], [logp], driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos, budget=T)
-            if tr.mode != DONE:
-                feed.append((r, token))
+                taken = [token]
+                take_sampled(tr, r, taken, [logp], driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos, budget=T)
+            if tr.mode == DONE:
+                continue
+            if len(taken) == 1:
+                feed.append((r, taken[0]))
+            else:
+                chunks.append((r, taken))
+        if chunks:
+            _feed_chunks(model, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
         if feed:
             rows = torch.tensor([r for r, _ in feed], device=device)
             tokens = torch.tensor([t for _, t in feed], device=device)
@@ -90,6 +98,23 @@ def decode_episodes(
                 logits[rows] = out.logits[:, -1].float()
             lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces
+
+
+def _feed_chunks(model, state: EpisodeState, chunks: list[tuple[int, list[int]]], logits, start, lengths, *, pad: int, cache) -> None:
+    """One forward for the rows taking several external tokens (a tool's result): each row's chunk right-padded to
+    the longest, causal within it; logits [N, V] get each row's after its last real token, lengths [N] its count."""
+    device = logits.device
+    rows = torch.tensor([r for r, _ in chunks], device=device)  # [m]
+    counts = torch.tensor([len(t) for _, t in chunks], device=device)  # [m]
+    K = int(counts.max())
+    tokens = torch.full((len(chunks), K), pad, dtype=torch.long, device=device)  # [m, K]
+    for i, (_, ids) in enumerate(chunks):
+        tokens[i, : len(ids)] = torch.tensor(ids, device=device)
+    state.prepare(rows, lengths, lengths.shape[0], counts)
+    positions = (start[rows] + lengths[rows])[:, None] + torch.arange(K, device=device)  # [m, K]
+    out = model(input_ids=tokens, position_ids=positions, use_cache=True, rlvr_episode=state, **cache)
+    logits[rows] = out.logits[torch.arange(len(chunks), device=device), counts - 1].float()
+    lengths[rows] += counts
 
 
 def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None) -> tuple[DynamicCache, EpisodeState]:

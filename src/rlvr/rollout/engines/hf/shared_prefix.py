@@ -95,40 +95,42 @@ def shared_prefix_attention(module, query, key, value, attention_mask, scaling=N
 def attend_prefix_and_own(
     query, key, value, prefix_keys, prefix_values, *, rows, group_size: int, prefix_bias, scaling=None, own_bias=None
 ):
-    """One new token per row: attention over its group's prompt (prefix_keys/values [B, Hkv, P, D],
-    once per group) and over its own tokens (key/value [n, Hkv, t, D]; own_bias [n, 1, 1, t] masks
-    slots a row has not written), the two partial softmaxes merged exactly. query [n, Hq, 1, D];
-    rows [n]: which of the B x G rows these are."""
-    n, Hq, _, D = query.shape
+    """K new tokens per row (K = 1 in a decode step): attention over its group's prompt (prefix_keys/values
+    [B, Hkv, P, D], once per group) and over its own tokens (key/value [n, Hkv, t, D]; own_bias [n, 1, K, t]
+    masks, per query, the slots it must not see: unwritten ones, and later tokens of its own chunk), the two
+    partial softmaxes merged exactly. query [n, Hq, K, D]; rows [n]: which of the B x G rows these are.
+    -> [n, K, Hq, D]."""
+    n, Hq, K, D = query.shape
     Hkv = key.shape[1]
     rep = Hq // Hkv  # grouped-query attention: q heads j*rep..(j+1)*rep-1 share kv head j
+    qr = rep * K  # query rows per kv head and row, ordered (head, token)
     scale = scaling if scaling is not None else D**-0.5
-    q = query.reshape(n, Hkv, rep, D)
+    q = query.reshape(n, Hkv, qr, D)
     B, G = prefix_keys.shape[0], group_size
 
     full = n == B * G  # every row, in order (rows ascend): no scatter into, or gather from, the B x G layout
-    # prompt part: the group's G rows (x rep heads) are the query rows of one product per group
+    # prompt part: the group's G rows (x rep heads x K tokens) are the query rows of one product per group
     qf = q
     if not full:
-        qf = q.new_zeros(B * G, Hkv, rep, D)
+        qf = q.new_zeros(B * G, Hkv, qr, D)
         qf[rows] = q
-    qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)
-    s = torch.matmul(qf, prefix_keys.transpose(-1, -2)) * scale + prefix_bias  # [B, Hkv, G*rep, P]
+    qf = qf.view(B, G, Hkv, qr, D).transpose(1, 2).reshape(B, Hkv, G * qr, D)
+    s = torch.matmul(qf, prefix_keys.transpose(-1, -2)) * scale + prefix_bias  # [B, Hkv, G*qr, P]
     m_p = s.amax(-1, keepdim=True)
     e = torch.exp(s - m_p)
-    l_p, o_p = e.sum(-1, keepdim=True), torch.matmul(e, prefix_values)  # [B, Hkv, G*rep, 1], [.., D]
+    l_p, o_p = e.sum(-1, keepdim=True), torch.matmul(e, prefix_values)  # [B, Hkv, G*qr, 1], [.., D]
 
-    def per_row(x):  # [B, Hkv, G*rep, X] -> [n, Hkv, rep, X]
+    def per_row(x):  # [B, Hkv, G*qr, X] -> [n, Hkv, qr, X]
         X = x.shape[-1]
-        x = x.view(B, Hkv, G, rep, X).transpose(1, 2).reshape(B * G, Hkv, rep, X)
+        x = x.view(B, Hkv, G, qr, X).transpose(1, 2).reshape(B * G, Hkv, qr, X)
         return x if full else x[rows]
 
     m_p, l_p, o_p = per_row(m_p), per_row(l_p), per_row(o_p)
 
     # the row's own tokens
-    s = torch.matmul(q, key.transpose(-1, -2)) * scale  # [n, Hkv, rep, t]
+    s = torch.matmul(q, key.transpose(-1, -2)) * scale  # [n, Hkv, qr, t]
     if own_bias is not None:
-        s = s + own_bias
+        s = s + (own_bias if K == 1 else own_bias.repeat(1, 1, rep, 1))  # [n, 1, K, t] -> the (head, token) rows
     m_s = s.amax(-1, keepdim=True)
     e = torch.exp(s - m_s)
     l_s, o_s = e.sum(-1, keepdim=True), torch.matmul(e, value)
@@ -136,5 +138,5 @@ def attend_prefix_and_own(
     # exact merge of the two partial softmaxes
     m = torch.maximum(m_p, m_s)
     a, b = torch.exp(m_p - m), torch.exp(m_s - m)
-    out = (o_p * a + o_s * b) / (l_p * a + l_s * b)  # [n, Hkv, rep, D]
-    return out.reshape(n, 1, Hq, D)  # transformers' layout after attention: [batch, q_len, heads, D]
+    out = (o_p * a + o_s * b) / (l_p * a + l_s * b)  # [n, Hkv, qr, D]
+    return out.view(n, Hq, K, D).transpose(1, 2)  # transformers' layout after attention: [batch, q_len, heads, D]
