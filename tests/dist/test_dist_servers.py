@@ -59,7 +59,7 @@ def caller(tmp_path_factory):
     tok = build_char_tokenizer()
     prompt = tok.apply_chat_template([{"role": "user", "content": "12*34="}], add_generation_prompt=True, tokenize=False)
     episodes = [[(prompt, False), ("<calc>12*34</calc>", True), ("<result>408</result>", False), ("408" + tok.eos_token, True)]]
-    model, _ = train_caller(tok, episodes, steps=40)
+    model, _ = train_caller(tok, episodes, steps=80)
     path = tmp_path_factory.mktemp("caller")
     model.save_pretrained(path)
     tok.save_pretrained(path)

@@ -107,7 +107,9 @@ def test_weight_sync_makes_the_server_sample_the_trainers_weights(server, local,
     mine = HFEngine(model, tok).generate(PROMPTS, params, [3, 4, 5])
     theirs = engine.generate(PROMPTS, params, [3, 4, 5])
     assert torch.equal(theirs.completion_ids, mine.completion_ids)
-    assert torch.equal(theirs.sampling_logprobs, mine.sampling_logprobs)
+    # the same weights: log-probs to fp32 rounding (bit-equal on AMD EPYC; on an Intel Xeon the server process's
+    # kernels round differently by ~1e-7); stale weights would differ by the perturbation, orders of magnitude more
+    torch.testing.assert_close(theirs.sampling_logprobs, mine.sampling_logprobs, rtol=0, atol=1e-5)
     assert theirs.versions.tolist() == [7] * 6
     stats = engine.take_sync_stats()
     assert stats.syncs == 1 and stats.bytes >= sum(p.numel() * 4 for p in model.parameters())

@@ -69,21 +69,7 @@ def decode_episodes(
     stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
     while (runnable := _rows_to_run(traces, driver, T)) is not None:
         sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, gens)
-        feed, chunks = [], []  # (row, token) that go into the cache this step; (row, tokens) of external chunks
-        for r in runnable:
-            tr = traces[r]
-            if tr.mode == FORCE:
-                taken = take_external(tr, T)  # all the external tokens waiting: one forward for them
-            else:
-                token, logp = sampled[r]
-                taken = [token]
-                take_sampled(tr, r, taken, [logp], driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos, budget=T)
-            if tr.mode == DONE:
-                continue
-            if len(taken) == 1:
-                feed.append((r, taken[0]))
-            else:
-                chunks.append((r, taken))
+        feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
         if chunks:
             _feed_chunks(model, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
         if feed:
@@ -98,6 +84,27 @@ def decode_episodes(
                 logits[rows] = out.logits[:, -1].float()
             lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces
+
+
+def _take_tokens(traces: list[Trace], runnable: list[int], sampled: dict, T: int, **take) -> tuple[list, list]:
+    """Each runnable row takes its sampled token, or all the external tokens waiting for it (one forward for them):
+    -> ((row, token) that go into the cache this step, (row, tokens) of external chunks); rows done go in neither."""
+    feed, chunks = [], []
+    for r in runnable:
+        tr = traces[r]
+        if tr.mode == FORCE:
+            taken = take_external(tr, T)
+        else:
+            token, logp = sampled[r]
+            taken = [token]
+            take_sampled(tr, r, taken, [logp], budget=T, **take)
+        if tr.mode == DONE:
+            continue
+        if len(taken) == 1:
+            feed.append((r, taken[0]))
+        else:
+            chunks.append((r, taken))
+    return feed, chunks
 
 
 def _feed_chunks(model, state: EpisodeState, chunks: list[tuple[int, list[int]]], logits, start, lengths, *, pad: int, cache) -> None:
