@@ -7,6 +7,8 @@ with gradients and prefill-sized calls run as before."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -115,7 +117,7 @@ def test_lora_base_layers_and_biases_generate_bit_for_bit_and_are_packed_again_a
     assert not torch.equal(changed_plain.sampling_logprobs, plain.sampling_logprobs)
 
 
-def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules):
+def _llama_256():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlvr.models.tokenizer import build_char_tokenizer
@@ -127,7 +129,12 @@ def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_ro
         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, attn_implementation="sdpa",
     )  # fmt: skip
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config), tok
+
+
+def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules):
+    monkeypatch.setattr(packed_linears, "fp32_packs", lambda i, o, rows: True)  # as where packing measures faster
+    model, tok = _llama_256()
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
 
     def generate(packed: bool, **kw):
@@ -144,6 +151,51 @@ def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_ro
     ran = set(packed_modules)
     assert {attn.q_proj, attn.o_proj, model.model.layers[0].mlp.down_proj} <= ran  # 256 x 256 and larger
     assert attn.k_proj not in ran and model.lm_head not in ran  # 128 x 256 and ~100 x 256: F.linear was faster
+
+
+def test_fp32_packing_is_measured_once_per_shape_and_machine_then_read_from_the_cache(tmp_path, monkeypatch, packed_modules):
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    timed = []
+
+    def timing(i, o, rows):  # (packed s, F.linear s): packed faster only for the 256 x 256 weights
+        timed.append((i, o, rows))
+        return (1.0, 2.0) if (i, o) == (256, 256) else (2.0, 1.9)
+
+    monkeypatch.setattr(packed_linears, "_time_fp32", timing)
+    model, tok = _llama_256()
+    with torch.no_grad():
+        HFEngine(model, tok).generate(["12+7=", "3*4="], SamplingParams(n=4, temperature=1.0, max_new_tokens=8), [5, 6])
+    layer = model.model.layers[0]
+    assert {layer.self_attn.q_proj, layer.self_attn.o_proj} <= set(packed_modules)
+    assert not {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} & set(packed_modules)  # measured slower
+    # once per shape and row bucket (the prefill's 16 rows, the decode's 8), not per layer or call
+    assert len(timed) == len(set(timed)) and {(i, o) for i, o, _ in timed} == {(256, 256), (256, 512), (512, 256)}
+    assert (256, 256, 8) in timed and {rows for _, _, rows in timed} <= {8, 16}
+    cache = json.loads((tmp_path / "packing.json").read_text())
+    assert {(json.loads(k)["in"], json.loads(k)["out"], json.loads(k)["rows"], e["packs"]) for k, e in cache.items()} == {
+        (i, o, rows, (i, o) == (256, 256)) for i, o, rows in timed
+    }  # fmt: skip
+    n = len(timed)
+    assert packed_linears.fp32_packs(256, 256, 5) and not packed_linears.fp32_packs(512, 256, 7)  # 5 and 7 rows: bucket 8
+    assert len(timed) == n
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})  # a new process on this machine: the file decides
+    assert packed_linears.fp32_packs(256, 256, 8) and not packed_linears.fp32_packs(256, 512, 8)
+    assert len(timed) == n
+    assert packed_linears.fp32_packs(256, 256, 64) and timed[-1] == (256, 256, 64)  # 64 rows: measured anew
+    assert len(timed) == n + 1
+
+
+def test_fp32_packing_measurement_times_both_products(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    packs = packed_linears.fp32_packs(320, 320, 40)
+    (key, entry), = json.loads((tmp_path / "packing.json").read_text()).items()  # fmt: skip
+    assert json.loads(key) | {"cpu": None, "torch": None} == {
+        "cpu": None, "torch": None, "threads": torch.get_num_threads(), "in": 320, "out": 320, "rows": 64
+    }  # fmt: skip
+    assert 0 < entry["packed_s"] < 0.1 and 0 < entry["plain_s"] < 0.1
+    assert packs == entry["packs"] == (entry["packed_s"] <= packed_linears.FP32_PACKED_AT_MOST * entry["plain_s"])
 
 
 @bf16_kernels

@@ -6,8 +6,13 @@ oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/pack
   * under bf16 autocast, 1.2-1.9x for weights of 128 x 128 and up (about 1.0x for a LoRA adapter's r=16 product),
     with the same bits out: oneDNN runs autocast's product too, and the packed weight only changes how it is read;
   * in fp32, 1.2-3.8x for weights of at least 256 x 256 (F.linear's kernel reaches a fraction of the machine's
-    rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so only those are packed; the
-    sums run in another order, so outputs differ from F.linear's by float rounding (~1e-5 relative at most).
+    rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so smaller weights are never packed;
+    the sums run in another order, so outputs differ from F.linear's by float rounding (~1e-5 relative at most).
+    On an Intel Xeon the same products ran 0.85-0.92x packed at 512 wide and up but 1.01-1.17x at 320-384 wide
+    (a 9M model's generation 10 % slower packed), so whether an fp32 weight shape packs is measured on the machine:
+    once per (in, out, rows rounded up to a power of two, threads), kept in packing.json beside the precision
+    cache (~/.cache/rlvr/, RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and
+    draws the same samples for the same seeds. Delete the file to measure again.
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
 packed at the first such call. The copies are dropped when the last region holding the model exits (a
@@ -21,20 +26,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import threading
+import time
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.models.machine_cache import cpu_model, precision_cache_path, read_cache, write_cache
+
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
 FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
+FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes at most this share of F.linear's time
 
 # module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 _SWAP_LOCK = threading.Lock()
+_FP32_CHOICES: dict[tuple[int, int, int, int], bool] = {}  # (in, out, rows bucket, threads) -> packs: packing.json, read once
 
 
 def packing_applies(device: torch.device) -> bool:
@@ -80,7 +92,54 @@ def _packed_dtype(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16
         bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x_dtype in (torch.float32, torch.bfloat16)
         return torch.bfloat16 if bf16 else None
     fp32 = x_dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
-    return torch.float32 if fp32 else None
+    return torch.float32 if fp32 and fp32_packs(module.in_features, module.out_features, rows) else None
+
+
+def fp32_packs(in_features: int, out_features: int, rows: int) -> bool:
+    """Whether fp32 products of this weight shape at `rows` rows run from a packed weight: measured on this machine
+    the first time (packed against F.linear), then read from packing.json (module docstring)."""
+    shape = (in_features, out_features, 1 << max(rows - 1, 0).bit_length(), torch.get_num_threads())  # rows: a power of 2
+    choice = _FP32_CHOICES.get(shape)
+    if choice is None:
+        choice = _FP32_CHOICES[shape] = _measured_choice(*shape)
+    return choice
+
+
+def packing_cache_path() -> Path:
+    return precision_cache_path().with_name("packing.json")
+
+
+def _measured_choice(in_features: int, out_features: int, rows: int, threads: int) -> bool:
+    path = packing_cache_path()
+    shape = {"threads": threads, "in": in_features, "out": out_features, "rows": rows}
+    key = json.dumps({"cpu": cpu_model(), "torch": torch.__version__} | shape)
+    entry = read_cache(path).get(key)
+    if not (isinstance(entry, dict) and isinstance(entry.get("packs"), bool)):
+        packed_s, plain_s = _time_fp32(in_features, out_features, rows)
+        entry = {"packs": packed_s <= FP32_PACKED_AT_MOST * plain_s, "packed_s": packed_s, "plain_s": plain_s}
+        write_cache(path, {**read_cache(path), key: entry})
+    return entry["packs"]
+
+
+def _time_fp32(in_features: int, out_features: int, rows: int, rounds: int = 5) -> tuple[float, float]:
+    """Seconds per product (packed, F.linear) of random fp32 data of this shape, the best of `rounds` alternating
+    runs of enough calls for about 2 ms each."""
+    with torch.no_grad():
+        x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        ways = [lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), lambda: F.linear(x, w)]
+        t = time.perf_counter()
+        for way in ways:
+            way()
+        calls = max(3, min(200, int(4e-3 / max(time.perf_counter() - t, 1e-7))))
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):
+            for i, way in enumerate(ways):
+                t = time.perf_counter()
+                for _ in range(calls):
+                    way()
+                best[i] = min(best[i], (time.perf_counter() - t) / calls)
+    return best[0], best[1]
 
 
 def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.Tensor:

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
+from rlvr.models.machine_cache import CACHE_ENV, cpu_model, precision_cache_path, read_cache, write_cache
 from rlvr.models.precision_timing import StepShapes, measure_step
 
-CACHE_ENV = "RLVR_PRECISION_CACHE"
+__all__ = ["CACHE_ENV", "PrecisionChoice", "choose_precision", "cpu_model", "precision_cache_path", "read_cache", "write_cache"]
+
 TIMING = 2  # how precision_timing times a step; estimates cached under another are not reused (2: decode from packed weights)
 
 
@@ -61,7 +60,7 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
     if dtype != torch.float32:
         return PrecisionChoice("none", f"model.autocast=auto: the weights are {weights}, run as they are", weights)
     path, key = precision_cache_path(), cache_key(model, device, shapes)
-    cache = _read(path)
+    cache = read_cache(path)
     if _is_entry(cache.get(key)):
         entry, how = cache[key], f"timed earlier, cached in {path}"
     else:
@@ -72,15 +71,11 @@ def choose_precision(setting: str, model, device: torch.device, shapes: StepShap
             "measured_at": times.measured_at,
             "note": times.note,
         }
-        _write(path, {**cache, key: entry})
+        write_cache(path, {**cache, key: entry})
         how = f"cached in {path}"
     s = entry["step_seconds"]
     details = "; ".join(filter(None, [f"measured at {entry['measured_at']}", entry["note"], how]))
     return PrecisionChoice(entry["autocast"], f"step estimate fp32 {s['none']:.2f} s, bf16 {s['bf16']:.2f} s; {details}", weights, s)
-
-
-def precision_cache_path() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rlvr" / "precision.json")
 
 
 def cache_key(model, device: torch.device, shapes: StepShapes) -> str:
@@ -112,25 +107,6 @@ def _checkpointing(model) -> bool:
     )
 
 
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (else platform.processor())."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _read(path: Path) -> dict:
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: time again and rewrite it
-        return {}
-    return cache if isinstance(cache, dict) else {}
-
-
 def _is_entry(entry) -> bool:
     return (
         isinstance(entry, dict)
@@ -138,14 +114,3 @@ def _is_entry(entry) -> bool:
         and isinstance(entry.get("step_seconds"), dict)
         and {"none", "bf16"} <= set(entry["step_seconds"])
     )
-
-
-def _write(path: Path, cache: dict) -> None:
-    """Whole-file replace, so a run reading it at the same time sees the old or the new file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1))
-        os.replace(tmp, path)
-    except OSError:  # a read-only home: the choice still stands for this run
-        pass

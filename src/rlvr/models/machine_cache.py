@@ -1,0 +1,47 @@
+"""Answers measured once per machine, kept in small JSON files under ~/.cache/rlvr/ (the folder of
+$RLVR_PRECISION_CACHE when set): the precision `model.autocast=auto` chose (precision_choice) and which fp32
+weight shapes decode faster packed (packed_linears). Written whole and renamed into place, so a run reading
+a file while another writes it sees the old or the new one."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+CACHE_ENV = "RLVR_PRECISION_CACHE"
+
+
+def precision_cache_path() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rlvr" / "precision.json")
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else platform.processor())."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def read_cache(path: Path) -> dict:
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: time again and rewrite it
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def write_cache(path: Path, cache: dict) -> None:
+    """Whole-file replace, so a run reading it at the same time sees the old or the new file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: the choice still stands for this run
+        pass
