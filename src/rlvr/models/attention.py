@@ -65,14 +65,20 @@ def explicit_attention(
     B, H, Lq, D = query.shape
     Hkv, Lk = key.shape[1], key.shape[2]
     rep, dtype = H // Hkv, torch.promote_types(query.dtype, torch.float32)
-    q = query.to(dtype).reshape(B, Hkv, rep * Lq, D)  # a kv head's queries together (a copy: query is transposed)
-    s = torch.matmul(q, key.to(dtype).transpose(-1, -2)).view(B, Hkv, rep, Lq, Lk) * scale  # [B, Hkv, rep, Lq, Lk]
+    # the scale on the queries and the mask as an added bias: the score matrices (the largest tensors here) get one
+    # elementwise pass forward and none backward (an add passes its gradient through), where scaling the scores and
+    # masked_fill took two forward and two backward
+    q = query.to(dtype).reshape(B, Hkv, rep * Lq, D) * scale  # a kv head's queries together (a copy: query is transposed)
+    s = torch.matmul(q, key.to(dtype).transpose(-1, -2)).view(B, Hkv, rep, Lq, Lk)  # [B, Hkv, rep, Lq, Lk]
     if attention_mask is None and Lq > 1:
         attention_mask = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).tril()[None, None]
     if attention_mask is not None:
-        m = attention_mask[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
         lowest = torch.finfo(s.dtype).min  # not -inf: a query with every key masked averages them instead of NaN
-        s = s.masked_fill(~m, lowest) if m.dtype == torch.bool else s + m.to(s.dtype).clamp(min=lowest)
+        if attention_mask.dtype == torch.bool:
+            bias = torch.zeros(attention_mask.shape, dtype=s.dtype, device=s.device).masked_fill_(~attention_mask, lowest)
+        else:
+            bias = attention_mask.to(s.dtype).clamp(min=lowest)
+        s = s + bias[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
     p = torch.softmax(s, dim=-1, dtype=dtype).view(B, Hkv, rep * Lq, Lk)
     out = torch.matmul(p, value.to(dtype)).view(B, H, Lq, D).transpose(1, 2)
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()
