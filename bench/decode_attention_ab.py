@@ -2,7 +2,7 @@
 
     python bench/decode_attention_ab.py F 4     # a bench/floor.py config, 4 generations per way
 
-  * explicit: rlvr.rollout.engines.hf.decode_attention as it is (two batched products and a softmax per part);
+  * explicit: rlvr.rollout.engines.hf.decode_attention with flash=False (two batched products and a softmax per part);
   * flash: SDPA's flash kernel for both parts, as the decode ran at 89e6039 (the shared layout's prompt part once per
     group, merged by log-sum-exp);
   * hybrid: the row's own tokens explicit, the prompt part through the flash kernel.
@@ -29,7 +29,7 @@ from rlvr.rollout.engines.hf import decode_attention as da
 current = ld.decode_attention
 
 
-def flash(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, rows=None, group_size=1):
+def flash_both(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, rows=None, group_size=1, flash=False):
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
     own_k[:, :, t] = k
     own_v[:, :, t] = v
@@ -54,7 +54,7 @@ def flash(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, r
     return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
 
 
-def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, rows=None, group_size=1):
+def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, rows=None, group_size=1, flash=False):
     """own part explicit, the prompt part through the flash kernel (its log-sum-exp comes with it)"""
     if prefix_k is None:
         return current(q, k, v, own_k, own_v, t, bias, scale)
@@ -79,7 +79,8 @@ def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, 
     return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
 
 
-ways = {"explicit": current, "flash": flash, "hybrid": hybrid}
+ways = {"explicit": current, "flash": flash_both, "hybrid": hybrid}
+ld.shared_flash_pays = lambda *a: False  # the step passes flash=False: each way runs as written
 torch.set_num_threads(2)
 name = sys.argv[1]
 reps = int(sys.argv[2]) if len(sys.argv) > 2 else 4

@@ -23,7 +23,7 @@ import compare_trl
 import floor
 import rlvr.models.packed_linears as packed_linears
 from rlvr.config import load_config
-from rlvr.models.machine_cache import read_cache
+from rlvr.models.machine_cache import precision_cache_path, read_cache
 from rlvr.training import Trainer
 
 
@@ -51,7 +51,7 @@ def main() -> None:
     print(f"config {name}, {trainer.precision.describe()}")
     for way, ts in times.items():
         print(f"{way}: generation min {min(ts):.3f} s, median {statistics.median(ts):.3f} s, {[round(t, 3) for t in ts]}")
-    for key, entry in read_cache(packed_linears.packing_cache_path()).items():
+    for key, entry in read_cache(precision_cache_path().with_name("packing.json")).items():
         k, ratio = json.loads(key), entry["packed_s"] / entry["plain_s"]
         print(f"  {k['in']} -> {k['out']} at {k['rows']} rows: packed/F.linear {ratio:.2f}, packs {entry['packs']}")
 

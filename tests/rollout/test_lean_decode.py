@@ -1,13 +1,15 @@
 """The lean decode step (rlvr.rollout.engines.hf.lean_decode) against the plain path: transformers' own forward
 with a concatenating DynamicCache. Same tokens, and log-probs and entropies to 1e-5 in fp32, for
 Llama (multi-head and grouped-query), Qwen2 (projection biases) and Qwen3 (per-head q/k norms),
-in both KV layouts (prompt repeated per row / read once per group), with left padding of several
+in both KV layouts (prompt repeated per row / read once per group, its attention as explicit products or through the
+flash kernel), with left padding of several
 widths, rows finishing early and leaving the batch, greedy and sampled, and a LoRA-wrapped model."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+import rlvr.rollout.engines.hf.lean_decode as lean_decode
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
@@ -74,12 +76,12 @@ def _same(lean, plain):
 def count_lean_steps(monkeypatch):
     calls = []
     step = LeanDecoder.step
-    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append(a[2].prefix_keys is not None) or step(self, *a))
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append((a[2].prefix_keys is not None, a[2].flash)) or step(self, *a))
     return calls
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
-@pytest.mark.parametrize("layout", ["repeated", "shared"])
+@pytest.mark.parametrize("layout", ["repeated", "shared", "shared-flash"])
 @pytest.mark.parametrize(
     "ignore_eos, drop, temperature",
     [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
@@ -88,12 +90,13 @@ def count_lean_steps(monkeypatch):
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 0 if layout == "shared" else 10**6)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
+    monkeypatch.setattr(lean_decode, "shared_flash_pays", lambda *a: layout == "shared-flash")  # not what this machine measures
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps
     lean = _generate(model, tok, params, drop_finished_fraction=drop)
-    assert count_lean_steps and set(count_lean_steps) == {layout == "shared"}  # the lean step ran, in the layout asked
+    assert count_lean_steps and set(count_lean_steps) == {(layout != "repeated", layout == "shared-flash")}  # in the layout asked
     assert (plain.prompt_mask == 0).any()  # left padding of different widths
     if not ignore_eos and temperature > 0:
         assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 2  # rows ended early (and left the batch: drop 0.01)

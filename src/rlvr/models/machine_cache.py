@@ -1,14 +1,19 @@
 """Answers measured once per machine, kept in small JSON files under ~/.cache/rlvr/ (the folder of
-$RLVR_PRECISION_CACHE when set): the precision `model.autocast=auto` chose (precision_choice) and which fp32
-weight shapes decode faster packed (packed_linears). Written whole and renamed into place, so a run reading
-a file while another writes it sees the old or the new one."""
+$RLVR_PRECISION_CACHE when set): the precision `model.autocast=auto` chose (precision_choice), which fp32
+weight shapes decode faster packed (packed_linears), which kernel the decode's shared-prompt attention runs
+(rollout.engines.hf.decode_attention). Written whole and renamed into place, so a run reading a file while
+another writes it sees the old or the new one. Keys name the machine (CPU model, torch, threads), so a file
+copied to another machine measures there again; delete a file to measure again."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 CACHE_ENV = "RLVR_PRECISION_CACHE"
 
@@ -45,3 +50,15 @@ def write_cache(path: Path, cache: dict) -> None:
         os.replace(tmp, path)
     except OSError:  # a read-only home: the choice still stands for this run
         pass
+
+
+def measured_once(name: str, shape: dict, measure: Callable[[], dict]) -> dict:
+    """The entry for `shape` on this machine in `name`.json beside the precision cache: read from the file, or
+    `measure()`d now and written there."""
+    path = precision_cache_path().with_name(f"{name}.json")
+    key = json.dumps({"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()} | shape, sort_keys=True)
+    entry = read_cache(path).get(key)
+    if not isinstance(entry, dict):
+        entry = measure()
+        write_cache(path, {**read_cache(path), key: entry})
+    return entry

@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import threading
 import time
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from rlvr.models.machine_cache import cpu_model, precision_cache_path, read_cache, write_cache
+from rlvr.models.machine_cache import measured_once
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
 FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
@@ -101,24 +99,17 @@ def fp32_packs(in_features: int, out_features: int, rows: int) -> bool:
     shape = (in_features, out_features, 1 << max(rows - 1, 0).bit_length(), torch.get_num_threads())  # rows: a power of 2
     choice = _FP32_CHOICES.get(shape)
     if choice is None:
-        choice = _FP32_CHOICES[shape] = _measured_choice(*shape)
+        choice = _FP32_CHOICES[shape] = _measured_choice(*shape[:3])
     return choice
 
 
-def packing_cache_path() -> Path:
-    return precision_cache_path().with_name("packing.json")
-
-
-def _measured_choice(in_features: int, out_features: int, rows: int, threads: int) -> bool:
-    path = packing_cache_path()
-    shape = {"threads": threads, "in": in_features, "out": out_features, "rows": rows}
-    key = json.dumps({"cpu": cpu_model(), "torch": torch.__version__} | shape)
-    entry = read_cache(path).get(key)
-    if not (isinstance(entry, dict) and isinstance(entry.get("packs"), bool)):
+def _measured_choice(in_features: int, out_features: int, rows: int) -> bool:
+    def measure() -> dict:
         packed_s, plain_s = _time_fp32(in_features, out_features, rows)
-        entry = {"packs": packed_s <= FP32_PACKED_AT_MOST * plain_s, "packed_s": packed_s, "plain_s": plain_s}
-        write_cache(path, {**read_cache(path), key: entry})
-    return entry["packs"]
+        return {"packs": packed_s <= FP32_PACKED_AT_MOST * plain_s, "packed_s": packed_s, "plain_s": plain_s}
+
+    entry = measured_once("packing", {"in": in_features, "out": out_features, "rows": rows}, measure)
+    return bool(entry.get("packs"))
 
 
 def _time_fp32(in_features: int, out_features: int, rows: int, rounds: int = 5) -> tuple[float, float]:

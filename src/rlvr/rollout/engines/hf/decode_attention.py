@@ -6,11 +6,25 @@ step (compiled_decode.py) traces it into its layer, where inductor fuses the wri
 row (reductions, not GEMMs) and the softmax into one loop over each row's keys and values. The write and the
 reads take the slot as an argument (select/narrow, not indexing) so that a compiled graph keeps it symbolic.
 tests/rollout/test_lean_decode.py checks both layouts against the model's own forward.
+
+The shared layout can run both parts through SDPA's flash kernel instead (`flash`), as the decode did before the
+explicit products: on an AMD EPYC the products took 0.4-0.9x the kernel's time (bench/results/attention_cpu.md),
+on an Intel Xeon in fp32 the kernel decoded a 9M model's long prompts 9-17 % faster
+(bench/results/decode_attention_intel.md). So the eager step asks `shared_flash_pays` once per decode: both ways
+timed on this machine at the decode's shapes the first time, the answer kept in decode_attention.json beside the
+precision cache (rlvr.models.machine_cache), so later runs there choose the same.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
+
+from rlvr.models.machine_cache import measured_once
+
+FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the explicit products' time
+_CHOICES: dict[tuple, bool] = {}  # this process's answers of shared_flash_pays
 
 
 def decode_attention(
@@ -26,6 +40,8 @@ def decode_attention(
     prefix_v: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,  # shared layout: [n] which of the B x G rows these are
     group_size: int = 1,
+    *,
+    flash: bool = False,  # shared layout: both parts through SDPA's flash kernel (module docstring)
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype.
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
@@ -41,14 +57,12 @@ def decode_attention(
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
-    o_own, s_own = _attend(qr, keys, values, scale)
-    lse_own = torch.logsumexp(s_own, dim=-1)  # [n, Hkv, rep]
+    o_own, lse_own = _flash(qr, keys, values, scale) if flash else _attend_lse(qr, keys, values, scale)  # lse [n, Hkv, rep]
     # the rows still decoding into their group's places, the finished ones' zero (with all rows: a copy; one code path
     # keeps one compiled graph whether rows have left or not)
     qf = qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, rows, qr)
     qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
-    o_p, s_p = _attend(qf, prefix_k, prefix_v, scale, bias)
-    lse_p = torch.logsumexp(s_p, dim=-1)  # [B, Hkv, G x rep]
+    o_p, lse_p = (_flash if flash else _attend_lse)(qf, prefix_k, prefix_v, scale, bias)  # lse [B, Hkv, G x rep]
     o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)[rows]
     lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)[rows]
     # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_own), normalised
@@ -66,3 +80,51 @@ def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tenso
         s = s + bias
     # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
     return torch.matmul(torch.softmax(s, dim=-1), v), s
+
+
+def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    o, s = _attend(q, k, v, scale, bias)
+    return o, torch.logsumexp(s, dim=-1)
+
+
+def _flash(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's CPU flash kernel: the output [b, h, m, D] and each query's log-sum-exp [b, h, m]."""
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    return out[0], out[1]
+
+
+def shared_flash_pays(groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype) -> bool:
+    """Whether the shared layout's decode attention runs faster through the flash kernel on this machine at these
+    shapes (prompt length and new-token capacity rounded up to a power of two): timed once, then read back."""
+    P, T = (1 << max(x - 1, 0).bit_length() for x in (prompt, capacity))
+    shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
+    shape |= dict(prompt=P, capacity=T, dtype=str(dtype).removeprefix("torch."))
+    local = (*shape.values(), torch.get_num_threads())
+    if local not in _CHOICES:
+        timing = lambda: _time_shared(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype)  # noqa: E731
+        _CHOICES[local] = bool(measured_once("decode_attention", shape, timing).get("flash"))
+    return _CHOICES[local]
+
+
+def _time_shared(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, rounds: int = 5) -> dict:
+    """Seconds per call of decode_attention both ways on random data of these shapes, at slot T // 2 (mid-decode),
+    the best of `rounds` alternating runs of enough calls for about 2 ms each."""
+    n, t = B * G, max(T // 2, 1)
+    q, k, v = torch.randn(n, Hq, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype)
+    own_k, own_v = torch.randn(n, Hkv, T, D, dtype=dtype), torch.randn(n, Hkv, T, D, dtype=dtype)
+    pk, pv, bias = torch.randn(B, Hkv, P, D, dtype=dtype), torch.randn(B, Hkv, P, D, dtype=dtype), torch.zeros(B, 1, 1, P, dtype=dtype)
+    args = (q, k, v, own_k, own_v, t, bias, D**-0.5, pk, pv, torch.arange(n), G)
+    ways = [lambda: decode_attention(*args, flash=True), lambda: decode_attention(*args, flash=False)]
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
+        start = time.perf_counter()
+        for way in ways:
+            way()
+        calls = max(3, min(200, int(4e-3 / max(time.perf_counter() - start, 1e-7))))
+        best = [float("inf"), float("inf")]
+        for _ in range(rounds):
+            for i, way in enumerate(ways):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    way()
+                best[i] = min(best[i], (time.perf_counter() - start) / calls)
+    return {"flash": best[0] <= FLASH_AT_MOST * best[1], "flash_s": best[0], "explicit_s": best[1]}

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, layer_weights
-from rlvr.rollout.engines.hf.decode_attention import decode_attention
+from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
 from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
@@ -122,6 +122,7 @@ class DecodeState:
     written: int  # slots of own_* in use (rows decode in lockstep)
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
+    flash: bool = False  # shared layout on the CPU: attention through SDPA's flash kernel (decode_attention.py)
 
     def attention_args(self, i: int, scale: float) -> tuple:
         """decode_attention's arguments after q, k, v for layer i: the buffers, the slot this step writes, the bias,
@@ -167,7 +168,8 @@ class LeanDecoder:
         if shared:
             own_k = [k.new_empty(N, Hkv, capacity, D) for k in keys]
             own_v = [v.new_empty(N, Hkv, capacity, D) for v in values]
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values)
+            flash = device.type == "cpu" and shared_flash_pays(B, G, self.q_heads, Hkv, D, P, capacity, keys[0].dtype)
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash)
 
         def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + capacity, D], prompt in the first P slots
             buf = x.new_empty(B, G, Hkv, P + capacity, D)
@@ -185,7 +187,7 @@ class LeanDecoder:
             own_k, own_v = state.own_keys[i], state.own_values[i]
             if q.device.type == "cpu":  # the write and the attention as one call (decode_attention.py)
                 with torch.autocast("cpu", enabled=False):
-                    return decode_attention(q, k, v, *state.attention_args(i, scale))
+                    return decode_attention(q, k, v, *state.attention_args(i, scale), flash=state.flash)
             own_k[:, :, t] = k
             own_v[:, :, t] = v
             return self._attend_on_device(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
