@@ -14,6 +14,7 @@ import torch
 
 import compare_trl
 import floor
+import rlvr.rollout.engines.hf.decode_attention as da
 import rlvr.rollout.engines.hf.lean_decode as ld
 from rlvr.config import load_config
 from rlvr.training import Trainer
@@ -44,6 +45,4 @@ for i in range(reps):
         res[w].append(time.perf_counter() - t)
 for k, v in res.items():
     print(name, k, "min", round(min(v), 3), "median", round(statistics.median(v), 3), [round(x, 3) for x in v], flush=True)
-import rlvr.rollout.engines.hf.decode_attention as da
-
 print(name, "choices", da._CHOICES)
