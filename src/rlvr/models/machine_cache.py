@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -62,3 +63,25 @@ def measured_once(name: str, shape: dict, measure: Callable[[], dict]) -> dict:
         entry = measure()
         write_cache(path, {**read_cache(path), key: entry})
     return entry
+
+
+def power_of_two_at_least(n: int) -> int:
+    """The bucket a measured shape's length falls in: 1, 2, 4, 8, ..."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def fastest_times(ways: Sequence[Callable[[], object]], rounds: int = 5) -> list[float]:
+    """Seconds per call of each way, the best of `rounds` runs of enough calls for about 2 ms each, the ways
+    alternating within every round (a burst of other work on the machine then hits them alike)."""
+    start = time.perf_counter()
+    for way in ways:
+        way()
+    calls = max(3, min(200, int(len(ways) * 2e-3 / max(time.perf_counter() - start, 1e-7))))
+    best = [float("inf")] * len(ways)
+    for _ in range(rounds):
+        for i, way in enumerate(ways):
+            start = time.perf_counter()
+            for _ in range(calls):
+                way()
+            best[i] = min(best[i], (time.perf_counter() - start) / calls)
+    return best

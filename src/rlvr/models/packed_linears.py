@@ -27,14 +27,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 
-from rlvr.models.machine_cache import measured_once
+from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
 FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
@@ -96,7 +95,7 @@ def _packed_dtype(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16
 def fp32_packs(in_features: int, out_features: int, rows: int) -> bool:
     """Whether fp32 products of this weight shape at `rows` rows run from a packed weight: measured on this machine
     the first time (packed against F.linear), then read from packing.json (module docstring)."""
-    shape = (in_features, out_features, 1 << max(rows - 1, 0).bit_length(), torch.get_num_threads())  # rows: a power of 2
+    shape = (in_features, out_features, power_of_two_at_least(rows), torch.get_num_threads())
     choice = _FP32_CHOICES.get(shape)
     if choice is None:
         choice = _FP32_CHOICES[shape] = _measured_choice(*shape[:3])
@@ -112,25 +111,15 @@ def _measured_choice(in_features: int, out_features: int, rows: int) -> bool:
     return bool(entry.get("packs"))
 
 
-def _time_fp32(in_features: int, out_features: int, rows: int, rounds: int = 5) -> tuple[float, float]:
-    """Seconds per product (packed, F.linear) of random fp32 data of this shape, the best of `rounds` alternating
-    runs of enough calls for about 2 ms each."""
+def _time_fp32(in_features: int, out_features: int, rows: int) -> tuple[float, float]:
+    """Seconds per product (packed, F.linear) of random fp32 data of this shape (machine_cache.fastest_times)."""
     with torch.no_grad():
         x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
         packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-        ways = [lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), lambda: F.linear(x, w)]
-        t = time.perf_counter()
-        for way in ways:
-            way()
-        calls = max(3, min(200, int(4e-3 / max(time.perf_counter() - t, 1e-7))))
-        best = [float("inf"), float("inf")]
-        for _ in range(rounds):
-            for i, way in enumerate(ways):
-                t = time.perf_counter()
-                for _ in range(calls):
-                    way()
-                best[i] = min(best[i], (time.perf_counter() - t) / calls)
-    return best[0], best[1]
+        packed_s, plain_s = fastest_times(
+            [lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), lambda: F.linear(x, w)]
+        )
+    return packed_s, plain_s
 
 
 def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.Tensor:

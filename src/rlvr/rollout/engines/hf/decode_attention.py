@@ -17,11 +17,9 @@ precision cache (rlvr.models.machine_cache), so later runs there choose the same
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from rlvr.models.machine_cache import measured_once
+from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the explicit products' time
 _CHOICES: dict[tuple, bool] = {}  # this process's answers of shared_flash_pays
@@ -96,7 +94,7 @@ def _flash(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor
 def shared_flash_pays(groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype) -> bool:
     """Whether the shared layout's decode attention runs faster through the flash kernel on this machine at these
     shapes (prompt length and new-token capacity rounded up to a power of two): timed once, then read back."""
-    P, T = (1 << max(x - 1, 0).bit_length() for x in (prompt, capacity))
+    P, T = power_of_two_at_least(prompt), power_of_two_at_least(capacity)
     shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
     shape |= dict(prompt=P, capacity=T, dtype=str(dtype).removeprefix("torch."))
     local = (*shape.values(), torch.get_num_threads())
@@ -106,25 +104,14 @@ def shared_flash_pays(groups: int, group_size: int, q_heads: int, kv_heads: int,
     return _CHOICES[local]
 
 
-def _time_shared(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, rounds: int = 5) -> dict:
-    """Seconds per call of decode_attention both ways on random data of these shapes, at slot T // 2 (mid-decode),
-    the best of `rounds` alternating runs of enough calls for about 2 ms each."""
+def _time_shared(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype) -> dict:
+    """Seconds per call of decode_attention both ways on random data of these shapes, at slot T // 2 (mid-decode)
+    (machine_cache.fastest_times)."""
     n, t = B * G, max(T // 2, 1)
     q, k, v = torch.randn(n, Hq, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype)
     own_k, own_v = torch.randn(n, Hkv, T, D, dtype=dtype), torch.randn(n, Hkv, T, D, dtype=dtype)
     pk, pv, bias = torch.randn(B, Hkv, P, D, dtype=dtype), torch.randn(B, Hkv, P, D, dtype=dtype), torch.zeros(B, 1, 1, P, dtype=dtype)
     args = (q, k, v, own_k, own_v, t, bias, D**-0.5, pk, pv, torch.arange(n), G)
-    ways = [lambda: decode_attention(*args, flash=True), lambda: decode_attention(*args, flash=False)]
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        start = time.perf_counter()
-        for way in ways:
-            way()
-        calls = max(3, min(200, int(4e-3 / max(time.perf_counter() - start, 1e-7))))
-        best = [float("inf"), float("inf")]
-        for _ in range(rounds):
-            for i, way in enumerate(ways):
-                start = time.perf_counter()
-                for _ in range(calls):
-                    way()
-                best[i] = min(best[i], (time.perf_counter() - start) / calls)
-    return {"flash": best[0] <= FLASH_AT_MOST * best[1], "flash_s": best[0], "explicit_s": best[1]}
+        flash_s, explicit_s = fastest_times([lambda: decode_attention(*args, flash=True), lambda: decode_attention(*args, flash=False)])
+    return {"flash": flash_s <= FLASH_AT_MOST * explicit_s, "flash_s": flash_s, "explicit_s": explicit_s}
