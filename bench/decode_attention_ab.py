@@ -6,24 +6,17 @@
   * flash: SDPA's flash kernel for both parts, as the decode ran at 89e6039 (the shared layout's prompt part once per
     group, merged by log-sum-exp);
   * hybrid: the row's own tokens explicit, the prompt part through the flash kernel.
-One Trainer on the config, one training step, then the same generation (prompts, seeds) per way; prints min,
-median and every time, and each way's tokens and log-probs against the explicit way's.
+bench/generation_ab.py runs the ways; prints min, median and every time, and each way's tokens and log-probs against
+the explicit way's.
 """
 
-import statistics
 import sys
-import tempfile
-import time
-import types
 
 import torch
 import torch.nn.functional as F
 
-import compare_trl
-import floor
-from rlvr.config import load_config
-from rlvr.training import Trainer
 import rlvr.rollout.engines.hf.lean_decode as ld
+from generation_ab import generation_ab
 from rlvr.rollout.engines.hf import decode_attention as da
 
 current = ld.decode_attention
@@ -79,43 +72,17 @@ def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, 
     return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
 
 
-ways = {"explicit": current, "flash": flash_both, "hybrid": hybrid}
-ld.shared_flash_pays = lambda *a: False  # the step passes flash=False: each way runs as written
-torch.set_num_threads(2)
-name = sys.argv[1]
-reps = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-a = types.SimpleNamespace(threads=2, warmup=1, steps=3)
-spec = {**floor.make_spec(name, floor.build_inputs([name]), a), "out": tempfile.mkdtemp()}
-tr = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-gen, call = tr.engine.generate, {}
+def main() -> None:
+    name, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    ld.shared_flash_pays = lambda *a: False  # the step passes flash=False: each way runs as written
+    functions = {"explicit": current, "flash": flash_both, "hybrid": hybrid}
+    ways = {w: (lambda f=f: setattr(ld, "decode_attention", f)) for w, f in functions.items()}
+    _, outputs, _ = generation_ab(name, ways, reps)
+    ref = outputs["explicit"][-1]
+    for way, outs in outputs.items():
+        same = torch.equal(outs[-1].completion_ids, ref.completion_ids)
+        print(f"{way}: same tokens {same}, max |d logp| {float((outs[-1].sampling_logprobs - ref.sampling_logprobs).abs().max()):.2e}")
 
 
-def rec(p, pa, s):
-    call.update(p=list(p), pa=pa, s=list(s))
-    return gen(p, pa, s)
-
-
-tr.engine.generate = rec
-tr.train_step()
-res = {k: [] for k in ways}
-outs = {}
-for i in range(reps):
-    order = list(ways) if i % 2 == 0 else list(ways)[::-1]
-    for w in order:
-        ld.decode_attention = ways[w]
-        t = time.perf_counter()
-        o = gen(call["p"], call["pa"], call["s"])
-        res[w].append(time.perf_counter() - t)
-        outs[w] = o
-for k, v in res.items():
-    print(name, k, "min", round(min(v), 3), "median", round(statistics.median(v), 3), [round(x, 3) for x in v], flush=True)
-ref = outs["explicit"]
-for k, o in outs.items():
-    print(
-        name,
-        k,
-        "same tokens",
-        torch.equal(o.completion_ids, ref.completion_ids),
-        "max |dlogp|",
-        float((o.sampling_logprobs - ref.sampling_logprobs).abs().max()),
-    )
+if __name__ == "__main__":
+    main()
