@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlvr.models import attention
+from rlvr.models import attention, prefix_attention
 from rlvr.models.attention import explicit_attention, short_attention_explicit
 from rlvr.models.forward import completion_logprobs
+from rlvr.models.prefix_attention import grouped_prefix_attention
 
 
 def _qkv(B=3, H=4, Hkv=2, Lq=6, Lk=6, D=8, dtype=torch.float64, seed=0):
@@ -89,9 +90,16 @@ def _batch(G=3, P=7, C=6, seed=1):
     return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)
 
 
-def _logp_and_grads(model, batch, shared: bool, explicit_max: int, monkeypatch, calls: list):
+MAX_ELEMENTS = attention.EXPLICIT_MAX_ELEMENTS
+
+
+def _logp_and_grads(model, batch, shared: bool, explicit_max: int, monkeypatch, calls: list, grouped=None, max_elements=MAX_ELEMENTS):
+    """explicit_max 0: SDPA everywhere (the grouped products too)."""
     monkeypatch.setattr(attention, "EXPLICIT_MAX_SCORES", explicit_max)
+    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 0 if explicit_max == 0 else max_elements)
     monkeypatch.setattr(attention, "explicit_attention", lambda *a: calls.append(a[0].shape) or explicit_attention(*a))
+    grouped = calls if grouped is None else grouped
+    monkeypatch.setattr(prefix_attention, "grouped_prefix_attention", lambda *a: grouped.append(a[0].shape) or grouped_prefix_attention(*a))
     p_ids, p_mask, c_ids, c_mask, groups = batch
     model.zero_grad()
     out = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, with_entropy=True, group_ids=groups if shared else None)
@@ -103,12 +111,13 @@ def _logp_and_grads(model, batch, shared: bool, explicit_max: int, monkeypatch, 
 def test_a_llamas_logprobs_and_gradients_equal_sdpas_in_float64(llama, shared, monkeypatch):
     model = llama.double()
     try:
-        explicit, sdpa = [], []
-        logp_e, grad_e = _logp_and_grads(model, _batch(), shared, 10**6, monkeypatch, explicit)
+        explicit, grouped, sdpa = [], [], []
+        logp_e, grad_e = _logp_and_grads(model, _batch(), shared, 10**6, monkeypatch, explicit, grouped)
         logp_s, grad_s = _logp_and_grads(model, _batch(), shared, 0, monkeypatch, sdpa)
     finally:
         llama.float()
-    assert len(explicit) == 2 * (1 + shared) and not sdpa  # each layer's attention (and the prompt's, shared) took it
+    # each layer's attention took them: the prompts' and the completions' over their group's prompt (shared), the rows'
+    assert len(explicit) == 2 and len(grouped) == 2 * shared and not sdpa
     torch.testing.assert_close(logp_e, logp_s, rtol=0, atol=1e-10)
     for name in grad_s:
         torch.testing.assert_close(grad_e[name], grad_s[name], rtol=0, atol=1e-10, msg=name)
@@ -140,11 +149,10 @@ def test_explicit_only_with_a_gradient_short_rows_and_sdpa_models(llama, monkeyp
     assert calls == []
     _logp_and_grads(llama, batch, False, 12 * 12, monkeypatch, calls)  # 13 x 13 positions per head: past the limit
     assert calls == []
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 9 * 4 * 13 * 13 - 1)  # 9 rows x 4 heads: one score too many
-    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls)
+    one_too_many = 9 * 4 * 13 * 13 - 1  # 9 rows x 4 heads: one score too many
+    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls, max_elements=one_too_many)
     assert calls == []
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 9 * 4 * 13 * 13)
-    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls)
+    _logp_and_grads(llama, batch, False, 13 * 13, monkeypatch, calls, max_elements=9 * 4 * 13 * 13)
     assert len(calls) == 2
     with short_attention_explicit(llama):
         assert llama.config._attn_implementation == attention.NAME

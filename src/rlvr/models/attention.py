@@ -27,6 +27,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlvr.models import prefix_attention
+
 NAME = "rlvr_train"
 # query x key positions per head up to which the explicit products beat the flash kernel, forward + backward under
 # bf16 autocast (bench/results/attention_cpu.md: 0.2-0.4x its time up to 96 x 96, 0.4-0.6x at 128 x 128, 0.6-1.1x at
@@ -37,19 +39,19 @@ EXPLICIT_MAX_SCORES = 128 * 160
 EXPLICIT_MAX_ELEMENTS = 2**24
 
 
-def _explicit_pays(query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, kwargs: dict) -> bool:
-    Lq, Lk = query.shape[2], key.shape[2]
+def _explicit_pays(query: torch.Tensor, Lk: int, Hkv: int, dropout: float, kwargs: dict, *, per_head_bound: bool = True) -> bool:
+    """Whether the explicit products run this call: query [B, H, Lq, D] over Lk keys of Hkv heads."""
+    Lq = query.shape[2]
     return (
         query.device.type == "cpu"
         and query.requires_grad
         and torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and dropout == 0.0
-        and Lq * Lk <= EXPLICIT_MAX_SCORES
+        and (not per_head_bound or Lq * Lk <= EXPLICIT_MAX_SCORES)
         and query.shape[0] * query.shape[1] * Lq * Lk <= EXPLICIT_MAX_ELEMENTS
-        and query.shape[1] % key.shape[1] == 0
+        and query.shape[1] % Hkv == 0
         and not any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias", "s_aux", "sinks"))
-        and (attention_mask is not None or Lq in (1, Lk))  # None: causal over equal lengths, or one query
     )
 
 
@@ -85,11 +87,23 @@ def explicit_attention(
 
 
 def training_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' attention-function contract: explicit products where they pay (module docstring), else SDPA."""
-    if not _explicit_pays(query, key, attention_mask, dropout, kwargs):
+    """transformers' attention-function contract: explicit products where they pay (module docstring), else SDPA;
+    inside prefix_attention.shared_prefix, over the group's prompt as well."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if (prefix := prefix_attention.take(module)) is not None:
+        prefix_keys, prefix_values, prefix_mask, G = prefix
+        # no bound per head: the prompt's products are large ones here, and the kernel would take the repeated keys;
+        # under autocast the repeated keys (explicit_attention's products in autocast's dtype, as measured there)
+        Lk, autocast = prefix_keys.shape[2] + key.shape[2], torch.is_autocast_enabled(query.device.type)
+        if not autocast and _explicit_pays(query, Lk, key.shape[1], dropout, kwargs, per_head_bound=False):
+            out = prefix_attention.grouped_prefix_attention(query, key, value, attention_mask, *prefix[:3], scale)  # keys, values, mask
+            return out, None
+        key, value, attention_mask = prefix_attention.repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask, G)
+    # a mask, or None for causal over equal lengths or one query
+    known_mask = attention_mask is not None or query.shape[2] in (1, key.shape[2])
+    if not (known_mask and _explicit_pays(query, key.shape[2], key.shape[1], dropout, kwargs)):
         kwargs.update(dropout=dropout, scaling=scaling, is_causal=is_causal)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return explicit_attention(query, key, value, attention_mask, scale), None
 
 

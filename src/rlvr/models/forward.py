@@ -3,9 +3,11 @@
 Two ways to compute the same numbers:
 - the plain path runs every row's prompt + completion through the model;
 - the shared-prefix path (rows of a group share one prompt) runs each distinct prompt once,
-  keeps its KV cache *with autograd*, repeats it for the group's rows and runs only the
-  completions on top. Gradients reach the prompt positions through the repeated keys and values
-  (repeat_interleave sums them back), so loss and gradients equal the plain path's.
+  keeps its KV cache *with autograd* and runs only the completions on top: their attention meets
+  the group's prompt keys once per group (rlvr.models.prefix_attention) where the model runs
+  rlvr's training attention, else over the prompt's keys and values repeated for the group's rows.
+  Gradients reach the prompt positions either way (summed over the group), so loss and gradients
+  equal the plain path's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import NamedTuple
 import torch
 
 from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad
+from rlvr.models.attention import NAME as ATTENTION_NAME
 from rlvr.models.attention import short_attention_explicit
+from rlvr.models.prefix_attention import SharedPrefix, shared_prefix
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 
 
@@ -99,7 +103,6 @@ def _repeat_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts):
     from transformers import DynamicCache
 
-    P = prompt_ids.shape[1]
     ckw = cache_kwarg(model)
     u_ids, u_mask = prompt_ids[starts], prompt_mask[starts]  # [U, P]
     cache = DynamicCache(config=model.config)
@@ -111,16 +114,45 @@ def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, comple
         logits_to_keep=1,
         **{ckw: cache},
     ).logits  # [U, 1, V]
-    for layer in map(dynamic_layer, cache.layers):  # [U, H, P, D] -> [N, H, P, D], differentiable
+    attn = torch.cat([prompt_mask, completion_mask], dim=1)  # [N, P + C]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1] :]
+    tail = _completions_over_grouped_prefix(model, cache, u_mask, completion_ids, completion_mask, pos, counts)
+    if tail is None:
+        tail = _completions_over_repeated_prefix(model, cache, completion_ids, attn, pos, counts)
+    return torch.cat([_repeat_rows(head, counts), tail[:, :-1]], dim=1)  # [N, C, V]
+
+
+def _completions_over_grouped_prefix(model, cache, u_mask, completion_ids, completion_mask, pos, counts) -> torch.Tensor | None:
+    """Logits [N, C, V] of the completions over their group's prompt once (rlvr.models.prefix_attention), where the
+    model runs rlvr's training attention on full-attention layers only and every group has as many rows; else None."""
+    from transformers.cache_utils import DynamicLayer
+
+    config = getattr(model, "config", None)
+    layers = cache.layers
+    if (
+        getattr(config, "_attn_implementation", None) != ATTENTION_NAME
+        or not bool((counts == counts[0]).all())
+        or not all(type(layer) is DynamicLayer for layer in layers)  # no sliding windows, no linear attention
+    ):
+        return None
+    kv = [prefilled_kv(layer) for layer in layers]
+    prefix = SharedPrefix([k for k, _ in kv], [v for _, v in kv], u_mask.bool(), int(counts[0]))
+    with shared_prefix(prefix) as taken:
+        C = completion_ids.shape[1]
+        logits = model(input_ids=completion_ids, attention_mask=completion_mask, position_ids=pos, use_cache=False, logits_to_keep=C).logits
+    return logits if taken == set(range(len(layers))) else None  # a layer that attended without its prompt: unusable
+
+
+def _completions_over_repeated_prefix(model, cache, completion_ids, attn, pos, counts) -> torch.Tensor:
+    """Logits [N, C, V] of the completions over the prompt's keys and values repeated for each row of its group
+    (differentiable: the repeat sums the rows' gradients back)."""
+    for layer in map(dynamic_layer, cache.layers):  # [U, H, P, D] -> [N, H, P, D]
         keys, values = prefilled_kv(layer)
         layer.keys, layer.values = _repeat_rows(keys, counts), _repeat_rows(values, counts)
-    attn = torch.cat([prompt_mask, completion_mask], dim=1)  # [N, P + C]
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
     C = completion_ids.shape[1]
-    tail = model(
-        input_ids=completion_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=C, **{ckw: cache}
-    ).logits  # [N, C, V]
-    return torch.cat([_repeat_rows(head, counts), tail[:, :-1]], dim=1)  # [N, C, V]
+    return model(
+        input_ids=completion_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=C, **{cache_kwarg(model): cache}
+    ).logits
 
 
 def completion_logprobs(
