@@ -4,8 +4,8 @@ The shared-prefix training forward (rlvr.models.forward) runs each distinct prom
 completions on top. Handing the completions the prompt's keys and values repeated G times costs, per layer, a copy of
 the repeated keys and values, each row's own small products over the same prompt keys, and in the backward a gradient
 for every copy that is then summed back over the group. On bench/floor.py's config C (25M Llama, 8 prompts x 8,
-~260-token prompts, 64 completion tokens; Intel Xeon, fp32) a training micro-batch took 5.0 s here against 5.6 s
-over the repeated prompt (medians of 5, alternating in one process); on F and K (smaller models, 4 x 16) 1-4 % less.
+~260-token prompts, 64 completion tokens; Intel Xeon, fp32) a training micro-batch takes 4-6 % less time than over the
+repeated prompt, on F and K (smaller models, 4 x 16) 0-2 % less (bench/results/prefix_attention_intel.md).
 
 Here a group's completion queries meet the prompt once, as one product per kv head:
 
@@ -93,7 +93,8 @@ def repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask
 class _GroupedSoftmaxProducts(torch.autograd.Function):
     """softmax([q k_prompt^T + bias_prompt | q k_own^T + bias_own]) [v_prompt; v_own] with the backward written out:
     the scores of both parts live in one buffer that the products write into (no concatenation, no zero-filled
-    gradient per part, as autograd's cat and slices would cost), and the softmax's backward is aten's own."""
+    gradient per part, as autograd's cat and slices would cost), and aten's softmax and its backward run in place
+    (each row is read before it is written), so a layer holds two score-sized buffers, not four."""
 
     @staticmethod
     def forward(ctx, q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias):
@@ -107,7 +108,7 @@ class _GroupedSoftmaxProducts(torch.autograd.Function):
         if prefix_bias is not None:
             s[..., :P] += prefix_bias
         s[..., P:].view(U, Hkv, G, R // C, C, C).add_(own_bias)
-        p = torch.softmax(s, dim=-1)
+        p = torch.ops.aten._softmax.out(s, -1, False, out=s)  # in place: the scores are not needed again
         out = torch.bmm(p.view(U * Hkv, G * R, P + C)[..., :P], prefix_v.view(U * Hkv, P, D))  # [U x Hkv, G x R, D]
         out.view(-1, R, D).baddbmm_(p.view(-1, R, P + C)[..., P:], own_v.view(-1, C, D))
         ctx.save_for_backward(q, prefix_k, prefix_v, own_k, own_v, p)
@@ -124,7 +125,7 @@ class _GroupedSoftmaxProducts(torch.autograd.Function):
         d_p = torch.empty_like(p)
         torch.bmm(d_out_p, prefix_v.view(U * Hkv, P, D).transpose(1, 2), out=d_p.view(U * Hkv, G * R, P + C)[..., :P])
         torch.bmm(d_out_r, own_v.view(-1, C, D).transpose(1, 2), out=d_p.view(-1, R, P + C)[..., P:])
-        d_s = torch.ops.aten._softmax_backward_data(d_p, p, -1, p.dtype)  # p x (d_p - sum(d_p x p))
+        d_s = torch.ops.aten._softmax_backward_data.out(d_p, p, -1, p.dtype, grad_input=d_p)  # p x (d_p - sum(d_p x p)), in place
         d_s_p, d_s_r = d_s.view(U * Hkv, G * R, P + C)[..., :P], d_s.view(-1, R, P + C)[..., P:]
         d_q = torch.bmm(d_s_p, prefix_k.view(U * Hkv, P, D))
         d_q.view(-1, R, D).baddbmm_(d_s_r, own_k.view(-1, C, D))
