@@ -229,3 +229,37 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     for a, b in zip(plain, lean_traces):
         assert a.ids == b.ids and a.loss == b.loss
         torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
+def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
+    """The step runs each projection directly from the weight its module's call in the packing region uses
+    (lean_decode.Direct): the same bits as that call, packed or plain; outside a region, the module itself; the
+    table follows the rows bucket."""
+    import rlvr.models.packed_linears as packed_linears
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4)
+    model = LlamaForCausalLM(cfg).eval()
+    monkeypatch.setattr(packed_linears, "fp32_packs", lambda i, o, rows: pack)  # the machine's choice, both ways
+    decoder = lean_decoder_for(model)
+    assert decoder is not None
+    x = torch.randn(24, 256)
+
+    with torch.no_grad():
+        outside = decoder._products(24, x.device)
+        assert all(p is model.model.layers[0].self_attn.q_proj for p in outside[0][:1])  # no region: the module
+        with packed_linears.packed_linears_in(model):
+            decoder._direct = None
+            products = decoder._products(24, x.device)
+            assert all(type(p) is lean_decode.Direct and p.packed == pack for p in [*products[0], *products[1]])
+            assert type(products[-1]) is lean_decode.Direct and not products[-1].packed  # lm_head: too small to pack
+            for i, layer in enumerate(model.model.layers):
+                for j, m in enumerate((layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj)):
+                    p = products[i][(0, 3, 4)[j]]
+                    assert torch.equal(lean_decode._product(p, x), m(x)), (i, j)
+            assert torch.equal(lean_decode._product(products[-1], x), model.lm_head(x))
+            assert decoder._products(17, x.device) is products  # the same rows bucket (32): the same table
+            assert decoder._products(300, x.device) is not products  # past the packing region's rows: modules
+            assert all(p is m for p, m in zip(decoder._products(300, x.device)[0], [model.model.layers[0].self_attn.q_proj]))

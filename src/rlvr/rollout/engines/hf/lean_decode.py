@@ -3,9 +3,10 @@
 transformers' forward is general: per token it builds masks, dispatches attention through
 registries, updates a cache object layer by layer, wraps outputs in dataclasses. For one new token
 per row that Python work is a large share of the hf engine's decode of a small model on CPU
-(bench/decode_breakdown.py measures it). Here the step is the model's own modules (projections,
-MLPs and embeddings are called as they are, so LoRA-wrapped or quantised layers work), with
-three things done directly:
+(bench/decode_breakdown.py measures it). Here the step is the model's own modules (LoRA-wrapped or
+quantised projections, other MLPs and the embeddings are called as they are), with four things done directly:
+  * a plain Linear's product from the weight its call in the packing region would use (`Direct`: the same kernel
+    on the same weight, the same bits), without the module call's Python work around each product;
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
@@ -26,12 +27,13 @@ tests/rollout/test_lean_decode.py checks tokens and log-probs against that plain
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 
-from rlvr.models.packed_linears import bf16_packs
+from rlvr.models.machine_cache import power_of_two_at_least
+from rlvr.models.packed_linears import bf16_packs, decode_weight
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, layer_weights
 from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
@@ -101,6 +103,23 @@ def _rms_norm(norm, x):
     return norm(x)
 
 
+class Direct(NamedTuple):
+    """A Linear's decode product run directly: the weight (packed or plain) and bias that the module's call in the
+    packing region computes with (packed_linears.decode_weight), without the module call around it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    packed: bool
+
+
+def _product(p: "Direct | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(p, Direct):
+        return p(x)  # the module as it is: LoRA-wrapped, quantised, outside a packing region, an autocast cast
+    if p.packed:  # as packed_linears' region runs it: the input in the packed weight's dtype
+        return torch.ops.mkldnn._linear_pointwise(x.to(p.weight.dtype), p.weight, p.bias, "none", [], "")
+    return F.linear(x, p.weight, p.bias)
+
+
 def _rotate(x, cos, sin):  # x [n, H, D]; cos/sin [n, 1, D]
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -153,6 +172,7 @@ class LeanDecoder:
         self.q_heads = lm.config.num_attention_heads
         self.fuse = fuse_projections(lm)
         self.fused: list[FusedLayer] | None = None  # built at the first step, in the autocast dtype it runs under
+        self._direct: tuple[tuple, list[tuple]] | None = None  # per rows bucket and autocast dtype: _products
 
     def start(
         self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
@@ -221,27 +241,54 @@ class LeanDecoder:
         if self.fuse and self.fused is None:
             dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
             self.fused = [fused_layer(layer, dtype) for layer in self.layers]
-        for i, layer in enumerate(self.layers):
+        products = self._products(n, x.device)
+        for i, (layer, (q_p, k_p, v_p, o_p, gate_p, up_p, down_p)) in enumerate(zip(self.layers, products)):
             attn, fused = layer.self_attn, self.fused[i] if self.fused else None
             h = _rms_norm(layer.input_layernorm, x)
             if fused is not None and fused.qkv_weight is not None:  # one product: [n, (Hq + 2 Hkv) x D]
                 q, k, v = F.linear(h, fused.qkv_weight, fused.qkv_bias).split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
                 q, k, v = q.unflatten(-1, (self.q_heads, D)), k.unflatten(-1, (self.kv_heads, D)), v.unflatten(-1, (self.kv_heads, D))
             else:
-                q = attn.q_proj(h).view(n, self.q_heads, D)
-                k = attn.k_proj(h).view(n, self.kv_heads, D)
-                v = attn.v_proj(h).view(n, self.kv_heads, D)
+                q = _product(q_p, h).view(n, self.q_heads, D)
+                k = _product(k_p, h).view(n, self.kv_heads, D)
+                v = _product(v_p, h).view(n, self.kv_heads, D)
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            x = x + attn.o_proj(attend(i, q, k, v, attn.scaling))
+            x = x + _product(o_p, attend(i, q, k, v, attn.scaling))
             h = _rms_norm(layer.post_attention_layernorm, x)
             if fused is not None and fused.gate_up_weight is not None:  # one product: [n, 2 x intermediate]
                 gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, -1)
-                x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-            else:
+                x = x + _product(down_p, layer.mlp.act_fn(gate) * up)
+            elif gate_p is None:  # an MLP of another kind: as it is
                 x = x + layer.mlp(h)
-        return self.lm.lm_head(_rms_norm(self.norm, x)).float()
+            else:
+                x = x + _product(down_p, layer.mlp.act_fn(_product(gate_p, h)) * _product(up_p, h))
+        return _product(products[-1], _rms_norm(self.norm, x)).float()
+
+    def _products(self, n: int, device: torch.device) -> list:
+        """Per layer (q, k, v, o, gate, up, down) and last the lm_head, each a Direct product for n rows where the
+        packing region's module call would compute exactly that (same weight, same kernel: the same bits), else the
+        module; gate/up/down None for an MLP that is not the Llama-family SwiGLU. Built once per rows bucket and
+        autocast dtype in a decode (the weights do not change within one): the module calls' Python work, about a
+        tenth of a small model's decode step, is then paid once."""
+        autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+        key = (power_of_two_at_least(n), autocast, device.type)
+        if self._direct is None or self._direct[0] != key:
+            bf16_ok = bf16_packs()
+
+            def direct(m):
+                weight = decode_weight(m, n, autocast, bf16_ok) if device.type == "cpu" and type(m) is torch.nn.Linear else None
+                return m if weight is None else Direct(*weight)
+
+            products: list = []
+            for layer in self.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                plain_mlp = type(mlp).__name__ in PLAIN_MLPS
+                mlp_parts = [direct(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)] if plain_mlp else [None, None, mlp.down_proj]
+                products.append((*(direct(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)), *mlp_parts))
+            self._direct = (key, [*products, direct(self.lm.lm_head)])
+        return self._direct[1]
 
     def _compiled_forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor | None:
         """step's layers through compiled_decode.decoder_layer; None where a layer's products cannot run there (then
