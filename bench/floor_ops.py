@@ -1,6 +1,6 @@
 """What bench/floor.py measures inside its floor worker (the current code only): the exact matmul shapes of
-real training steps (forward pre-hooks on every nn.Linear), each shape's time alone (the floor), and the
-per-op profile of one decode step and one training micro-batch (torch.profiler)."""
+real training steps (forward pre-hooks on every nn.Linear, and the lean decode's direct products), each shape's time
+alone (the floor), and the per-op profile of one decode step and one training micro-batch (torch.profiler)."""
 
 from __future__ import annotations
 
@@ -29,19 +29,30 @@ class LinearShapes:
         self.phase = "other"
         self.steps: list[Counter] = []
         self.handles = [m.register_forward_pre_hook(self._hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        # the lean decode step runs a plain Linear's product straight from its weight (lean_decode.Direct), no module
+        # call and so no hook: those products are recorded where they run
+        import rlvr.rollout.engines.hf.lean_decode as lean_decode
+
+        self._lean, self._direct_product = lean_decode, lean_decode._product
+        lean_decode._product = self._recording_product
 
     def _hook(self, module, args) -> None:
         x = args[0]
-        K, N = module.in_features, module.out_features
         on = x.device.type
         # under autocast the product runs in the autocast dtype (linear is on its lower-precision list)
         dtype = torch.get_autocast_dtype(on) if torch.is_autocast_enabled(on) and x.is_floating_point() else module.weight.dtype
+        self._count(x, module.in_features, module.out_features, dtype, module.weight.requires_grad)
+
+    def _recording_product(self, p, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(p, self._lean.Direct):  # weight [out, in], packed or plain, in the dtype the product runs in
+            self._count(x, p.weight.shape[1], p.weight.shape[0], p.weight.dtype, weight_trained=False)
+        return self._direct_product(p, x)
+
+    def _count(self, x: torch.Tensor, K: int, N: int, dtype: torch.dtype, weight_trained: bool) -> None:
         grad = torch.is_grad_enabled()
         # the backward of y = x W^T: grad_input = gy W when x needs a gradient, grad_weight = gy^T x when W is trained
         products = (
-            ("forward",)
-            + (("grad_input",) if grad and x.requires_grad else ())
-            + (("grad_weight",) if grad and module.weight.requires_grad else ())
+            ("forward",) + (("grad_input",) if grad and x.requires_grad else ()) + (("grad_weight",) if grad and weight_trained else ())
         )
         self.steps[-1][(self.phase, x.numel() // K, K, N, str(dtype).removeprefix("torch."), products)] += 1
 
@@ -51,6 +62,7 @@ class LinearShapes:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        self._lean._product = self._direct_product
 
 
 def product_flops(M: int, K: int, N: int) -> int:
