@@ -61,6 +61,15 @@ def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, c
     assert len(timer.calls) == 1
     assert t.precision.autocast == t.updater.precision == t.source.autocast == resolved
     seen, hooks = _linear_outputs(t.model)
+    direct = lean_decode._product  # the lean step's products run straight from their weights (no module call): seen here
+
+    def recording(p, x):
+        out = direct(p, x)
+        if isinstance(p, lean_decode.Direct):
+            seen.append((out.dtype, torch.is_grad_enabled()))
+        return out
+
+    monkeypatch.setattr(lean_decode, "_product", recording)
     t.train_step()
     for h in hooks:
         h.remove()
