@@ -1,5 +1,5 @@
 """The lean decode step's projections called as modules (through the packing region's swapped forward) against run
-directly from the weights those calls use (rlvr.rollout.engines.hf.lean_decode.Direct), in one process: one Trainer
+directly from the weights those calls use (rlvr.rollout.engines.hf.compiled_decode.Product), in one process: one Trainer
 on a bench/floor.py config, one training step, then the same generation (prompts, seeds) `reps` times per way,
 alternating which goes first (bench/generation_ab.py). The two ways must give the same tokens: checked here too.
 
@@ -19,7 +19,7 @@ from generation_ab import generation_ab
 DIRECT = lean_decode.LeanDecoder._products
 
 
-def _modules(self, n, device):  # every projection called as its module: the step before Direct
+def _modules(self, n, device):  # every projection called as its module: the step before the direct products
     products = []
     for layer in self.layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -29,11 +29,12 @@ class LinearShapes:
         self.phase = "other"
         self.steps: list[Counter] = []
         self.handles = [m.register_forward_pre_hook(self._hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        # the lean decode step runs a plain Linear's product straight from its weight (lean_decode.Direct), no module
+        # the lean decode step runs a plain Linear's product straight from its weight (compiled_decode.Product), no module
         # call and so no hook: those products are recorded where they run
         import rlvr.rollout.engines.hf.lean_decode as lean_decode
+        from rlvr.rollout.engines.hf.compiled_decode import Product
 
-        self._lean, self._direct_product = lean_decode, lean_decode._product
+        self._lean, self._direct_product, self._Product = lean_decode, lean_decode._product, Product
         lean_decode._product = self._recording_product
 
     def _hook(self, module, args) -> None:
@@ -44,8 +45,8 @@ class LinearShapes:
         self._count(x, module.in_features, module.out_features, dtype, module.weight.requires_grad)
 
     def _recording_product(self, p, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(p, self._lean.Direct):  # weight [out, in], packed or plain, in the dtype the product runs in
-            self._count(x, p.weight.shape[1], p.weight.shape[0], p.weight.dtype, weight_trained=False)
+        if isinstance(p, self._Product):  # runs in its weight's dtype (packed or plain)
+            self._count(x, x.shape[-1], p.out_features, p.weight.dtype, weight_trained=False)
         return self._direct_product(p, x)
 
     def _count(self, x: torch.Tensor, K: int, N: int, dtype: torch.dtype, weight_trained: bool) -> None:

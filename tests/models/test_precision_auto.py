@@ -50,6 +50,7 @@ def _linear_outputs(model) -> tuple[list[tuple[torch.dtype, bool]], list]:
 @pytest.mark.parametrize("fp32, bf16, expected", [(1.0, 0.5, torch.bfloat16), (0.5, 1.0, torch.float32)])
 def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, cache_file, monkeypatch, fp32, bf16, expected):
     import rlvr.rollout.engines.hf.lean_decode as lean_decode
+    from rlvr.rollout.engines.hf.compiled_decode import Product
 
     # the fused decode products (q/k/v, gate/up) bypass the modules' hooks: off here, so that every product is seen
     # (their weights are kept in the autocast dtype: tests/rollout/test_lean_decode.py)
@@ -65,7 +66,7 @@ def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, c
 
     def recording(p, x):
         out = direct(p, x)
-        if isinstance(p, lean_decode.Direct):
+        if isinstance(p, Product):
             seen.append((out.dtype, torch.is_grad_enabled()))
         return out
 

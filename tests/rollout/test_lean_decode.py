@@ -15,6 +15,7 @@ from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.engines.hf.compiled_decode import Product
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder, lean_decoder_for
 
 QUESTIONS = ["12+34=", "7-5=", "a much longer prompt than the others, long enough to share: 99+99="]
@@ -234,7 +235,7 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
 def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
     """The step runs each projection directly from the weight its module's call in the packing region uses
-    (lean_decode.Direct): the same bits as that call, packed or plain; outside a region, the module itself; the
+    (compiled_decode.Product): the same bits as that call, packed or plain; outside a region, the module itself; the
     table follows the rows bucket."""
     import rlvr.models.packed_linears as packed_linears
 
@@ -253,8 +254,8 @@ def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
         with packed_linears.packed_linears_in(model):
             decoder._direct = None
             products = decoder._products(24, x.device)
-            assert all(type(p) is lean_decode.Direct and p.packed == pack for p in [*products[0], *products[1]])
-            assert type(products[-1]) is lean_decode.Direct and not products[-1].packed  # lm_head: too small to pack
+            assert all(type(p) is Product and p.packed == pack for p in [*products[0], *products[1]])
+            assert type(products[-1]) is Product and not products[-1].packed  # lm_head: too small to pack
             for i, layer in enumerate(model.model.layers):
                 for j, m in enumerate((layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj)):
                     p = products[i][(0, 3, 4)[j]]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +32,18 @@ from rlvr.rollout.engines.hf.decode_attention import decode_attention
 RECOMPILE_LIMIT = 16  # graphs (layouts x dtypes) before torch.compile falls back to eager
 
 
-@torch.library.custom_op("rlvr::decode_linear", mutates_args=())
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, packed: bool) -> torch.Tensor:
-    """x W^T + b, from a weight packed for oneDNN (`packed`) or a plain one: the eager step's product, opaque to inductor."""
+def linear_from(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """x W^T + b, from a weight packed for oneDNN (`packed`) or a plain one: the product a packing region's Linear
+    call runs (rlvr.models.packed_linears), for callers that hold the weight itself."""
     if packed:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+@torch.library.custom_op("rlvr::decode_linear", mutates_args=())
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, packed: bool) -> torch.Tensor:
+    """linear_from as an op opaque to inductor: the eager step's product inside the compiled layer."""
+    return linear_from(x, weight, bias, packed)
 
 
 @decode_linear.register_fake
@@ -114,18 +120,24 @@ def _base(module):
     return base if type(base) is torch.nn.Linear and getattr(module, "merged_adapters", None) else None
 
 
+def product_for(module, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> Product | None:
+    """The weight a call of `rows` rows of this projection computes with inside a packing region, as a Product; None
+    when it is not a plain Linear (or a merged LoRA layer's) or the call would not run from such a weight
+    (rlvr.models.packed_linears.decode_weight)."""
+    base = _base(module)
+    got = None if base is None else decode_weight(base, rows, autocast, bf16_ok)
+    return None if got is None or base is None else Product(got[0], got[1], base.out_features, got[2])
+
+
 def layer_weights(layer, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> LayerWeights | None:
-    """The layer's weights as decoder_layer takes them, for a call of `rows` rows; None when a projection is not a
-    plain Linear or its product would not run as the eager step runs it (rlvr.models.packed_linears.decode_weight)."""
+    """The layer's weights as decoder_layer takes them, for a call of `rows` rows; None when a projection's product
+    would not run as the eager step runs it (product_for)."""
     attn, mlp = layer.self_attn, layer.mlp
-    products = []
-    for module in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-        base = _base(module)
-        got = None if base is None else decode_weight(base, rows, autocast, bf16_ok)
-        if got is None:
-            return None
-        products.append(Product(got[0], got[1], base.out_features, got[2]))
-    q, k, v, o, gate, up, down = products
+    modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    products = [product_for(module, rows, autocast, bf16_ok) for module in modules]
+    if any(p is None for p in products):
+        return None
+    q, k, v, o, gate, up, down = cast(list[Product], products)
     norms = [getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)]
     q_norm, k_norm = (None, None) if norms[0] is None else (norms[0].weight, norms[1].weight)  # type: ignore[union-attr]
     return LayerWeights(layer.input_layernorm.weight, q, k, v, o, layer.post_attention_layernorm.weight, gate, up, down, q_norm, k_norm)

@@ -5,7 +5,7 @@ registries, updates a cache object layer by layer, wraps outputs in dataclasses.
 per row that Python work is a large share of the hf engine's decode of a small model on CPU
 (bench/decode_breakdown.py measures it). Here the step is the model's own modules (LoRA-wrapped or
 quantised projections, other MLPs and the embeddings are called as they are), with four things done directly:
-  * a plain Linear's product from the weight its call in the packing region would use (`Direct`: the same kernel
+  * a plain Linear's product from the weight its call in the packing region would use (compiled_decode.Product: the same kernel
     on the same weight, the same bits), without the module call's Python work around each product;
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
@@ -27,14 +27,14 @@ tests/rollout/test_lean_decode.py checks tokens and log-probs against that plain
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from rlvr.models.machine_cache import power_of_two_at_least
-from rlvr.models.packed_linears import bf16_packs, decode_weight
-from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, layer_weights
+from rlvr.models.packed_linears import bf16_packs
+from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
 from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
@@ -103,21 +103,10 @@ def _rms_norm(norm, x):
     return norm(x)
 
 
-class Direct(NamedTuple):
-    """A Linear's decode product run directly: the weight (packed or plain) and bias that the module's call in the
-    packing region computes with (packed_linears.decode_weight), without the module call around it."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    packed: bool
-
-
-def _product(p: "Direct | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
-    if not isinstance(p, Direct):
+def _product(p: "Product | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(p, Product):
         return p(x)  # the module as it is: LoRA-wrapped, quantised, outside a packing region, an autocast cast
-    if p.packed:  # as packed_linears' region runs it: the input in the packed weight's dtype
-        return torch.ops.mkldnn._linear_pointwise(x.to(p.weight.dtype), p.weight, p.bias, "none", [], "")
-    return F.linear(x, p.weight, p.bias)
+    return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
 
 
 def _rotate(x, cos, sin):  # x [n, H, D]; cos/sin [n, 1, D]
@@ -172,7 +161,7 @@ class LeanDecoder:
         self.q_heads = lm.config.num_attention_heads
         self.fuse = fuse_projections(lm)
         self.fused: list[FusedLayer] | None = None  # built at the first step, in the autocast dtype it runs under
-        self._direct: tuple[tuple, list[tuple]] | None = None  # per rows bucket and autocast dtype: _products
+        self._direct: tuple[tuple, list] | None = None  # (rows bucket, autocast dtype, device), _products
 
     def start(
         self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
@@ -267,7 +256,7 @@ class LeanDecoder:
         return _product(products[-1], _rms_norm(self.norm, x)).float()
 
     def _products(self, n: int, device: torch.device) -> list:
-        """Per layer (q, k, v, o, gate, up, down) and last the lm_head, each a Direct product for n rows where the
+        """Per layer (q, k, v, o, gate, up, down) and last the lm_head, each a Product for n rows where the
         packing region's module call would compute exactly that (same weight, same kernel: the same bits), else the
         module; gate/up/down None for an MLP that is not the Llama-family SwiGLU. Built once per rows bucket and
         autocast dtype in a decode (the weights do not change within one): the module calls' Python work, about a
@@ -278,8 +267,7 @@ class LeanDecoder:
             bf16_ok = bf16_packs()
 
             def direct(m):
-                weight = decode_weight(m, n, autocast, bf16_ok) if device.type == "cpu" and type(m) is torch.nn.Linear else None
-                return m if weight is None else Direct(*weight)
+                return (product_for(m, n, autocast, bf16_ok) if device.type == "cpu" else None) or m
 
             products: list = []
             for layer in self.layers:
