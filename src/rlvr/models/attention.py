@@ -75,12 +75,7 @@ def explicit_attention(
     if attention_mask is None and Lq > 1:
         attention_mask = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).tril()[None, None]
     if attention_mask is not None:
-        lowest = torch.finfo(s.dtype).min  # not -inf: a query with every key masked averages them instead of NaN
-        if attention_mask.dtype == torch.bool:
-            bias = torch.zeros(attention_mask.shape, dtype=s.dtype, device=s.device).masked_fill_(~attention_mask, lowest)
-        else:
-            bias = attention_mask.to(s.dtype).clamp(min=lowest)
-        s = s + bias[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
+        s = s + prefix_attention.additive_bias(attention_mask, s.dtype)[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
     p = torch.softmax(s, dim=-1, dtype=dtype).view(B, Hkv, rep * Lq, Lk)
     out = torch.matmul(p, value.to(dtype)).view(B, H, Lq, D).transpose(1, 2)
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()

@@ -69,6 +69,15 @@ def take(module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
     return prefix.keys[layer], prefix.values[layer], prefix.mask, prefix.group_size
 
 
+def additive_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A mask as the bias added to scores: bool (True = attend) -> 0 or dtype's lowest, additive -> itself in dtype,
+    clamped at the lowest. Not -inf: a query with every key masked averages them instead of NaN."""
+    lowest = torch.finfo(dtype).min
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, lowest)
+    return mask.to(dtype).clamp(min=lowest)
+
+
 def _completion_mask(attention_mask: torch.Tensor | None, C: int, device) -> torch.Tensor:
     """The completions' own mask as [N or 1, 1, C, C] (None: causal)."""
     if attention_mask is None:
@@ -86,7 +95,7 @@ def repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask
     own = _completion_mask(attention_mask, C, key.device).expand(N, 1, C, C)
     prompt = prefix_mask.bool().repeat_interleave(G, 0)[:, None, None, :].expand(N, 1, C, P)
     if own.dtype != torch.bool:  # additive
-        prompt = torch.zeros(prompt.shape, dtype=own.dtype, device=own.device).masked_fill(~prompt, torch.finfo(own.dtype).min)
+        prompt = additive_bias(prompt, own.dtype)
     return key, value, torch.cat([prompt, own], dim=-1)
 
 
@@ -157,18 +166,10 @@ def grouped_prefix_attention(
     q = query.to(dtype).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale
     own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()  # [U, Hkv, G, C, D]
     own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()
-    lowest = torch.finfo(dtype).min  # not -inf: a fully masked query averages instead of NaN (explicit_attention)
-    own_mask = _completion_mask(attention_mask, C, query.device)
-    if own_mask.dtype == torch.bool:
-        own_bias = torch.zeros(own_mask.shape, dtype=dtype, device=query.device).masked_fill_(~own_mask, lowest)
-    else:
-        own_bias = own_mask.to(dtype).clamp(min=lowest)
+    own_bias = additive_bias(_completion_mask(attention_mask, C, query.device), dtype)
     B = own_bias.shape[0]  # N or 1
     own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
-    prefix_bias = None
-    if not bool(prefix_mask.all()):
-        prefix_bias = torch.zeros(prefix_mask.shape, dtype=dtype, device=query.device).masked_fill_(~prefix_mask.bool(), lowest)
-        prefix_bias = prefix_bias[:, None, None, None, :]  # [U, 1, 1, 1, P]
+    prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
     prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
     out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias)  # [U, Hkv, G, rep x C, D]
     return out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D).to(query.dtype)
