@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.machine_cache import power_of_two_at_least
+from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
 from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
@@ -42,8 +43,6 @@ from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fu
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
-# norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (F.rms_norm computes the same)
-PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 # Widest model whose decode fuses its projections. Products alone, 1 thread, 8 layers' weights (AMD EPYC, loaded):
 # fused/separate 0.86-1.00 at hidden 128-320, 0.97-1.02 at 512, 1.06-1.15 at 576-768 (larger products gain no
 # more from one call and lose cache locality); bench/floor.py measures the whole decode before/after.
@@ -107,12 +106,6 @@ def _product(p: "Product | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
     if not isinstance(p, Product):
         return p(x)  # the module as it is: LoRA-wrapped, quantised, outside a packing region, an autocast cast
     return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
-
-
-def _rotate(x, cos, sin):  # x [n, H, D]; cos/sin [n, 1, D]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 @dataclass
@@ -227,6 +220,7 @@ class LeanDecoder:
         n, D = tokens.shape[0], self.head_dim
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
+        sin = signed_sin(sin)  # once for every layer: rotate's four ops instead of seven per rotation
         if self.fuse and self.fused is None:
             dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
             self.fused = [fused_layer(layer, dtype) for layer in self.layers]
@@ -243,7 +237,7 @@ class LeanDecoder:
                 v = _product(v_p, h).view(n, self.kv_heads, D)
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             x = x + _product(o_p, attend(i, q, k, v, attn.scaling))
             h = _rms_norm(layer.post_attention_layernorm, x)
             if fused is not None and fused.gate_up_weight is not None:  # one product: [n, 2 x intermediate]

@@ -1,0 +1,152 @@
+"""RMSNorm and rotary embedding for the training forward on the CPU, with their backward written out.
+
+Autograd records transformers' RMSNorm as six elementwise ops and its rotary embedding (`x cos + rotate_half(x) sin`,
+rotate_half a concatenation of negated slices) as seven, and their backward as more: the slices' backward each
+allocates a zero-filled copy of the whole tensor. On the CPU each op is a pass over an activation-sized tensor, and
+in a training micro-batch of a 25M Llama these two take about a tenth of the time outside the matmuls. Here each is
+one autograd node:
+
+    RMSNorm  y = w x r,  r = (mean(x^2) + eps)^-1/2          forward: the same six ops (aten's own decomposition)
+             dx = r (g w - x^ mean(g w x^)),  x^ = x r        backward: five ops instead of about twelve
+             dw = sum over rows of g x^
+    rotary   y = x cos + roll(x, D/2) sin~                   forward and backward: four ops instead of seven / ten
+             dx = g cos + roll(g sin~, D/2)                  (sin~ = sin with its first half negated: roll(x, D/2)
+                                                              sin~ is rotate_half(x) sin, product for product)
+
+Both forwards give transformers' bits exactly (fp32); the rotary backward too; the norm's backward is the same math
+in another order (within 1e-6 relative of transformers', as close to the fp64 truth: tests/models/test_norm_rotary.py).
+bench/results/norm_rotary_intel.md measures them.
+
+`fused_norm_and_rotary(model)` swaps them in for the block around the training forward (next to
+attention.short_attention_explicit): each plain RMSNorm module's forward, and the rotary function of the model's
+modeling module, which transformers looks up by name at each call. Only where the gradient flows, in fp32, on the
+CPU, outside torch.compile and gradient checkpointing (whose recomputation must save what the forward saved); every
+other call, in any thread, goes to transformers' own code unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Iterator
+
+import torch
+
+# norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
+PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+# architectures whose modeling module's apply_rotary_pos_emb is llama's: x cos + rotate_half(x) sin, cos/sin
+# unsqueezed at the heads' dimension
+HALF_ROTARY = {"llama", "mistral", "qwen2", "qwen3"}
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) x sin == roll(x, D/2) x signed_sin, product for product."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x cos + rotate_half(x) sin with transformers' bits, in four ops: x [.., D], cos / sin_signed broadcast to it."""
+    out = x * cos
+    return out.add_(x.roll(x.shape[-1] // 2, -1) * sin_signed)  # not in place: x may be bf16 under autocast, sin fp32
+
+
+class _Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin_signed):  # x [B, H, L, D]; cos, sin_signed [B, 1, L, D]
+        ctx.save_for_backward(cos, sin_signed)
+        return rotate(x, cos, sin_signed)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin_signed = ctx.saved_tensors
+        # the rotation's transpose: d/dx of roll(x) sin~ is roll(g sin~) the other way, which for a half-length roll is the same roll
+        return (grad * cos).add_((grad * sin_signed).roll(grad.shape[-1] // 2, -1)), None, None
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float):  # x [.., H], weight [H]
+        y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)  # rstd [.., 1]
+        ctx.save_for_backward(x, rstd, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        H = x.shape[-1]
+        x_hat = x * rstd  # the normalised input
+        d_weight = torch.linalg.vecdot(grad.reshape(-1, H), x_hat.reshape(-1, H), dim=0) if ctx.needs_input_grad[1] else None
+        d_x_hat = grad * weight
+        mean = torch.linalg.vecdot(d_x_hat, x_hat, dim=-1).unsqueeze(-1).div_(H)  # [.., 1]
+        d_x = torch.addcmul(d_x_hat, x_hat, mean, value=-1).mul_(rstd) if ctx.needs_input_grad[0] else None
+        return d_x, d_weight, None
+
+
+def _fused_applies(*tensors: torch.Tensor) -> bool:
+    return (
+        torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and any(t.requires_grad for t in tensors)
+        and all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+    )
+
+
+def _norm_forward(norm):
+    plain = type(norm).forward
+
+    def forward(x):
+        if _fused_applies(x, norm.weight):
+            return _RMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+        return plain(norm, x)
+
+    return forward
+
+
+def _rotary_function(original):
+    last: list = [None, None]  # (sin, its signed copy): the layers of one forward share the same sin
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if not _fused_applies(q, k) or cos.requires_grad or sin.requires_grad or q.shape[-1] % 2:
+            return original(q, k, cos, sin, unsqueeze_dim)
+        if last[0] is not sin:
+            last[:] = [sin, signed_sin(sin).unsqueeze(unsqueeze_dim)]
+        cos = cos.unsqueeze(unsqueeze_dim)
+        return _Rotary.apply(q, cos, last[1]), _Rotary.apply(k, cos, last[1])
+
+    return apply_rotary_pos_emb
+
+
+def _checkpointing(model) -> bool:
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x; before, its old name
+    return bool(getattr(model, "is_gradient_checkpointing", False) if checkpointing is None else checkpointing)
+
+
+@contextlib.contextmanager
+def fused_norm_and_rotary(model) -> Iterator[None]:
+    """Inside the block the model's plain RMSNorms and (llama-family) rotary embedding run the functions above where
+    they apply (module docstring); outside, transformers' own."""
+    config = getattr(model, "config", None)
+    if config is None or _checkpointing(model):
+        yield
+        return
+    norms = [m for m in model.modules() if type(m).__name__ in PLAIN_RMS_NORMS and hasattr(m, "variance_epsilon")]
+    attention = next((m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "k_proj")), None)
+    # the modeling module whose global apply_rotary_pos_emb the attention's forward calls
+    modeling: Any = sys.modules.get(type(attention).__module__) if getattr(config, "model_type", None) in HALF_ROTARY else None
+    rotary = getattr(modeling, "apply_rotary_pos_emb", None)
+    before = [norm.__dict__.get("forward") for norm in norms]  # an instance's own forward (a nested block's)
+    for norm in norms:
+        norm.forward = _norm_forward(norm)
+    if rotary is not None:
+        modeling.apply_rotary_pos_emb = _rotary_function(rotary)
+    try:
+        yield
+    finally:
+        for norm, forward in zip(norms, before):
+            if forward is None:
+                del norm.forward
+            else:
+                norm.forward = forward
+        if rotary is not None:
+            modeling.apply_rotary_pos_emb = rotary

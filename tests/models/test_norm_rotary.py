@@ -1,0 +1,169 @@
+"""The training forward's RMSNorm and rotary functions (rlvr.models.norm_rotary) against transformers': the same
+forward bits in fp32, the rotary's backward bits too, the norm's backward as close to the fp64 truth as transformers'
+own; through a real Llama's and Qwen3's completion log-probs the same bits and gradients within rounding; and used only
+where they are meant to be."""
+
+import contextlib
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers.models.llama import modeling_llama
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from rlvr.models import norm_rotary
+from rlvr.models.forward import completion_logprobs
+from rlvr.models.norm_rotary import fused_norm_and_rotary
+
+
+def _rms_fp64(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 8), (3, 7, 40), (4, 33, 320), (2, 5, 6, 64)])
+def test_rms_norm_forward_bits_and_gradient(shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=g) * torch.rand(*shape[:-1], 1, generator=g) * 8).requires_grad_()
+    norm = LlamaRMSNorm(shape[-1], eps=1e-5)
+    norm.weight.data = torch.rand(shape[-1], generator=g) + 0.5
+    grad = torch.randn(*shape, generator=g)
+    theirs = norm(x)
+    theirs_dx, theirs_dw = torch.autograd.grad(theirs, (x, norm.weight), grad)
+    ours = norm_rotary._RMSNorm.apply(x, norm.weight, 1e-5)
+    ours_dx, ours_dw = torch.autograd.grad(ours, (x, norm.weight), grad)
+    assert torch.equal(ours, theirs)
+    x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+    truth_dx, truth_dw = torch.autograd.grad(_rms_fp64(x64, w64, 1e-5), (x64, w64), grad.double())
+    for o, t, truth in ((ours_dx, theirs_dx, truth_dx), (ours_dw, theirs_dw, truth_dw)):
+        scale = truth.abs().max().item()
+        # as close to the truth as transformers' own fp32 backward (both a few ulps of the largest entry)
+        assert (o.double() - truth).abs().max().item() <= max(2 * (t.double() - truth).abs().max().item(), 4e-7 * scale)
+        torch.testing.assert_close(o, t, rtol=0, atol=1e-6 * scale)
+
+
+def test_rms_norm_weight_without_gradient():
+    x = torch.randn(4, 16, requires_grad=True)
+    w = torch.rand(16) + 0.5
+    (dx,) = torch.autograd.grad(norm_rotary._RMSNorm.apply(x, w, 1e-6).sum(), (x,))
+    x64 = x.detach().double().requires_grad_()
+    (truth,) = torch.autograd.grad(_rms_fp64(x64, w.double(), 1e-6).sum(), (x64,))
+    torch.testing.assert_close(dx.double(), truth, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("B,H,Hkv,L,D", [(2, 4, 4, 5, 8), (3, 8, 2, 7, 40), (2, 6, 2, 9, 64)])
+def test_rotary_forward_and_backward_bits(B, H, Hkv, L, D):
+    g = torch.Generator().manual_seed(D)
+    # transformers' layout: the projections' [B, L, H, D] seen as [B, H, L, D]
+    q = torch.randn(B, L, H, D, generator=g).transpose(1, 2).requires_grad_()
+    k = torch.randn(B, L, Hkv, D, generator=g).transpose(1, 2).requires_grad_()
+    angles = torch.rand(B, L, D // 2, generator=g) * 50
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos(), angles.sin()
+    gq, gk = torch.randn(B, H, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    theirs = apply_rotary_pos_emb(q, k, cos, sin)
+    fused = norm_rotary._rotary_function(apply_rotary_pos_emb)
+    ours = fused(q, k, cos, sin)
+    for o, t in zip(ours, theirs):
+        assert torch.equal(o, t)
+    for o, t in zip(torch.autograd.grad(ours, (q, k), (gq, gk)), torch.autograd.grad(theirs, (q, k), (gq, gk))):
+        assert torch.equal(o, t)
+    # no gradient: transformers' own function runs
+    with torch.no_grad():
+        assert all(torch.equal(o, t) for o, t in zip(fused(q, k, cos, sin), theirs))
+
+
+def _llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+        max_position_embeddings=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def _qwen3():
+    torch.manual_seed(1)
+    config = Qwen3Config(
+        vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    return Qwen3ForCausalLM(config)
+
+
+def _batch(vocab=61):
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, vocab, (6, 7), generator=g)
+    prompt_mask = torch.ones_like(prompt)
+    prompt_mask[1, :3] = 0
+    prompt_mask[4, :2] = 0
+    completion = torch.randint(3, vocab, (6, 5), generator=g)
+    completion_mask = torch.ones_like(completion)
+    completion_mask[2, 3:] = 0
+    return prompt, prompt_mask, completion, completion_mask
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen3])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_training_forward_same_logprobs_and_gradients(make, grouped, monkeypatch):
+    model = make()
+    prompt, prompt_mask, completion, completion_mask = _batch()
+    groups = torch.tensor([0, 0, 0, 1, 1, 1]) if grouped else None
+    if grouped:
+        prompt, prompt_mask = prompt[[0, 0, 0, 3, 3, 3]], prompt_mask[[0, 0, 0, 3, 3, 3]]
+    calls = {"norm": 0, "rotary": 0}
+
+    def counted(name, apply):
+        def counting(*args):
+            calls[name] += 1
+            return apply(*args)
+
+        return counting
+
+    monkeypatch.setattr(norm_rotary._RMSNorm, "apply", counted("norm", norm_rotary._RMSNorm.apply))
+    monkeypatch.setattr(norm_rotary._Rotary, "apply", counted("rotary", norm_rotary._Rotary.apply))
+    runs = []
+    for fused in (True, False):
+        model.zero_grad()
+        if not fused:
+            monkeypatch.setattr("rlvr.models.forward.fused_norm_and_rotary", lambda model: contextlib.nullcontext())
+        out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask, group_ids=groups)
+        (out.logp * completion_mask).sum().backward()
+        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if fused:
+            layers = model.config.num_hidden_layers
+            norms = 2 * layers + 1 + (2 * layers if hasattr(model.model.layers[0].self_attn, "q_norm") else 0)
+            passes = 2 if grouped else 1  # the shared-prefix forward runs the prompts, then the completions
+            assert calls == {"norm": norms * passes, "rotary": 2 * layers * passes}
+    (lp_fused, g_fused), (lp_plain, g_plain) = runs
+    assert torch.equal(lp_fused, lp_plain)  # the forward's bits
+    for name, grad in g_plain.items():  # measured within 5e-7 of the largest entry
+        torch.testing.assert_close(g_fused[name], grad, rtol=0, atol=2e-6 * grad.abs().max().item(), msg=name)
+
+
+def test_block_restores_transformers_functions_and_skips_what_it_should():
+    model = _llama()
+    norm = model.model.layers[0].input_layernorm
+    rotary = modeling_llama.apply_rotary_pos_emb
+    x = torch.randn(2, 3, 48)
+    with fused_norm_and_rotary(model):
+        assert "forward" in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is not rotary
+        with torch.no_grad():  # no gradient: transformers' own forward, the same bits
+            assert torch.equal(norm(x), type(norm).forward(norm, x))
+        assert torch.equal(norm(x.double()), type(norm).forward(norm, x.double()))  # not fp32: transformers' own
+    assert "forward" not in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is rotary
+    model.activation_checkpointing_enable()
+    with fused_norm_and_rotary(model):  # the recomputation runs outside the block: nothing swapped
+        assert "forward" not in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is rotary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotate_is_transformers_rotation_bit_for_bit(dtype):
+    """The decode's rotation (lean_decode): x of the projections' dtype (bf16 under autocast), cos/sin in fp32."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(9, 6, 32, generator=g).to(dtype)
+    angles = torch.rand(9, 1, 16, generator=g) * 80
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos(), angles.sin()
+    theirs = (x * cos) + (modeling_llama.rotate_half(x) * sin)
+    ours = norm_rotary.rotate(x, cos, norm_rotary.signed_sin(sin))
+    assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
