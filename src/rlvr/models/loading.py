@@ -103,6 +103,10 @@ def load_model(
             device_map={"": device},
         )
     model = AutoModelForCausalLM.from_pretrained(where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    if torch.device(device).type == "cpu" and getattr(model, "use_kernels", False):
+        # transformers 5 kernelizes from the Hub by default where `kernels` is installed: nothing of it runs on the CPU,
+        # and it kernelizes the whole model again at every train()/eval() switch (1-1.5 ms each, two per generation)
+        model.use_kernels = False
     # transformers wraps PreTrainedModel.to with functools.wraps(nn.Module.to), whose typing loses the bound self
     return model.to(device)  # type: ignore[arg-type]
 
