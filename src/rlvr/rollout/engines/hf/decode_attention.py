@@ -56,13 +56,17 @@ def decode_attention(
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
     o_own, lse_own = _flash(qr, keys, values, scale) if flash else _attend_lse(qr, keys, values, scale)  # lse [n, Hkv, rep]
-    # the rows still decoding into their group's places, the finished ones' zero (with all rows: a copy; one code path
-    # keeps one compiled graph whether rows have left or not)
-    qf = qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, rows, qr)
+    # every row still decoding: rows is 0..n-1 (compaction keeps their order), so the rows are their groups' places as
+    # they are; eager only, where it saves four ops a layer; the compiled step keeps one graph whether rows have left or not
+    every_row = n == B * G and not torch.compiler.is_compiling()
+    # else the rows still decoding into their group's places, the finished ones' zero
+    qf = qr if every_row else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, rows, qr)
     qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
     o_p, lse_p = (_flash if flash else _attend_lse)(qf, prefix_k, prefix_v, scale, bias)  # lse [B, Hkv, G x rep]
-    o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)[rows]
-    lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)[rows]
+    o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)
+    lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)
+    if not every_row:
+        o_p, lse_p = o_p[rows], lse_p[rows]
     # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_own), normalised
     w = torch.sigmoid(lse_p - lse_own)[..., None]
     return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
