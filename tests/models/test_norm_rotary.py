@@ -151,6 +151,12 @@ def test_block_restores_transformers_functions_and_skips_what_it_should():
             assert torch.equal(norm(x), type(norm).forward(norm, x))
         assert torch.equal(norm(x.double()), type(norm).forward(norm, x.double()))  # not fp32: transformers' own
     assert "forward" not in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is rotary
+    with fused_norm_and_rotary(model):  # nested blocks: the inner one leaves the outer one's functions behind it
+        outer_norm, outer_rotary = norm.__dict__["forward"], modeling_llama.apply_rotary_pos_emb
+        with fused_norm_and_rotary(model):
+            pass
+        assert norm.__dict__["forward"] is outer_norm and modeling_llama.apply_rotary_pos_emb is outer_rotary
+    assert "forward" not in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is rotary
     model.activation_checkpointing_enable()
     with fused_norm_and_rotary(model):  # the recomputation runs outside the block: nothing swapped
         assert "forward" not in norm.__dict__ and modeling_llama.apply_rotary_pos_emb is rotary

@@ -138,8 +138,9 @@ def fused_norm_and_rotary(model) -> Iterator[None]:
     before = [norm.__dict__.get("forward") for norm in norms]  # an instance's own forward (a nested block's)
     for norm in norms:
         norm.forward = _norm_forward(norm)
-    if rotary is not None:
-        modeling.apply_rotary_pos_emb = _rotary_function(rotary)
+    fused_rotary = _rotary_function(rotary) if rotary is not None else None
+    if fused_rotary is not None:
+        modeling.apply_rotary_pos_emb = fused_rotary
     try:
         yield
     finally:
@@ -148,5 +149,5 @@ def fused_norm_and_rotary(model) -> Iterator[None]:
                 del norm.forward
             else:
                 norm.forward = forward
-        if rotary is not None:
+        if fused_rotary is not None and modeling.apply_rotary_pos_emb is fused_rotary:  # not if another block swapped it since
             modeling.apply_rotary_pos_emb = rotary
