@@ -106,6 +106,12 @@ AttentionInterface.register(NAME, training_attention)
 AttentionMaskInterface.register(NAME, sdpa_mask)  # the masks SDPA gets
 
 
+def activation_checkpointing(model) -> bool:
+    """Whether the model recomputes its forward in the backward (transformers' activation/gradient checkpointing)."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x; before, its old name
+    return bool(getattr(model, "is_gradient_checkpointing", False) if checkpointing is None else checkpointing)
+
+
 @contextlib.contextmanager
 def short_attention_explicit(model) -> Iterator[None]:
     """Inside the block a model that runs SDPA runs `training_attention` (the same math); others as they are, and so
@@ -113,10 +119,7 @@ def short_attention_explicit(model) -> Iterator[None]:
     keeping the attention weights is what checkpointing is there to avoid."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x; before, its old name
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if config is None or impl != "sdpa" or checkpointing:
+    if config is None or impl != "sdpa" or activation_checkpointing(model):
         yield
         return
     config._attn_implementation = NAME

@@ -32,6 +32,8 @@ from typing import Any, Iterator
 
 import torch
 
+from rlvr.models.attention import activation_checkpointing
+
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
 PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 # architectures whose modeling module's apply_rotary_pos_emb is llama's: x cos + rotate_half(x) sin, cos/sin
@@ -117,17 +119,12 @@ def _rotary_function(original):
     return apply_rotary_pos_emb
 
 
-def _checkpointing(model) -> bool:
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x; before, its old name
-    return bool(getattr(model, "is_gradient_checkpointing", False) if checkpointing is None else checkpointing)
-
-
 @contextlib.contextmanager
 def fused_norm_and_rotary(model) -> Iterator[None]:
     """Inside the block the model's plain RMSNorms and (llama-family) rotary embedding run the functions above where
     they apply (module docstring); outside, transformers' own."""
     config = getattr(model, "config", None)
-    if config is None or _checkpointing(model):
+    if config is None or activation_checkpointing(model):
         yield
         return
     norms = [m for m in model.modules() if type(m).__name__ in PLAIN_RMS_NORMS and hasattr(m, "variance_epsilon")]
