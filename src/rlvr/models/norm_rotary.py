@@ -112,9 +112,9 @@ def _rotary_function(original):
         if not _fused_applies(q, k) or cos.requires_grad or sin.requires_grad or q.shape[-1] % 2:
             return original(q, k, cos, sin, unsqueeze_dim)
         if last[0] is not sin:
-            last[:] = [sin, signed_sin(sin).unsqueeze(unsqueeze_dim)]
-        cos = cos.unsqueeze(unsqueeze_dim)
-        return _Rotary.apply(q, cos, last[1]), _Rotary.apply(k, cos, last[1])
+            last[:] = [sin, signed_sin(sin)]
+        cos, sin_signed = cos.unsqueeze(unsqueeze_dim), last[1].unsqueeze(unsqueeze_dim)
+        return _Rotary.apply(q, cos, sin_signed), _Rotary.apply(k, cos, sin_signed)
 
     return apply_rotary_pos_emb
 

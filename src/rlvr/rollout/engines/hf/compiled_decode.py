@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.compiled import CompileClock, require_cpp_compiler
+from rlvr.models.norm_rotary import rotate
 from rlvr.models.packed_linears import decode_weight
 from rlvr.rollout.engines.hf.decode_attention import decode_attention
 
@@ -76,11 +77,6 @@ def _linear(x: torch.Tensor, p: Product, dtype: torch.dtype) -> torch.Tensor:
     return decode_linear(x.to(dtype), p.weight, p.bias, p.out_features, p.packed)
 
 
-def _rotate(x, cos, sin):  # x [n, H, D]; cos/sin [n, 1, D]
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _head_norm(x, weight, eps: float):  # Qwen3RMSNorm on a [n, H, D] tensor: fp32 inside, the input's dtype out
     return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
@@ -88,7 +84,7 @@ def _head_norm(x, weight, eps: float):  # Qwen3RMSNorm on a [n, H, D] tensor: fp
 def decoder_layer(
     x: torch.Tensor,  # [n, hidden] fp32, the residual stream
     cos: torch.Tensor,  # [n, 1, D]
-    sin: torch.Tensor,
+    sin_signed: torch.Tensor,  # [n, 1, D]: norm_rotary.signed_sin of the rotary's sin
     w: LayerWeights,
     eps: float,
     heads: tuple[int, int, int],  # (Hq, Hkv, D)
@@ -103,7 +99,7 @@ def decoder_layer(
     v = _linear(h, w.v, dtype).view(n, Hkv, D)
     if w.q_norm is not None and w.k_norm is not None:
         q, k = _head_norm(q, w.q_norm, eps), _head_norm(k, w.k_norm, eps)
-    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    q, k = rotate(q, cos, sin_signed), rotate(k, cos, sin_signed)
     a = decode_attention(q, k, v, *attention)  # [n, Hq x D] in the cache's dtype
     x = x + _linear(a, w.o, dtype)
     h = F.rms_norm(x, w.post_norm.shape, w.post_norm, eps)

@@ -286,6 +286,7 @@ class LeanDecoder:
             return None
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
+        sin = signed_sin(sin)  # once for every layer, as in the eager step
         eps, heads = self.layers[0].input_layernorm.variance_epsilon, (self.q_heads, self.kv_heads, self.head_dim)
         with torch.autocast("cpu", enabled=False), compiled.running():
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
