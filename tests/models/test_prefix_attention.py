@@ -43,13 +43,7 @@ def _own_mask(kind: str, N: int, C: int, lengths):
         (2, 2, 2, 2, 3, 4, [0, 0], "shared"),  # no prompt padding: no prompt bias
     ],
 )
-@pytest.mark.parametrize("blocks", ["layer", "kv rows", "group rows", "one row"])
-def test_grouped_equals_attention_over_the_repeated_prompt(U, G, H, Hkv, P, C, pads, own, blocks, monkeypatch):
-    # the products run block by block (prefix_attention._blocks): one block for the layer, runs of 3 kv-head rows (across
-    # prompts where Hkv < 3), runs of 2 group rows of one kv-head row, one group row of one kv-head row
-    row_bytes = (H // Hkv) * C * (P + C) * 8
-    block_bytes = {"layer": 2**30, "kv rows": 3 * G * row_bytes, "group rows": 2 * row_bytes, "one row": 1}[blocks]
-    monkeypatch.setattr(prefix_attention, "BLOCK_BYTES", block_bytes)
+def test_grouped_equals_attention_over_the_repeated_prompt(U, G, H, Hkv, P, C, pads, own):
     q, k, v, pk, pv = _inputs(U, G, H, Hkv, P, C)
     prompt_mask = torch.arange(P)[None] >= torch.tensor(pads)[:, None]  # [U, P] left padding
     mask = _own_mask(own, U * G, C, [1 + (i % C) for i in range(U * G)])

@@ -15,8 +15,7 @@ Here a group's completion queries meet the prompt once, as one product per kv he
 where q_group stacks the G rows' queries ([U, Hkv, G x rep x C, D]) and k_prompt is the prompt's keys once
 ([U, Hkv, P, D]); the softmax runs over the whole row of P + C scores, so this is softmax(q k^T x scale + mask) v over
 the repeated keys, the same math as rlvr.models.attention.explicit_attention, and the gradients reach the prompt's
-keys and values summed over the group by the product itself. The products run in blocks of kv heads and rows whose
-scores fit the cores' caches (BLOCK_BYTES), forward and backward alike.
+keys and values summed over the group by the product itself.
 
 The prefix reaches the attention function through `shared_prefix` (a context the forward opens around the
 completions' pass): the model runs that pass without a cache, its attention function finds the layer's prompt keys
@@ -100,100 +99,51 @@ def repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask
     return key, value, torch.cat([prompt, own], dim=-1)
 
 
-# Scores per block of the products below: a block's scores then stay in the cores' caches from the product that writes
-# them through the softmax to the products that read them (2 MiB of L2 per core on the Intel Xeon measured). One block
-# per layer wrote each layer's scores out to memory and read them back at every step, in the forward and backward; on
-# bench/floor.py's config F (4 prompts x 16, 259-token prompts, 48 completion tokens) its products then ran at 35-60 %
-# of their rate alone (bench/results/prefix_blocks_intel.md has the measurement).
-BLOCK_BYTES = 2 * 2**20
-
-
-def _blocks(UH: int, G: int, R: int, L: int, itemsize: int) -> list[tuple[slice, slice]]:
-    """(kv-head rows, group rows) of each block of [UH, G, R, L] scores: runs of whole kv-head rows where one row holds
-    no more than BLOCK_BYTES, else one kv-head row at a time in runs of group rows. Either way a block of q, the scores
-    and the outputs is contiguous, so the products below take plain views of it."""
-    per_row = R * L * itemsize  # one group row's scores under one kv head
-    if G * per_row <= BLOCK_BYTES:
-        step = max(1, BLOCK_BYTES // (G * per_row))
-        return [(slice(b, min(b + step, UH)), slice(0, G)) for b in range(0, UH, step)]
-    step = max(1, BLOCK_BYTES // per_row)
-    return [(slice(b, b + 1), slice(g, min(g + step, G))) for b in range(UH) for g in range(0, G, step)]
-
-
-def _bias_block(bias: torch.Tensor, b: slice, g: slice, kv_heads: int) -> torch.Tensor:
-    """The rows of a bias [U or 1, G or 1, ...] (one per prompt, not per kv head) for block (b, g) of kv-head rows."""
-    first, last = b.start // kv_heads, (b.stop - 1) // kv_heads  # the block's prompts
-    if bias.shape[0] > 1:  # a view where the block's rows are one prompt's heads, else a gather
-        bias = bias[first : last + 1] if first == last else bias[torch.arange(b.start, b.stop, device=bias.device) // kv_heads]
-    return bias[:, g] if bias.shape[1] > 1 else bias
-
-
 class _GroupedSoftmaxProducts(torch.autograd.Function):
-    """softmax([q k_prompt^T + bias_prompt | q k_own^T + bias_own]) [v_prompt; v_own] with the backward written out,
-    block by block (_blocks): the scores of both parts live in one buffer that the products write into (no
-    concatenation, no zero-filled gradient per part, as autograd's cat and slices would cost), aten's softmax and its
-    backward run in place (each row is read before it is written), and the backward's score gradients take one
-    block's buffer, not a layer's."""
+    """softmax([q k_prompt^T + bias_prompt | q k_own^T + bias_own]) [v_prompt; v_own] with the backward written out:
+    the scores of both parts live in one buffer that the products write into (no concatenation, no zero-filled
+    gradient per part, as autograd's cat and slices would cost), and aten's softmax and its backward run in place
+    (each row is read before it is written), so a layer holds two score-sized buffers, not four."""
 
     @staticmethod
-    def forward(ctx, q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias, kv_heads: int):
-        # q [UH, G, R, D] (scaled; UH = U x Hkv rows of a prompt's kv head, R = rep x C query rows per kv head and
-        # row), prefix_k/v [UH, P, D], own_k/v [UH, G, C, D]; biases per prompt: prefix [U, 1, 1, P] or None, own
-        # [U or 1, G or 1, 1, C, C]
-        UH, G, R, D = q.shape
-        P, C = prefix_k.shape[1], own_k.shape[2]
-        p = q.new_empty(UH, G, R, P + C)  # the scores, then (in place) their softmax: kept for the backward
-        out = q.new_empty(UH, G, R, D)
-        for b, g in _blocks(UH, G, R, P + C, q.element_size()):
-            s, q_b, out_b = p[b, g], q[b, g], out[b, g]  # [bu, bg, R, P + C], [bu, bg, R, D] x 2
-            bu, bg = q_b.shape[:2]
-            per_head, per_row = s.view(bu, bg * R, P + C), s.view(bu * bg, R, P + C)  # the prompt's part, the row's
-            torch.bmm(q_b.view(bu, bg * R, D), prefix_k[b].transpose(1, 2), out=per_head[..., :P])
-            torch.bmm(q_b.view(bu * bg, R, D), own_k[b, g].view(bu * bg, C, D).transpose(1, 2), out=per_row[..., P:])
-            if prefix_bias is not None:
-                s[..., :P] += _bias_block(prefix_bias, b, slice(None), kv_heads)
-            s[..., P:].view(bu, bg, R // C, C, C).add_(_bias_block(own_bias, b, g, kv_heads))
-            torch.ops.aten._softmax.out(s, -1, False, out=s)  # in place: the scores are not needed again
-            torch.bmm(per_head[..., :P], prefix_v[b], out=out_b.view(bu, bg * R, D))
-            out_b.view(bu * bg, R, D).baddbmm_(per_row[..., P:], own_v[b, g].view(bu * bg, C, D))
+    def forward(ctx, q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias):
+        # q [U, Hkv, G, R, D] (scaled; R = rep x C query rows per kv head and row), prefix_k/v [U, Hkv, P, D],
+        # own_k/v [U, Hkv, G, C, D], prefix_bias [U, 1, 1, 1, P] or None, own_bias broadcast to [U, Hkv, G, rep, C, C]
+        U, Hkv, G, R, D = q.shape
+        P, C = prefix_k.shape[2], own_k.shape[3]
+        s = q.new_empty(U, Hkv, G, R, P + C)  # [U, Hkv, G, R, P + C]
+        torch.bmm(q.view(U * Hkv, G * R, D), prefix_k.view(U * Hkv, P, D).transpose(1, 2), out=s.view(U * Hkv, G * R, P + C)[..., :P])
+        torch.bmm(q.view(-1, R, D), own_k.view(-1, C, D).transpose(1, 2), out=s.view(-1, R, P + C)[..., P:])
+        if prefix_bias is not None:
+            s[..., :P] += prefix_bias
+        s[..., P:].view(U, Hkv, G, R // C, C, C).add_(own_bias)
+        p = torch.ops.aten._softmax.out(s, -1, False, out=s)  # in place: the scores are not needed again
+        out = torch.bmm(p.view(U * Hkv, G * R, P + C)[..., :P], prefix_v.view(U * Hkv, P, D))  # [U x Hkv, G x R, D]
+        out.view(-1, R, D).baddbmm_(p.view(-1, R, P + C)[..., P:], own_v.view(-1, C, D))
         ctx.save_for_backward(q, prefix_k, prefix_v, own_k, own_v, p)
-        return out
+        return out.view(U, Hkv, G, R, D)
 
     @staticmethod
     def backward(ctx, d_out):
         q, prefix_k, prefix_v, own_k, own_v, p = ctx.saved_tensors
-        UH, G, R, D = q.shape
-        P, C = prefix_k.shape[1], own_k.shape[2]
+        U, Hkv, G, R, D = q.shape
+        P, C = prefix_k.shape[2], own_k.shape[3]
         d_out = d_out.contiguous()
-        d_q, d_own_k, d_own_v = torch.empty_like(q), torch.empty_like(own_k), torch.empty_like(own_v)
-        d_prefix_k, d_prefix_v = torch.empty_like(prefix_k), torch.empty_like(prefix_v)  # summed over the group's rows
-        blocks = _blocks(UH, G, R, P + C, q.element_size())
-        scratch = q.new_empty(max((b.stop - b.start) * (g.stop - g.start) for b, g in blocks) * R * (P + C))
-        for b, g in blocks:
-            p_b, q_b, d_out_b = p[b, g], q[b, g], d_out[b, g]
-            bu, bg = q_b.shape[:2]
-            d_p = scratch[: bu * bg * R * (P + C)].view(bu, bg, R, P + C)
-            # per kv head over the prompt ([bu, bg x R, .]) and per row over its own tokens ([bu x bg, R, .])
-            q_h, q_r, d_out_h, d_out_r = (
-                q_b.view(bu, bg * R, D),
-                q_b.view(bu * bg, R, D),
-                d_out_b.view(bu, bg * R, D),
-                d_out_b.view(bu * bg, R, D),
-            )
-            p_h, p_r = p_b.view(bu, bg * R, P + C)[..., :P], p_b.view(bu * bg, R, P + C)[..., P:]
-            d_p_h, d_p_r = d_p.view(bu, bg * R, P + C)[..., :P], d_p.view(bu * bg, R, P + C)[..., P:]
-            own_k_r, own_v_r = own_k[b, g].view(bu * bg, C, D), own_v[b, g].view(bu * bg, C, D)
-            torch.bmm(d_out_h, prefix_v[b].transpose(1, 2), out=d_p_h)
-            torch.bmm(d_out_r, own_v_r.transpose(1, 2), out=d_p_r)
-            torch.ops.aten._softmax_backward_data.out(d_p, p_b, -1, p.dtype, grad_input=d_p)  # p x (d_p - sum(d_p x p)), in place
-            torch.bmm(d_p_h, prefix_k[b], out=d_q[b, g].view(bu, bg * R, D))
-            d_q[b, g].view(bu * bg, R, D).baddbmm_(d_p_r, own_k_r)
-            first = g.start == 0  # a kv-head row's first block writes its prompt's gradients, the others add to them
-            for d_prefix, x, y in ((d_prefix_k, d_p_h, q_h), (d_prefix_v, p_h, d_out_h)):
-                torch.bmm(x.transpose(1, 2), y, out=d_prefix[b]) if first else d_prefix[b].baddbmm_(x.transpose(1, 2), y)
-            torch.bmm(d_p_r.transpose(1, 2), q_r, out=d_own_k[b, g].view(bu * bg, C, D))
-            torch.bmm(p_r.transpose(1, 2), d_out_r, out=d_own_v[b, g].view(bu * bg, C, D))
-        return d_q, d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None, None
+        d_out_p, d_out_r = d_out.view(U * Hkv, G * R, D), d_out.view(-1, R, D)  # per kv head / per row
+        p_p, p_r = p.view(U * Hkv, G * R, P + C)[..., :P], p.view(-1, R, P + C)[..., P:]
+        d_p = torch.empty_like(p)
+        torch.bmm(d_out_p, prefix_v.view(U * Hkv, P, D).transpose(1, 2), out=d_p.view(U * Hkv, G * R, P + C)[..., :P])
+        torch.bmm(d_out_r, own_v.view(-1, C, D).transpose(1, 2), out=d_p.view(-1, R, P + C)[..., P:])
+        d_s = torch.ops.aten._softmax_backward_data.out(d_p, p, -1, p.dtype, grad_input=d_p)  # p x (d_p - sum(d_p x p)), in place
+        d_s_p, d_s_r = d_s.view(U * Hkv, G * R, P + C)[..., :P], d_s.view(-1, R, P + C)[..., P:]
+        d_q = torch.bmm(d_s_p, prefix_k.view(U * Hkv, P, D))
+        d_q.view(-1, R, D).baddbmm_(d_s_r, own_k.view(-1, C, D))
+        q_p, q_r = q.view(U * Hkv, G * R, D), q.view(-1, R, D)
+        d_prefix_k = torch.bmm(d_s_p.transpose(1, 2), q_p).view(prefix_k.shape)  # summed over the group's rows
+        d_prefix_v = torch.bmm(p_p.transpose(1, 2), d_out_p).view(prefix_v.shape)
+        d_own_k = torch.bmm(d_s_r.transpose(1, 2), q_r).view(own_k.shape)
+        d_own_v = torch.bmm(p_r.transpose(1, 2), d_out_r).view(own_v.shape)
+        return d_q.view(q.shape), d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None
 
 
 def grouped_prefix_attention(
@@ -212,15 +162,14 @@ def grouped_prefix_attention(
     U, Hkv, P, _ = prefix_keys.shape
     G, rep = N // U, H // Hkv
     dtype = torch.promote_types(query.dtype, torch.float32)
-    # a kv head's queries of a group's rows together: [U x Hkv, G, rep x C, D]
-    q = query.to(dtype).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U * Hkv, G, rep * C, D).contiguous() * scale
-    own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).reshape(U * Hkv, G, C, D).contiguous()  # [U x Hkv, G, C, D]
-    own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).reshape(U * Hkv, G, C, D).contiguous()
+    # a group's rows under one kv head together: [U, Hkv, G, rep x C, D]
+    q = query.to(dtype).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale
+    own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()  # [U, Hkv, G, C, D]
+    own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()
     own_bias = additive_bias(_completion_mask(attention_mask, C, query.device), dtype)
     B = own_bias.shape[0]  # N or 1
-    own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C)  # [U or 1, G or 1, 1, C, C]
-    prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, :]  # [U, 1, 1, P]
-    prefix_k = prefix_keys.to(dtype).reshape(U * Hkv, P, D).contiguous()  # [U x Hkv, P, D]
-    prefix_v = prefix_values.to(dtype).reshape(U * Hkv, P, D).contiguous()
-    out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias, Hkv)  # [U x Hkv, G, rep x C, D]
+    own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
+    prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
+    prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
+    out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias)  # [U, Hkv, G, rep x C, D]
     return out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D).to(query.dtype)
