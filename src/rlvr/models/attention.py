@@ -5,10 +5,8 @@ torch's CPU flash-attention kernel (what SDPA runs there) is slow in the backwar
 same attention as two batched products and a softmax takes about 45 ms (bench/attention_cpu.py ->
 bench/results/attention_cpu.md). Past about 150 x 150 query x key positions per head the explicit score matrices
 cost more memory traffic than the kernel saves, and SDPA wins again. So the training forward (the one forward with a
-gradient) computes short attention explicitly, long causal self-attention in fp32 as explicit products in blocks of
-queries that skip the masked half (rlvr.models.causal_attention: 0.7-0.9x the kernel's time), and hands everything
-else to transformers' SDPA function unchanged: the no-gradient forwards, long rows under autocast, dropout,
-soft-capping, other devices, torch.compile.
+gradient) computes short attention explicitly and hands everything else to transformers' SDPA function unchanged:
+the no-gradient forwards, long sequences, dropout, soft-capping, other devices, torch.compile.
 
 The math is SDPA's: softmax(q k^T x scale + mask) v, grouped-query heads reading their kv head (transformers'
 repeat_kv order). In fp32 (and fp64) it equals SDPA up to rounding; under bf16 autocast the two products run in bf16
@@ -29,7 +27,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from rlvr.models import causal_attention, prefix_attention
+from rlvr.models import prefix_attention
 
 NAME = "rlvr_train"
 # query x key positions per head up to which the explicit products beat the flash kernel, forward + backward under
@@ -98,25 +96,10 @@ def training_attention(module, query, key, value, attention_mask, dropout: float
         key, value, attention_mask = prefix_attention.repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask, G)
     # a mask, or None for causal over equal lengths or one query
     known_mask = attention_mask is not None or query.shape[2] in (1, key.shape[2])
-    if known_mask and _explicit_pays(query, key.shape[2], key.shape[1], dropout, kwargs):
-        return explicit_attention(query, key, value, attention_mask, scale), None
-    if _causal_blocks_pay(query, key, attention_mask, dropout, kwargs):
-        return causal_attention.causal_blocked_attention(query, key, value, attention_mask, scale), None
-    kwargs.update(dropout=dropout, scaling=scaling, is_causal=is_causal)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _causal_blocks_pay(query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, kwargs: dict) -> bool:
-    """Whether a long causal self-attention runs as explicit products in blocks of queries (rlvr.models.causal_attention):
-    with a gradient, in fp32 or fp64 (under autocast SDPA's kernel keeps it), within the explicit products' memory bound."""
-    L = query.shape[2]
-    return (
-        L > 1
-        and key.shape[2] == L
-        and not torch.is_autocast_enabled(query.device.type)
-        and _explicit_pays(query, L, key.shape[1], dropout, kwargs, per_head_bound=False)
-        and causal_attention.is_causal(attention_mask, L)
-    )
+    if not (known_mask and _explicit_pays(query, key.shape[2], key.shape[1], dropout, kwargs)):
+        kwargs.update(dropout=dropout, scaling=scaling, is_causal=is_causal)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return explicit_attention(query, key, value, attention_mask, scale), None
 
 
 AttentionInterface.register(NAME, training_attention)
