@@ -63,6 +63,21 @@ def test_compiled_decode_with_per_head_norms(compiled_calls):
     _close(compiled, plain)
 
 
+def test_compiled_layer_rotates_each_query_once(compiled_calls):
+    """The rotated queries come out of an op inductor cannot inline (compiled_decode.materialize): inlined into the
+    attention's loop over keys, the rotation ran once per key (3.7x the eager step's time on config B's model)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    torch.set_num_threads(1)
+    tok, model = _model("llama")
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, ignore_eos=True)
+    with inductor_config.patch(fx_graph_cache=False):  # the code of this compile, not one read back from the cache
+        _, codes = run_and_get_code(lambda: _generate(model, tok, params, compile_decode=True))
+    assert compiled_calls and codes
+    assert all(code.count("torch.ops.rlvr.decode_materialize.default(") == 1 for code in codes)
+
+
 def test_compiled_decode_under_bf16_autocast_follows_the_eager_step(monkeypatch, compiled_calls):
     """bf16 products run packed on CPUs with fast bf16 (elsewhere the step stays eager): forced here, so any CPU
     with oneDNN's bf16 kernels runs them. Same products as the eager step; the fused elementwise work rounds
