@@ -1,0 +1,117 @@
+"""One training micro-batch of a floor config, timed under rlvr overrides A and B, each in its own process.
+
+    python bench/microbatch_ab.py F "" "optim.compile=on" --rounds 2 --reps 5 --out bench/results/x.md
+
+A worker builds bench/floor.py's config (its model, prompts and settings, plus the overrides), runs two training
+steps (anything that compiles does so there), keeps the last step's first micro-batch, then times its forward and
+backward (`Updater.micro_batch_step`, the optimizer step left out) `--reps` times and reports the median. The ways
+alternate process by process for `--rounds` rounds, so the machine's drift falls on both; the report gives each
+round's medians and the median of them, with the rows, tokens and and the training plan's micro-batch
+line (its fast paths) for each way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def worker(name: str, overrides: list[str], reps: int) -> dict:
+    import torch
+
+    import compare_trl
+    import floor
+    from rlvr.config import load_config
+    from rlvr.training import Trainer
+    from rlvr.training.minibatches import this_ranks_minibatches
+    from rlvr.training.update_inputs import FirstEpoch
+    from rlvr.training.update_metrics import MetricSums
+
+    torch.set_num_threads(2)
+    spec = floor.make_spec(name, floor.build_inputs([name]), types.SimpleNamespace(threads=2, warmup=1, steps=1))
+    spec["out"] = tempfile.mkdtemp(prefix="rlvr_microbatch_")
+    spec["extra"] = spec["extra"] + overrides
+    try:
+        trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
+        for _ in range(2):
+            trainer.train_step()
+        rec, up = trainer.last_step, trainer.updater
+        minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
+        inputs = up.prepare(minibatches[0])
+        mb = inputs.micro_batches[0]
+        seconds = []
+        for _ in range(reps + 1):  # the first: anything still cold
+            t = time.perf_counter()
+            up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True)
+            seconds.append(time.perf_counter() - t)
+        e = inputs.episodes
+        return dict(
+            seconds=statistics.median(seconds[1:]),
+            rows=len(range(*mb.rows.indices(e.completion_ids.shape[0]))),
+            completion_tokens=int(e.attention_mask[mb.rows].sum()),
+            plan=next(line for line in trainer.plan.describe().splitlines() if "micro-batch" in line).strip(),
+        )
+    finally:
+        shutil.rmtree(spec["out"], ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config", help="a bench/floor.py config (A-K)")
+    ap.add_argument("a", help="rlvr overrides of way A, comma-separated ('' for none)")
+    ap.add_argument("b", help="rlvr overrides of way B")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", help="markdown report (printed too)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    ways = {"A": [x for x in a.a.split(",") if x], "B": [x for x in a.b.split(",") if x]}
+    if a.worker:
+        print("RESULT " + json.dumps(worker(a.config, ways[a.worker], a.reps)))
+        return
+    from _report import cpu_name
+
+    results: dict[str, list[dict]] = {w: [] for w in ways}
+    for i in range(a.rounds):
+        for w in ways if i % 2 == 0 else list(ways)[::-1]:
+            cmd = [sys.executable, __file__, a.config, a.a, a.b, "--reps", str(a.reps), "--worker", w]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            results[w].append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
+    lines = [
+        f"# One training micro-batch of config {a.config}: A = [{a.a}] vs B = [{a.b}]",
+        "",
+        f'Command: `python bench/microbatch_ab.py {a.config} "{a.a}" "{a.b}" --rounds {a.rounds} --reps {a.reps}` '
+        f"({time.strftime('%Y-%m-%d %H:%M')})  ",
+        f"Machine: {cpu_name()}, 2 threads; ways alternate process by process; medians of {a.reps} forward+backward passes.",
+        "",
+        "| way | overrides | rows | completion tokens | s per round | median s | vs A | the training plan's line |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    base = statistics.median(r["seconds"] for r in results["A"])
+    for w, overrides in ways.items():
+        rs = results[w]
+        med = statistics.median(r["seconds"] for r in rs)
+        per_round = ", ".join(f"{r['seconds']:.3f}" for r in rs)
+        first = rs[0]
+        cells = [w, " ".join(overrides) or "none", first["rows"], first["completion_tokens"], per_round, f"{med:.3f}", f"{med / base:.2f}x"]
+        cells.append(first["plan"])
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
