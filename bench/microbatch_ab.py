@@ -88,10 +88,11 @@ def main() -> None:
             cmd = [sys.executable, __file__, a.config, a.a, a.b, "--reps", str(a.reps), "--worker", w]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             results[w].append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
+    out = f" --out {a.out}" if a.out else ""
     lines = [
         f"# One training micro-batch of config {a.config}: A = [{a.a}] vs B = [{a.b}]",
         "",
-        f'Command: `python bench/microbatch_ab.py {a.config} "{a.a}" "{a.b}" --rounds {a.rounds} --reps {a.reps}` '
+        f'Command: `python bench/microbatch_ab.py {a.config} "{a.a}" "{a.b}" --rounds {a.rounds} --reps {a.reps}{out}` '
         f"({time.strftime('%Y-%m-%d %H:%M')})  ",
         f"Machine: {cpu_name()}, 2 threads; ways alternate process by process; medians of {a.reps} forward+backward passes.",
         "",
