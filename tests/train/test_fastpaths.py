@@ -196,6 +196,28 @@ def test_skip_is_off_when_rows_are_needed():
     assert not plan().skip_while_no_bonus
 
 
+def test_compile_says_it_turns_the_shared_prefix_off():
+    """optim.compile=on runs the plain path (each row with its prompt): the plan's warning names the setting and the
+    tokens it costs, G (P + C) / (P + G C), and says nothing where compile is off, the prefix is off anyway, or it
+    costs little (short prompts)."""
+    from rlvr.config import load_config
+    from rlvr.training.batch_plan import BatchPlan
+    from rlvr.training.setup import plan_warnings
+
+    def warnings(*overrides, prompt_tokens=259):
+        cfg = load_config(None, ["rollout.prompts_per_step=4", "rollout.group_size=16", "rollout.max_new_tokens=48", *overrides])
+        return plan_warnings(cfg, BatchPlan.build(cfg, 1, torch.nn.Linear(2, 2), prompt_tokens=prompt_tokens))
+
+    (w,) = warnings("optim.compile=on")
+    ratio = 16 * (259 + 48) / (259 + 16 * 48)
+    assert "optim.compile=on turns the shared-prefix forward off" in w and "16 completions" in w and "~259-token prompt" in w
+    assert f"about {ratio:.1f}x the tokens" in w and ratio == pytest.approx(4.78, abs=0.01)
+    assert warnings() == warnings("optim.compile=off") == []
+    assert warnings("optim.compile=on", "optim.shared_prefix=false") == []
+    assert warnings("optim.compile=on", "rollout.group_size=1") == []
+    assert warnings("optim.compile=on", prompt_tokens=4) == []  # 16 x 52 / (4 + 768) = 1.08x: not worth a warning
+
+
 @pytest.mark.parametrize("extra", [[], ["optim.micro_batch_size=5"]])  # 5: groups split across micro-batches
 def test_shared_prefix_update_same_as_plain(make_trainer, extra):
     t = make_trainer(*FP)

@@ -70,6 +70,21 @@ def check_config(cfg: Config, *, force: bool = False) -> list[str]:
     return warnings
 
 
+def plan_warnings(cfg: Config, plan: BatchPlan) -> list[str]:
+    """What the batch plan turns off that the user may not expect: under optim.compile the shared-prefix forward, so
+    each row runs its own copy of the prompt (bench/results/microbatch_compile_intel.md: 5.6x eager's time on config F)."""
+    if not (plan.compiled_forward and cfg.optim.shared_prefix and plan.group_size > 1 and not plan.gradient_checkpointing):
+        return []
+    P, C, G = plan.seq_len - plan.completion_len, plan.completion_len, plan.group_size
+    ratio = G * (P + C) / (P + G * C)  # tokens of a group forward+backward: each row with its prompt / the prompt once
+    if ratio < 1.5:
+        return []
+    return [
+        f"optim.compile={cfg.optim.compile} turns the shared-prefix forward off: each of a group's {G} completions runs its own "
+        f"copy of the ~{P}-token prompt, about {ratio:.1f}x the tokens per update (set optim.compile=off to keep it)"
+    ]
+
+
 def prompt_tokens(row: dict, tokenizer, system_prompt: str | None) -> int:
     """Tokens of a training row's prompt as the model sees it (the plan's and the precision timing's prompt length)."""
     return len(tokenizer(render_prompt(row["prompt"], tokenizer, system_prompt), add_special_tokens=False)["input_ids"])

@@ -41,7 +41,7 @@ from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, s
 from rlvr.training.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside
 from rlvr.training.run_folder import truncate_jsonl, write_atomically
 from rlvr.training.setup import check_config, columns_the_rollout_adds, make_optimizer, prompt_tokens, run_device, run_precision
-from rlvr.training.setup import schedule_change, training_prompts, training_sampling
+from rlvr.training.setup import plan_warnings, schedule_change, training_prompts, training_sampling
 from rlvr.training.state import Checkpointer, TrainState
 from rlvr.training.servers import GenerationApart, uses_servers
 from rlvr.training.step_metrics import StepRecord, batch_metrics, log_completions, step_times
@@ -114,13 +114,13 @@ class Trainer:
         """Tokenizer, policy (and reference), the batch plan, the precision, the parallel wrapper and the engine."""
         cfg = self.cfg
         self.tokenizer, notes = load_tokenizer(cfg.model.tokenizer or cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
-        self.warnings += notes
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
         self.model, self.ref_model = self.policy.model, self.policy.ref_model
         tokens = prompt_tokens(first_row, self.tokenizer, cfg.data.system_prompt)
         self.plan = BatchPlan.build(cfg, self.dist.world_size, self.model, prompt_tokens=tokens)
+        self.warnings += notes + plan_warnings(cfg, self.plan)
         # model.autocast resolved once (auto: timed, or read from the cache); every forward runs under .autocast
         self.precision = run_precision(cfg, self.plan, self.model, self.device, self.dist)
         self.train_model = wrap(self.dist, self.model)  # DDP / FSDP2, or the model itself
