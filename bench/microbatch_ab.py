@@ -80,7 +80,7 @@ def main() -> None:
     if a.worker:
         print("RESULT " + json.dumps(worker(a.config, ways[a.worker], a.reps)))
         return
-    from _report import cpu_name
+    from _report import cpu_name, table_row
 
     results: dict[str, list[dict]] = {w: [] for w in ways}
     for i in range(a.rounds):
@@ -106,8 +106,7 @@ def main() -> None:
         per_round = ", ".join(f"{r['seconds']:.3f}" for r in rs)
         first = rs[0]
         cells = [w, " ".join(overrides) or "none", first["rows"], first["completion_tokens"], per_round, f"{med:.3f}", f"{med / base:.2f}x"]
-        cells.append(first["plan"])
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        lines.append(table_row(*cells, first["plan"]))
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
