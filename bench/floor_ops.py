@@ -330,23 +330,14 @@ def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
 def profile_micro_batch(trainer) -> dict | None:
     """Forward, loss and backward of the last step's first micro-batch (Updater.micro_batch_step), after one
     unprofiled run; gradients are dropped after (no optimizer step). None when the step trained no rows."""
-    from rlvr.training.minibatches import this_ranks_minibatches
-    from rlvr.training.update_inputs import FirstEpoch
-    from rlvr.training.update_metrics import MetricSums
+    from _floor_step import first_micro_batch
 
-    rec, up = trainer.last_step, trainer.updater
-    minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
-    inputs = up.prepare(minibatches[0])
-    if not inputs.micro_batches:
+    mb = first_micro_batch(trainer)
+    if mb is None:
         return None
-    mb = inputs.micro_batches[0]
-
-    def one():
-        up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True)
-
-    one()
-    res = profiled(one, 1)
+    mb.run()
+    res = profiled(mb.run, 1)
     trainer.optimizer.zero_grad(set_to_none=True)
-    e = inputs.episodes
+    e = mb.inputs.episodes
     tokens = int(e.prompt_mask[mb.rows].sum() + e.attention_mask[mb.rows].sum())
     return {**res, "rows": mb.rows.stop - mb.rows.start, "tokens": tokens}

@@ -6,40 +6,25 @@ alternating the order every repetition, so a burst of other work on the machine 
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-import types
 from collections.abc import Callable
 
-import torch
 
-import compare_trl
-import floor
-from rlvr.config import load_config
+from _floor_step import floor_step
 from rlvr.training import Trainer
 
 
 def generation_ab(name: str, ways: dict[str, Callable[[], None]], reps: int) -> tuple[Trainer, dict[str, list], dict[str, list[float]]]:
     """(the trainer, each way's generations, each way's seconds): `ways` maps a name to what switches that way on."""
-    torch.set_num_threads(2)
-    a = types.SimpleNamespace(threads=2, warmup=1, steps=3)
-    spec = {**floor.make_spec(name, floor.build_inputs([name]), a), "out": tempfile.mkdtemp()}
-    trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-    generate, call = trainer.engine.generate, {}
-
-    def recording(prompts, params, seeds):
-        call.update(prompts=list(prompts), params=params, seeds=list(seeds))
-        return generate(prompts, params, seeds)
-
-    trainer.engine.generate = recording
-    trainer.train_step()
+    step = floor_step(name)
+    trainer = step.trainer
     outputs: dict[str, list] = {w: [] for w in ways}
     seconds: dict[str, list[float]] = {w: [] for w in ways}
     for i in range(reps):
         for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
             ways[way]()
             t = time.perf_counter()
-            outputs[way].append(generate(call["prompts"], call["params"], call["seeds"]))
+            outputs[way].append(step.generate())
             seconds[way].append(time.perf_counter() - t)
     print(f"config {name}, {trainer.precision.describe()}")
     for way, ts in seconds.items():

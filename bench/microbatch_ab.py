@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,42 +25,24 @@ sys.path.insert(0, str(HERE))
 
 
 def worker(name: str, overrides: list[str], reps: int) -> dict:
-    import torch
+    from _floor_step import first_micro_batch, floor_step
 
-    import compare_trl
-    import floor
-    from rlvr.config import load_config
-    from rlvr.training import Trainer
-    from rlvr.training.minibatches import this_ranks_minibatches
-    from rlvr.training.update_inputs import FirstEpoch
-    from rlvr.training.update_metrics import MetricSums
-
-    torch.set_num_threads(2)
-    spec = floor.make_spec(name, floor.build_inputs([name]), types.SimpleNamespace(threads=2, warmup=1, steps=1))
-    spec["out"] = tempfile.mkdtemp(prefix="rlvr_microbatch_")
-    spec["extra"] = spec["extra"] + overrides
-    try:
-        trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-        for _ in range(2):
-            trainer.train_step()
-        rec, up = trainer.last_step, trainer.updater
-        minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
-        inputs = up.prepare(minibatches[0])
-        mb = inputs.micro_batches[0]
-        seconds = []
-        for _ in range(reps + 1):  # the first: anything still cold
-            t = time.perf_counter()
-            up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True)
-            seconds.append(time.perf_counter() - t)
-        e = inputs.episodes
-        return dict(
-            seconds=statistics.median(seconds[1:]),
-            rows=len(range(*mb.rows.indices(e.completion_ids.shape[0]))),
-            completion_tokens=int(e.attention_mask[mb.rows].sum()),
-            plan=next(line for line in trainer.plan.describe().splitlines() if "micro-batch" in line).strip(),
-        )
-    finally:
-        shutil.rmtree(spec["out"], ignore_errors=True)
+    trainer = floor_step(name, extra=overrides, steps=2).trainer  # anything that compiles does so in these steps
+    mb = first_micro_batch(trainer)
+    if mb is None:
+        raise SystemExit(f"config {name}: its step trained no rows (every group's rewards equal): no micro-batch to time")
+    seconds = []
+    for _ in range(reps + 1):  # the first: anything still cold
+        t = time.perf_counter()
+        mb.run()
+        seconds.append(time.perf_counter() - t)
+    e = mb.inputs.episodes
+    return dict(
+        seconds=statistics.median(seconds[1:]),
+        rows=len(range(*mb.rows.indices(e.completion_ids.shape[0]))),
+        completion_tokens=int(e.attention_mask[mb.rows].sum()),
+        plan=next(line for line in trainer.plan.describe().splitlines() if "micro-batch" in line).strip(),
+    )
 
 
 def main() -> None:

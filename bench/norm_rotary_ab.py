@@ -17,9 +17,7 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import types
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,48 +33,28 @@ def _old_rotate(x, cos, sin):  # the decode's rotation before norm_rotary.rotate
 
 
 def worker(name: str, way: str, reps: int, shapes: list[str]) -> dict:
-    import torch
-
     sys.path.insert(0, str(HERE))
-    import compare_trl
     import floor
+    from _floor_step import first_micro_batch, floor_step
 
     import rlvr.models.forward as forward
     import rlvr.rollout.engines.hf.lean_decode as lean_decode
-    from rlvr.config import load_config
-    from rlvr.training import Trainer
-    from rlvr.training.minibatches import this_ranks_minibatches
-    from rlvr.training.update_inputs import FirstEpoch
-    from rlvr.training.update_metrics import MetricSums
 
     for shape in shapes:
         floor.add_shape(shape)
     if way == "before":
         forward.fused_norm_and_rotary = lambda model: contextlib.nullcontext()  # type: ignore[assignment]
         lean_decode.rotate, lean_decode.signed_sin = _old_rotate, lambda sin: sin  # type: ignore[assignment]
-    torch.set_num_threads(2)
-    a = types.SimpleNamespace(threads=2, warmup=1, steps=3)
-    spec = {**floor.make_spec(name, floor.build_inputs([name]), a), "out": tempfile.mkdtemp()}
-    trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-    calls: dict = {}
-    generate = trainer.engine.generate
-
-    def recording(prompts, params, seeds):
-        calls.update(prompts=list(prompts), params=params, seeds=list(seeds))
-        return generate(prompts, params, seeds)
-
-    trainer.engine.generate = recording  # type: ignore[method-assign]
-    trainer.train_step()
-    record, updater = trainer.last_step, trainer.updater
-    minibatches = this_ranks_minibatches(record.batch, record.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
-    inputs = updater.prepare(minibatches[0])
+    step = floor_step(name)
+    trainer, mb = step.trainer, first_micro_batch(step.trainer)
+    assert mb is not None, f"config {name}: its step trained no rows"
     times: dict[str, list[float]] = {"training micro-batch": [], "generation": []}
     for i in range(reps + 1):  # the first of each warms up
         trainer.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        updater.micro_batch_step(inputs, inputs.micro_batches[0], FirstEpoch(), MetricSums(trainer.device), last=True)
+        mb.run()
         t1 = time.perf_counter()
-        generate(calls["prompts"], calls["params"], calls["seeds"])
+        step.generate()
         if i:
             times["training micro-batch"].append(t1 - t)
             times["generation"].append(time.perf_counter() - t1)

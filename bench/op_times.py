@@ -13,12 +13,9 @@ then times the last step's generation again (same prompts and seeds) and its fir
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-import types
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import compare_trl  # noqa: E402
 import floor  # noqa: E402
+from _floor_step import first_micro_batch, floor_step  # noqa: E402
 from _report import cpu_name, table_row  # noqa: E402
 
 # op name -> category, for the summary line (anything else: "elementwise and the rest")
@@ -70,48 +67,23 @@ def category(key: str) -> str:
 
 def measure(name: str, shapes: bool, reps: int) -> dict:
     """{phase: (plain seconds per run, timed OpTimer)} for generation and one training micro-batch."""
-    from rlvr.config import load_config
-    from rlvr.training import Trainer
-    from rlvr.training.minibatches import this_ranks_minibatches
-    from rlvr.training.update_inputs import FirstEpoch
-    from rlvr.training.update_metrics import MetricSums
-
-    torch.set_num_threads(2)
-    spec = floor.make_spec(name, floor.build_inputs([name]), types.SimpleNamespace(threads=2, warmup=1, steps=1))
-    spec["out"] = tempfile.mkdtemp(prefix="rlvr_op_times_")
-    try:
-        trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-        calls: dict = {}
-        generate = trainer.engine.generate
-
-        def recording(prompts, params, seeds):
-            calls.update(prompts=list(prompts), params=params, seeds=list(seeds))
-            return generate(prompts, params, seeds)
-
-        trainer.engine.generate = recording
-        for _ in range(2):
-            trainer.train_step()
-        runs = {"generation": lambda: generate(calls["prompts"], calls["params"], calls["seeds"])}
-        rec, up = trainer.last_step, trainer.updater
-        minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
-        if minibatches and (inputs := up.prepare(minibatches[0])).micro_batches:
-            mb = inputs.micro_batches[0]
-            runs["training micro-batch"] = lambda: up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True)
-        out = {}
-        for phase, run in runs.items():
+    step = floor_step(name, steps=2)
+    runs = {"generation": step.generate}
+    if (mb := first_micro_batch(step.trainer)) is not None:
+        runs["training micro-batch"] = mb.run
+    out = {}
+    for phase, run in runs.items():
+        run()
+        plain = []
+        for _ in range(reps):
+            t = time.perf_counter()
             run()
-            plain = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                run()
-                plain.append(time.perf_counter() - t)
-            timer = OpTimer(shapes)
-            with timer:
-                run()
-            out[phase] = (statistics.median(plain), timer)
-        return out
-    finally:
-        shutil.rmtree(spec["out"], ignore_errors=True)
+            plain.append(time.perf_counter() - t)
+        timer = OpTimer(shapes)
+        with timer:
+            run()
+        out[phase] = (statistics.median(plain), timer)
+    return out
 
 
 def section(name: str, phase: str, plain: float, timer: OpTimer, top: int) -> list[str]:

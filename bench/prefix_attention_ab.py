@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -22,31 +20,20 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import compare_trl  # noqa: E402
 import floor  # noqa: E402
+from _floor_step import first_micro_batch, floor_step  # noqa: E402
 from _report import cpu_name  # noqa: E402
 
 import rlvr.models.forward as forward  # noqa: E402
-from rlvr.config import load_config  # noqa: E402
-from rlvr.training import Trainer  # noqa: E402
-from rlvr.training.minibatches import this_ranks_minibatches  # noqa: E402
-from rlvr.training.update_inputs import FirstEpoch  # noqa: E402
-from rlvr.training.update_metrics import MetricSums  # noqa: E402
 
 GROUPED = forward._completions_over_grouped_prefix
 WAYS = {"repeated": lambda *a: None, "grouped": GROUPED}  # None: the forward takes the repeated prompt
 
 
 def run(name: str, reps: int) -> dict:
-    torch.set_num_threads(2)
-    a = types.SimpleNamespace(threads=2, warmup=1, steps=3)
-    spec = {**floor.make_spec(name, floor.build_inputs([name]), a), "out": tempfile.mkdtemp()}
-    trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-    trainer.train_step()
-    record, updater = trainer.last_step, trainer.updater
-    minibatches = this_ranks_minibatches(record.batch, record.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
-    inputs = updater.prepare(minibatches[0])
-    micro_batch = inputs.micro_batches[0]
+    trainer = floor_step(name).trainer
+    micro_batch = first_micro_batch(trainer)
+    assert micro_batch is not None, f"config {name}: its step trained no rows"
     params = [p for p in trainer.policy.model.parameters() if p.requires_grad]
     seconds: dict[str, list[float]] = {w: [] for w in WAYS}
     grads: dict[str, list[torch.Tensor]] = {}
@@ -55,7 +42,7 @@ def run(name: str, reps: int) -> dict:
             forward._completions_over_grouped_prefix = WAYS[way]
             trainer.optimizer.zero_grad(set_to_none=True)
             t = time.perf_counter()
-            updater.micro_batch_step(inputs, micro_batch, FirstEpoch(), MetricSums(trainer.device), last=True)
+            micro_batch.run()
             if i:
                 seconds[way].append(time.perf_counter() - t)
             grads[way] = [p.grad.detach().clone() for p in params]

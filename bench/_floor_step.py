@@ -1,0 +1,66 @@
+"""A bench/floor.py config's Trainer after its first steps, with that step's parts to run again: the generation (the
+same prompts, sampling and seeds) and the forward+backward of its first micro-batch (no optimizer step). The A/B and
+per-op benches time these parts alone (microbatch_ab, op_times, norm_rotary_ab, prefix_attention_ab, generation_ab)."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import types
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+
+class FloorStep(NamedTuple):
+    trainer: object  # rlvr.training.Trainer
+    generate: Callable[[], list]  # the last step's generation again
+
+
+class MicroBatch(NamedTuple):
+    run: Callable[[], None]  # Updater.micro_batch_step of the last step's first micro-batch
+    inputs: object  # its MinibatchInputs
+    rows: slice  # the micro-batch's rows in inputs.episodes
+
+
+def floor_step(name: str, *, extra: list[str] | tuple[str, ...] = (), steps: int = 1) -> FloorStep:
+    """Config `name` (plus rlvr overrides `extra`) built as bench/floor.py builds it, 2 threads, `steps` training steps
+    run; its run folder is removed when the process exits."""
+    import compare_trl
+    import floor
+    from rlvr.config import load_config
+    from rlvr.training import Trainer
+
+    torch.set_num_threads(2)
+    spec = floor.make_spec(name, floor.build_inputs([name]), types.SimpleNamespace(threads=2, warmup=1, steps=steps))
+    spec["out"] = tempfile.mkdtemp(prefix="rlvr_bench_")
+    atexit.register(shutil.rmtree, spec["out"], ignore_errors=True)
+    spec["extra"] = spec["extra"] + list(extra)
+    trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
+    generate, call = trainer.engine.generate, {}
+
+    def recording(prompts, params, seeds):
+        call.update(prompts=list(prompts), params=params, seeds=list(seeds))
+        return generate(prompts, params, seeds)
+
+    trainer.engine.generate = recording
+    for _ in range(steps):
+        trainer.train_step()
+    return FloorStep(trainer, lambda: generate(call["prompts"], call["params"], call["seeds"]))
+
+
+def first_micro_batch(trainer) -> MicroBatch | None:
+    """The last step's first micro-batch, to run again; None when the step trained no rows."""
+    from rlvr.training.minibatches import this_ranks_minibatches
+    from rlvr.training.update_inputs import FirstEpoch
+    from rlvr.training.update_metrics import MetricSums
+
+    rec, up = trainer.last_step, trainer.updater
+    minibatches = this_ranks_minibatches(rec.batch, rec.advantages, trainer.cfg.optim.steps_per_generation, trainer.dist)
+    inputs = up.prepare(minibatches[0]) if minibatches else None
+    if inputs is None or not inputs.micro_batches:
+        return None
+    mb = inputs.micro_batches[0]
+    return MicroBatch(lambda: up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True), inputs, mb.rows)
