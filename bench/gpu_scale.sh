@@ -39,8 +39,8 @@ OUT=bench/results/gpu_scale.md
   echo "|---|---|---|---|---|"
 } > "$OUT"
 for STRATEGY in ddp fsdp; do
-  for N in 1 "$NGPU"; do
-    [ "$STRATEGY" = fsdp ] && [ "$N" = 1 ] && continue
+  for N in $(printf '1\n%s\n' "$NGPU" | sort -un); do
+    [ "$STRATEGY" = fsdp ] && [ "$N" = 1 ] && continue  # one rank runs no FSDP (the model is not wrapped)
     RUN="$WORK/run-$STRATEGY-$N"
     timeout 200 $PY -m rlvr train model.path="$WORK/model" model.dtype=bfloat16 nproc="$N" dist.strategy="$STRATEGY" \
       steps=10 rollout.prompts_per_step=32 rollout.group_size=8 rollout.max_new_tokens=32 eval_before_after=false \

@@ -40,7 +40,7 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(r.truncated.float().mean()),
-            **_reward_by_ending(total, r.truncated.bool()),
+            **_reward_by_ending(total, r.truncated.bool().to(total.device)),  # rewards on the CPU, episodes on the model's device
             "advantages/abs_mean": float(advantages.abs().mean()),
         }
     )

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every GPU check in one call, for a lent GPU machine (a session gets ~15 minutes of device time):
+# the environment, a 3-step smoke run of the bundled default on CUDA, bench/servers.py (generation
+# apart from training), bench/engines.py (hf; vllm too where it is installed) and bench/gpu_scale.sh.
+# Each part has its own time limit (the whole under 9 minutes); a failing part does not stop the rest.
+# Needs only the machine's own torch and transformers (rlvr from src/, no install). Results land in
+# bench/results/gpu*.md and, with the logs, in $LOGS (default /tmp/rlvr_gpu).
+#
+#   bash bench/gpu_all.sh                         # then copy $LOGS/* back
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+LOGS=${LOGS:-/tmp/rlvr_gpu}
+mkdir -p "$LOGS"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+part() {  # part NAME LIMIT_S COMMAND...: run it, log to $LOGS/NAME.log, report its exit status and time
+  local name=$1 limit=$2 t=$SECONDS rc=0
+  shift 2
+  timeout -k 15 "$limit" "$@" > "$LOGS/$name.log" 2>&1 || rc=$?
+  echo "$(date -u +%T) $name: rc=$rc in $((SECONDS - t))s (limit ${limit}s)" | tee -a "$LOGS/summary.txt"
+}
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $PY -c "import torch, transformers, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+  $PY -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+  grep -m1 'model name' /proc/cpuinfo; nproc
+} > "$LOGS/summary.txt" 2>&1
+part smoke 90 $PY -m rlvr train device=cuda model.dtype=bfloat16 steps=3 data.eval_size=64 report_to=[] output_dir=/tmp/rlvr_gpu_smoke --force
+[ -f /tmp/rlvr_gpu_smoke/metrics.jsonl ] && tail -n 1 /tmp/rlvr_gpu_smoke/metrics.jsonl >> "$LOGS/smoke.log"
+ENGINES=hf
+$PY -c "import vllm" 2>/dev/null && ENGINES=hf,vllm
+part servers 150 $PY bench/servers.py --device cuda --engines "$ENGINES" --budget-s 100 --serve-wait-s 60
+part engines 120 $PY bench/engines.py --device cuda --engines "$ENGINES" --steps 5 --warmup 2
+GPU_SERVERS=0 part scale 90 bash bench/gpu_scale.sh
+cp bench/results/gpu.md bench/results/gpu_servers.md bench/results/gpu_scale.md "$LOGS/" 2>/dev/null
+cat "$LOGS/summary.txt"
