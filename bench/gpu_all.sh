@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a lent GPU machine (a session gets ~15 minutes of device time):
-# the environment, a 3-step smoke run of the bundled default on CUDA, bench/servers.py (generation
-# apart from training), bench/engines.py (hf; vllm too where it is installed) and bench/gpu_scale.sh.
-# Each part has its own time limit (the whole under 9 minutes); a failing part does not stop the rest.
+# the environment, a 3-step smoke run of the bundled default on CUDA, bench/server_overhead.py (where a
+# server's generation time goes), bench/servers.py (generation apart from training), bench/engines.py (hf; vllm too where it is installed) and bench/gpu_scale.sh.
+# Each part has its own time limit (the whole under 10 minutes); a failing part does not stop the rest.
 # Needs only the machine's own torch and transformers (rlvr from src/, no install). Results land in
-# bench/results/gpu*.md and, with the logs, in $LOGS (default /tmp/rlvr_gpu).
+# bench/results/gpu*.md and, with summary.txt and logs.tgz, in $LOGS (default /tmp/rlvr_gpu).
 #
 #   bash bench/gpu_all.sh                         # then copy $LOGS/* back
 set -uo pipefail
@@ -30,8 +30,10 @@ part smoke 90 $PY -m rlvr train device=cuda model.dtype=bfloat16 steps=3 data.ev
 [ -f /tmp/rlvr_gpu_smoke/metrics.jsonl ] && tail -n 1 /tmp/rlvr_gpu_smoke/metrics.jsonl >> "$LOGS/smoke.log"
 ENGINES=hf
 $PY -c "import vllm" 2>/dev/null && ENGINES=hf,vllm
+part server_overhead 90 $PY bench/server_overhead.py --device cuda --repeats 3
 part servers 150 $PY bench/servers.py --device cuda --engines "$ENGINES" --budget-s 100 --serve-wait-s 60
 part engines 120 $PY bench/engines.py --device cuda --engines "$ENGINES" --steps 5 --warmup 2
 GPU_SERVERS=0 part scale 90 bash bench/gpu_scale.sh
 cp bench/results/gpu.md bench/results/gpu_servers.md bench/results/gpu_scale.md "$LOGS/" 2>/dev/null
+(cd "$LOGS" && tar czf logs.tgz ./*.log && rm ./*.log)  # few files: the device tool brings back at most 8
 cat "$LOGS/summary.txt"

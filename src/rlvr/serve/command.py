@@ -99,6 +99,7 @@ def _serve_hf(args, token: str | None, tags=None) -> int:
     from rlvr.models.loading import load_model, load_tokenizer
     from rlvr.serve.hf_backend import HFBackend
     from rlvr.serve.http import make_server
+    from rlvr.serve.main_thread import MainThreadWork
     import torch
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -107,7 +108,8 @@ def _serve_hf(args, token: str | None, tags=None) -> int:
     tokenizer, _ = load_tokenizer(args.model, args.trust_remote_code)
     model = load_model(args.model, args.dtype or "float32", device, args.trust_remote_code)
     model.requires_grad_(False)
-    backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout)
+    work = MainThreadWork()  # the model runs on this thread, the HTTP server on its own (main_thread.py says why)
+    backend = HFBackend(model, tokenizer, name=args.model, autocast=args.autocast, timeout=args.timeout, work=work)
     try:
         server = make_server(backend, args.host, args.port, token, tags=tags)
     except OSError as e:  # the port is taken, or the address is not this host's
@@ -119,11 +121,13 @@ def _serve_hf(args, token: str | None, tags=None) -> int:
     host, port = str(server.server_address[0]), int(server.server_address[1])
     how = f", tool calls in tags {', '.join(f'{n}={t}' for n, t in tags.tags.items())}" if tags else ""
     print(f"rlvr serve: engine hf, model {args.model} on {device}{how}, listening on http://{host}:{port}", flush=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="rlvr-http", daemon=True).start()
     try:
-        server.serve_forever(poll_interval=0.2)
+        work.run()
     except KeyboardInterrupt:
         pass
     finally:
+        server.shutdown()
         server.server_close()
     return 0
 

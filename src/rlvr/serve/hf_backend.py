@@ -6,6 +6,7 @@ code in-process training runs, on the same ids and seeds: the same tokens and lo
 needs stop strings (a model turn of a multi-turn episode) runs the multi-turn decode with a driver
 that ends every episode at its first turn's end.
 
+Generation and weight swaps run on `work`'s thread (`rlvr serve`: its main thread, rlvr.serve.main_thread).
 Weights: generation and a weight swap never overlap (one lock), and a sync is received into fresh
 tensors first (rlvr.dist.transfer), outside the lock, so generation goes on while weights arrive
 and a sync that breaks off leaves the old weights and version in place. A sync that arrives while a
@@ -27,6 +28,7 @@ from rlvr.dist.transfer import TensorMeta, WeightReceiver
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.engines.protocols import SamplingParams
 from rlvr.rollout.engines.remote.protocol import ADAPTER_CONFIG, WEIGHTS_FILE, GenerateRequest, GenerateResult, Sample
+from rlvr.serve.main_thread import InlineWork, MainThreadWork
 
 
 class _FirstTurn:
@@ -45,7 +47,17 @@ class _FirstTurn:
 
 
 class HFBackend:
-    def __init__(self, model, tokenizer, *, name: str, autocast: str = "none", timeout: float = 600.0):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        name: str,
+        autocast: str = "none",
+        timeout: float = 600.0,
+        work: InlineWork | MainThreadWork | None = None,
+    ):
+        """`work`: the thread generation and weight swaps run on (`rlvr serve`: its main thread); default: the caller's."""
         from rlvr.rollout.engines.hf import HFEngine
 
         self.model, self.tokenizer, self.name, self.autocast, self.timeout = model, tokenizer, name, autocast, timeout
@@ -57,6 +69,7 @@ class HFBackend:
         self._pending_lock = threading.Lock()
         self.receiver: WeightReceiver | None = None
         self.requests = 0
+        self.work = work or InlineWork()
 
     def health(self) -> dict[str, Any]:
         """`version`: what the next request is sampled under (staged weights included)."""
@@ -71,6 +84,9 @@ class HFBackend:
             raise ValueError("generate: prompt_ids, seeds and max_tokens must have one entry per prompt")
         if not req.prompt_ids:
             return GenerateResult([], self.version)
+        return self.work.call(lambda: self._generate(req))
+
+    def _generate(self, req: GenerateRequest) -> GenerateResult:
         with self.lock:
             self._apply_pending()  # before the region: it writes weights the region swaps for kept bf16 copies
             self.requests += 1
@@ -165,6 +181,9 @@ class HFBackend:
         """Stage the weights as `version`; swap them in now if no batch is being generated, else before the next one."""
         with self._pending_lock:
             self._pending = (tensors, version)  # a newer sync replaces one still waiting
+        self.work.post(self._apply_if_idle)  # not waited for: the trainer is answered once the weights are staged
+
+    def _apply_if_idle(self) -> None:
         if self.lock.acquire(blocking=False):
             try:
                 self._apply_pending()
