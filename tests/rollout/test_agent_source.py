@@ -6,6 +6,7 @@ episode's advantage."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -180,3 +181,17 @@ def test_an_agent_trains_through_generation_servers(make_trainer, agents, tiny_m
     rows = [json.loads(x) for x in (t.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["agent/calls_per_episode"] == 2.0 for r in rows)
     assert all(sum(v for k, v in r.items() if k.startswith("servers/share/")) == pytest.approx(1.0) for r in rows)
+
+
+def test_the_agents_requests_decode_on_the_thread_that_runs_the_rollout(make_trainer, agents):
+    """The hf engine's continuous decoder runs on the trainer's own thread (the main one), not a thread of its own: on a GPU,
+    model work from other threads ran up to 8x slower (bench/results/gpu_server_overhead.md)."""
+    t = _trainer(make_trainer, agents, "two_calls")
+    forwards: list[int] = []
+    hook = t.model.register_forward_pre_hook(lambda *_: forwards.append(threading.get_ident()))
+    try:
+        t.train()
+    finally:
+        hook.remove()
+    assert t.source.last_logs and all(len(log.snapshot()) == 2 for log in t.source.last_logs)
+    assert forwards and set(forwards) == {threading.get_ident()}

@@ -205,3 +205,65 @@ def test_a_decoder_whose_generation_mode_fails_raises_instead_of_hanging(model_t
     assert not t.is_alive(), "the constructor hung"
     assert isinstance(outcome[0], ValueError) and "no generation mode" in str(outcome[0])
     assert model.config._attn_implementation == impl and model.training == training
+
+
+def test_a_driven_decoder_decodes_on_the_driving_thread_with_the_same_samples(model_tok):
+    """own_thread=False (the trainer's agents): the caller's thread runs the decode in drive(), until `until()` holds;
+    the samples are the threaded decoder's; a request arriving after the last drive is answered at close."""
+    model, tok = model_tok
+    reqs = [Req(tok(t)["input_ids"], 12, s, 2, episode=f"e{s}") for s, t in ((7, "What is 12*34? "), (8, "Hi"))]
+    threaded = ContinuousDecoder(model, tok, eos=eos_ids(model, tok))
+    want = _concurrently(threaded, reqs)
+    waits = iter([False, False, True])
+    threaded.drive(lambda: next(waits))  # with a thread of its own, drive() only waits for `until`
+    assert next(waits, "spent") == "spent"
+    threaded.close()
+    driven = ContinuousDecoder(model, tok, eos=eos_ids(model, tok), own_thread=False)
+    forwards: list[int] = []
+    hook = model.register_forward_pre_hook(lambda *_: forwards.append(threading.get_ident()))
+    got: list = [None] * len(reqs)
+    askers = [threading.Thread(target=lambda k=k: got.__setitem__(k, driven.submit(reqs[k]))) for k in range(len(reqs))]
+    try:
+        for t in askers:
+            t.start()
+        driven.drive(lambda: not any(t.is_alive() for t in askers))
+    finally:
+        hook.remove()
+    assert not any(t.is_alive() for t in askers)
+    assert forwards and set(forwards) == {threading.get_ident()}
+    assert [[s.ids for s in g] for g in got] == [[s.ids for s in w] for w in want]
+    assert [[s.logprobs for s in g] for g in got] == [[pytest.approx(s.logprobs, abs=1e-6) for s in w] for w in want]
+    late: dict = {}
+    asker = threading.Thread(target=lambda: late.setdefault("error", pytest.raises(RuntimeError, driven.submit, reqs[0])))
+    asker.start()
+    while not driven.queue:  # it waits: nobody drives
+        asker.join(0.01)
+    driven.close()
+    asker.join(10)
+    assert "closed before this request was answered" in str(late["error"].value)
+
+
+def test_drive_returns_when_until_holds_even_while_requests_decode(model_tok):
+    """An agent past its time keeps no rollout waiting: `until()` is checked before every step."""
+    model, tok = model_tok
+    driven = ContinuousDecoder(model, tok, eos=eos_ids(model, tok), own_thread=False)
+    steps = []
+    hook = model.register_forward_pre_hook(lambda *_: steps.append(1))
+    out: dict = {}
+
+    def ask():
+        try:
+            out["samples"] = driven.submit(Req(tok("What is 12*34? ")["input_ids"], 200, 1))
+        except Exception as e:  # noqa: BLE001 - the test reads what the caller saw
+            out["error"] = e
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        driven.drive(lambda: len(steps) >= 2 or not asker.is_alive())
+    finally:
+        hook.remove()
+    assert len(steps) == 2 and asker.is_alive(), out  # stopped mid-reply: 2 tokens of the 200 asked
+    driven.close()
+    asker.join(10)
+    assert "closed before this request was answered" in str(out.get("error"))

@@ -89,7 +89,9 @@ def _continuous_decoder(engine, tokenizer):
 
     if not isinstance(engine, HFEngine) or not supports_shared_prefix(engine.model.config):
         return None
-    return lambda: ContinuousDecoder(engine.model, tokenizer, eos=eos_ids(engine.model, tokenizer), merge_lora=engine.merge_lora)
+    eos = eos_ids(engine.model, tokenizer)
+    # decoded on the thread that runs the agents (AgentSource drives it): the trainer's main thread
+    return lambda: ContinuousDecoder(engine.model, tokenizer, eos=eos, merge_lora=engine.merge_lora, own_thread=False)
 
 
 def _tools_and_environment(cfg):

@@ -15,6 +15,7 @@ decode steps
 KV layouts
   kv_buffers.py      cache layers in buffers allocated once (the repeated layout)
   episode_cache.py   the multi-turn cache: each row writes at its own position
+  row_cache.py       the continuous decoder's cache: a buffer row per sequence, grown by doubling, and its attention
   attention.py       SDPA in the cache's dtype under bf16 autocast
 """
 

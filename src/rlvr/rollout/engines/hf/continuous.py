@@ -22,18 +22,16 @@ with a per-row mask), so rows of any lengths share a forward. Needs plain causal
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
-from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers import DynamicCache
 
-from rlvr.models.attention import explicit_attention
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.forward import generation_mode
+from rlvr.rollout.engines.hf.row_cache import RowLayer, RowsState
 from rlvr.rollout.engines.remote.protocol import Sample
 from rlvr.rollout.engines.sampling import sample_tokens
 from rlvr.rollout.engines.turns import StopMatcher
@@ -50,88 +48,6 @@ class DecodeRequest(Protocol):
     top_p: float
     stops: tuple[str, ...]
     episode: str  # rows are reused only within an episode
-
-
-# ---------------------------------------------------------------- the cache and its attention
-
-
-@dataclass
-class RowsState:
-    """One forward: `rows` [n] each feeding m tokens from position write_pos [n]; bias [n, 1, m, L]."""
-
-    num_rows: int = 0
-    capacity: int = 0
-    rows: torch.Tensor | None = None
-    write_pos: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
-
-    def prepare(self, rows: torch.Tensor, write_pos: torch.Tensor, m: int, dtype: torch.dtype) -> None:
-        self.rows, self.write_pos = rows, write_pos
-        L = int(write_pos.max()) + m
-        slots = torch.arange(L, device=rows.device)  # query i of row r sees slots <= write_pos[r] + i
-        hidden = slots[None, None, :] > (write_pos[:, None, None] + torch.arange(m, device=rows.device)[None, :, None])
-        self.bias = torch.zeros(len(rows), 1, m, L, dtype=dtype, device=rows.device).masked_fill(hidden[:, None], torch.finfo(dtype).min)
-
-
-class RowLayer(DynamicLayer):
-    """One layer's cache: each row's keys/values in its own buffer row, written at its own positions."""
-
-    def __init__(self, state: RowsState, dtype: torch.dtype | None):
-        super().__init__()
-        self.state, self.dtype, self.is_initialized = state, dtype, True
-        self.kbuf: torch.Tensor | None = None
-        self.vbuf: torch.Tensor | None = None
-
-    def _fit(self, like: torch.Tensor) -> None:
-        """Buffers of at least state.num_rows x state.capacity, the rows written so far kept."""
-        st, (_, H, _, D) = self.state, like.shape
-        if self.kbuf is not None and self.kbuf.shape[0] >= st.num_rows and self.kbuf.shape[2] >= st.capacity:
-            return
-        k = like.new_zeros(st.num_rows, H, st.capacity, D, dtype=self.dtype or like.dtype)
-        v = torch.zeros_like(k)
-        if self.kbuf is not None and self.vbuf is not None:
-            r, t = self.kbuf.shape[0], self.kbuf.shape[2]
-            k[:r, :, :t], v[:r, :, :t] = self.kbuf, self.vbuf
-        self.kbuf, self.vbuf = k, v
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        st = self.state  # key_states [n, H, m, D]
-        assert st.rows is not None and st.write_pos is not None and st.bias is not None, "prepare() runs before each forward"
-        self._fit(key_states)
-        assert self.kbuf is not None and self.vbuf is not None
-        m = key_states.shape[2]
-        pos = st.write_pos[:, None] + torch.arange(m, device=st.rows.device)  # [n, m]
-        rows = st.rows[:, None].expand_as(pos)
-        self.kbuf[rows, :, pos] = key_states.permute(0, 2, 1, 3).to(self.kbuf.dtype)  # [n, m, H, D]
-        self.vbuf[rows, :, pos] = value_states.permute(0, 2, 1, 3).to(self.vbuf.dtype)
-        L = st.bias.shape[-1]
-        return self.kbuf[st.rows, :, :L], self.vbuf[st.rows, :, :L]  # [n, H, L, D]
-
-    def get_seq_length(self) -> int:
-        return 0
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return query_length, 0
-
-
-def rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, rlvr_rows=None, **kwargs):
-    """transformers attention function: each row's queries [n, Hq, m, D] against its own slots (RowsState.bias);
-    any other call is SDPA."""
-    if rlvr_rows is None:
-        return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    with torch.autocast(query.device.type, enabled=False):
-        bias = rlvr_rows.bias.to(key.dtype)
-        if query.device.type == "cpu":  # as the lean decode step: two products beat the flash kernel for few queries
-            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            return explicit_attention(query.to(key.dtype), key, value, bias, scale).to(query.dtype), None  # [n, m, Hq, D]
-        gqa = query.shape[1] != key.shape[1]
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        out = sdpa(query.to(key.dtype), key, value, attn_mask=bias, scale=scaling, enable_gqa=gqa)
-    return out.transpose(1, 2).contiguous().to(query.dtype), None  # [n, m, Hq, D]
-
-
-AttentionInterface.register("rlvr_rows", rows_attention)
-AttentionMaskInterface.register("rlvr_rows", sdpa_mask)  # built by transformers, unused: RowsState.bias is the mask
 
 
 # ---------------------------------------------------------------- rows and requests
@@ -165,10 +81,16 @@ class _Row:
 
 
 class ContinuousDecoder:
-    """submit(request) -> its n samples, from any thread; one decode thread serves every request. Holds the model
-    in generation mode from start to close(): create it for a collection and close it before the update."""
+    """submit(request) -> its n samples, from any thread; one thread decodes every request: the decoder's own (held in
+    generation mode from start to close(): create it for a collection and close it before the update), or, made with
+    own_thread=False, the caller's inside drive() (the trainer's main thread, 1.4x faster on CPU:
+    bench/results/agent_decode_main_thread.md)."""
 
-    def __init__(self, model, tokenizer, *, eos: set[int], cache_dtype: torch.dtype | None = None, merge_lora: bool = True):
+    def __init__(
+        self, model, tokenizer, *, eos: set[int], cache_dtype: torch.dtype | None = None, merge_lora: bool = True, own_thread: bool = True
+    ):
+        """`own_thread=False`: no decode thread; the caller decodes on its own thread with drive() (the trainer's main
+        thread: on a GPU, model work from any other thread ran up to 8x slower, bench/results/gpu_server_overhead.md)."""
         self.model, self.tokenizer, self.eos, self.ckw = model, tokenizer, eos, cache_kwarg(model)
         self.merge_lora = merge_lora  # as the hf engine it decodes for (model.lora.merge_for_generation)
         self.device = next(model.parameters()).device
@@ -183,6 +105,9 @@ class ContinuousDecoder:
         self.forwards = 0  # model forwards run
         self.tokens_fed = 0  # tokens run through the model (an agent's history is not run again)
         self.failure: BaseException | None = None  # what ended the decode thread, when something did
+        self.thread: threading.Thread | None = None
+        if not own_thread:
+            return
         self.thread = threading.Thread(target=self._run, name="rlvr-continuous-decode", daemon=True)
         self.in_mode = threading.Event()  # the thread holds the model in generation mode
         self.thread.start()
@@ -210,20 +135,36 @@ class ContinuousDecoder:
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
+        else:  # driven: whatever arrived after the last drive() is answered now, not waited on forever
+            self._fail_all(RuntimeError("the decoder closed before this request was answered"))
+
+    def drive(self, until: Callable[[], bool]) -> None:
+        """Decode on this thread until `until()` holds: checked before every step, so it must hold only when nothing is
+        left worth decoding (every caller done, or their time is up). A decoder with its own thread: just wait."""
+        if self.thread is not None:
+            while not until():
+                time.sleep(0.02)
+            return
+        with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
+            self._decode(until)
 
     # ------------------------------------------------------------ the loop
+
+    def _decode(self, until: Callable[[], bool] | None) -> None:
+        while self._admit(until):
+            try:
+                self._feed_chunks()
+                self._step()
+            except Exception as e:  # every request in the decode answers the error; the decoder goes on
+                self._fail_all(e)
 
     def _run(self) -> None:
         try:
             with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
                 self.in_mode.set()
-                while self._admit():
-                    try:
-                        self._feed_chunks()
-                        self._step()
-                    except BaseException as e:  # every request in the decode answers the error; the decoder goes on
-                        self._fail_all(e)
+                self._decode(None)
         except BaseException as e:  # generation mode failed to start or to end: the thread ends here, with the reason
             self.failure = e
         finally:
@@ -232,13 +173,15 @@ class ContinuousDecoder:
             self.in_mode.set()  # also when generation mode failed to start: __init__ must not wait forever
         self._fail_all(self.failure or RuntimeError("the decoder closed before this request was answered"))
 
-    def _admit(self) -> bool:
-        """Rows for the requests that arrived (waiting for one when nothing decodes); False once closed."""
+    def _admit(self, until: Callable[[], bool] | None) -> bool:
+        """Rows for the requests that arrived (waiting for one when nothing decodes); False once closed or `until()`."""
         with self.cond:
-            while not self.queue and not self.closed and not any(r is not None and r.asked is not None for r in self.rows):
-                self.cond.wait()
-            if self.closed:
-                return False
+            while True:
+                if self.closed or (until is not None and until()):
+                    return False
+                if self.queue or any(r is not None and r.asked is not None for r in self.rows):
+                    break
+                self.cond.wait(None if until is None else 0.02)  # driven: `until` may turn true without a notify
             new, self.queue = self.queue, []
         for asked in new:
             for c in range(asked.req.n):

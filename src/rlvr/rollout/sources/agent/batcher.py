@@ -36,6 +36,10 @@ class Scheduler(Protocol):
 
     def submit(self, job: Job) -> list[Sample]: ...
 
+    def drive(self, until: Callable[[], bool]) -> None:
+        """Serve from the calling thread until `until()` holds (one with a thread of its own just waits)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -82,6 +86,10 @@ class Batcher:
             raise job.error
         assert job.samples is not None
         return job.samples
+
+    def drive(self, until: Callable[[], bool]) -> None:
+        while not until():  # the batcher's own thread serves; a sampler here is a server or vLLM, not this thread's work
+            time.sleep(0.02)
 
     def close(self) -> None:
         with self.cond:

@@ -131,6 +131,8 @@ class AgentSource:
         for t in threads:
             t.start()
         deadline = time.monotonic() + self.timeout
+        # this thread decodes their requests meanwhile (the hf engine's continuous decoder), until all are done or out of time
+        ep.batcher.drive(lambda: time.monotonic() >= deadline or not any(t.is_alive() for t in threads))
         for t, out in zip(threads, outcomes):
             t.join(max(0.0, deadline - time.monotonic()))
             if t.is_alive():
