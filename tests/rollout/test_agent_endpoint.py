@@ -105,6 +105,29 @@ def _expected_layout(calls):
     return ids, mask, lps
 
 
+def test_a_driven_endpoint_samples_batched_on_the_driving_thread(caller):
+    """driven=True (the trainer's agents): the Batcher has no thread; drive() batches and samples on the caller's thread
+    until `until()` holds, with the samples its own thread would give."""
+    model, tok = caller
+    own, driven = CountingSampler(model, tok), CountingSampler(model, tok)
+    threads: list[int] = []
+    real = driven.__call__
+    driven_call = lambda req: (threads.append(threading.get_ident()), real(req))[1]  # noqa: E731
+    replies = {}
+    for name, sample, is_driven in (("own", own, False), ("driven", driven_call, True)):
+        with AgentEndpoint(sample, tok, max_tokens=96, context_length=512, batch_wait=0.05, driven=is_driven) as ep:
+            logs = [ep.open_episode(seed=100 + i) for i in range(8)]
+            with ThreadPoolExecutor(8) as pool:
+                done = [pool.submit(calculator_agent, ep.base_url(log.episode), ep.api_key, 2) for log in logs]
+                ep.batcher.drive(lambda: all(f.done() for f in done))  # noqa: B023 - called before the loop moves on
+                replies[name] = [[c.sampled_ids for c in log.snapshot()] for log in logs if [f.result() for f in done]]
+            for log in logs:
+                ep.close_episode(log.episode)
+    assert threads and set(threads) == {threading.get_ident()}
+    assert len(driven.requests) < 16  # batched: fewer decodes than the 16 calls
+    assert replies["driven"] == replies["own"] and all(len(r) == 2 for r in replies["own"])
+
+
 def test_32_concurrent_episodes_are_batched_and_recorded_token_exactly(caller):
     model, tok = caller
     sampler = CountingSampler(model, tok)

@@ -63,17 +63,20 @@ class Job:
 
 
 class Batcher:
-    """`pending_target()`: how many episodes are open; a batch starts at once when each has a job waiting."""
+    """`pending_target()`: how many episodes are open; a batch starts at once when each has a job waiting.
+    `own_thread=False`: the caller samples on its own thread inside drive() (the trainer's main thread)."""
 
-    def __init__(self, sample: Sampler, pending_target: Callable[[], int], wait: float = 0.01):
+    def __init__(self, sample: Sampler, pending_target: Callable[[], int], wait: float = 0.01, own_thread: bool = True):
         self.sample, self.pending_target, self.wait = sample, pending_target, wait
         self.queue: list[Job] = []
         self.cond = threading.Condition()
         self.closed = False
         self.calls = 0  # sampler calls made
         self.jobs = 0  # jobs answered
-        self.thread = threading.Thread(target=self._loop, name="rlvr-agent-batcher", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        if own_thread:
+            self.thread = threading.Thread(target=self._loop, name="rlvr-agent-batcher", daemon=True)
+            self.thread.start()
 
     def submit(self, job: Job) -> list[Sample]:
         with self.cond:
@@ -88,8 +91,12 @@ class Batcher:
         return job.samples
 
     def drive(self, until: Callable[[], bool]) -> None:
-        while not until():  # the batcher's own thread serves; a sampler here is a server or vLLM, not this thread's work
-            time.sleep(0.02)
+        if self.thread is not None:  # its own thread samples
+            while not until():
+                time.sleep(0.02)
+            return
+        while not self.closed and not until():
+            self._serve(self._take(until))
 
     def close(self) -> None:
         with self.cond:
@@ -100,10 +107,12 @@ class Batcher:
             job.error = RuntimeError("the agent endpoint closed before this request was sampled")
             job.done.set()
 
-    def _take(self) -> list[Job]:
+    def _take(self, until: Callable[[], bool] | None = None) -> list[Job]:
         with self.cond:
             while not self.queue and not self.closed:
-                self.cond.wait()
+                if until is not None and until():
+                    return []
+                self.cond.wait(None if until is None else 0.02)  # driven: `until` may turn true without a notify
             deadline = time.monotonic() + self.wait
             while not self.closed and len({j.episode for j in self.queue}) < self.pending_target():
                 left = deadline - time.monotonic()
@@ -115,12 +124,14 @@ class Batcher:
 
     def _loop(self) -> None:
         while not self.closed:
-            jobs = self._take()
-            groups: dict[tuple, list[Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.settings, []).append(job)
-            for group in groups.values():
-                self._run(group)
+            self._serve(self._take())
+
+    def _serve(self, jobs: list[Job]) -> None:
+        groups: dict[tuple, list[Job]] = {}
+        for job in jobs:
+            groups.setdefault(job.settings, []).append(job)
+        for group in groups.values():
+            self._run(group)
 
     def _run(self, jobs: list[Job]) -> None:
         first = jobs[0]

@@ -55,7 +55,8 @@ class AgentEndpoint:
     """`sample`: a Sampler (batcher.py), batched by a Batcher; or `scheduler`: what takes each request instead (the
     hf engine's continuous decoder), closed with the endpoint. `max_tokens`: the most tokens one reply may have (a
     request's max_tokens is capped there); `context_length`: prompt + reply must fit (None: unchecked); `tags`: the
-    model calls tools in its tag protocol (tags.py) rather than its chat template's format."""
+    model calls tools in its tag protocol (tags.py) rather than its chat template's format; `driven`: the Batcher samples
+    only inside `batcher.drive()`, on the caller's thread (the trainer's main thread), not on a thread of its own."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class AgentEndpoint:
         host: str = "127.0.0.1",
         port: int = 0,
         tags: TagSettings | None = None,
+        driven: bool = False,
         **template_kwargs,
     ):
         self.tokenizer, self.model_name, self.max_tokens, self.context_length = tokenizer, model_name, max_tokens, context_length
@@ -80,7 +82,7 @@ class AgentEndpoint:
         self.lock = threading.Lock()
         if scheduler is None and sample is None:
             raise ValueError("AgentEndpoint needs a sampler or a scheduler")
-        self.batcher: Scheduler = scheduler or Batcher(sample, self._open_count, batch_wait)  # type: ignore[arg-type]
+        self.batcher: Scheduler = scheduler or Batcher(sample, self._open_count, batch_wait, own_thread=not driven)  # type: ignore[arg-type]
         self.server = _Server((host, port), _handler(self))
         self.thread = threading.Thread(target=self.server.serve_forever, name="rlvr-agent-endpoint", daemon=True)
         self.thread.start()

@@ -98,6 +98,7 @@ class AgentSource:
             self.endpoint = AgentEndpoint(
                 self.sampler, self.tokenizer, model_name=self.model_name, max_tokens=self.sampling.max_new_tokens,
                 context_length=self.context_length, tags=self.tags, scheduler=self.decoder() if self.decoder else None,
+                driven=True,  # the requests are sampled on the thread that runs the agents (_run_agents)
             )  # fmt: skip
         return self.endpoint
 
@@ -131,7 +132,7 @@ class AgentSource:
         for t in threads:
             t.start()
         deadline = time.monotonic() + self.timeout
-        # this thread decodes their requests meanwhile (the hf engine's continuous decoder), until all are done or out of time
+        # this thread samples their requests meanwhile, until all are done or out of time
         ep.batcher.drive(lambda: time.monotonic() >= deadline or not any(t.is_alive() for t in threads))
         for t, out in zip(threads, outcomes):
             t.join(max(0.0, deadline - time.monotonic()))
