@@ -8,7 +8,7 @@
 # with rollout.max_staleness 0 and 1, the server on the second GPU when there are two
 # -> bench/results/gpu_servers.md.
 #
-# UNVERIFIED: written on a CPU-only machine; it has never been run on a GPU.
+# Run on one H200 on 2026-12-04 (one rank: DDP's wrapper, no NCCL collective; FSDP needs two GPUs and has not run on GPUs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

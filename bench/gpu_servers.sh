@@ -10,7 +10,7 @@
 #   bash bench/gpu_servers.sh --engines hf                # without vLLM
 #   bash bench/gpu_servers.sh --device cpu --engines hf --steps 3 --warmup 1 --out /tmp/servers_cpu.md   # on CPU
 #
-# UNVERIFIED: written on a CPU-only machine; it has never been run on a GPU.
+# Run on one H200 on 2026-12-04 with --engines hf (vLLM was not installed there): bench/results/gpu_servers.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
