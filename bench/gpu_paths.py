@@ -81,6 +81,7 @@ def run_path(name: str, commands: list[list[str]], a) -> dict:
         "steps": len(rows),
         "reward": last.get("reward"),
         "step_s": last.get("time/step"),
+        "split": " / ".join(f"{last.get('time/' + k, float('nan')):.2f}" for k in ("generate", "reward", "train")),
     }
 
 
@@ -117,19 +118,19 @@ def write(a, results: list[dict], total: int, seconds: float) -> None:
     lines = [
         f"# Every training path on {a.device} ({where})",
         "",
-        f"Command: `python bench/gpu_paths.py --device {a.device}{' --only ' + a.only if a.only else ''}` "
+        f"Command: `python bench/gpu_paths.py --device {a.device}{' --only ' + a.only if a.only else ''} --parallel {a.parallel}` "
         f"({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, torch {torch.__version__}, {a.dtype}, {a.parallel} at once, "
         f"{seconds:.0f} s in all). {sum(r['ok'] for r in results)} of {len(results)} paths run pass"
         + ("." if len(results) == total else f"; {total - len(results)} not finished."),
         "",
-        "| path | result | s | steps | reward (last) | s/step (last) |",
-        "|---|---|---|---|---|---|",
+        "| path | result | s | steps | reward (last) | s/step (last) | generate / reward / train s (last) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if r["ok"]:
-            lines.append(f"| {r['name']} | ok | {r['s']:.0f} | {r['steps']} | {r['reward']:.3f} | {r['step_s']:.2f} |")
+            lines.append(f"| {r['name']} | ok | {r['s']:.0f} | {r['steps']} | {r['reward']:.3f} | {r['step_s']:.2f} | {r['split']} |")
         else:
-            lines.append(f"| {r['name']} | FAILED: {r['why']} | {r['s']:.0f} | | | |")
+            lines.append(f"| {r['name']} | FAILED: {r['why']} | {r['s']:.0f} | | | | |")
     a.out.write_text("\n".join(lines) + "\n")
 
 

@@ -84,7 +84,7 @@ def main() -> None:
     }
     if dev.type == "cuda":  # does binding the thread to the device first (cudaSetDevice) make up the difference?
         ways["HFBackend.generate, a new thread per call, set_device first"] = in_thread(
-            lambda: (torch.cuda.set_device(dev), backend.generate(req))
+            lambda: (torch.cuda.set_device(dev.index or 0), backend.generate(req))
         )
     pool = ThreadPoolExecutor(1)  # one thread for every call: a cost paid once per thread, or on every call?
     ways["HFBackend.generate, one long-lived thread"] = lambda: pool.submit(backend.generate, req).result()
