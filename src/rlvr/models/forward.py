@@ -21,7 +21,6 @@ from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_g
 from rlvr.models.attention import NAME as ATTENTION_NAME
 from rlvr.models.attention import short_attention_explicit
 from rlvr.models.norm_rotary import fused_norm_and_rotary
-from rlvr.models.silu import fast_silu
 from rlvr.models.prefix_attention import SharedPrefix, shared_prefix
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 
@@ -178,8 +177,8 @@ def completion_logprobs(
         starts, counts = group_runs(group_ids.to(prompt_ids.device), torch.where(prompt_mask.bool(), prompt_ids, -1))
         if len(starts) == prompt_ids.shape[0]:
             starts = None  # nothing shared
-    # the same math as SDPA, faster for short rows on the CPU; RMSNorm and rotary as one autograd node each; SiLU in place
-    with short_attention_explicit(model), fused_norm_and_rotary(model), fast_silu(model):
+    # the same math as SDPA, faster for short rows on the CPU; RMSNorm and rotary as one autograd node each
+    with short_attention_explicit(model), fused_norm_and_rotary(model):
         if starts is None:
             ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
             logits = logits_plain(model, ids, torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.shape[1])
