@@ -1,6 +1,6 @@
 """Every training path for a few steps on one device: on a GPU, the paths the CPU test suite covers but
 no GPU has run (bench/results/gpu_all.md: the first GPU run failed at step 1 on a CPU/GPU tensor mix
-that no CPU test could see). Each path is its own `rlvr train` (2 steps of 8 prompts x 4 completions,
+that no CPU test could see). Each path is its own `rlvr train` (3 steps of 8 prompts x 4 completions,
 the bundled tiny models, doctor and completion tables every step), --parallel of them at once; a
 path passes when every command exits 0 and its metrics hold finite losses.
 
@@ -42,7 +42,7 @@ PATHS: dict[str, list[list[str]]] = {
     "tools (tiny-tools calculator, 2 turns)": [TOOLS],
     "agent over the OpenAI endpoint": [[f"rollout.agent={ROOT / 'bench' / 'gpu_paths_agent.py'}:agent", "rollout.max_new_tokens=8"]],
     "eval every step, pass@4": [["eval.every=1", "eval.samples=4", "eval.size=32"]],
-    "checkpoint, then --resume to step 3": [["checkpoint.every=1"], ["--resume", "RUN", "steps=3"]],
+    "checkpoint, then --resume to step 4": [["checkpoint.every=1"], ["--resume", "RUN", "steps=4"]],
     "local generation server, max_staleness 1": [["rollout.max_staleness=1"]],
     "optim.compile=on": [["optim.compile=on"]],
     "rollout.compile=on": [["rollout.compile=on"]],
@@ -51,7 +51,7 @@ SHORT = {"default": "default", "lora": "LoRA r=8"}
 
 
 def base(device: str, out: Path) -> list[str]:
-    return [f"device={device}", "steps=2", "rollout.prompts_per_step=8", "rollout.group_size=4", "eval_before_after=false",
+    return [f"device={device}", "steps=3", "rollout.prompts_per_step=8", "rollout.group_size=4", "eval_before_after=false",
             "report_to=[]", "doctor_every=1", "log_completions_every=1", "data.eval_size=32", f"output_dir={out}"]  # fmt: skip
 
 
