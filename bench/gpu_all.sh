@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, for a lent GPU machine (a session gets ~15 minutes of device time):
 # the environment, a 3-step smoke run of the bundled default on CUDA, bench/gpu_paths.py (every training
-# path for three steps: on a GPU the second still meets new shapes), bench/server_overhead.py (where a server's generation time goes), bench/servers.py
-# (generation apart from training), bench/engines.py (hf; vllm too where it is installed) and bench/gpu_scale.sh.
+# path for three steps: on a GPU the second still meets new shapes), bench/server_overhead.py (where a
+# server's generation time goes), bench/servers.py (generation apart from training), bench/engines.py
+# (hf; vllm too where it is installed) and bench/gpu_scale.sh.
 # Most important first, each with its own time limit inside $BUDGET seconds; a failing part does not stop the rest.
 # Needs only the machine's own torch and transformers (rlvr from src/, no install). Results land in
 # bench/results/gpu*.md and, with summary.txt and logs.tgz, in $LOGS (default /tmp/rlvr_gpu).

@@ -1,8 +1,9 @@
 """The model work of `rlvr serve` on one thread: the one that calls `run()`, the process's main thread.
 
 The HTTP server answers each connection on a new thread. On a GPU (an H200, torch 2.11) the hf engine
-generated a batch 8x slower from such a thread than from the main thread of the same process
-(bench/results/gpu_server_overhead.md), so the handlers hand generation and weight swaps to the main
+generated a batch 8x slower from a new thread than from the main thread of the same process (a thread kept
+for many batches was as fast as the main one: the cost is each new thread's first CUDA work,
+bench/results/gpu_server_overhead.md), so the handlers hand generation and weight swaps to the main
 thread and wait for the answer; weights still arrive on the handler's thread, beside a generation.
 A backend used in-process (tests, benches) does its work on the caller's thread (InlineWork).
 """
