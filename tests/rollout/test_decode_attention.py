@@ -63,6 +63,7 @@ def test_the_kernel_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, mon
         4, 16, 8, 2, 40, 64, "float32"
     )  # fmt: skip
     assert key["threads"] == torch.get_num_threads() and key["cpu"] and key["torch"] == torch.__version__
+    assert key["explicit"] == 2  # the explicit products' version: an answer timed against older ones is timed again
 
 
 def test_the_timing_runs_both_ways_on_this_machine(tmp_path, monkeypatch):

@@ -85,8 +85,15 @@ def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
-    o, s = _attend(q, k, v, scale, bias)
-    return o, torch.logsumexp(s, dim=-1)
+    """_attend's output and each query's log-sum-exp [b, h, m], read off the softmax instead of a logsumexp: the
+    softmax's largest weight is exp(max - max) / sum = 1 / sum (its own rounding only), so lse = max + log(sum) =
+    max - log(largest weight). Two max-reductions instead of logsumexp's second exp over every score: the prompt part
+    of config F's decode attention (64 queries per kv head over ~300 keys) 0.7-0.85x the time (AMD EPYC, fp32)."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
+    if bias is not None:
+        s = s + bias
+    p = torch.softmax(s, dim=-1)
+    return torch.matmul(p, v), s.amax(-1) - p.amax(-1).log()
 
 
 def _flash(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +107,9 @@ def shared_flash_pays(groups: int, group_size: int, q_heads: int, kv_heads: int,
     shapes (prompt length and new-token capacity rounded up to a power of two): timed once, then read back."""
     P, T = power_of_two_at_least(prompt), power_of_two_at_least(capacity)
     shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
-    shape |= dict(prompt=P, capacity=T, dtype=str(dtype).removeprefix("torch."))
+    # explicit: the explicit products' version (2: the log-sum-exp read off the softmax); an answer timed against
+    # an earlier one is timed again
+    shape |= dict(prompt=P, capacity=T, dtype=str(dtype).removeprefix("torch."), explicit=2)
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         timing = lambda: _time_shared(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype)  # noqa: E731
