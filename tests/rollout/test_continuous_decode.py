@@ -232,7 +232,10 @@ def test_a_driven_decoder_decodes_on_the_driving_thread_with_the_same_samples(mo
     assert not any(t.is_alive() for t in askers)
     assert forwards and set(forwards) == {threading.get_ident()}
     assert [[s.ids for s in g] for g in got] == [[s.ids for s in w] for w in want]
-    assert [[s.logprobs for s in g] for g in got] == [[pytest.approx(s.logprobs, abs=1e-6) for s in w] for w in want]
+    # the requests reach the two decoders at different moments, so their rows can share a forward with different
+    # neighbours: the products then round differently (3.3e-6 on an AMD EPYC), as between the decoder and
+    # engine.generate above (1e-5); the tokens must be the same exactly
+    assert [[s.logprobs for s in g] for g in got] == [[pytest.approx(s.logprobs, abs=1e-5) for s in w] for w in want]
     late: dict = {}
     asker = threading.Thread(target=lambda: late.setdefault("error", pytest.raises(RuntimeError, driven.submit, reqs[0])))
     asker.start()
