@@ -72,27 +72,31 @@ def decode_attention(
     return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
 
 
-def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T x scale + bias) v [b, h, m, D] and the scores [b, h, m, S] (their log-sum-exp merges two parts),
-    for q [b, h, m, D] and k, v [b, h, S, D]. Two batched products: on the CPU mostly 0.4-0.9x the time of SDPA's flash kernel
-    for the decode's few queries per kv head (bench/results/attention_cpu.md), the same math up to rounding. Every
+def _weights(q, k, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scores q k^T x scale + bias [b, h, m, S] and their softmax, for q [b, h, m, D] and k [b, h, S, D]. Every
     query sees at least one key (its own token, or a prompt's last), so no row of scores is all -inf."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
     if bias is not None:
         s = s + bias
     # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
-    return torch.matmul(torch.softmax(s, dim=-1), v), s
+    return s, torch.softmax(s, dim=-1)
+
+
+def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T x scale + bias) v [b, h, m, D] and the scores [b, h, m, S], for v [b, h, S, D]. Two batched
+    products: on the CPU mostly 0.4-0.9x the time of SDPA's flash kernel for the decode's few queries per kv head
+    (bench/results/attention_cpu.md), the same math up to rounding."""
+    s, p = _weights(q, k, scale, bias)
+    return torch.matmul(p, v), s
 
 
 def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """_attend's output and each query's log-sum-exp [b, h, m], read off the softmax instead of a logsumexp: the
-    softmax's largest weight is exp(max - max) / sum = 1 / sum (its own rounding only), so lse = max + log(sum) =
-    max - log(largest weight). Two max-reductions instead of logsumexp's second exp over every score: the prompt part
-    of config F's decode attention (64 queries per kv head over ~300 keys) 0.7-0.85x the time (AMD EPYC, fp32)."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
-    if bias is not None:
-        s = s + bias
-    p = torch.softmax(s, dim=-1)
+    """_attend's output and each query's log-sum-exp [b, h, m] (it merges two parts), read off the softmax instead of
+    a logsumexp: the softmax's largest weight is exp(max - max) / sum = 1 / sum (its own rounding only), so
+    lse = max + log(sum) = max - log(largest weight). Two max-reductions instead of logsumexp's second exp over every
+    score: the prompt part of config F's decode attention (64 queries per kv head over ~300 keys) 0.7-0.85x the time
+    (AMD EPYC, fp32)."""
+    s, p = _weights(q, k, scale, bias)
     return torch.matmul(p, v), s.amax(-1) - p.amax(-1).log()
 
 
