@@ -31,6 +31,7 @@ def floor_step(name: str, *, extra: list[str] | tuple[str, ...] = (), steps: int
     import compare_trl
     import floor
     from rlvr.config import load_config
+    from rlvr.models.precision import autocast_context
     from rlvr.training import Trainer
 
     torch.set_num_threads(2)
@@ -48,7 +49,12 @@ def floor_step(name: str, *, extra: list[str] | tuple[str, ...] = (), steps: int
     trainer.engine.generate = recording
     for _ in range(steps):
         trainer.train_step()
-    return FloorStep(trainer, lambda: generate(call["prompts"], call["params"], call["seeds"]))
+
+    def again():  # under the run's autocast, as the rollout source calls the engine (rlvr.rollout.sources)
+        with autocast_context(trainer.precision.autocast, trainer.device, getattr(trainer.engine, "model", None)):
+            return generate(call["prompts"], call["params"], call["seeds"])
+
+    return FloorStep(trainer, again)
 
 
 def first_micro_batch(trainer) -> MicroBatch | None:
