@@ -8,7 +8,7 @@ mask with left padding on half the rows) it times forward + backward of `F.scale
 transformers' SDPA function runs) and of `rlvr.models.attention.explicit_attention`, best of 5 after a warm-up, both
 as a Llama's training forward runs them under bf16 autocast: queries and keys in fp32 (the rotary embedding's
 output), values in bf16 (a projection's). The ratio explicit / SDPA below
-1 is where the explicit products pay; rlvr.models.attention.EXPLICIT_MAX_SCORES is set from this table.
+1 is where the explicit products pay; rlvr.models.attention.EXPLICIT_MAX["bf16"] is set from this table.
 
 The decode table: one query per row over a KV cache of T positions (fp32, as the lean decode step keeps it on the CPU;
 a padding bias on half the rows), forward only: `F.scaled_dot_product_attention` against
@@ -32,16 +32,29 @@ sys.path.insert(0, str(HERE))
 
 from _report import cpu_name  # noqa: E402
 
-from rlvr.models.attention import EXPLICIT_MAX_ELEMENTS, EXPLICIT_MAX_SCORES, explicit_attention  # noqa: E402
+from rlvr.models.attention import EXPLICIT_MAX, explicit_attention  # noqa: E402
 
 # (B, H, Hkv, Lq, Lk, D): bench/floor.py's configs' heads (B, E: D 64; F: D 40) at square lengths around the
-# crossover, and a completion after a long shared prompt (the shared-prefix forward's tail: Lq < Lk)
+# crossovers, completions after a long shared prompt (the shared-prefix forward's tail: Lq < Lk), a few prompts'
+# own pass (the shared-prefix forward's head) and long rows
 SHAPES = [
     (64, 8, 8, 76, 76, 64),
     *[(64, 12, 4, L, L, 64) for L in (48, 72, 96, 128, 160, 192)],
-    *[(64, 8, 2, L, L, 40) for L in (72, 96, 128, 160, 192, 300)],
+    *[(64, 8, 2, L, L, 40) for L in (72, 96, 128, 160, 192, 256, 300)],
+    *[(64, 8, 8, L, L, 64) for L in (128, 192, 256)],
     (64, 12, 4, 48, 300, 64),
     (64, 8, 2, 48, 300, 40),
+    (64, 8, 2, 48, 307, 40),
+    (64, 8, 8, 32, 291, 64),
+    (64, 8, 8, 64, 323, 64),
+    (64, 8, 8, 96, 355, 64),
+    (16, 8, 8, 64, 600, 64),
+    (4, 8, 2, 259, 259, 40),
+    (8, 8, 8, 259, 259, 64),
+    (16, 8, 2, 512, 512, 40),
+    (8, 16, 8, 512, 512, 128),
+    (2, 8, 2, 1024, 1024, 40),
+    (2, 12, 4, 1024, 1024, 64),
 ]
 
 
@@ -107,14 +120,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "attention_cpu.md"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    bounds = EXPLICIT_MAX["bf16"]
     lines = [
         "# Attention on the CPU: SDPA against explicit products",
         "",
         f"Command: `python bench/attention_cpu.py --threads {a.threads} --repeats {a.repeats}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
         f"Machine: {cpu_name()}, torch {torch.__version__}, {a.threads} threads. "
         f"Forward + backward under bf16 autocast, best of {a.repeats}.  ",
-        f"rlvr takes the explicit products where Lq x Lk <= EXPLICIT_MAX_SCORES = {EXPLICIT_MAX_SCORES} "
-        f"and B x H x Lq x Lk <= EXPLICIT_MAX_ELEMENTS = {EXPLICIT_MAX_ELEMENTS}.",
+        f"Under bf16 autocast rlvr takes the explicit products where Lq x Lk <= {bounds.scores} "
+        f"and B x H x Lq x Lk <= {bounds.elements} (rlvr.models.attention.EXPLICIT_MAX['bf16']).",
         "",
         "## The training forward: forward + backward under bf16 autocast",
         "",
@@ -123,7 +137,7 @@ def main() -> None:
     ]
     for B, H, Hkv, Lq, Lk, D in SHAPES:
         sdpa, explicit = measure(B, H, Hkv, Lq, Lk, D, a.repeats)
-        chosen = "explicit" if Lq * Lk <= EXPLICIT_MAX_SCORES and B * H * Lq * Lk <= EXPLICIT_MAX_ELEMENTS else "SDPA"
+        chosen = "explicit" if Lq * Lk <= bounds.scores and B * H * Lq * Lk <= bounds.elements else "SDPA"
         lines.append(f"| {B} | {H} / {Hkv} | {Lq} x {Lk} | {D} | {sdpa:.1f} | {explicit:.1f} | {explicit / sdpa:.2f} | {chosen} |")
         print(lines[-1], flush=True)
     lines += [

@@ -90,13 +90,13 @@ def _batch(G=3, P=7, C=6, seed=1):
     return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)
 
 
-MAX_ELEMENTS = attention.EXPLICIT_MAX_ELEMENTS
+MAX_ELEMENTS = attention.EXPLICIT_MAX["fp32"].elements
 
 
 def _logp_and_grads(model, batch, shared: bool, explicit_max: int, monkeypatch, calls: list, grouped=None, max_elements=MAX_ELEMENTS):
-    """explicit_max 0: SDPA everywhere (the grouped products too)."""
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_SCORES", explicit_max)
-    monkeypatch.setattr(attention, "EXPLICIT_MAX_ELEMENTS", 0 if explicit_max == 0 else max_elements)
+    """explicit_max (positions per head, in fp32 and under bf16 autocast alike) 0: SDPA everywhere (the grouped products too)."""
+    bounds = attention.Bounds(scores=explicit_max, elements=0 if explicit_max == 0 else max_elements)
+    monkeypatch.setattr(attention, "EXPLICIT_MAX", {"fp32": bounds, "bf16": bounds})
     monkeypatch.setattr(attention, "explicit_attention", lambda *a: calls.append(a[0].shape) or explicit_attention(*a))
     grouped = calls if grouped is None else grouped
     monkeypatch.setattr(prefix_attention, "grouped_prefix_attention", lambda *a: grouped.append(a[0].shape) or grouped_prefix_attention(*a))
@@ -169,3 +169,35 @@ def test_explicit_only_with_a_gradient_short_rows_and_sdpa_models(llama, monkeyp
             assert llama.config._attn_implementation == "eager"  # another attention than SDPA: left as it is
     finally:
         llama.config._attn_implementation = "sdpa"
+
+
+def test_bf16_autocast_keeps_bf16_weights_and_takes_its_own_bounds():
+    """Under bf16 autocast the weights autograd keeps for the backward are bf16 (2 bytes a score, where fp32 weights
+    kept an fp32 copy and a bf16 one), the forward equals the fp32 softmax's weights rounded to bf16, and the shapes
+    the explicit products take are EXPLICIT_MAX['bf16']'s; without autocast, fp32's."""
+    B, H, Hkv, L, D = 2, 4, 2, 200, 8  # 200 x 200 positions per head: past fp32's bound, within bf16's
+    assert attention.EXPLICIT_MAX["fp32"].scores < L * L <= attention.EXPLICIT_MAX["bf16"].scores
+    q, k, v = _qkv(B=B, H=H, Hkv=Hkv, Lq=L, Lk=L, D=D, dtype=torch.float32)
+    mask = _padding_mask(B, L, L, [0, 37])
+    assert not attention._explicit_pays(q, L, Hkv, 0.0, {})
+    kept: list[torch.Tensor] = []
+
+    def pack(t):
+        kept.append(t)
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention._explicit_pays(q, L, Hkv, 0.0, {})
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = explicit_attention(q, k, v, mask, D**-0.5)
+        # the same weights as the fp32 softmax of the same bf16 scores, rounded for the product with v
+        s = torch.matmul((q * D**-0.5).reshape(B, Hkv, H // Hkv * L, D), k.transpose(-1, -2)).view(B, Hkv, H // Hkv, L, L)
+        s = s + prefix_attention.additive_bias(mask, s.dtype)[:, :, None]
+        want = torch.matmul(torch.softmax(s, -1, dtype=torch.float32).view(B, Hkv, -1, L), v).view(B, H, L, D).transpose(1, 2)
+    scores = [t for t in kept if t.shape[-1] == L and t.numel() >= B * H * L * L]
+    assert scores and all(t.dtype == torch.bfloat16 for t in scores), [(t.dtype, tuple(t.shape)) for t in scores]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in scores}  # softmax and product keep one
+    assert list(storages.values()) == [B * H * L * L * 2]  # one bf16 copy of the weights
+    torch.testing.assert_close(out.float(), want.float(), rtol=0, atol=1e-2)  # at most an ulp of bf16 on some weights
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

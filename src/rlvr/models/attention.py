@@ -2,16 +2,18 @@
 
 torch's CPU flash-attention kernel (what SDPA runs there) is slow in the backward of short sequences: for 64 rows of
 72 tokens (12 heads of 64, 4 kv heads, bf16 autocast) its forward + backward takes about 150 ms per layer, where the
-same attention as two batched products and a softmax takes about 45 ms (bench/attention_cpu.py ->
-bench/results/attention_cpu.md). Past about 150 x 150 query x key positions per head the explicit score matrices
-cost more memory traffic than the kernel saves, and SDPA wins again. So the training forward (the one forward with a
-gradient) computes short attention explicitly and hands everything else to transformers' SDPA function unchanged:
-the no-gradient forwards, long sequences, dropout, soft-capping, other devices, torch.compile.
+same attention as two batched products and a softmax takes about 25 ms (bench/attention_cpu.py ->
+bench/results/attention_cpu.md). Past a number of query x key positions per head the explicit score matrices cost
+more memory traffic than the kernel saves, and SDPA wins again: about 150 x 150 where the weights are kept in fp32,
+about 300 x 300 where bf16 autocast keeps them in bf16 (EXPLICIT_MAX). So the training forward (the one forward
+with a gradient) computes such attention explicitly and hands everything else to transformers' SDPA function
+unchanged: the no-gradient forwards, long sequences, dropout, soft-capping, other devices, torch.compile.
 
 The math is SDPA's: softmax(q k^T x scale + mask) v, grouped-query heads reading their kv head (transformers'
 repeat_kv order). In fp32 (and fp64) it equals SDPA up to rounding; under bf16 autocast the two products run in bf16
-and the softmax in fp32, as transformers' eager attention does there (SDPA's kernel keeps its scores in fp32: both
-are bf16 approximations, tests/models/test_training_attention.py holds this one as close to the fp32 truth). A query
+and the softmax computes in fp32 from bf16 scores to bf16 weights (transformers' eager attention keeps fp32 weights
+and casts them for the product; SDPA's kernel keeps its scores in fp32: all three are bf16 approximations, and
+tests/models/test_training_attention.py holds this one as close to the fp32 truth as SDPA). A query
 position whose keys are all masked (left padding) gets a uniform average instead of SDPA's zeros: its output only
 ever reaches other padding positions, whose log-probs are cut before the loss, so real tokens' log-probs and every
 gradient are the same.
@@ -20,7 +22,7 @@ gradient are the same.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from transformers import AttentionInterface
@@ -30,26 +32,42 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from rlvr.models import prefix_attention
 
 NAME = "rlvr_train"
-# query x key positions per head up to which the explicit products beat the flash kernel, forward + backward under
-# bf16 autocast (bench/results/attention_cpu.md: 0.2-0.4x its time up to 96 x 96, 0.4-0.6x at 128 x 128, 0.6-1.1x at
-# 160 x 160, slower beyond)
-EXPLICIT_MAX_SCORES = 128 * 160
-# and up to this many scores in all (rows x heads x Lq x Lk): autograd keeps each layer's attention weights for the
-# backward, ~6 bytes a score (fp32 softmax output, its bf16 copy), where the kernel keeps one log-sum-exp per query
-EXPLICIT_MAX_ELEMENTS = 2**24
+
+
+class Bounds(NamedTuple):
+    """Where the explicit products run rather than the flash kernel."""
+
+    scores: int  # query x key positions per head, up to which they beat the kernel forward + backward
+    elements: int  # scores in all (rows x heads x Lq x Lk): autograd keeps each layer's weights for the backward,
+    # where the kernel keeps one log-sum-exp per query
+
+
+# bench/results/attention_cpu.md, forward + backward, 2 threads, AMD EPYC.
+EXPLICIT_MAX = {
+    # bf16 autocast: the weights kept in bf16 (2 bytes a score). 0.2-0.5x the kernel's time up to 160 x 160 and for
+    # completions over 259-600 prompt positions (0.65-0.85x with 8 heads of 64), 0.5-1.0x from 192 x 192 to 300 x 300,
+    # level within this machine's noise (0.8-1.15x) at 512 x 512 and 1024 x 1024, where the kernel (causal rows) skips
+    # half the scores and keeps none. Elements: the same 96 MiB a layer as 2**24 weights kept in fp32 + bf16 before
+    "bf16": Bounds(scores=320 * 320, elements=3 * 2**24),
+    # otherwise: the weights kept in fp32 (4 bytes a score; 8 in fp64). Measured when bf16 autocast kept them in fp32
+    # too: 0.2-0.4x the kernel's time up to 96 x 96, 0.4-0.6x at 128 x 128, 0.6-1.1x at 160 x 160, slower beyond
+    "fp32": Bounds(scores=128 * 160, elements=2**24),
+}
 
 
 def _explicit_pays(query: torch.Tensor, Lk: int, Hkv: int, dropout: float, kwargs: dict, *, per_head_bound: bool = True) -> bool:
     """Whether the explicit products run this call: query [B, H, Lq, D] over Lk keys of Hkv heads."""
     Lq = query.shape[2]
+    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    bounds = EXPLICIT_MAX["bf16" if bf16 else "fp32"]
     return (
         query.device.type == "cpu"
         and query.requires_grad
         and torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and dropout == 0.0
-        and (not per_head_bound or Lq * Lk <= EXPLICIT_MAX_SCORES)
-        and query.shape[0] * query.shape[1] * Lq * Lk <= EXPLICIT_MAX_ELEMENTS
+        and (not per_head_bound or Lq * Lk <= bounds.scores)
+        and query.shape[0] * query.shape[1] * Lq * Lk <= bounds.elements
         and query.shape[1] % Hkv == 0
         and not any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias", "s_aux", "sinks"))
     )
@@ -62,8 +80,9 @@ def explicit_attention(
     attention_mask: torch.Tensor | None,  # [B or 1, 1, Lq, Lk]: bool (True = attend) or additive; None = causal
     scale: float,
 ) -> torch.Tensor:
-    """softmax(q k^T x scale + mask) v, [B, Lq, H, D] (transformers' layout). The softmax runs in fp32 (fp64 for fp64
-    inputs); the products in fp32 too, or in autocast's dtype under autocast, where the output stays in it (as SDPA's)."""
+    """softmax(q k^T x scale + mask) v, [B, Lq, H, D] (transformers' layout). The softmax computes in fp32 (fp64 for
+    fp64 inputs); the products in fp32 too, or in autocast's dtype under autocast, where the output stays in it (as
+    SDPA's) and, under bf16, the softmax reads the products' bf16 scores and writes bf16 weights."""
     B, H, Lq, D = query.shape
     Hkv, Lk = key.shape[1], key.shape[2]
     rep, dtype = H // Hkv, torch.promote_types(query.dtype, torch.float32)
@@ -76,7 +95,11 @@ def explicit_attention(
         attention_mask = torch.ones(Lq, Lk, dtype=torch.bool, device=query.device).tril()[None, None]
     if attention_mask is not None:
         s = s + prefix_attention.additive_bias(attention_mask, s.dtype)[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
-    p = torch.softmax(s, dim=-1, dtype=dtype).view(B, Hkv, rep * Lq, Lk)
+    # under bf16 autocast the scores are bf16 and the weights are written in bf16 (torch's kernel computes in fp32
+    # inside): the product with v reads bf16 weights either way, and autograd keeps 2 bytes a score, not an fp32
+    # copy for the softmax's backward plus a bf16 one for the product's; forward + backward 0.51-0.57x the time at
+    # 48-128 x 128-323 positions (bench/results/attention_cpu.md), and faster than the kernel to 300 x 300 (EXPLICIT_MAX)
+    p = (torch.softmax(s, dim=-1) if s.dtype == torch.bfloat16 else torch.softmax(s, dim=-1, dtype=dtype)).view(B, Hkv, rep * Lq, Lk)
     out = torch.matmul(p, value.to(dtype)).view(B, H, Lq, D).transpose(1, 2)
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()
 
