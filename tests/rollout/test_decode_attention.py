@@ -1,5 +1,6 @@
 """The lean decode's CPU attention (rlvr.rollout.engines.hf.decode_attention): the shared layout through SDPA's flash
-kernel equals the explicit products (float64 to 1e-12, with every row and with rows gone), and which of the two a
+kernel equals the explicit products (float64 to 1e-12, with every row and with rows gone, from buffers read sliced or
+whole), the repeated layout's whole buffers equal its sliced ones, and which of the two a
 decode runs is timed once per machine and shapes, then read back from decode_attention.json."""
 
 import json
@@ -13,20 +14,27 @@ from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_fl
 
 @pytest.mark.parametrize("rows_left", [None, [0, 2, 3, 7]])
 @pytest.mark.parametrize("Hq, Hkv", [(4, 4), (6, 2)])
-def test_shared_layout_through_the_flash_kernel_equals_the_explicit_products(rows_left, Hq, Hkv):
+@pytest.mark.parametrize("whole", [False, True], ids=["sliced", "whole"])
+def test_shared_layout_through_the_flash_kernel_equals_the_explicit_products(rows_left, Hq, Hkv, whole):
+    """Either way, from buffers read up to slot t or read whole with the slots after t zero and masked."""
     torch.manual_seed(0)
     B, G, D, P, T, t = 2, 4, 8, 11, 9, 5
     rows = torch.arange(B * G) if rows_left is None else torch.tensor(rows_left)
     n, f64 = rows.numel(), torch.float64
     q, k, v = torch.randn(n, Hq, D, dtype=f64), torch.randn(n, Hkv, D, dtype=f64), torch.randn(n, Hkv, D, dtype=f64)
     own = torch.randn(2, n, Hkv, T, D, dtype=f64)
+    own_bias = None
+    if whole:  # as lean_decode.DecodeState keeps them: unwritten slots zero, masked
+        own[..., t + 1 :, :] = 0
+        own_bias = torch.zeros(1, 1, 1, T, dtype=f64)
+        own_bias[..., t + 1 :] = float("-inf")
     pk, pv = torch.randn(B, Hkv, P, D, dtype=f64), torch.randn(B, Hkv, P, D, dtype=f64)
     bias = torch.zeros(B, 1, 1, P, dtype=f64)
     bias[1, ..., :3] = float("-inf")  # the second prompt left-padded by 3
     outs = {}
     for flash in (False, True):
         own_k, own_v = own[0].clone(), own[1].clone()
-        outs[flash] = decode_attention(q, k, v, own_k, own_v, t, bias, D**-0.5, pk, pv, rows, G, flash=flash)
+        outs[flash] = decode_attention(q, k, v, own_k, own_v, t, bias, D**-0.5, pk, pv, rows, G, own_bias, whole, flash=flash)
         assert torch.equal(own_k[:, :, t], k) and torch.equal(own_v[:, :, t], v)  # written either way
     # the truth: each row's softmax over its prompt's real keys and its own slots 0..t
     r = Hq // Hkv
@@ -73,3 +81,20 @@ def test_the_timing_runs_both_ways_on_this_machine(tmp_path, monkeypatch):
     ((_, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
     assert 0 < entry["flash_s"] < 0.1 and 0 < entry["explicit_s"] < 0.1
     assert flash == entry["flash"] == (entry["flash_s"] <= decode_attention_module.FLASH_AT_MOST * entry["explicit_s"])
+
+
+def test_repeated_layout_whole_buffers_equal_sliced_ones():
+    """Repeated layout: the buffer read whole, slots after t zero and masked by the bias, equals it read to slot t
+    (float64, 1e-12), left padding included."""
+    torch.manual_seed(1)
+    n, H, D, S, t = 5, 4, 8, 12, 7
+    q, k, v = (torch.randn(n, H, D, dtype=torch.float64) for _ in range(3))
+    own = torch.randn(2, n, H, S, D, dtype=torch.float64)
+    bias = torch.zeros(n, 1, 1, S, dtype=torch.float64)
+    bias[1, ..., :2] = float("-inf")  # left padding
+    sliced = decode_attention(q, k, v, own[0].clone(), own[1].clone(), t, bias, D**-0.5)
+    own[..., t + 1 :, :] = 0
+    masked = bias.clone()
+    masked[..., t + 1 :] = float("-inf")
+    whole = decode_attention(q, k, v, own[0].clone(), own[1].clone(), t, masked, D**-0.5, None, None, None, 1, None, True)
+    torch.testing.assert_close(whole, sliced, rtol=0, atol=1e-12)

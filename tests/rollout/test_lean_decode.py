@@ -104,6 +104,37 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
     _same(lean, plain)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("layout", ["repeated", "shared", "shared-flash"])
+@pytest.mark.parametrize("grow", [0, 3])
+def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, monkeypatch):
+    """Whole buffers (lean_decode.GROW slots at a time, the unwritten ones masked) and buffers of every slot read
+    sliced (GROW 0) both draw the plain path's tokens; the buffers hold exactly the slots grown so far."""
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
+    monkeypatch.setattr(lean_decode, "shared_flash_pays", lambda *a: layout == "shared-flash")
+    monkeypatch.setattr(lean_decode, "GROW", grow)
+    lengths = []  # (slots written before the step, the buffers' slots in the step's attention)
+    attention_args = lean_decode.DecodeState.attention_args
+
+    def recording(st, i, scale):
+        lengths.append((st.written, st.own_keys[i].shape[2]))
+        return attention_args(st, i, scale)
+
+    monkeypatch.setattr(lean_decode.DecodeState, "attention_args", recording)
+    params = SamplingParams(n=6, temperature=1.0, max_new_tokens=20, ignore_eos=False)
+    plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=0.01)
+    lean = _generate(model, tok, params, drop_finished_fraction=0.01)
+    _same(lean, plain)
+    base = lengths[0][0]  # the prompt's slots (repeated layout), else 0
+    assert base == (lean.prompt_ids.shape[1] if layout == "repeated" else 0)
+    for written, slots in lengths:
+        own = written - base + 1  # the rows' own slots this step reads
+        assert slots - base == (20 if grow == 0 else min(20, -(-own // grow) * grow)), (written, slots)
+    assert len({slots for _, slots in lengths}) == (1 if grow == 0 else 7)  # 3, 6, ..., 18, 20 own slots
+
+
 def test_lean_decode_with_lora_adapters(count_lean_steps):
     """peft wraps the projections: the lean step calls them as modules, so the adapters apply."""
     torch.set_num_threads(1)

@@ -7,6 +7,10 @@ row (reductions, not GEMMs) and the softmax into one loop over each row's keys a
 reads take the slot as an argument (select/narrow, not indexing) so that a compiled graph keeps it symbolic.
 tests/rollout/test_lean_decode.py checks both layouts against the model's own forward.
 
+On the CPU the eager step reads the buffers whole (`whole`): it grows them a few slots at a time and masks the
+slots not yet written, because the batched products over a slice of each row's buffer (slots 0..t of S) ran at half
+the rate of the same products over buffers of just those slots (AMD EPYC, fp32, config B's shapes).
+
 The shared layout can run both parts through SDPA's flash kernel instead (`flash`), as the decode did before the
 explicit products: on an AMD EPYC the products took 0.4-0.9x the kernel's time (bench/results/attention_cpu.md),
 on an Intel Xeon in fp32 the kernel decoded a 9M model's long prompts 9-17 % faster
@@ -38,24 +42,27 @@ def decode_attention(
     prefix_v: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,  # shared layout: [n] which of the B x G rows these are
     group_size: int = 1,
+    own_bias: torch.Tensor | None = None,  # whole buffers, shared layout: [1, 1, 1, S] 0 over slots 0..t, -inf after
+    whole: bool = False,  # the buffers are read whole, their slots after t masked (by bias, or own_bias when shared)
     *,
     flash: bool = False,  # shared layout: both parts through SDPA's flash kernel (module docstring)
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype.
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
-    by their log-sum-exps."""
+    by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
     own_k.select(2, t).copy_(k)
     own_v.select(2, t).copy_(v)
-    keys, values = own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1)
+    keys, values = (own_k, own_v) if whole else (own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1))
     qr = q.to(own_k.dtype).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
     if prefix_k is None:  # repeated layout: prompt and own tokens in one buffer
-        out, _ = _attend(qr, keys, values, scale, bias.narrow(-1, 0, t + 1))
+        out, _ = _attend(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
-    o_own, lse_own = _flash(qr, keys, values, scale) if flash else _attend_lse(qr, keys, values, scale)  # lse [n, Hkv, rep]
+    own = _flash if flash else _attend_lse
+    o_own, lse_own = own(qr, keys, values, scale, own_bias)  # lse [n, Hkv, rep]
     # every row still decoding: rows is 0..n-1 (compaction keeps their order), so the rows are their groups' places as
     # they are; eager only, where it saves four ops a layer; the compiled step keeps one graph whether rows have left or not
     every_row = n == B * G and not torch.compiler.is_compiling()

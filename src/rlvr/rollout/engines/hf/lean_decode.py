@@ -12,8 +12,10 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
     shared_prefix.py), each part with its log-sum-exp, merged exactly; each part is two batched
     products and a softmax (on the CPU faster than SDPA's flash kernel for one query per row; on
-    other devices the repeated layout runs SDPA); keys and values are written in place into buffers
-    allocated once.
+    other devices the repeated layout runs SDPA); keys and values are written in place into buffers,
+    which on the CPU grow GROW slots at a time and are read whole, the slots not yet written masked
+    (products over a slice of a buffer ran at half the rate: config B's generation 0.87x, C's 0.93x,
+    bench/results/decode_whole_amd.md), elsewhere are allocated once and read up to the slot written.
 Rows keep one shape for the whole decode except at the few points where the engine compacts
 finished rows out (DecodeState.select).
 
@@ -51,6 +53,9 @@ ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 # for a gain measured only on the tiny model (generation 0.081 -> 0.072 s, bench/results/floor.md).
 FUSE_MAX_HIDDEN = 0
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+# Slots the eager CPU step's KV buffers grow by when full (DecodeState.slots): reading whole buffers, at most GROW - 1
+# masked slots per row are read in vain; each growth copies the buffers once. 0: buffers of every slot, read sliced
+GROW = 16
 
 
 def _causal_lm(model):
@@ -115,7 +120,7 @@ class DecodeState:
     the prompt G times costs less than a second attention call): prefix_* is None and each row's
     buffer starts with its prompt's keys/values."""
 
-    own_keys: list[torch.Tensor]  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots
+    own_keys: list[torch.Tensor]  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots, or the slots grown so far
     own_values: list[torch.Tensor]
     bias: torch.Tensor  # shared: [B, 1, 1, P] over the prefix; repeated: [n, 1, 1, S]; 0 or -inf (left padding)
     rows: torch.Tensor  # [n] which of the B x G rows are still decoding
@@ -124,13 +129,33 @@ class DecodeState:
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
     flash: bool = False  # shared layout on the CPU: attention through SDPA's flash kernel (decode_attention.py)
+    # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, GROW at a time up to `slots`,
+    # and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
+    # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
+    slots: int = 0
+    own_bias: torch.Tensor | None = None  # whole buffers, shared layout: [1, 1, 1, S] 0 over written slots, -inf after
 
     def attention_args(self, i: int, scale: float) -> tuple:
         """decode_attention's arguments after q, k, v for layer i: the buffers, the slot this step writes, the bias,
-        and in the shared layout the prompt's keys/values with the rows they serve."""
+        in the shared layout the prompt's keys/values with the rows they serve, and with whole buffers their mask."""
         pk, pv = self.prefix_keys, self.prefix_values  # set together: the shared layout
         prefix = (None, None) if pk is None or pv is None else (pk[i], pv[i])
-        return (self.own_keys[i], self.own_values[i], self.written, self.bias, scale, *prefix, self.rows, self.group_size)
+        own = (self.own_keys[i], self.own_values[i], self.written, self.bias, scale)
+        return (*own, *prefix, self.rows, self.group_size, self.own_bias, self.slots > 0)
+
+    def open_slot(self) -> None:
+        """Whole buffers: slot `written` made to exist (every buffer grown by GROW slots when full) and unmasked."""
+        t = self.written
+        if not self.slots:
+            return
+        mask_name = "bias" if self.prefix_keys is None else "own_bias"
+        if t == self.own_keys[0].shape[2]:  # full: grown, the new slots zero (an unwritten slot's 0 x -inf mask is 0)
+            n, Hkv, _, D = self.own_keys[0].shape
+            more = min(GROW, self.slots - t)
+            self.own_keys = [torch.cat([k, k.new_zeros(n, Hkv, more, D)], 2) for k in self.own_keys]
+            self.own_values = [torch.cat([v, v.new_zeros(n, Hkv, more, D)], 2) for v in self.own_values]
+            setattr(self, mask_name, F.pad(getattr(self, mask_name), (0, more), value=float("-inf")))
+        getattr(self, mask_name).select(-1, t).zero_()
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (indices into the current n): the few compaction points of a decode."""
@@ -167,22 +192,29 @@ class LeanDecoder:
         G, device, N = group_size, keys[0].device, B * group_size
         rows = torch.arange(N, device=device)
         bias = padding_bias(prompt_mask, keys[0].dtype, float("-inf"))  # [B, 1, 1, P]
+        # whole buffers (DecodeState.slots) where the eager step runs on the CPU: its batched products over a slice of
+        # each row's buffer ran 2-2.5x as long as over a buffer of just those slots (the same bytes, read at half the rate)
+        whole = GROW > 0 and device.type == "cpu" and self.compiled is None
+        size = min(GROW, capacity) if whole else capacity
         if shared:
-            own_k = [k.new_empty(N, Hkv, capacity, D) for k in keys]
-            own_v = [v.new_empty(N, Hkv, capacity, D) for v in values]
+            own_k = [k.new_zeros(N, Hkv, size, D) for k in keys]
+            own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
             flash = device.type == "cpu" and shared_flash_pays(B, G, self.q_heads, Hkv, D, P, capacity, keys[0].dtype)
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash)
+            own_bias = torch.full((1, 1, 1, size), float("-inf"), dtype=bias.dtype, device=device) if whole else None
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash, capacity if whole else 0, own_bias)
 
-        def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + capacity, D], prompt in the first P slots
-            buf = x.new_empty(B, G, Hkv, P + capacity, D)
+        def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + size, D], prompt in the first P slots, the rest zero
+            buf = x.new_zeros(B, G, Hkv, P + size, D)
             buf[..., :P, :] = x[:, None]
-            return buf.view(N, Hkv, P + capacity, D)
+            return buf.view(N, Hkv, P + size, D)
 
-        bias = torch.nn.functional.pad(bias, (0, capacity))  # the rows' own slots: 0
-        return DecodeState([repeated(k) for k in keys], [repeated(v) for v in values], bias.repeat_interleave(G, 0), rows, G, P)
+        bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # the rows' own slots: -inf until written
+        own_k, own_v = [repeated(k) for k in keys], [repeated(v) for v in values]
+        return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, slots=P + capacity if whole else 0)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
+        state.open_slot()
         t = state.written
 
         def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
