@@ -62,13 +62,27 @@ def tiny():
     return load_model("tiny"), tok
 
 
-@pytest.mark.parametrize("delays, in_place_share", [(False, None), (True, None), (True, 0.0), (True, 2.0)])
-def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, monkeypatch):
+@pytest.mark.parametrize(
+    "delays, in_place_share, grow",
+    [(False, None, None), (True, None, None), (True, 0.0, 3), (True, 2.0, 3), (False, None, 0), (True, 0.0, 0)],
+)
+def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, grow, monkeypatch):
     """in_place_share: the share of rows from which a forward reads the cache in place (0: always,
-    2: never; None: the default, where a run has forwards of each kind)."""
+    2: never; None: the default, where a run has forwards of each kind). grow: the slots the CPU buffers grow by
+    (episode_cache.GROW; 0: buffers of every slot read sliced; None: the default)."""
     model, tok = tiny
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
+    sizes = []  # the buffers' slots after each forward's prepare
+    if grow is not None:
+        monkeypatch.setattr(episode_cache, "GROW", grow)
+    prepare = episode_cache.EpisodeState.prepare
+
+    def prepare_recorded(state, *a, **k):
+        prepare(state, *a, **k)
+        sizes.append(state.cache.layers[0].kbuf.shape[2])
+
+    monkeypatch.setattr(episode_cache.EpisodeState, "prepare", prepare_recorded)
     random.seed(0)
     prompts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
@@ -92,6 +106,12 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, mon
     assert sum(map(sum, chunks)) == sum(t.loss.count(0) for t in traces) - sum(unfed) > 0
     assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
+    step = grow if grow is not None else episode_cache.GROW
+    if step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came
+        assert sizes == sorted(sizes) and sizes[0] == step and all(s % step == 0 or s == 40 for s in sizes)
+        assert grow != 3 or len(set(sizes)) > 2  # by 3 slots: grown more than once
+    else:  # every slot of the budget (40 new tokens) from the start
+        assert set(sizes) == {40}
     # rows take external text and finish at different turns and lengths
     assert len({sum(1 for x in t.loss if x == 0) for t in traces}) > 1
     assert len({len(t.ids) for t in traces}) > 1

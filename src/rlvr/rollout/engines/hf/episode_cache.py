@@ -3,9 +3,10 @@
 In a single-turn decode every row writes one token per step (lockstep). In an episode a row may
 wait for a tool while the others go on, then take the tool's result, so rows reach different
 lengths. Here each row writes its own tokens at its own position into buffers
-allocated once ([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
+([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
 rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
-own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots.
+own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots (on the CPU the
+buffers grow GROW slots at a time and are read whole).
 A row that waits is simply left out of the forward: it never leaves holes in its own cache. A tool's
 result goes in as one chunk (a forward of K tokens for that row, causal within the chunk), not one token
 per step: rows taking chunks of different lengths are right-padded to the longest, and the padding is
@@ -32,6 +33,7 @@ from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
 # more than the extra rows from about a quarter of them (measured on CPU).
 READ_IN_PLACE_SHARE = 0.25
+GROW = 16  # slots the CPU buffers grow by (EpisodeLayer); 0: buffers of every slot, read sliced
 
 
 @dataclass
@@ -61,9 +63,13 @@ class EpisodeState:
             self.real = (i, j)
         self.in_place = len(rows) >= READ_IN_PLACE_SHARE * num_rows
         self.read_rows = torch.arange(num_rows, device=rows.device) if self.in_place else rows
-        capacity = cast("EpisodeLayer", self.cache.layers[0]).kbuf.shape[2]
+        layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
         sees = lengths[self.read_rows][:, None] + steps  # [m, K] the last own slot each query sees
-        L = min(int(sees.max()) + 1, capacity)  # a padded query past the buffer sees less: its output is dropped
+        L = min(int(sees.max()) + 1, layers[0].capacity)  # a padded query past the buffer sees less: its output is dropped
+        if layers[0].grows:  # read whole: grown to hold slot L - 1, the slots after each query's masked below
+            for layer in layers:
+                layer.hold(L)
+            L = layers[0].kbuf.shape[2]
         slots = torch.arange(L, device=rows.device)
         dtype = self.prefix_bias.dtype
         # a row outside the forward (and a padded query) also sees unwritten slots (zeros): finite, its output is dropped
@@ -80,10 +86,24 @@ class EpisodeLayer(DynamicLayer):
         k, v = prefilled_kv(layer)  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
         self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
-        self.kbuf = k.new_zeros(num_rows, H, capacity, D, dtype=dtype or k.dtype)  # [N, H, T, D]
-        self.vbuf = v.new_zeros(num_rows, H, capacity, D, dtype=dtype or v.dtype)
+        # on the CPU the buffers grow GROW slots at a time and are read whole (EpisodeState.prepare), as the
+        # single-turn decode's (lean_decode.GROW: products over a slice of a buffer ran at half the rate)
+        self.capacity, self.grows = capacity, GROW > 0 and k.device.type == "cpu"
+        size = min(GROW, capacity) if self.grows else capacity
+        self.kbuf = k.new_zeros(num_rows, H, size, D, dtype=dtype or k.dtype)  # [N, H, T, D]
+        self.vbuf = v.new_zeros(num_rows, H, size, D, dtype=dtype or v.dtype)
         self.state, self.device, self.is_initialized = state, k.device, True
         self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
+
+    def hold(self, slots: int) -> None:
+        """Buffers of at least `slots` slots: grown to the next multiple of GROW (at most capacity), new slots zero."""
+        have = self.kbuf.shape[2]
+        if slots > have:
+            N, H, _, D = self.kbuf.shape
+            more = min(-(-slots // GROW) * GROW, self.capacity) - have
+            self.kbuf = torch.cat([self.kbuf, self.kbuf.new_zeros(N, H, more, D)], 2)
+            self.vbuf = torch.cat([self.vbuf, self.vbuf.new_zeros(N, H, more, D)], 2)
+            self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 
     def update(self, key_states, value_states, *args, **kwargs):
         st = self.state  # key_states [n, H, K, D]
