@@ -97,8 +97,9 @@ def explicit_attention(
         s = s + prefix_attention.additive_bias(attention_mask, s.dtype)[:, :, None]  # [B or 1, 1, 1, Lq, Lk]
     # under bf16 autocast the scores are bf16 and the weights are written in bf16 (torch's kernel computes in fp32
     # inside): the product with v reads bf16 weights either way, and autograd keeps 2 bytes a score, not an fp32
-    # copy for the softmax's backward plus a bf16 one for the product's; forward + backward 0.51-0.57x the time at
-    # 48-128 x 128-323 positions (bench/results/attention_cpu.md), and faster than the kernel to 300 x 300 (EXPLICIT_MAX)
+    # copy for the softmax's backward plus a bf16 one for the product's; forward + backward 0.43-0.64x the time at
+    # 48-128 x 128-323 positions, 0.83-0.97x at 72 x 72 (bench/results/attention_bf16_weights_amd.md), and faster than
+    # the flash kernel to 300 x 300 (EXPLICIT_MAX, bench/results/attention_cpu.md)
     p = (torch.softmax(s, dim=-1) if s.dtype == torch.bfloat16 else torch.softmax(s, dim=-1, dtype=dtype)).view(B, Hkv, rep * Lq, Lk)
     out = torch.matmul(p, value.to(dtype)).view(B, H, Lq, D).transpose(1, 2)
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()

@@ -201,14 +201,15 @@ class LeanDecoder:
             own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
             flash = device.type == "cpu" and shared_flash_pays(B, G, self.q_heads, Hkv, D, P, capacity, keys[0].dtype)
             own_bias = torch.full((1, 1, 1, size), float("-inf"), dtype=bias.dtype, device=device) if whole else None
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash, capacity if whole else 0, own_bias)
+            slots = capacity if whole else 0
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash, slots=slots, own_bias=own_bias)
 
         def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + size, D], prompt in the first P slots, the rest zero
             buf = x.new_zeros(B, G, Hkv, P + size, D)
             buf[..., :P, :] = x[:, None]
             return buf.view(N, Hkv, P + size, D)
 
-        bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # the rows' own slots: -inf until written
+        bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # own slots: -inf until written, or read sliced
         own_k, own_v = [repeated(k) for k in keys], [repeated(v) for v in values]
         return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, slots=P + capacity if whole else 0)
 
