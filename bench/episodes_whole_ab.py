@@ -5,7 +5,7 @@ buffers of every slot read sliced, whole batches of episodes in one process:
 
 The batch: 8 arithmetic prompts x 8 episodes, temperature 1, bf16 autocast (the cache in fp32). A turn ends at a
 "5" or a "9" and is answered, three times per episode, with a few external tokens of its own, so rows reach lengths
-of their own and tool results go in as chunks. rlvr.rollout.engines.hf.episode_cache.GROW = 0 is the sliced way;
+of their own and tool results go in as chunks. rlvr.rollout.engines.hf.kv_buffers.GROW = 0 is the sliced way;
 the ways alternate, 7 batches each (the first one's time left out of the medians).
 """
 
@@ -25,7 +25,7 @@ from _report import cpu_name  # noqa: E402
 from rlvr.models.loading import load_model, load_tokenizer  # noqa: E402
 from rlvr.models.precision import autocast_context  # noqa: E402
 from rlvr.rollout import SamplingParams  # noqa: E402
-from rlvr.rollout.engines.hf import HFEngine, episode_cache  # noqa: E402
+from rlvr.rollout.engines.hf import HFEngine, kv_buffers  # noqa: E402
 
 QUESTIONS = ("12+34=", "5-3=", "87+9=", "1+1=", "99-98=", "7*6=", "3+3=", "10-1=")
 
@@ -56,12 +56,12 @@ def main() -> None:
     model = load_model(path).eval()
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in QUESTIONS]
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=new_tokens)
-    grow = episode_cache.GROW
+    grow = kv_buffers.GROW
     seconds: dict[str, list[float]] = {"sliced": [], "whole": []}
     traces = {}
     for i in range(7):
         for way in ["sliced", "whole"] if i % 2 == 0 else ["whole", "sliced"]:
-            episode_cache.GROW = 0 if way == "sliced" else grow
+            kv_buffers.GROW = 0 if way == "sliced" else grow
             with autocast_context("bf16", torch.device("cpu"), model):
                 t = time.perf_counter()
                 traces[way] = HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]

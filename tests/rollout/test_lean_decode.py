@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
 import rlvr.rollout.engines.hf.steps as steps
+from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
@@ -108,13 +109,13 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
 @pytest.mark.parametrize("layout", ["repeated", "shared", "shared-flash"])
 @pytest.mark.parametrize("grow", [0, 3])
 def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, monkeypatch):
-    """Whole buffers (lean_decode.GROW slots at a time, the unwritten ones masked) and buffers of every slot read
+    """Whole buffers (kv_buffers.GROW slots at a time, the unwritten ones masked) and buffers of every slot read
     sliced (GROW 0) both draw the plain path's tokens; the buffers hold exactly the slots grown so far."""
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
     monkeypatch.setattr(lean_decode, "shared_flash_pays", lambda *a: layout == "shared-flash")
-    monkeypatch.setattr(lean_decode, "GROW", grow)
+    monkeypatch.setattr(kv_buffers, "GROW", grow)
     lengths = []  # (slots written before the step, the buffers' slots in the step's attention)
     attention_args = lean_decode.DecodeState.attention_args
 

@@ -16,7 +16,7 @@ import torch
 from rlvr.models.forward import completion_logprobs
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.engines.hf import episode_cache, episode_decode
+from rlvr.rollout.engines.hf import episode_cache, episode_decode, kv_buffers
 from rlvr.rollout.engines.hf import HFEngine
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
@@ -69,13 +69,13 @@ def tiny():
 def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, grow, monkeypatch):
     """in_place_share: the share of rows from which a forward reads the cache in place (0: always,
     2: never; None: the default, where a run has forwards of each kind). grow: the slots the CPU buffers grow by
-    (episode_cache.GROW; 0: buffers of every slot read sliced; None: the default)."""
+    (kv_buffers.GROW; 0: buffers of every slot read sliced; None: the default)."""
     model, tok = tiny
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     sizes = []  # the buffers' slots after each forward's prepare
     if grow is not None:
-        monkeypatch.setattr(episode_cache, "GROW", grow)
+        monkeypatch.setattr(kv_buffers, "GROW", grow)
     prepare = episode_cache.EpisodeState.prepare
 
     def prepare_recorded(state, *a, **k):
@@ -106,7 +106,7 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     assert sum(map(sum, chunks)) == sum(t.loss.count(0) for t in traces) - sum(unfed) > 0
     assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
-    step = grow if grow is not None else episode_cache.GROW
+    step = grow if grow is not None else kv_buffers.GROW
     if step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came
         assert sizes == sorted(sizes) and sizes[0] == step and all(s % step == 0 or s == 40 for s in sizes)
         assert grow != 3 or len(set(sizes)) > 2  # by 3 slots: grown more than once

@@ -6,7 +6,7 @@ lengths. Here each row writes its own tokens at its own position into buffers
 ([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
 rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
 own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots (on the CPU the
-buffers grow GROW slots at a time and are read whole).
+buffers grow kv_buffers.GROW slots at a time and are read whole).
 A row that waits is simply left out of the forward: it never leaves holes in its own cache. A tool's
 result goes in as one chunk (a forward of K tokens for that row, causal within the chunk), not one token
 per step: rows taking chunks of different lengths are right-padded to the longest, and the padding is
@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
+from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
@@ -33,7 +34,6 @@ from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
 # more than the extra rows from about a quarter of them (measured on CPU).
 READ_IN_PLACE_SHARE = 0.25
-GROW = 16  # slots the CPU buffers grow by (EpisodeLayer); 0: buffers of every slot, read sliced
 
 
 @dataclass
@@ -86,23 +86,21 @@ class EpisodeLayer(DynamicLayer):
         k, v = prefilled_kv(layer)  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
         self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
-        # on the CPU the buffers grow GROW slots at a time and are read whole (EpisodeState.prepare), as the
-        # single-turn decode's (lean_decode.GROW: products over a slice of a buffer ran at half the rate)
-        self.capacity, self.grows = capacity, GROW > 0 and k.device.type == "cpu"
-        size = min(GROW, capacity) if self.grows else capacity
+        # on the CPU the buffers grow kv_buffers.GROW slots at a time and are read whole (EpisodeState.prepare), as
+        # the single-turn decode's
+        self.capacity, self.grows = capacity, kv_buffers.GROW > 0 and k.device.type == "cpu"
+        size = min(kv_buffers.GROW, capacity) if self.grows else capacity
         self.kbuf = k.new_zeros(num_rows, H, size, D, dtype=dtype or k.dtype)  # [N, H, T, D]
         self.vbuf = v.new_zeros(num_rows, H, size, D, dtype=dtype or v.dtype)
         self.state, self.device, self.is_initialized = state, k.device, True
         self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 
     def hold(self, slots: int) -> None:
-        """Buffers of at least `slots` slots: grown to the next multiple of GROW (at most capacity), new slots zero."""
-        have = self.kbuf.shape[2]
-        if slots > have:
-            N, H, _, D = self.kbuf.shape
-            more = min(-(-slots // GROW) * GROW, self.capacity) - have
-            self.kbuf = torch.cat([self.kbuf, self.kbuf.new_zeros(N, H, more, D)], 2)
-            self.vbuf = torch.cat([self.vbuf, self.vbuf.new_zeros(N, H, more, D)], 2)
+        """Buffers of at least `slots` slots: grown to the next multiple of kv_buffers.GROW (at most capacity), new
+        slots zero."""
+        if slots > self.kbuf.shape[2]:
+            size = min(-(-slots // kv_buffers.GROW) * kv_buffers.GROW, self.capacity)
+            self.kbuf, self.vbuf = kv_buffers.grown(self.kbuf, size), kv_buffers.grown(self.vbuf, size)
             self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 
     def update(self, key_states, value_states, *args, **kwargs):

@@ -1,4 +1,5 @@
-"""KV-cache layers for the decode whose keys/values live in buffers allocated once."""
+"""KV-cache layers for the decode whose keys/values live in buffers allocated once, and the growth of the CPU decodes'
+buffers that are read whole instead (lean_decode, episode_cache)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,18 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
+
+# Slots the CPU decodes' KV buffers grow by (lean_decode.DecodeState, episode_cache.EpisodeLayer), which attention reads
+# whole, the slots not yet written masked: batched products over a slice of a larger buffer ran at half the rate
+# (bench/results/decode_whole_amd.md). At most GROW - 1 masked slots per row are read in vain; each growth copies the
+# buffers once. 0: buffers of every slot, read sliced.
+GROW = 16
+
+
+def grown(buf: torch.Tensor, slots: int) -> torch.Tensor:
+    """buf [N, H, S, D] with at least `slots` slots along S, the new ones zero (a masked slot's weight is then 0)."""
+    N, H, S, D = buf.shape
+    return buf if slots <= S else torch.cat([buf, buf.new_zeros(N, H, slots - S, D)], 2)
 
 
 class BufferedLayer(DynamicLayer):

@@ -13,7 +13,7 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     shared_prefix.py), each part with its log-sum-exp, merged exactly; each part is two batched
     products and a softmax (on the CPU faster than SDPA's flash kernel for one query per row; on
     other devices the repeated layout runs SDPA); keys and values are written in place into buffers,
-    which on the CPU grow GROW slots at a time and are read whole, the slots not yet written masked
+    which on the CPU grow kv_buffers.GROW slots at a time and are read whole, the slots not yet written masked
     (products over a slice of a buffer ran at half the rate: config B's generation 0.87x, C's 0.93x,
     bench/results/decode_whole_amd.md), elsewhere are allocated once and read up to the slot written.
 Rows keep one shape for the whole decode except at the few points where the engine compacts
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from rlvr.models.machine_cache import power_of_two_at_least
 from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
 from rlvr.models.packed_linears import bf16_packs
+from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
 from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
@@ -53,9 +54,6 @@ ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
 # for a gain measured only on the tiny model (generation 0.081 -> 0.072 s, bench/results/floor.md).
 FUSE_MAX_HIDDEN = 0
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-# Slots the eager CPU step's KV buffers grow by when full (DecodeState.slots): reading whole buffers, at most GROW - 1
-# masked slots per row are read in vain; each growth copies the buffers once. 0: buffers of every slot, read sliced
-GROW = 16
 
 
 def _causal_lm(model):
@@ -129,7 +127,7 @@ class DecodeState:
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
     flash: bool = False  # shared layout on the CPU: attention through SDPA's flash kernel (decode_attention.py)
-    # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, GROW at a time up to `slots`,
+    # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, kv_buffers.GROW at a time up to `slots`,
     # and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
     # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
     slots: int = 0
@@ -144,16 +142,15 @@ class DecodeState:
         return (*own, *prefix, self.rows, self.group_size, self.own_bias, self.slots > 0)
 
     def open_slot(self) -> None:
-        """Whole buffers: slot `written` made to exist (every buffer grown by GROW slots when full) and unmasked."""
+        """Whole buffers: slot `written` made to exist (every buffer grown by kv_buffers.GROW slots when full) and unmasked."""
         t = self.written
         if not self.slots:
             return
         mask_name = "bias" if self.prefix_keys is None else "own_bias"
         if t == self.own_keys[0].shape[2]:  # full: grown, the new slots zero (an unwritten slot's 0 x -inf mask is 0)
-            n, Hkv, _, D = self.own_keys[0].shape
-            more = min(GROW, self.slots - t)
-            self.own_keys = [torch.cat([k, k.new_zeros(n, Hkv, more, D)], 2) for k in self.own_keys]
-            self.own_values = [torch.cat([v, v.new_zeros(n, Hkv, more, D)], 2) for v in self.own_values]
+            more = min(kv_buffers.GROW, self.slots - t)
+            self.own_keys = [kv_buffers.grown(k, t + more) for k in self.own_keys]
+            self.own_values = [kv_buffers.grown(v, t + more) for v in self.own_values]
             setattr(self, mask_name, F.pad(getattr(self, mask_name), (0, more), value=float("-inf")))
         getattr(self, mask_name).select(-1, t).zero_()
 
@@ -194,8 +191,8 @@ class LeanDecoder:
         bias = padding_bias(prompt_mask, keys[0].dtype, float("-inf"))  # [B, 1, 1, P]
         # whole buffers (DecodeState.slots) where the eager step runs on the CPU: its batched products over a slice of
         # each row's buffer ran 2-2.5x as long as over a buffer of just those slots (the same bytes, read at half the rate)
-        whole = GROW > 0 and device.type == "cpu" and self.compiled is None
-        size = min(GROW, capacity) if whole else capacity
+        whole = kv_buffers.GROW > 0 and device.type == "cpu" and self.compiled is None
+        size = min(kv_buffers.GROW, capacity) if whole else capacity
         if shared:
             own_k = [k.new_zeros(N, Hkv, size, D) for k in keys]
             own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
