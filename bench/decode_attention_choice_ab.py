@@ -1,5 +1,5 @@
-"""Generation with the shared-prompt decode attention as this machine's timing chooses it (decode_attention.shared_flash_pays)
-against the explicit products always, in one process, alternating:
+"""Generation with the shared-prompt decode attention as this machine's timing chooses it (decode_attention.decode_attention_way)
+against the explicit products always (in the buffers' dtype the step asks for), in one process, alternating:
 
     RLVR_PRECISION_CACHE=/tmp/pc/precision.json python bench/decode_attention_choice_ab.py F 4   # from bench/
 """
@@ -13,10 +13,10 @@ from generation_ab import generation_ab
 
 def main() -> None:
     name, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    measured = ld.shared_flash_pays
+    measured = ld.decode_attention_way
     ways = {
-        "explicit": lambda: setattr(ld, "shared_flash_pays", lambda *a: False),
-        "measured": lambda: setattr(ld, "shared_flash_pays", measured),
+        "explicit": lambda: setattr(ld, "decode_attention_way", lambda *a, **kw: da.AttentionWay(a[7], False)),
+        "measured": lambda: setattr(ld, "decode_attention_way", measured),
     }
     generation_ab(name, ways, reps)
     print(name, "choices", da._CHOICES)

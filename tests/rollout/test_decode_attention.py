@@ -1,7 +1,7 @@
 """The lean decode's CPU attention (rlvr.rollout.engines.hf.decode_attention): the shared layout through SDPA's flash
 kernel equals the explicit products (float64 to 1e-12, with every row and with rows gone, from buffers read sliced or
-whole), the repeated layout's whole buffers equal its sliced ones, and which of the two a
-decode runs is timed once per machine and shapes, then read back from decode_attention.json."""
+whole), the repeated layout's whole buffers equal its sliced ones, bf16 buffers round only the keys, values and scores,
+and which way a decode runs is timed once per machine and shapes, then read back from decode_attention.json."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rlvr.rollout.engines.hf.decode_attention as decode_attention_module
-from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
+from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 
 
 @pytest.mark.parametrize("rows_left", [None, [0, 2, 3, 7]])
@@ -49,38 +49,107 @@ def test_shared_layout_through_the_flash_kernel_equals_the_explicit_products(row
             torch.testing.assert_close(outs[flash][i], truth, rtol=0, atol=1e-12)
 
 
-def test_the_kernel_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkeypatch):
+def test_the_way_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
     timed = []
 
-    def timing(B, G, Hq, Hkv, D, P, T, dtype):
-        timed.append((B, G, P, T))
-        return {"flash": P >= 256, "flash_s": 1.0, "explicit_s": 1.0}
+    def timing(B, G, Hq, Hkv, D, P, T, dtype, shared, lower, layers):
+        timed.append((B, G, P, T, shared, lower, layers))
+        return {"flash": P >= 256, "lower": lower is not None and not shared, "explicit_s": 1.0}
 
-    monkeypatch.setattr(decode_attention_module, "_time_shared", timing)
-    assert shared_flash_pays(4, 16, 8, 2, 40, 259, 48, torch.float32)  # prompt bucket 512, capacity 64
-    assert shared_flash_pays(4, 16, 8, 2, 40, 300, 60, torch.float32) and len(timed) == 1  # the same buckets
-    assert not shared_flash_pays(4, 16, 8, 2, 40, 100, 48, torch.float32) and timed[-1] == (4, 16, 128, 64)
+    monkeypatch.setattr(decode_attention_module, "_time_ways", timing)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert decode_attention_way(4, 16, 8, 2, 40, 259, 48, f32, shared=True, layers=8) == AttentionWay(f32, True)  # buckets 512, 64
+    assert decode_attention_way(4, 16, 8, 2, 40, 300, 60, f32, shared=True, layers=8).flash and len(timed) == 1  # the same buckets
+    assert decode_attention_way(4, 16, 8, 2, 40, 100, 48, f32, shared=True, layers=8) == AttentionWay(f32, False)
+    assert timed[-1] == (4, 16, 128, 64, True, None, 8)
+    # the repeated layout has nothing to choose in the buffers' own dtype; under bf16 autocast it times bf16 buffers
+    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, shared=False, layers=8) == AttentionWay(f32, False) and len(timed) == 2
+    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, shared=False, lower=bf16, layers=8) == AttentionWay(bf16, False)
+    assert timed[-1] == (8, 8, 16, 64, False, bf16, 8)
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})  # a new process on this machine: read back
-    assert shared_flash_pays(4, 16, 8, 2, 40, 259, 48, torch.float32) and len(timed) == 2
-    entries = {json.loads(k)["prompt"]: (json.loads(k), e) for k, e in json.loads((tmp_path / "decode_attention.json").read_text()).items()}
-    assert sorted(entries) == [128, 512] and entries[512][1]["flash"] and not entries[128][1]["flash"]
-    key = entries[512][0]
+    assert decode_attention_way(4, 16, 8, 2, 40, 259, 48, f32, shared=True, layers=8).flash and len(timed) == 3
+    entries = [(json.loads(k), e) for k, e in json.loads((tmp_path / "decode_attention.json").read_text()).items()]
+    assert sorted((k["layout"], k["prompt"], k["lower"]) for k, _ in entries) == [
+        ("repeated", 16, "bfloat16"), ("shared", 128, "none"), ("shared", 512, "none")
+    ]  # fmt: skip
+    key = next(k for k, e in entries if k["prompt"] == 512)
     assert (key["groups"], key["group_size"], key["q_heads"], key["kv_heads"], key["head_dim"], key["capacity"], key["dtype"]) == (
         4, 16, 8, 2, 40, 64, "float32"
     )  # fmt: skip
-    assert key["threads"] == torch.get_num_threads() and key["cpu"] and key["torch"] == torch.__version__
-    assert key["explicit"] == 2  # the explicit products' version: an answer timed against older ones is timed again
+    assert key["threads"] == torch.get_num_threads() and key["cpu"] and key["torch"] == torch.__version__ and key["layers"] == 8
+    assert key["explicit"] == 3  # the explicit products' version: an answer timed against older ones is timed again
 
 
-def test_the_timing_runs_both_ways_on_this_machine(tmp_path, monkeypatch):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "repeated"])
+def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared):
     monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
-    flash = shared_flash_pays(2, 4, 4, 2, 16, 40, 16, torch.float32)
+    way = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float32, shared=shared, lower=torch.bfloat16, layers=3)
     ((_, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
-    assert 0 < entry["flash_s"] < 0.1 and 0 < entry["explicit_s"] < 0.1
-    assert flash == entry["flash"] == (entry["flash_s"] <= decode_attention_module.FLASH_AT_MOST * entry["explicit_s"])
+    assert 0 < entry["explicit_s"] < 0.1 and 0 < entry["lower_s"] < 0.1 and ("flash_s" in entry) == shared
+    rules = decode_attention_module
+    flash = shared and entry["flash_s"] <= rules.FLASH_AT_MOST * entry["explicit_s"]
+    lower = entry["lower_s"] <= rules.LOWER_AT_MOST * (entry["flash_s"] if flash else entry["explicit_s"])
+    assert entry["lower"] == lower and entry["flash"] == (flash and not lower)
+    assert way == AttentionWay(torch.bfloat16 if lower else torch.float32, flash and not lower)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "repeated"])
+@pytest.mark.parametrize("rows_left", [None, [0, 2, 3, 7]])
+def test_bf16_buffers_round_keys_and_scores_only(shared, rows_left):
+    """Buffers in bf16 under an fp32 query (bf16 autocast's decode where that was timed faster): the products in bf16
+    (their inputs and outputs rounded to bf16: query, keys, values, scores, weights, each part's output), the rest in
+    fp32. The output is that computation in float64 up to a rounding flipped by the products' fp32 sums (5e-3), closer
+    than the float64 attention over the rounded inputs is (1e-2); the new token's keys/values are written rounded."""
+    torch.manual_seed(0)
+    B, G, Hq, Hkv, D, P, T, t = 2, 4, 6, 2, 16, 11, 9, 5
+    rows = torch.arange(B * G) if rows_left is None else torch.tensor(rows_left)
+    n, f64, bf16, scale = rows.numel(), torch.float64, torch.bfloat16, 16**-0.5
+    q, k, v = torch.randn(n, Hq, D) * 2, torch.randn(n, Hkv, D) * 2, torch.randn(n, Hkv, D)
+    pk, pv = torch.randn(B, Hkv, P, D) * 2, torch.randn(B, Hkv, P, D)
+    own = torch.randn(2, n, Hkv, T, D)
+    own[0] *= 2
+    own[..., t + 1 :, :] = 0
+    own_k, own_v = own.to(bf16)
+    if shared:
+        bias, own_bias = torch.zeros(B, 1, 1, P), torch.zeros(1, 1, 1, T)
+        bias[1, ..., :3] = float("-inf")  # the second prompt left-padded by 3
+        own_bias[..., t + 1 :] = float("-inf")
+        out = decode_attention(q, k, v, own_k, own_v, t, bias, scale, pk.to(bf16), pv.to(bf16), rows, G, own_bias, True)
+    else:  # each row's buffer holds its prompt's keys first (slots 0..P-1 of P + T)
+        own_k = torch.cat([pk.to(bf16)[rows // G], own_k], 2)
+        own_v = torch.cat([pv.to(bf16)[rows // G], own_v], 2)
+        bias = torch.zeros(n, 1, 1, P + T)
+        bias[(rows // G == 1).nonzero()[:, 0], ..., :3] = float("-inf")
+        bias[..., P + t + 1 :] = float("-inf")
+        out = decode_attention(q, k, v, own_k, own_v, P + t, bias, scale, None, None, None, 1, None, True)
+        own_k, own_v = own_k[:, :, P:], own_v[:, :, P:]
+    assert torch.equal(own_k[:, :, t], k.to(bf16)) and torch.equal(own_v[:, :, t], v.to(bf16))
+    r, errors = Hq // Hkv, {}
+    rounded = lambda x: x.to(bf16).to(f64)  # noqa: E731
+    for i, row in enumerate(rows.tolist()):
+        b = row // G
+        own_keys = own[0][i, :, : t + 1].index_copy(1, torch.tensor([t]), k[i][:, None])
+        own_values = own[1][i, :, : t + 1].index_copy(1, torch.tensor([t]), v[i][:, None])
+        prompt_mask = torch.cat([torch.full((3,), float("-inf")) if b == 1 else torch.zeros(3), torch.zeros(P - 3)]).to(f64)
+        parts = [(pk[b], pv[b], prompt_mask), (own_keys, own_values, torch.zeros(t + 1, dtype=f64))]
+        if not shared:  # one softmax over the prompt's and the row's slots
+            parts = [tuple(torch.cat(x, -2 if x[0].dim() > 1 else -1) for x in zip(*parts))]
+        for emulated in (True, False):  # the bf16 way's roundings, or the float64 attention over the rounded inputs
+            outs, lses = [], []
+            for keys, values, mask in parts:
+                s = torch.einsum("hd,hkd->hk", rounded(q[i]), rounded(keys).repeat_interleave(r, 0))
+                s = (rounded(s) if emulated else s) * scale + mask
+                p = s.softmax(-1)
+                o = torch.einsum("hk,hkd->hd", rounded(p) if emulated else p, rounded(values).repeat_interleave(r, 0))
+                outs.append(rounded(o) if emulated else o)
+                lses.append(s.logsumexp(-1))
+            weights = torch.stack(lses).softmax(0)[..., None]  # the parts merged by their log-sum-exps
+            truth = (weights * torch.stack(outs)).sum(0).reshape(-1)
+            errors[emulated] = max(errors.get(emulated, 0.0), float((out[i].to(f64) - truth).abs().max()))
+    assert errors[True] < 5e-3 and errors[False] > 1e-2, errors  # (on an AMD EPYC: 3e-7 or 0, and 0.018-0.025)
 
 
 def test_repeated_layout_whole_buffers_equal_sliced_ones():

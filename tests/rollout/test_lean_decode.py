@@ -17,6 +17,7 @@ from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import HFEngine
 from rlvr.rollout.engines.hf.compiled_decode import Product
+from rlvr.rollout.engines.hf.decode_attention import AttentionWay
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder, lean_decoder_for
 
 QUESTIONS = ["12+34=", "7-5=", "a much longer prompt than the others, long enough to share: 99+99="]
@@ -93,7 +94,8 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
-    monkeypatch.setattr(lean_decode, "shared_flash_pays", lambda *a: layout == "shared-flash")  # not what this machine measures
+    # the fp32 buffers' way, through the flash kernel or not: not what this machine measures
+    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash"))
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps
@@ -114,7 +116,7 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
-    monkeypatch.setattr(lean_decode, "shared_flash_pays", lambda *a: layout == "shared-flash")
+    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash"))
     monkeypatch.setattr(kv_buffers, "GROW", grow)
     lengths = []  # (slots written before the step, the buffers' slots in the step's attention)
     attention_args = lean_decode.DecodeState.attention_args
@@ -134,6 +136,49 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
         own = written - base + 1  # the rows' own slots this step reads
         assert slots - base == (20 if grow == 0 else min(20, -(-own // grow) * grow)), (written, slots)
     assert len({slots for _, slots in lengths}) == (1 if grow == 0 else 7)  # 3, 6, ..., 18, 20 own slots
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa"])
+@pytest.mark.parametrize("layout", ["repeated", "shared"])
+def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
+    """Under bf16 autocast the decode keeps its KV buffers in fp32 or, where this machine timed it faster, in bf16
+    (decode_attention.decode_attention_way, asked with lower=bf16 only here). Each step's log-probs stay as close to
+    the float64 model's (its lean decode in float64, at the steps whose tokens so far are the same in all three greedy
+    decodes) with bf16 buffers as with fp32 ones, within 1e-2 more: autocast's bf16 products are the larger rounding."""
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
+    asked, buffers, logits = [], [], []
+    attention_args, step = lean_decode.DecodeState.attention_args, LeanDecoder.step
+    recording = lambda st, i, sc: buffers.append(st.own_keys[i].dtype) or attention_args(st, i, sc)  # noqa: E731
+    monkeypatch.setattr(lean_decode.DecodeState, "attention_args", recording)
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: logits.append(step(self, *a).log_softmax(-1)) or logits[-1])
+    params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        way = AttentionWay(dtype, False)
+        choosing = lambda *a, way=way, **kw: asked.append((a[7], kw["lower"], kw["shared"])) or way  # noqa: E731
+        monkeypatch.setattr(lean_decode, "decode_attention_way", choosing)
+        buffers.clear()
+        logits.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != torch.float64):
+            runs[dtype] = (_generate(model.to(torch.float64 if dtype == torch.float64 else torch.float32), tok, params), torch.cat(logits))
+        assert set(buffers) == {dtype}
+    assert asked[:2] == [(torch.float32, torch.bfloat16, layout == "shared")] * 2  # fp32 is the step's dtype, bf16 the lower one
+    assert asked[2] == (torch.float64, None, layout == "shared")
+    tokens = {dtype: gen.completion_ids for dtype, (gen, _) in runs.items()}
+    # the lean steps' log-probs [rows, 11 steps, V]: step s reads tokens 0..s (token 0 is the prefill's) and draws s + 1
+    logp = {dtype: lp.view(11, -1, lp.shape[-1]).transpose(0, 1) for dtype, (_, lp) in runs.items()}
+    # compared at the steps whose inputs are the same in all three (a greedy near-tie may pick another token)
+    differs = (tokens[torch.float32] != tokens[torch.float64]) | (tokens[torch.bfloat16] != tokens[torch.float64])
+    same_inputs = (differs.cumsum(-1) == 0)[:, :11]  # [rows, steps]
+    assert same_inputs.float().mean() > 0.5
+    errors = {
+        d: float((logp[d][same_inputs].double() - logp[torch.float64][same_inputs]).abs().max()) for d in (torch.float32, torch.bfloat16)
+    }
+    assert 0 < errors[torch.float32] < 0.1 and errors[torch.bfloat16] < errors[torch.float32] + 1e-2, errors
+    bf16_logp, fp32_logp = logp[torch.bfloat16][same_inputs], logp[torch.float32][same_inputs]
+    assert not torch.equal(bf16_logp, fp32_logp)
 
 
 def test_lean_decode_with_lora_adapters(count_lean_steps):

@@ -14,19 +14,30 @@ the rate of the same products over buffers of just those slots (AMD EPYC, fp32, 
 The shared layout can run both parts through SDPA's flash kernel instead (`flash`), as the decode did before the
 explicit products: on an AMD EPYC the products took 0.4-0.9x the kernel's time (bench/results/attention_cpu.md),
 on an Intel Xeon in fp32 the kernel decoded a 9M model's long prompts 9-17 % faster
-(bench/results/decode_attention_intel.md). So the eager step asks `shared_flash_pays` once per decode: both ways
-timed on this machine at the decode's shapes the first time, the answer kept in decode_attention.json beside the
-precision cache (rlvr.models.machine_cache), so later runs there choose the same.
+(bench/results/decode_attention_intel.md). Under bf16 autocast the buffers can be kept in bf16 (the products then run
+in bf16, as autocast runs the training forward's; the scores, softmax and merge stay in fp32): half the bytes to read,
+where the attention reads its keys and values from memory, but a rounding of keys and scores. On an AMD EPYC whole
+generations took 0.84-0.88x the time on config C's shapes (25M, 8 heads of 64, ~270-token prompts), 0.91-0.95x on B's
+(short prompts), level on F's (2 kv heads of 40), bench/results/decode_kv_dtype_amd.md. So the eager step asks
+`decode_attention_way` once per decode: the ways timed on this machine at the decode's shapes the first time (bf16
+only where it takes at most LOWER_AT_MOST of the best fp32 way's time), the answer kept in decode_attention.json beside
+the precision cache (rlvr.models.machine_cache), so later runs there choose the same.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the explicit products' time
-_CHOICES: dict[tuple, bool] = {}  # this process's answers of shared_flash_pays
+# bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
+# the keys and the scores to bf16 (as the training forward's autocast does), so they must gain clearly
+LOWER_AT_MOST = 0.9
+TIMED_BYTES = 2**27  # the most the timing's copies of the buffers take (decode_attention_way)
+_CHOICES: dict[tuple, "AttentionWay"] = {}  # this process's answers of decode_attention_way
 
 
 def decode_attention(
@@ -47,14 +58,16 @@ def decode_attention(
     *,
     flash: bool = False,  # shared layout: both parts through SDPA's flash kernel (module docstring)
 ) -> torch.Tensor:
-    """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype.
+    """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype
+    (repeated layout) or q's (shared: the merge). Buffers in a lower precision than q (bf16 under bf16 autocast): the
+    products in theirs, the scores and softmax in q's (fp32).
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
     by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
     own_k.select(2, t).copy_(k)
     own_v.select(2, t).copy_(v)
     keys, values = (own_k, own_v) if whole else (own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1))
-    qr = q.to(own_k.dtype).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
+    qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
     if prefix_k is None:  # repeated layout: prompt and own tokens in one buffer
         out, _ = _attend(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
@@ -76,15 +89,19 @@ def decode_attention(
         o_p, lse_p = o_p[rows], lse_p[rows]
     # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_own), normalised
     w = torch.sigmoid(lse_p - lse_own)[..., None]
-    return torch.lerp(o_own, o_p, w).reshape(n, Hkv * rep * D)
+    return torch.lerp(o_own.to(w.dtype), o_p.to(w.dtype), w).reshape(n, Hkv * rep * D)
 
 
 def _weights(q, k, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The scores q k^T x scale + bias [b, h, m, S] and their softmax, for q [b, h, m, D] and k [b, h, S, D]. Every
     query sees at least one key (its own token, or a prompt's last), so no row of scores is all -inf."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, m, S]
-    if bias is not None:
-        s = s + bias
+    s = torch.matmul(q.to(k.dtype), k.transpose(-1, -2))  # [b, h, m, S]
+    if s.dtype == q.dtype:
+        s = s * scale
+        if bias is not None:
+            s = s + bias
+    else:
+        s = torch.add(bias, s, alpha=scale) if bias is not None else s.to(q.dtype).mul_(scale)
     # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
     return s, torch.softmax(s, dim=-1)
 
@@ -94,7 +111,7 @@ def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tenso
     products: on the CPU mostly 0.4-0.9x the time of SDPA's flash kernel for the decode's few queries per kv head
     (bench/results/attention_cpu.md), the same math up to rounding."""
     s, p = _weights(q, k, scale, bias)
-    return torch.matmul(p, v), s
+    return torch.matmul(p.to(v.dtype), v), s
 
 
 def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +121,7 @@ def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.T
     score: the prompt part of config F's decode attention (64 queries per kv head over ~300 keys) 0.7-0.85x the time
     (AMD EPYC, fp32)."""
     s, p = _weights(q, k, scale, bias)
-    return torch.matmul(p, v), s.amax(-1) - p.amax(-1).log()
+    return torch.matmul(p.to(v.dtype), v), s.amax(-1) - p.amax(-1).log()
 
 
 def _flash(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,29 +130,71 @@ def _flash(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor
     return out[0], out[1]
 
 
-def shared_flash_pays(groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype) -> bool:
-    """Whether the shared layout's decode attention runs faster through the flash kernel on this machine at these
-    shapes (prompt length and new-token capacity rounded up to a power of two): timed once, then read back."""
+class AttentionWay(NamedTuple):
+    """How the eager CPU step's attention runs one decode (decode_attention_way)."""
+
+    dtype: torch.dtype  # the KV buffers' dtype, in which the two products run (the scores and softmax in fp32 or wider)
+    flash: bool  # the shared layout through SDPA's flash kernel (in the buffers' own dtype)
+
+
+def decode_attention_way(
+    groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype: torch.dtype,
+    *, shared: bool, lower: torch.dtype | None = None, layers: int = 1,
+) -> AttentionWay:  # fmt: skip
+    """The fastest way on this machine at these shapes (prompt length and new-token capacity rounded up to a power of
+    two; `layers` of them read in turn), timed once, then read back: buffers in `dtype` through the explicit products or
+    (shared layout) the flash kernel, or buffers in `lower` (bf16 under bf16 autocast) through the explicit products
+    where they take at most LOWER_AT_MOST of the best `dtype` way's time. Nothing to choose (repeated layout, no
+    `lower`): `dtype`, explicit."""
+    if not shared and lower is None:
+        return AttentionWay(dtype, False)
     P, T = power_of_two_at_least(prompt), power_of_two_at_least(capacity)
     shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
-    # explicit: the explicit products' version (2: the log-sum-exp read off the softmax); an answer timed against
-    # an earlier one is timed again
-    shape |= dict(prompt=P, capacity=T, dtype=str(dtype).removeprefix("torch."), explicit=2)
+    shape |= dict(layers=layers)
+    # explicit: the explicit products' version (3: whole buffers, the log-sum-exp read off the softmax); an answer
+    # timed against an earlier one is timed again
+    name = lambda d: str(d).removeprefix("torch.") if d is not None else "none"  # noqa: E731
+    shape |= dict(prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout="shared" if shared else "repeated", explicit=3)
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
-        timing = lambda: _time_shared(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype)  # noqa: E731
-        _CHOICES[local] = bool(measured_once("decode_attention", shape, timing).get("flash"))
+        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, shared, lower, layers)  # noqa: E731
+        entry = measured_once("decode_attention", shape, timing)
+        _CHOICES[local] = AttentionWay(lower if entry.get("lower") and lower is not None else dtype, bool(entry.get("flash")))
     return _CHOICES[local]
 
 
-def _time_shared(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype) -> dict:
-    """Seconds per call of decode_attention both ways on random data of these shapes, at slot T // 2 (mid-decode)
-    (machine_cache.fastest_times)."""
-    n, t = B * G, max(T // 2, 1)
+def _time_ways(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, shared: bool, lower, layers: int) -> dict:
+    """Seconds per call of decode_attention each way on random data of these shapes, from whole buffers of T // 2
+    own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"flash": .., "lower": ..}. Each call reads
+    the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that, as in the
+    decode, where the layers' caches outgrow the CPU's caches they are read from memory."""
+    n, own = B * G, max(T // 2, 1)
     q, k, v = torch.randn(n, Hq, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype)
-    own_k, own_v = torch.randn(n, Hkv, T, D, dtype=dtype), torch.randn(n, Hkv, T, D, dtype=dtype)
-    pk, pv, bias = torch.randn(B, Hkv, P, D, dtype=dtype), torch.randn(B, Hkv, P, D, dtype=dtype), torch.zeros(B, 1, 1, P, dtype=dtype)
-    args = (q, k, v, own_k, own_v, t, bias, D**-0.5, pk, pv, torch.arange(n), G)
+    slots = own if shared else P + own  # repeated: the prompt's slots first
+    per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
+    copies = max(1, min(layers, TIMED_BYTES // per_layer))
+    buffers = torch.randn(copies, 2, n, Hkv, slots, D, dtype=dtype)
+    if shared:
+        prefix = torch.randn(copies, 2, B, Hkv, P, D, dtype=dtype)
+        bias, own_bias = torch.zeros(B, 1, 1, P, dtype=dtype), torch.zeros(1, 1, 1, slots, dtype=dtype)
+    else:
+        prefix, bias, own_bias = None, torch.zeros(n, 1, 1, slots, dtype=dtype), None
+
+    def way(buffer_dtype, flash: bool):
+        own = buffers.to(buffer_dtype)
+        pre = prefix.to(buffer_dtype) if prefix is not None else [(None, None)] * copies
+        calls = [(q, k, v, *own[i], slots - 1, bias, D**-0.5, *pre[i], torch.arange(n), G, own_bias, True) for i in range(copies)]
+        turn = iter(range(2**62))
+        return lambda: decode_attention(*calls[next(turn) % copies], flash=flash)
+
+    ways = (
+        {"explicit_s": way(dtype, False)}
+        | ({"flash_s": way(dtype, True)} if shared else {})
+        | ({"lower_s": way(lower, False)} if lower else {})
+    )
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        flash_s, explicit_s = fastest_times([lambda: decode_attention(*args, flash=True), lambda: decode_attention(*args, flash=False)])
-    return {"flash": flash_s <= FLASH_AT_MOST * explicit_s, "flash_s": flash_s, "explicit_s": explicit_s}
+        entry = dict(zip(ways, fastest_times(list(ways.values()))))
+    flash = shared and entry["flash_s"] <= FLASH_AT_MOST * entry["explicit_s"]
+    best = entry["flash_s"] if flash else entry["explicit_s"]
+    lowered = lower is not None and entry["lower_s"] <= LOWER_AT_MOST * best
+    return entry | {"flash": flash and not lowered, "lower": lowered}

@@ -15,7 +15,9 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     other devices the repeated layout runs SDPA); keys and values are written in place into buffers,
     which on the CPU grow kv_buffers.GROW slots at a time and are read whole, the slots not yet written masked
     (products over a slice of a buffer ran at half the rate: config B's generation 0.87x, C's 0.93x,
-    bench/results/decode_whole_amd.md), elsewhere are allocated once and read up to the slot written.
+    bench/results/decode_whole_amd.md), elsewhere are allocated once and read up to the slot written; under bf16
+    autocast the buffers are fp32, or bf16 where this machine timed that faster at the decode's shapes
+    (decode_attention.decode_attention_way: config C's generation 0.83-0.84x, bench/results/decode_kv_dtype_amd.md).
 Rows keep one shape for the whole decode except at the few points where the engine compacts
 finished rows out (DecodeState.select).
 
@@ -39,7 +41,7 @@ from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
-from rlvr.rollout.engines.hf.decode_attention import decode_attention, shared_flash_pays
+from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import padding_bias
 from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
@@ -182,24 +184,31 @@ class LeanDecoder:
         self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
     ) -> DecodeState:
         """State from the prefill's DynamicCache (keys/values [B, Hkv, P, D] per layer): buffers for
-        `capacity` new tokens per row, in `dtype` when given (fp32 under bf16 autocast on CPU)."""
-        keys = [layer.keys.to(dtype) if dtype else layer.keys for layer in cache.layers]
-        values = [layer.values.to(dtype) if dtype else layer.values for layer in cache.layers]
-        B, Hkv, P, D = keys[0].shape
-        G, device, N = group_size, keys[0].device, B * group_size
+        `capacity` new tokens per row, in `dtype` when given (fp32 under bf16 autocast on CPU), or bf16 where the eager
+        CPU step under bf16 autocast timed that faster (decode_attention_way)."""
+        first = cache.layers[0].keys
+        B, Hkv, P, D = first.shape
+        G, device, N, dtype = group_size, first.device, B * group_size, dtype or first.dtype
         rows = torch.arange(N, device=device)
-        bias = padding_bias(prompt_mask, keys[0].dtype, float("-inf"))  # [B, 1, 1, P]
+        bias = padding_bias(prompt_mask, dtype, float("-inf"))  # [B, 1, 1, P]
         # whole buffers (DecodeState.slots) where the eager step runs on the CPU: its batched products over a slice of
         # each row's buffer ran 2-2.5x as long as over a buffer of just those slots (the same bytes, read at half the rate)
         whole = kv_buffers.GROW > 0 and device.type == "cpu" and self.compiled is None
+        # the eager CPU step's attention as timed fastest at these shapes: the flash kernel or explicit products, under bf16
+        # autocast perhaps from bf16 buffers (decode_attention_way)
+        lower = torch.bfloat16 if whole and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+        way = AttentionWay(dtype, False)
+        if device.type == "cpu":
+            way = decode_attention_way(B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=len(cache.layers))
+        keys = [layer.keys.to(way.dtype) for layer in cache.layers]
+        values = [layer.values.to(way.dtype) for layer in cache.layers]
         size = min(kv_buffers.GROW, capacity) if whole else capacity
         if shared:
             own_k = [k.new_zeros(N, Hkv, size, D) for k in keys]
             own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
-            flash = device.type == "cpu" and shared_flash_pays(B, G, self.q_heads, Hkv, D, P, capacity, keys[0].dtype)
             own_bias = torch.full((1, 1, 1, size), float("-inf"), dtype=bias.dtype, device=device) if whole else None
             slots = capacity if whole else 0
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, flash, slots=slots, own_bias=own_bias)
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, way.flash, slots=slots, own_bias=own_bias)
 
         def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + size, D], prompt in the first P slots, the rest zero
             buf = x.new_zeros(B, G, Hkv, P + size, D)
