@@ -74,7 +74,9 @@ def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, 
 
 def main() -> None:
     name, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    ld.decode_attention_way = lambda *a, **kw: da.AttentionWay(a[7], False)  # the step passes flash=False: each way runs as written
+    ld.decode_attention_way = lambda *a, **kw: da.AttentionWay(
+        a[7], False, kw["shared"] is not False
+    )  # the step passes flash=False: each way runs as written
     functions = {"explicit": current, "flash": flash_both, "hybrid": hybrid}
     ways = {w: (lambda f=f: setattr(ld, "decode_attention", f)) for w, f in functions.items()}
     _, outputs, _ = generation_ab(name, ways, reps)

@@ -15,7 +15,7 @@ def main() -> None:
     name, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
     measured = ld.decode_attention_way
     ways = {
-        "explicit": lambda: setattr(ld, "decode_attention_way", lambda *a, **kw: da.AttentionWay(a[7], False)),
+        "explicit": lambda: setattr(ld, "decode_attention_way", lambda *a, **kw: da.AttentionWay(a[7], False, kw["shared"] is not False)),
         "measured": lambda: setattr(ld, "decode_attention_way", measured),
     }
     generation_ab(name, ways, reps)

@@ -64,7 +64,7 @@ def ops(names: list[str]) -> None:
 def generation(name: str, reps: int) -> None:
     from generation_ab import generation_ab
 
-    ld.decode_attention_way = lambda *a, **kw: da.AttentionWay(a[7], False)  # the explicit products both ways
+    ld.decode_attention_way = lambda *a, **kw: da.AttentionWay(a[7], False, kw["shared"] is not False)  # the explicit products both ways
     ways = {
         "logsumexp": lambda: setattr(da, "_attend_lse", with_logsumexp),
         "softmax max": lambda: setattr(da, "_attend_lse", softmax_max),

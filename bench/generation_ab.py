@@ -14,9 +14,12 @@ from _floor_step import floor_step
 from rlvr.training import Trainer
 
 
-def generation_ab(name: str, ways: dict[str, Callable[[], None]], reps: int) -> tuple[Trainer, dict[str, list], dict[str, list[float]]]:
-    """(the trainer, each way's generations, each way's seconds): `ways` maps a name to what switches that way on."""
-    step = floor_step(name)
+def generation_ab(
+    name: str, ways: dict[str, Callable[[], None]], reps: int, extra: list[str] | tuple[str, ...] = ()
+) -> tuple[Trainer, dict[str, list], dict[str, list[float]]]:
+    """(the trainer, each way's generations, each way's seconds): `ways` maps a name to what switches that way on;
+    `extra`: rlvr overrides of the config."""
+    step = floor_step(name, extra=extra)
     trainer = step.trainer
     outputs: dict[str, list] = {w: [] for w in ways}
     seconds: dict[str, list[float]] = {w: [] for w in ways}

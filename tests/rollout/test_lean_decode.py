@@ -95,7 +95,9 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
     # the fp32 buffers' way, through the flash kernel or not: not what this machine measures
-    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash"))
+    monkeypatch.setattr(
+        lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash", layout != "repeated")
+    )
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps
@@ -116,7 +118,9 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
-    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash"))
+    monkeypatch.setattr(
+        lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash", layout != "repeated")
+    )
     monkeypatch.setattr(kv_buffers, "GROW", grow)
     lengths = []  # (slots written before the step, the buffers' slots in the step's attention)
     attention_args = lean_decode.DecodeState.attention_args
@@ -156,7 +160,7 @@ def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
     params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12, ignore_eos=True)
     runs = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        way = AttentionWay(dtype, False)
+        way = AttentionWay(dtype, False, layout == "shared")
         choosing = lambda *a, way=way, **kw: asked.append((a[7], kw["lower"], kw["shared"])) or way  # noqa: E731
         monkeypatch.setattr(lean_decode, "decode_attention_way", choosing)
         buffers.clear()
@@ -164,8 +168,9 @@ def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != torch.float64):
             runs[dtype] = (_generate(model.to(torch.float64 if dtype == torch.float64 else torch.float32), tok, params), torch.cat(logits))
         assert set(buffers) == {dtype}
-    assert asked[:2] == [(torch.float32, torch.bfloat16, layout == "shared")] * 2  # fp32 is the step's dtype, bf16 the lower one
-    assert asked[2] == (torch.float64, None, layout == "shared")
+    asks = None if layout == "shared" else False  # short prompts: the shared layout's choice is timed against the repeated one
+    assert asked[:2] == [(torch.float32, torch.bfloat16, asks)] * 2  # fp32 is the step's dtype, bf16 the lower one
+    assert asked[2] == (torch.float64, None, asks)
     tokens = {dtype: gen.completion_ids for dtype, (gen, _) in runs.items()}
     # the lean steps' log-probs [rows, 11 steps, V]: step s reads tokens 0..s (token 0 is the prefill's) and draws s + 1
     logp = {dtype: lp.view(11, -1, lp.shape[-1]).transpose(0, 1) for dtype, (_, lp) in runs.items()}

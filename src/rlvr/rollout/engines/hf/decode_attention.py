@@ -21,7 +21,10 @@ generations took 0.84-0.88x the time on config C's shapes (25M, 8 heads of 64, ~
 (short prompts), level on F's (2 kv heads of 40), bench/results/decode_kv_dtype_amd.md. So the eager step asks
 `decode_attention_way` once per decode: the ways timed on this machine at the decode's shapes the first time (bf16
 only where it takes at most LOWER_AT_MOST of the best fp32 way's time), the answer kept in decode_attention.json beside
-the precision cache (rlvr.models.machine_cache), so later runs there choose the same.
+the precision cache (rlvr.models.machine_cache), so later runs there choose the same. For prompts of medium length
+(rollout.engines.hf.steps.SHARED_PREFIX_TIMED_MAX) the same timing also picks the layout: a row reading its own copy
+of a short prompt in one part can beat the group's shared copy read in a second part and merged
+(bench/results/decode_layout_amd.md).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the 
 # bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
 # the keys and the scores to bf16 (as the training forward's autocast does), so they must gain clearly
 LOWER_AT_MOST = 0.9
-TIMED_BYTES = 2**27  # the most the timing's copies of the buffers take (decode_attention_way)
+TIMED_BYTES = 2**26  # the most the timing's copies of the buffers take (decode_attention_way)
 _CHOICES: dict[tuple, "AttentionWay"] = {}  # this process's answers of decode_attention_way
 
 
@@ -135,66 +138,84 @@ class AttentionWay(NamedTuple):
 
     dtype: torch.dtype  # the KV buffers' dtype, in which the two products run (the scores and softmax in fp32 or wider)
     flash: bool  # the shared layout through SDPA's flash kernel (in the buffers' own dtype)
+    shared: bool  # the prompt's keys/values once per group (else repeated into every row's buffer)
 
 
 def decode_attention_way(
     groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype: torch.dtype,
-    *, shared: bool, lower: torch.dtype | None = None, layers: int = 1,
+    *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1,
 ) -> AttentionWay:  # fmt: skip
     """The fastest way on this machine at these shapes (prompt length and new-token capacity rounded up to a power of
-    two; `layers` of them read in turn), timed once, then read back: buffers in `dtype` through the explicit products or
-    (shared layout) the flash kernel, or buffers in `lower` (bf16 under bf16 autocast) through the explicit products
-    where they take at most LOWER_AT_MOST of the best `dtype` way's time. Nothing to choose (repeated layout, no
-    `lower`): `dtype`, explicit."""
-    if not shared and lower is None:
-        return AttentionWay(dtype, False)
-    P, T = power_of_two_at_least(prompt), power_of_two_at_least(capacity)
+    two, or to a multiple of 16 where both layouts are timed; `layers` of them read in turn), timed once, then read
+    back: the layout `shared` asks for (None: whichever of the two is faster), buffers in `dtype` through the explicit
+    products or (shared layout) the flash kernel, or buffers in `lower` (bf16 under bf16 autocast) through the explicit
+    products where they take at most LOWER_AT_MOST of the best `dtype` way's time. Nothing to choose (repeated layout,
+    no `lower`): `dtype`, explicit."""
+    if shared is False and lower is None:
+        return AttentionWay(dtype, False, False)
+    # the prompt's length to a multiple of 16 where both layouts are timed (the repeated layout's time grows with it, so
+    # a power of two would favour the shared one up to twice the length), else to a power of two; the capacity to one
+    P = -(-prompt // 16) * 16 if shared is None else power_of_two_at_least(prompt)
+    T = power_of_two_at_least(capacity)
     shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
-    shape |= dict(layers=layers)
     # explicit: the explicit products' version (3: whole buffers, the log-sum-exp read off the softmax); an answer
     # timed against an earlier one is timed again
     name = lambda d: str(d).removeprefix("torch.") if d is not None else "none"  # noqa: E731
-    shape |= dict(prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout="shared" if shared else "repeated", explicit=3)
+    layout = {True: "shared", False: "repeated", None: "either"}[shared]
+    shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=3)
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
-        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, shared, lower, layers)  # noqa: E731
+        layouts = (False, True) if shared is None else (shared,)
+        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers)  # noqa: E731
         entry = measured_once("decode_attention", shape, timing)
-        _CHOICES[local] = AttentionWay(lower if entry.get("lower") and lower is not None else dtype, bool(entry.get("flash")))
+        way_dtype = lower if entry.get("lower") and lower is not None else dtype
+        _CHOICES[local] = AttentionWay(way_dtype, bool(entry.get("flash")), bool(entry.get("shared", shared)))
     return _CHOICES[local]
 
 
-def _time_ways(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, shared: bool, lower, layers: int) -> dict:
+def _time_ways(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int) -> dict:
     """Seconds per call of decode_attention each way on random data of these shapes, from whole buffers of T // 2
-    own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"flash": .., "lower": ..}. Each call reads
-    the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that, as in the
-    decode, where the layers' caches outgrow the CPU's caches they are read from memory."""
+    own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"shared": .., "flash": .., "lower": ..}.
+    Each call reads the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that,
+    as in the decode, where the layers' caches outgrow the CPU's caches they are read from memory."""
     n, own = B * G, max(T // 2, 1)
     q, k, v = torch.randn(n, Hq, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype)
-    slots = own if shared else P + own  # repeated: the prompt's slots first
-    per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
-    copies = max(1, min(layers, TIMED_BYTES // per_layer))
-    buffers = torch.randn(copies, 2, n, Hkv, slots, D, dtype=dtype)
-    if shared:
-        prefix = torch.randn(copies, 2, B, Hkv, P, D, dtype=dtype)
-        bias, own_bias = torch.zeros(B, 1, 1, P, dtype=dtype), torch.zeros(1, 1, 1, slots, dtype=dtype)
-    else:
-        prefix, bias, own_bias = None, torch.zeros(n, 1, 1, slots, dtype=dtype), None
 
-    def way(buffer_dtype, flash: bool):
-        own = buffers.to(buffer_dtype)
-        pre = prefix.to(buffer_dtype) if prefix is not None else [(None, None)] * copies
-        calls = [(q, k, v, *own[i], slots - 1, bias, D**-0.5, *pre[i], torch.arange(n), G, own_bias, True) for i in range(copies)]
-        turn = iter(range(2**62))
-        return lambda: decode_attention(*calls[next(turn) % copies], flash=flash)
+    made: dict[tuple, list] = {}  # (layout, dtype): decode_attention's arguments for each copy (flash shares them)
 
-    ways = (
-        {"explicit_s": way(dtype, False)}
-        | ({"flash_s": way(dtype, True)} if shared else {})
-        | ({"lower_s": way(lower, False)} if lower else {})
-    )
+    def way(shared: bool, buffer_dtype, flash: bool):
+        if (shared, buffer_dtype) not in made:
+            slots = own if shared else P + own  # repeated: the prompt's slots first
+            per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
+            copies = max(1, min(layers, TIMED_BYTES // per_layer))
+            buffers = torch.randn(copies, 2, n, Hkv, slots, D, dtype=dtype).to(buffer_dtype)
+            prefix: list = [(None, None)] * copies
+            bias, own_bias = torch.zeros(n, 1, 1, slots, dtype=dtype), None
+            if shared:
+                prefix = list(torch.randn(copies, 2, B, Hkv, P, D, dtype=dtype).to(buffer_dtype))
+                bias, own_bias = torch.zeros(B, 1, 1, P, dtype=dtype), torch.zeros(1, 1, 1, slots, dtype=dtype)
+            rows = torch.arange(n)
+            made[shared, buffer_dtype] = [
+                (q, k, v, *buffers[i], slots - 1, bias, D**-0.5, *prefix[i], rows, G, own_bias, True) for i in range(copies)
+            ]
+        calls, turn = made[shared, buffer_dtype], iter(range(2**62))
+        return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash)
+
+    ways: dict[str, tuple[AttentionWay, float]] = {}  # name: (the way, the share of its time it is chosen at)
+    for shared in layouts:
+        name = "shared" if shared else "repeated"
+        ways[f"{name}_s"] = (AttentionWay(dtype, False, shared), 1.0)
+        if shared:  # the kernel where it takes at most FLASH_AT_MOST of the explicit products' time
+            ways["shared_flash_s"] = (AttentionWay(dtype, True, True), FLASH_AT_MOST)
+        if lower is not None:  # bf16 where it takes at most LOWER_AT_MOST of the best fp32 way's time
+            ways[f"{name}_lower_s"] = (AttentionWay(lower, False, shared), LOWER_AT_MOST)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        entry = dict(zip(ways, fastest_times(list(ways.values()))))
-    flash = shared and entry["flash_s"] <= FLASH_AT_MOST * entry["explicit_s"]
-    best = entry["flash_s"] if flash else entry["explicit_s"]
-    lowered = lower is not None and entry["lower_s"] <= LOWER_AT_MOST * best
-    return entry | {"flash": flash and not lowered, "lower": lowered}
+        calls = [way(w.shared, w.dtype, w.flash) for w, _ in ways.values()]
+        entry = dict(zip(ways, fastest_times(calls)))
+    # the fp32 way of the least time over its share, then a bf16 one if it takes at most LOWER_AT_MOST of that one's time
+    fastest = min((n for n, (w, _) in ways.items() if w.dtype == dtype), key=lambda n: entry[n] / ways[n][1])
+    if lower is not None:
+        lowered = min((n for n, (w, _) in ways.items() if w.dtype != dtype), key=lambda n: entry[n])
+        fastest = lowered if entry[lowered] <= LOWER_AT_MOST * entry[fastest] else fastest
+    best = ways[fastest][0]
+    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype}

@@ -181,7 +181,13 @@ class LeanDecoder:
         self._direct: tuple[tuple, list] | None = None  # (rows bucket, autocast dtype, device), _products
 
     def start(
-        self, cache, prompt_mask: torch.Tensor, group_size: int, capacity: int, dtype: torch.dtype | None = None, shared: bool = True
+        self,
+        cache,
+        prompt_mask: torch.Tensor,
+        group_size: int,
+        capacity: int,
+        dtype: torch.dtype | None = None,
+        shared: bool | None = True,
     ) -> DecodeState:
         """State from the prefill's DynamicCache (keys/values [B, Hkv, P, D] per layer): buffers for
         `capacity` new tokens per row, in `dtype` when given (fp32 under bf16 autocast on CPU), or bf16 where the eager
@@ -197,9 +203,12 @@ class LeanDecoder:
         # the eager CPU step's attention as timed fastest at these shapes: the flash kernel or explicit products, under bf16
         # autocast perhaps from bf16 buffers (decode_attention_way)
         lower = torch.bfloat16 if whole and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
-        way = AttentionWay(dtype, False)
+        if shared is None and not whole:  # the layouts are timed for the eager CPU step only; elsewhere shared
+            shared = True
+        way = AttentionWay(dtype, False, bool(shared))
         if device.type == "cpu":
             way = decode_attention_way(B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=len(cache.layers))
+        shared = way.shared
         keys = [layer.keys.to(way.dtype) for layer in cache.layers]
         values = [layer.values.to(way.dtype) for layer in cache.layers]
         size = min(kv_buffers.GROW, capacity) if whole else capacity

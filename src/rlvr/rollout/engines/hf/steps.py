@@ -28,6 +28,12 @@ from rlvr.rollout.engines.hf.shared_prefix import PrefixState, SharedPrefixLayer
 # one attention call over [prompt + own] costs less than two calls and a merge (each fused call
 # has a fixed cost on CPU that short prompts do not repay).
 SHARED_PREFIX_MIN_PROMPT = 32
+# From SHARED_PREFIX_MIN_PROMPT to this many prompt tokens the eager CPU step times both layouts at the decode's shapes
+# and keeps the faster (decode_attention.decode_attention_way); longer prompts are kept once per group. On an AMD EPYC
+# the repeated layout's attention took 0.75-0.8x the shared one's at 32-80 prompt tokens with 2 kv heads of 40 (in
+# bf16 from 64), 0.94x at 32 with 8 heads of 64; config F's generation on 75-token prompts 0.92x
+# (bench/results/decode_layout_amd.md).
+SHARED_PREFIX_TIMED_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,8 @@ def start_decode(model, pre: Prefill, layout: Layout, group_size: int, max_new_t
     G, T, cache = group_size, max_new_tokens, pre.cache
     B, P = pre.prompt_ids.shape
     if layout.lean is not None:
-        shared = layout.share_prompt and P >= SHARED_PREFIX_MIN_PROMPT
+        share = layout.share_prompt and P >= SHARED_PREFIX_MIN_PROMPT
+        shared = None if share and P <= SHARED_PREFIX_TIMED_MAX else share  # None: timed (decode_attention_way)
         return LeanStep(layout.lean, layout.lean.start(cache, pre.prompt_mask, G, T, layout.cache_dtype, shared=shared))
     if layout.shared:  # prompt K/V stay once per prompt; each sample's tokens get their own buffer
         bias = padding_bias(pre.prompt_mask, layout.cache_dtype or prefilled_kv(cache.layers[0])[0].dtype)  # the prefix keys' dtype
