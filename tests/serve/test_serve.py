@@ -168,6 +168,31 @@ def test_a_sync_cut_midway_leaves_the_old_weights_and_version(local):
         assert torch.equal(p, before[n]), n
 
 
+def test_health_reports_the_incoming_version_while_its_weights_are_copied_in(local, tmp_path):
+    """The swap takes the staged weights, then copies them in: health() in between says the incoming version (the one
+    the next request is sampled under), not the one it replaces (a race CI once hit: version 8 read as the old 8 after
+    a sync to 7). Checked from inside the copy."""
+    from safetensors.torch import save_file
+
+    model, tok = local
+    backend = HFBackend(model, tok, name="tiny", timeout=3.0)
+    save_file({n: p.detach().clone() for n, p in model.named_parameters()}, str(tmp_path / "weights.safetensors"))
+    seen = []
+    params_by_name = backend._params_by_name
+
+    def copying():  # called by the swap after it took the staged weights, before the first copy
+        seen.append(backend.health()["version"])
+        return params_by_name()
+
+    backend._params_by_name = copying
+    for version in (8, 7):
+        backend.load_weights(version, str(tmp_path))  # staged; swapped in at once (no batch is being generated)
+        assert backend.version == version and backend.health()["version"] == version
+    # per sync, the check of the names (before staging: the live version), then the swap (the incoming one); before the
+    # fix the swap's read gave the version it replaced: [0, 0, 8, 8]
+    assert seen == [0, 8, 8, 7]
+
+
 def _catch(errors, fn, *args):
     try:
         fn(*args)

@@ -66,6 +66,7 @@ class HFBackend:
         self.version = 0
         self.lock = threading.Lock()  # held while generating and while swapping weights in
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None  # staged weights waiting for the lock
+        self._copying: int | None = None  # the version whose weights are being copied in (staged no more, not yet live)
         self._pending_lock = threading.Lock()
         self.receiver: WeightReceiver | None = None
         self.requests = 0
@@ -73,8 +74,10 @@ class HFBackend:
 
     def health(self) -> dict[str, Any]:
         """`version`: what the next request is sampled under (staged weights included)."""
-        pending = self._pending
-        version = pending[1] if pending is not None else self.version
+        # read in the order _apply_pending writes (staged, then copying, then live), so a swap in progress reads as the
+        # incoming version, never the one it replaces
+        pending, copying = self._pending, self._copying
+        version = pending[1] if pending is not None else copying if copying is not None else self.version
         return {"engine": "hf", "model": self.name, "version": version, "lora": self._is_peft(), "requests": self.requests}
 
     # ---------------------------------------------------------------- generation
@@ -194,13 +197,16 @@ class HFBackend:
     def _apply_pending(self) -> None:
         """Under self.lock: the staged weights, if any, into the model."""
         with self._pending_lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
-            return
+            pending = self._pending
+            if pending is None:
+                return
+            self._copying = pending[1]  # before the staged weights go: health() never sees neither
+            self._pending = None
         params = self._params_by_name()
         for name, t in pending[0].items():
             params[name].copy_(t)
         self.version = pending[1]
+        self._copying = None
 
     def _is_peft(self) -> bool:
         return hasattr(self.model, "peft_config")
