@@ -59,6 +59,7 @@ LONG_INSTRUCTION = (  # with the chat template and a question, prompts of ~256 t
     "exactly, using integer arithmetic only. Reply with the final number alone: no words, no units, "
     "no punctuation. Answer now, as briefly as you can. "
 )
+MID_INSTRUCTION = "Work out the value exactly; reply with the number alone. "  # prompts of ~75 tokens (bench/floor.py "mid")
 
 RLVR_PYTHON = ""  # --rlvr-python: run the rlvr worker in another virtualenv
 WORKER_TIMEOUT = 0.0  # --worker-timeout
@@ -148,13 +149,13 @@ def build_inputs(cfg_names: list[str]) -> dict:
         build_llama(WORK / name, LLAMAS[name])
     paths |= {name: str(WORK / name) for name in LLAMAS}
     n = 200  # more than (warmup + steps) x prompts per step
-    for long in (False, True):
+    for long, (name, instruction) in {False: ("short", ""), True: ("long", LONG_INSTRUCTION), "mid": ("mid", MID_INSTRUCTION)}.items():
         rows = []
         for i in range(n):
             p = ar.problem_at(i, "train", seed=0)
-            q = (LONG_INSTRUCTION + "Question: " if long else "") + p.question
+            q = (instruction + "Question: " if instruction else "") + p.question
             rows.append({"prompt": [{"role": "user", "content": q}], "answer": str(p.answer)})
-        f = WORK / f"prompts_{'long' if long else 'short'}.jsonl"
+        f = WORK / f"prompts_{name}.jsonl"
         f.write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[f"data_{long}"] = str(f)
     return paths

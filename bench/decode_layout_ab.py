@@ -3,7 +3,7 @@ keys/values kept once per group always (before) against the layout this machine'
 shapes (decode_attention.decode_attention_way with shared=None: repeated or shared, fp32 or, under bf16 autocast, bf16
 buffers), whole generations in one process, alternating:
 
-    cd bench && python decode_layout_ab.py F 8 data.path=/tmp/rlvr_bench/prompts_mid.jsonl   # config F on ~80-token prompts
+    cd bench && python decode_layout_ab.py F 8 data.path=/tmp/rlvr_bench/prompts_mid.jsonl   # ~75-token prompts
 
 Arguments after the repetitions are rlvr overrides (e.g. another prompt file). Prints each way's times
 (bench/generation_ab.py), the ways chosen, the prompt length, and how many rows drew the same tokens.
