@@ -200,7 +200,7 @@ class HFBackend:
             pending = self._pending
             if pending is None:
                 return
-            self._copying = pending[1]  # before the staged weights go: health() never sees neither
+            self._copying = pending[1]  # set before the staged weights go: health() always reads one of the two
             self._pending = None
         params = self._params_by_name()
         for name, t in pending[0].items():

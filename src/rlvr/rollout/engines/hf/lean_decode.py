@@ -43,7 +43,7 @@ from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
-from rlvr.rollout.engines.hf.forward import padding_bias
+from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
@@ -202,7 +202,7 @@ class LeanDecoder:
         whole = kv_buffers.GROW > 0 and device.type == "cpu" and self.compiled is None
         # the eager CPU step's attention as timed fastest at these shapes: the flash kernel or explicit products, under bf16
         # autocast perhaps from bf16 buffers (decode_attention_way)
-        lower = torch.bfloat16 if whole and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+        lower = torch.bfloat16 if whole and cpu_bf16_autocast(self.lm) else None
         if shared is None and not whole:  # the layouts are timed for the eager CPU step only; elsewhere shared
             shared = True
         way = AttentionWay(dtype, False, bool(shared))
