@@ -290,13 +290,13 @@ class _AnswerOnce:
 @pytest.mark.parametrize("temperature, autocast", [(1.0, False), (0.0, False), (1.0, True)], ids=["sampled", "greedy", "bf16"])
 def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, monkeypatch):
     """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
-    and through the model's own forward on the same episode cache: the same tokens, log-probs to 1e-5 (also under
-    bf16 autocast, with the fp32 cache the engine keeps there)."""
+    and through the model's own forward on the same episode cache (the one-token steps and the chunks of external tokens):
+    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the fp32 cache the engine keeps there)."""
     torch.set_num_threads(1)
     tok, model = _model(kind)
     calls = []
     step = LeanDecoder.step_episode
-    monkeypatch.setattr(LeanDecoder, "step_episode", lambda self, *a: calls.append(len(a[0])) or step(self, *a))
+    monkeypatch.setattr(LeanDecoder, "step_episode", lambda self, *a, **k: calls.append(tuple(a[0].shape)) or step(self, *a, **k))
     prompts = [render_prompt(q, tok) for q in QUESTIONS]
     params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24)
     runs = {}
@@ -308,7 +308,9 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     (p_ids, p_mask, plain), (l_ids, l_mask, lean_traces) = runs[False], runs[True]
     assert torch.equal(p_ids, l_ids) and torch.equal(p_mask, l_mask) and (p_mask == 0).any()  # left padding
     assert sum(0 in t.loss for t in plain) >= 2  # external tokens fed mid-episode
-    assert len(set(calls)) > 1  # steps with some rows out of the forward (a row ended or waited)
+    steps = {c[0] for c in calls if len(c) == 1}
+    assert len(steps) > 1  # steps with some rows out of the forward (a row ended or waited)
+    assert any(len(c) == 2 and c[1] > 1 for c in calls)  # the external tokens went in as chunks through the lean step too
     for a, b in zip(plain, lean_traces):
         assert a.ids == b.ids and a.loss == b.loss
         torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)
@@ -334,7 +336,7 @@ def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
         outside = decoder._products(24, x.device)
         assert all(p is model.model.layers[0].self_attn.q_proj for p in outside[0][:1])  # no region: the module
         with packed_linears.packed_linears_in(model):
-            decoder._direct = None
+            decoder._direct = {}
             products = decoder._products(24, x.device)
             assert all(type(p) is Product and p.packed == pack for p in [*products[0], *products[1]])
             assert type(products[-1]) is Product and not products[-1].packed  # lm_head: too small to pack

@@ -93,9 +93,9 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     engine = HFEngine(model, tok)
     chunks, feed = [], episode_decode._feed_chunks
 
-    def feed_counted(model, state, rows_tokens, *a, **k):
+    def feed_counted(model, lean, state, rows_tokens, *a, **k):
         chunks.append([len(t) for _, t in rows_tokens])
-        return feed(model, state, rows_tokens, *a, **k)
+        return feed(model, lean, state, rows_tokens, *a, **k)
 
     monkeypatch.setattr(episode_decode, "_feed_chunks", feed_counted)
     p_ids, p_mask, traces = engine.generate_episodes(prompts, SamplingParams(n=G, temperature=1.0, max_new_tokens=40), [11, 22, 33], driver)
@@ -137,6 +137,40 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     # rows share its batch); the sampler agrees with it within that.
     full = completion_logprobs(model, P, M, ids, attn, temperature=1.0).logp.detach()
     torch.testing.assert_close(full[m], logp[m], rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("rows", ["all", "some"])
+@pytest.mark.parametrize("P", [5, 20], ids=["short-prompt", "prompt"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_attention_over_prompt_and_own_tokens_is_one_softmax_over_both(rows, P, K):
+    """attend_prefix_and_own (the prompt part and the own part, merged by their log-sum-exps) equals, for each row and
+    query, one softmax over its prompt's real keys and the own slots its mask leaves (float64 to 1e-12): with every row
+    and with some, grouped-query heads, a left-padded prompt, prompts shorter than the softmax's padding
+    (decode_attention._softmax) and longer."""
+    torch.manual_seed(1)
+    B, G, Hkv, rep, D, t = 2, 3, 2, 2, 4, 9
+    f64 = torch.float64
+    prefix_k, prefix_v = torch.randn(B, Hkv, P, D, dtype=f64), torch.randn(B, Hkv, P, D, dtype=f64)
+    prefix_bias = torch.zeros(B, 1, 1, P, dtype=f64)
+    prefix_bias[1, ..., :2] = torch.finfo(f64).min  # the second prompt is left-padded (as padding_bias masks it)
+    idx = torch.arange(B * G) if rows == "all" else torch.tensor([0, 2, 5])
+    n = len(idx)
+    keys, values = torch.randn(n, Hkv, t, D, dtype=f64), torch.randn(n, Hkv, t, D, dtype=f64)
+    sees = torch.tensor([1, 3, 2, 4, 0, 5])[:n, None] + torch.arange(K)  # [n, K] the last own slot each query sees
+    own_bias = torch.zeros(n, 1, K, t, dtype=f64).masked_fill((torch.arange(t) > sees[:, :, None])[:, None], torch.finfo(f64).min)
+    query = torch.randn(n, Hkv * rep, K, D, dtype=f64)
+    out = attend_prefix_and_own(query, keys, values, prefix_k, prefix_v, rows=idx, group_size=G, prefix_bias=prefix_bias,
+                                scaling=0.5, own_bias=own_bias)  # fmt: skip
+    assert out.shape == (n, K, Hkv * rep, D)
+    for i, row in enumerate(idx.tolist()):
+        real = prefix_bias[row // G, 0, 0] == 0
+        for j in range(K):
+            for h in range(Hkv * rep):
+                kv = h // rep
+                ks = torch.cat([prefix_k[row // G, kv][real], keys[i, kv, : sees[i, j] + 1]])
+                vs = torch.cat([prefix_v[row // G, kv][real], values[i, kv, : sees[i, j] + 1]])
+                truth = torch.softmax(ks @ query[i, h, j] * 0.5, -1) @ vs
+                torch.testing.assert_close(out[i, j, h], truth, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("rows", ["all", "some"])

@@ -71,7 +71,7 @@ def decode_episodes(
         sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, gens)
         feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
         if chunks:
-            _feed_chunks(model, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
+            _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
         if feed:
             rows = torch.tensor([r for r, _ in feed], device=device)
             tokens = torch.tensor([t for _, t in feed], device=device)
@@ -107,9 +107,12 @@ def _take_tokens(traces: list[Trace], runnable: list[int], sampled: dict, T: int
     return feed, chunks
 
 
-def _feed_chunks(model, state: EpisodeState, chunks: list[tuple[int, list[int]]], logits, start, lengths, *, pad: int, cache) -> None:
+def _feed_chunks(
+    model, lean: LeanDecoder | None, state: EpisodeState, chunks: list[tuple[int, list[int]]], logits, start, lengths, *, pad: int, cache
+) -> None:
     """One forward for the rows taking several external tokens (a tool's result): each row's chunk right-padded to
-    the longest, causal within it; logits [N, V] get each row's after its last real token, lengths [N] its count."""
+    the longest, causal within it; logits [N, V] get each row's after its last real token, lengths [N] its count.
+    The lean step computes only those logits; the model's forward computes them for every token of the chunk."""
     device = logits.device
     rows = torch.tensor([r for r, _ in chunks], device=device)  # [m]
     counts = torch.tensor([len(t) for _, t in chunks], device=device)  # [m]
@@ -119,8 +122,11 @@ def _feed_chunks(model, state: EpisodeState, chunks: list[tuple[int, list[int]]]
         tokens[i, : len(ids)] = torch.tensor(ids, device=device)
     state.prepare(rows, lengths, lengths.shape[0], counts)
     positions = (start[rows] + lengths[rows])[:, None] + torch.arange(K, device=device)  # [m, K]
-    out = model(input_ids=tokens, position_ids=positions, use_cache=True, rlvr_episode=state, **cache)
-    logits[rows] = out.logits[torch.arange(len(chunks), device=device), counts - 1].float()
+    if lean is not None:
+        logits[rows] = lean.step_episode(tokens, positions, state, last=counts - 1)
+    else:
+        out = model(input_ids=tokens, position_ids=positions, use_cache=True, rlvr_episode=state, **cache)
+        logits[rows] = out.logits[torch.arange(len(chunks), device=device), counts - 1].float()
     lengths[rows] += counts
 
 

@@ -178,7 +178,7 @@ class LeanDecoder:
         self.q_heads = lm.config.num_attention_heads
         self.fuse = fuse_projections(lm)
         self.fused: list[FusedLayer] | None = None  # built at the first step, in the autocast dtype it runs under
-        self._direct: tuple[tuple, list] | None = None  # (rows bucket, autocast dtype, device), _products
+        self._direct: dict[tuple, list] = {}  # (rows bucket, autocast dtype, device) -> _products
 
     def start(
         self,
@@ -248,23 +248,29 @@ class LeanDecoder:
         state.written = t + 1
         return logits
 
-    def step_episode(self, tokens: torch.Tensor, positions: torch.Tensor, state: EpisodeState) -> torch.Tensor:
+    def step_episode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, state: EpisodeState, last: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The same step for multi-turn episodes, whose rows are at lengths of their own: keys/values go into the
         episode cache's layers and attention is episode_attention, as in the model's own forward with that cache
-        (state.prepare() has set up the rows of this step). Logits [n, V] (fp32)."""
-        n = tokens.shape[0]
+        (state.prepare() has set up the rows of this step). tokens and positions [n] (one token per row) or [n, K] (a
+        chunk of external tokens per row, right-padded; last [n]: each row's last real token). Logits [n, V] (fp32)
+        after each row's last token: a chunk's other tokens go through no lm_head."""
+        n, K = tokens.shape[0], 1 if tokens.dim() == 1 else tokens.shape[1]
 
-        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:
+        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
             layer = cast(EpisodeLayer, state.cache.layers[i])
-            keys, values = layer.update(k[:, :, None], v[:, :, None])  # [n, Hkv, 1, D] in
-            out, _ = episode_attention(self.layers[i].self_attn, q[:, :, None], keys, values, None, scaling=scale, rlvr_episode=state)
-            return out.reshape(n, -1)  # [n, 1, Hq, D] -> [n, Hq x D]
+            keys, values = layer.update(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
+            q = q.view(n, K, *q.shape[1:]).transpose(1, 2)  # [n, Hq, K, D]
+            out, _ = episode_attention(self.layers[i].self_attn, q, keys, values, None, scaling=scale, rlvr_episode=state)
+            return out.reshape(n * K, -1)  # [n, K, Hq, D] -> [n x K, Hq x D]
 
-        return self._forward(tokens, positions, attend)
+        keep = None if last is None else torch.arange(n, device=tokens.device) * K + last
+        return self._forward(tokens.reshape(-1), positions.reshape(-1), attend, keep)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """The layers for one new token per row; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale) stores k, v and
-        returns the attention output [n, Hq x D]."""
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The layers for n new tokens; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale) stores k, v and returns the
+        attention output [n, Hq x D]. Logits of the tokens `keep` (all when None)."""
         n, D = tokens.shape[0], self.head_dim
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
@@ -295,6 +301,8 @@ class LeanDecoder:
                 x = x + layer.mlp(h)
             else:
                 x = x + _product(down_p, layer.mlp.act_fn(_product(gate_p, h)) * _product(up_p, h))
+        if keep is not None:
+            x, products = x[keep], self._products(len(keep), x.device)
         return _product(products[-1], _rms_norm(self.norm, x)).float()
 
     def _products(self, n: int, device: torch.device) -> list:
@@ -305,7 +313,7 @@ class LeanDecoder:
         tenth of a small model's decode step, is then paid once."""
         autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         key = (power_of_two_at_least(n), autocast, device.type)
-        if self._direct is None or self._direct[0] != key:
+        if key not in self._direct:
             bf16_ok = bf16_packs()
 
             def direct(m):
@@ -317,8 +325,8 @@ class LeanDecoder:
                 plain_mlp = type(mlp).__name__ in PLAIN_MLPS
                 mlp_parts = [direct(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)] if plain_mlp else [None, None, mlp.down_proj]
                 products.append((*(direct(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)), *mlp_parts))
-            self._direct = (key, [*products, direct(self.lm.lm_head)])
-        return self._direct[1]
+            self._direct[key] = [*products, direct(self.lm.lm_head)]
+        return self._direct[key]
 
     def _compiled_forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor | None:
         """step's layers through compiled_decode.decoder_layer; None where a layer's products cannot run there (then
