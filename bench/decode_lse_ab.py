@@ -1,4 +1,4 @@
-"""The shared-prompt decode attention's log-sum-exp two ways (rlvr.rollout.engines.hf.decode_attention._attend_lse):
+"""The shared-prompt decode attention's log-sum-exp two ways (rlvr.rollout.engines.hf.decode_attention.attend_with_lse):
 
     python bench/decode_lse_ab.py ops F C         # the attention call alone at configs' decode shapes, from bench/
     python bench/decode_lse_ab.py generation F 8  # whole generations of config F in one process, 8 per way
@@ -20,7 +20,7 @@ import torch
 import rlvr.rollout.engines.hf.decode_attention as da
 import rlvr.rollout.engines.hf.lean_decode as ld
 
-softmax_max = da._attend_lse
+softmax_max = da.attend_with_lse
 
 
 def with_logsumexp(q, k, v, scale: float, bias=None):
@@ -47,13 +47,13 @@ def ops(names: list[str]) -> None:
         with torch.no_grad():
             for r in range(7):
                 for way in list(best) if r % 2 == 0 else list(best)[::-1]:
-                    da._attend_lse = with_logsumexp if way == "logsumexp" else softmax_max
+                    da.attend_with_lse = with_logsumexp if way == "logsumexp" else softmax_max
                     outs[way] = da.decode_attention(*args)
                     start = time.perf_counter()
                     for _ in range(50):
                         da.decode_attention(*args)
                     best[way] = min(best[way], (time.perf_counter() - start) / 50)
-        da._attend_lse = softmax_max
+        da.attend_with_lse = softmax_max
         diff = float((outs["logsumexp"] - outs["softmax max"]).abs().max())
         print(
             f"{name} {SHAPES[name]}: logsumexp {best['logsumexp'] * 1e6:.0f} us, softmax max {best['softmax max'] * 1e6:.0f} us, "
@@ -66,8 +66,8 @@ def generation(name: str, reps: int) -> None:
 
     ld.decode_attention_way = lambda *a, **kw: da.AttentionWay(a[7], False, kw["shared"] is not False)  # the explicit products both ways
     ways = {
-        "logsumexp": lambda: setattr(da, "_attend_lse", with_logsumexp),
-        "softmax max": lambda: setattr(da, "_attend_lse", softmax_max),
+        "logsumexp": lambda: setattr(da, "attend_with_lse", with_logsumexp),
+        "softmax max": lambda: setattr(da, "attend_with_lse", softmax_max),
     }
     _, outputs, _ = generation_ab(name, ways, reps)
     a, b = outputs["logsumexp"][0], outputs["softmax max"][0]

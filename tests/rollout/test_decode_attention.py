@@ -9,7 +9,23 @@ import pytest
 import torch
 
 import rlvr.rollout.engines.hf.decode_attention as decode_attention_module
-from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
+from rlvr.rollout.engines.hf.decode_attention import SOFTMAX_MIN_KEYS, AttentionWay, _softmax, decode_attention, decode_attention_way
+
+
+@pytest.mark.parametrize("keys", [1, 5, SOFTMAX_MIN_KEYS - 1, SOFTMAX_MIN_KEYS, 40])
+def test_softmax_over_few_keys_is_torchs_softmax(keys):
+    """decode_attention._softmax pads fewer than SOFTMAX_MIN_KEYS keys with -inf (a faster kernel on the CPU): the same
+    weights as torch.softmax, masked keys (-inf and the finite masks the caches use) included, shape unchanged."""
+    torch.manual_seed(0)
+    s = torch.randn(3, 2, 7, keys, dtype=torch.float64) * 4
+    s[0, :, :, 0] = float("-inf")
+    s[1, :, :, -1] = torch.finfo(torch.float64).min
+    s[..., 0] = s[..., 0] if keys > 1 else 0.0  # one key: nothing masked
+    p = _softmax(s)
+    assert p.shape == s.shape
+    torch.testing.assert_close(p, torch.softmax(s, -1), rtol=0, atol=1e-15)
+    f32 = s.float()
+    torch.testing.assert_close(_softmax(f32), torch.softmax(f32, -1), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("rows_left", [None, [0, 2, 3, 7]])

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
@@ -39,6 +40,7 @@ FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the 
 # bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
 # the keys and the scores to bf16 (as the training forward's autocast does), so they must gain clearly
 LOWER_AT_MOST = 0.9
+SOFTMAX_MIN_KEYS = 16  # _softmax pads its scores to at least this many keys on the CPU
 TIMED_BYTES = 2**26  # the most the timing's copies of the buffers take (decode_attention_way)
 _CHOICES: dict[tuple, "AttentionWay"] = {}  # this process's answers of decode_attention_way
 
@@ -77,7 +79,7 @@ def decode_attention(
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
-    own = _flash if flash else _attend_lse
+    own = _flash if flash else attend_with_lse
     o_own, lse_own = own(qr, keys, values, scale, own_bias)  # lse [n, Hkv, rep]
     # every row still decoding: rows is 0..n-1 (compaction keeps their order), so the rows are their groups' places as
     # they are; eager only, where it saves four ops a layer; the compiled step keeps one graph whether rows have left or not
@@ -85,7 +87,7 @@ def decode_attention(
     # else the rows still decoding into their group's places, the finished ones' zero
     qf = qr if every_row else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, rows, qr)
     qf = qf.view(B, G, Hkv, rep, D).transpose(1, 2).reshape(B, Hkv, G * rep, D)  # a group's queries together
-    o_p, lse_p = (_flash if flash else _attend_lse)(qf, prefix_k, prefix_v, scale, bias)  # lse [B, Hkv, G x rep]
+    o_p, lse_p = (_flash if flash else attend_with_lse)(qf, prefix_k, prefix_v, scale, bias)  # lse [B, Hkv, G x rep]
     o_p = o_p.view(B, Hkv, G, rep, D).transpose(1, 2).reshape(B * G, Hkv, rep, D)
     lse_p = lse_p.view(B, Hkv, G, rep).transpose(1, 2).reshape(B * G, Hkv, rep)
     if not every_row:
@@ -106,7 +108,17 @@ def _weights(q, k, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]
     else:
         s = torch.add(bias, s, alpha=scale) if bias is not None else s.to(q.dtype).mul_(scale)
     # softmax normalises after exp(s - max), as the kernel does: exp(s - lse) would carry lse's rounding into every weight
-    return s, torch.softmax(s, dim=-1)
+    return s, _softmax(s)
+
+
+def _softmax(s: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dim; on the CPU over fewer than SOFTMAX_MIN_KEYS keys (a short prompt's part) padded to that
+    many with -inf (weight 0): torch's CPU softmax over a last dim shorter than one vector of floats ran 4-25x the time
+    of one over 16 (AMD EPYC, 2 threads: [8, 4, 192, 8] 447 -> 95 us, [8, 4, 8, 8] 21 -> 13 us; bench/results/softmax_short_amd.md)."""
+    S = s.shape[-1]
+    if S >= SOFTMAX_MIN_KEYS or s.device.type != "cpu":
+        return torch.softmax(s, dim=-1)
+    return torch.softmax(F.pad(s, (0, SOFTMAX_MIN_KEYS - S), value=float("-inf")), dim=-1)[..., :S]
 
 
 def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,7 +129,7 @@ def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tenso
     return torch.matmul(p.to(v.dtype), v), s
 
 
-def _attend_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_with_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """_attend's output and each query's log-sum-exp [b, h, m] (it merges two parts), read off the softmax instead of
     a logsumexp: the softmax's largest weight is exp(max - max) / sum = 1 / sum (its own rounding only), so
     lse = max + log(sum) = max - log(largest weight). Two max-reductions instead of logsumexp's second exp over every

@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.decode_attention import attend_with_lse
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 
 
@@ -110,33 +111,18 @@ def attend_prefix_and_own(
 
     full = n == B * G  # every row, in order (rows ascend): no scatter into, or gather from, the B x G layout
     # prompt part: the group's G rows (x rep heads x K tokens) are the query rows of one product per group
-    qf = q
-    if not full:
-        qf = q.new_zeros(B * G, Hkv, qr, D)
-        qf[rows] = q
+    qf = q if full else q.new_zeros(B * G, Hkv, qr, D).index_copy_(0, rows, q)
     qf = qf.view(B, G, Hkv, qr, D).transpose(1, 2).reshape(B, Hkv, G * qr, D)
-    s = torch.matmul(qf, prefix_keys.transpose(-1, -2)) * scale + prefix_bias  # [B, Hkv, G*qr, P]
-    m_p = s.amax(-1, keepdim=True)
-    e = torch.exp(s - m_p)
-    l_p, o_p = e.sum(-1, keepdim=True), torch.matmul(e, prefix_values)  # [B, Hkv, G*qr, 1], [.., D]
+    o_p, lse_p = attend_with_lse(qf, prefix_keys, prefix_values, scale, prefix_bias)  # [B, Hkv, G*qr, D], [B, Hkv, G*qr]
+    o_p = o_p.view(B, Hkv, G, qr, D).transpose(1, 2).reshape(B * G, Hkv, qr, D)
+    lse_p = lse_p.view(B, Hkv, G, qr).transpose(1, 2).reshape(B * G, Hkv, qr)
+    if not full:
+        o_p, lse_p = o_p[rows], lse_p[rows]  # [n, Hkv, qr, D], [n, Hkv, qr]
 
-    def per_row(x):  # [B, Hkv, G*qr, X] -> [n, Hkv, qr, X]
-        X = x.shape[-1]
-        x = x.view(B, Hkv, G, qr, X).transpose(1, 2).reshape(B * G, Hkv, qr, X)
-        return x if full else x[rows]
+    # the row's own tokens; own_bias [n, 1, K, t] -> the (head, token) query rows
+    bias = own_bias if own_bias is None or K == 1 else own_bias.repeat(1, 1, rep, 1)
+    o_s, lse_s = attend_with_lse(q, key, value, scale, bias)
 
-    m_p, l_p, o_p = per_row(m_p), per_row(l_p), per_row(o_p)
-
-    # the row's own tokens
-    s = torch.matmul(q, key.transpose(-1, -2)) * scale  # [n, Hkv, qr, t]
-    if own_bias is not None:
-        s = s + (own_bias if K == 1 else own_bias.repeat(1, 1, rep, 1))  # [n, 1, K, t] -> the (head, token) rows
-    m_s = s.amax(-1, keepdim=True)
-    e = torch.exp(s - m_s)
-    l_s, o_s = e.sum(-1, keepdim=True), torch.matmul(e, value)
-
-    # exact merge of the two partial softmaxes
-    m = torch.maximum(m_p, m_s)
-    a, b = torch.exp(m_p - m), torch.exp(m_s - m)
-    out = (o_p * a + o_s * b) / (l_p * a + l_s * b)  # [n, Hkv, qr, D]
+    # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_s), normalised
+    out = torch.lerp(o_s, o_p, torch.sigmoid(lse_p - lse_s)[..., None])  # [n, Hkv, qr, D]
     return out.view(n, Hq, K, D).transpose(1, 2)  # transformers' layout after attention: [batch, q_len, heads, D]
