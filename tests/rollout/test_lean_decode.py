@@ -286,14 +286,16 @@ class _AnswerOnce:
         return out
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3", "llama-gqa-lora"])
 @pytest.mark.parametrize("temperature, autocast", [(1.0, False), (0.0, False), (1.0, True)], ids=["sampled", "greedy", "bf16"])
 def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, monkeypatch):
     """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
     and through the model's own forward on the same episode cache (the one-token steps and the chunks of external tokens):
-    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the fp32 cache the engine keeps there)."""
+    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the fp32 cache the engine keeps there), also with LoRA adapters."""
     torch.set_num_threads(1)
-    tok, model = _model(kind)
+    tok, model = _model(kind.removesuffix("-lora"))
+    if kind.endswith("-lora"):  # peft wraps the projections: the lean step calls them as modules, chunks too
+        model = with_lora(model, ["q_proj", "k_proj", "up_proj"])  # (these adapters' greedy turns reach the stop strings)
     calls = []
     step = LeanDecoder.step_episode
     monkeypatch.setattr(LeanDecoder, "step_episode", lambda self, *a, **k: calls.append(tuple(a[0].shape)) or step(self, *a, **k))
