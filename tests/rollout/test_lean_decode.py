@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+import rlvr.rollout.engines.hf.episode_decode as episode_decode
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.rollout.engines.hf import kv_buffers
@@ -291,7 +292,7 @@ class _AnswerOnce:
 def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, monkeypatch):
     """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
     and through the model's own forward on the same episode cache (the one-token steps and the chunks of external tokens):
-    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the fp32 cache the engine keeps there), also with LoRA adapters."""
+    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the KV buffers the engine keeps there), also with LoRA adapters."""
     torch.set_num_threads(1)
     tok, model = _model(kind.removesuffix("-lora"))
     if kind.endswith("-lora"):  # peft wraps the projections: the lean step calls them as modules, chunks too
@@ -316,6 +317,40 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     for a, b in zip(plain, lean_traces):
         assert a.ids == b.ids and a.loss == b.loss
         torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)
+
+
+def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
+    """Under bf16 autocast the episodes' KV buffers are fp32 or, where this machine timed the shared layout's decode
+    attention faster so (decode_attention_way, asked with the prefill's shapes, lower=bf16), bf16: keys and values
+    round to bf16, the scores and merge stay fp32. Sampled episodes (the same seeds) with bf16 buffers then mostly take
+    the same tokens as with fp32 ones, their log-probs within 2e-2 (autocast's bf16 products are the larger rounding),
+    not equal."""
+    torch.set_num_threads(1)
+    tok, model = _model("llama-gqa")
+    prompts = [render_prompt(q, tok) for q in QUESTIONS]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
+    asked, buffers, runs = [], set(), {}
+    prepare = episode_decode.EpisodeState.prepare
+    recording = lambda st, *a: buffers.add(st.cache.layers[0].kbuf.dtype) or prepare(st, *a)  # noqa: E731
+    monkeypatch.setattr(episode_decode.EpisodeState, "prepare", recording)
+    for dtype in (torch.float32, torch.bfloat16):
+        way = AttentionWay(dtype, False, True)
+        choosing = lambda *a, way=way, **kw: asked.append((a, kw)) or way  # noqa: E731
+        monkeypatch.setattr(episode_decode, "decode_attention_way", choosing)
+        buffers.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs[dtype] = HFEngine(model, tok).generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5", "O", "g"]))[2]
+        assert buffers == {dtype}
+    # the shapes asked: 3 prompts x 4, 4 heads over 2 kv heads of 8, the padded prompt's length, 24 new tokens
+    P = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    (args, kw), layers = asked[0], len(model.model.layers)
+    assert args == (3, 4, 4, 2, 8, P, 24, torch.float32) and kw == dict(shared=True, lower=torch.bfloat16, layers=layers)
+    assert len(asked) == 2
+    fp32, bf16 = runs[torch.float32], runs[torch.bfloat16]
+    same = [(a, b) for a, b in zip(fp32, bf16) if a.ids == b.ids]
+    assert len(same) >= len(fp32) // 2 and sum(0 in a.loss for a, _ in same) >= 1  # some with tool results among them
+    errors = [abs(x - y) for a, b in same for x, y in zip(a.logps, b.logps)]
+    assert 0 < max(errors) < 2e-2, max(errors)
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])

@@ -98,10 +98,11 @@ class HFEngine:
                 "multi-turn episodes with the hf engine need a model with plain full causal attention and "
                 f"attn_implementation=sdpa (got {model.config._attn_implementation!r}, or sliding windows / soft-capping)"
             )
-        cache_dtype = torch.float32 if cpu_bf16_autocast(model) else None
+        # under bf16 autocast on the CPU fp32 buffers, or bf16 where this machine times that faster (episode_decode)
+        cache_dtype, lower = (torch.float32, torch.bfloat16) if cpu_bf16_autocast(model) else (None, None)
         lean = lean_decoder_for(model) if self.lean else None  # read before the attention is swapped
         with self._mode("rlvr_episode"):
-            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype, lean=lean)
+            return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype, lower=lower, lean=lean)
 
     def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens):
         """Sample up to T tokens per row: (completion ids, their log-probs, entropies or None), each [N, T].

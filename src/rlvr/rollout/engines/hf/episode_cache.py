@@ -7,6 +7,8 @@ lengths. Here each row writes its own tokens at its own position into buffers
 rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
 own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots (on the CPU the
 buffers grow kv_buffers.GROW slots at a time and are read whole).
+Under bf16 autocast on the CPU the buffers are fp32, or bf16 where this machine timed the single-turn decode's
+attention of this layout faster so (episode_decode._buffers_dtype; the scores, softmax and merge stay fp32).
 A row that waits is simply left out of the forward: it never leaves holes in its own cache. A tool's
 result goes in as one chunk (a forward of K tokens for that row, causal within the chunk), not one token
 per step: rows taking chunks of different lengths are right-padded to the longest, and the padding is
@@ -133,7 +135,7 @@ def episode_attention(module, query, key, value, attention_mask, scaling=None, d
     layer = None if rlvr_episode is None else rlvr_episode.cache.layers[module.layer_idx]
     if not isinstance(layer, EpisodeLayer):
         return sdpa_cache_dtype(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    st, dtype = rlvr_episode, layer.prefix_keys.dtype
+    st, dtype = rlvr_episode, rlvr_episode.prefix_bias.dtype  # the scores' dtype: the buffers' or, bf16 buffers, fp32
     n, m = len(st.rows), len(st.read_rows)
     with torch.autocast(query.device.type, enabled=False):
         q = query.to(dtype)  # [n, Hq, K, D]

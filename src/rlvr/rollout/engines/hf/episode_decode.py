@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
+from rlvr.rollout.engines.hf.decode_attention import decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder
@@ -53,13 +54,18 @@ def decode_episodes(
     driver: TurnDriver,
     *,
     cache_dtype: torch.dtype | None = None,
+    lower: torch.dtype | None = None,
     lean: LeanDecoder | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[Trace]]:
     """(prompt_ids [B, P], prompt_mask [B, P], one Trace per row, prompt-major: B x params.n rows).
     params.max_new_tokens bounds each episode's tokens after the prompt (model and external).
+    The KV buffers in cache_dtype (None: the prefill's), or in `lower` (bf16 under bf16 autocast on the CPU) where this
+    machine timed the single-turn decode's attention in that layout faster so (decode_attention_way).
     `lean`: the decode steps run lean_decode's step on the same cache (Llama-family models), else the model's forward."""
     G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
     pre = prefill(model, tokenizer, prompts, G)
+    if lower is not None and cache_dtype is not None:
+        cache_dtype = _buffers_dtype(model, pre, G, T, cache_dtype, lower)
     cache, state = _episode_cache(pre, G, T, cache_dtype)
     logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
     start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
@@ -133,10 +139,20 @@ def _feed_chunks(
 def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None) -> tuple[DynamicCache, EpisodeState]:
     """The prefill's cache, each prompt's keys/values then shared by its G rows, each row writing at its own position."""
     cache, N = pre.cache, pre.prompt_ids.shape[0] * G
-    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, cache_dtype or prefilled_kv(cache.layers[0])[0].dtype))
+    kv_dtype = cache_dtype or prefilled_kv(cache.layers[0])[0].dtype
+    # the scores (and so the masks) in fp32 or wider: with bf16 buffers only the products run in bf16 (decode_attention.py)
+    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, torch.promote_types(kv_dtype, torch.float32)))
     for i, layer in enumerate(cache.layers):
         cache.layers[i] = EpisodeLayer(dynamic_layer(layer), state, N, T, cache_dtype)
     return cache, state
+
+
+def _buffers_dtype(model, pre: Prefill, G: int, T: int, dtype: torch.dtype, lower: torch.dtype) -> torch.dtype:
+    """`lower` where the single-turn decode's shared-layout attention (the episodes' math: the prompt once per group,
+    each row's own tokens, merged) was timed at most LOWER_AT_MOST of `dtype`'s time at these shapes, else `dtype`."""
+    B, Hkv, P, D = prefilled_kv(pre.cache.layers[0])[0].shape
+    heads, layers = model.config.num_attention_heads, len(pre.cache.layers)
+    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype, shared=True, lower=lower, layers=layers).dtype
 
 
 def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:

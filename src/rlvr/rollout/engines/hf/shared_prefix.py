@@ -124,5 +124,6 @@ def attend_prefix_and_own(
     o_s, lse_s = attend_with_lse(q, key, value, scale, bias)
 
     # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_s), normalised
-    out = torch.lerp(o_s, o_p, torch.sigmoid(lse_p - lse_s)[..., None])  # [n, Hkv, qr, D]
+    w = torch.sigmoid(lse_p - lse_s)[..., None]  # in the scores' dtype (the outputs' may be lower: bf16 buffers)
+    out = torch.lerp(o_s.to(w.dtype), o_p.to(w.dtype), w)  # [n, Hkv, qr, D]
     return out.view(n, Hq, K, D).transpose(1, 2)  # transformers' layout after attention: [batch, q_len, heads, D]
