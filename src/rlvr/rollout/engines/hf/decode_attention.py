@@ -114,9 +114,11 @@ def _weights(q, k, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]
 def _softmax(s: torch.Tensor) -> torch.Tensor:
     """softmax over the last dim; on the CPU over fewer than SOFTMAX_MIN_KEYS keys (a short prompt's part) padded to that
     many with -inf (weight 0): torch's CPU softmax over a last dim shorter than one vector of floats ran 4-25x the time
-    of one over 16 (AMD EPYC, 2 threads: [8, 4, 192, 8] 447 -> 95 us, [8, 4, 8, 8] 21 -> 13 us; bench/results/softmax_short_amd.md)."""
+    of one over 16 (AMD EPYC, 2 threads: [8, 4, 192, 8] 445 -> 95 us, [8, 4, 8, 8] 22 -> 20 us;
+    bench/results/episodes_chunks_amd.md). Not in a compiled graph: inductor writes its own softmax, and a branch on the
+    number of keys would split the compiled step's graph in two."""
     S = s.shape[-1]
-    if S >= SOFTMAX_MIN_KEYS or s.device.type != "cpu":
+    if torch.compiler.is_compiling() or s.device.type != "cpu" or S >= SOFTMAX_MIN_KEYS:
         return torch.softmax(s, dim=-1)
     return torch.softmax(F.pad(s, (0, SOFTMAX_MIN_KEYS - S), value=float("-inf")), dim=-1)[..., :S]
 
