@@ -11,14 +11,12 @@ rare near-ties of the sampler's inverse CDF (the two round differently, ~1e-7).
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
+from _episodes import QUESTIONS, Answering, alternate, report
 from _report import cpu_name
-from episodes_chunks_ab import QUESTIONS, Answering
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.models.precision import autocast_context
 from rlvr.rollout import SamplingParams
@@ -70,19 +68,17 @@ def main() -> None:
     model = load_model(path).eval()
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in QUESTIONS]
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)  # episodes of the whole budget
-    ways = {"before": before, "after": episode_cache.attend_prefix_and_own}
-    seconds: dict[str, list[float]] = {w: [] for w in ways}
-    traces = {}
-    for i in range(7):
-        for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
-            episode_cache.attend_prefix_and_own = ways[way]
-            with autocast_context("none" if precision == "fp32" else precision, torch.device("cpu"), model):
-                t = time.perf_counter()
-                traces[way] = HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
-                seconds[way].append(time.perf_counter() - t)
+    after = episode_cache.attend_prefix_and_own
+
+    def run():
+        with autocast_context("none" if precision == "fp32" else precision, torch.device("cpu"), model):
+            return HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
+
+    ways = {"before": lambda: setattr(episode_cache, "attend_prefix_and_own", before),
+            "after": lambda: setattr(episode_cache, "attend_prefix_and_own", after)}  # fmt: skip
+    seconds, traces = alternate(ways, run)
     print(f"{cpu_name()}, torch {torch.__version__}, 2 threads, {precision}; {path}, {len(prompts)} x 8 episodes, {new_tokens} new tokens")
-    for way, ts in seconds.items():
-        print(f"{way}: median {statistics.median(ts[1:]):.3f} s, min {min(ts[1:]):.3f} s, {[round(t, 3) for t in ts]}")
+    report(seconds)
     same = sum(a.ids == b.ids for a, b in zip(traces["before"], traces["after"]))
     pairs = [(a, b) for a, b in zip(traces["before"], traces["after"]) if a.ids == b.ids]
     logp = max((abs(x - y) for a, b in pairs for x, y in zip(a.logps, b.logps)), default=0.0)

@@ -1,6 +1,7 @@
 """Tool results (chunks of external tokens) in multi-turn episodes through the lean step (lean_decode.step_episode:
 logits of each row's last token only) against through the model's own forward (every token's logits), the one-token
-steps lean in both, whole batches of episodes in one process:
+steps lean in both, whole batches of episodes in one process, timed whole and inside the chunk forwards alone (on a
+noisy machine the second, a share of each batch, shows the change more steadily):
 
     python bench/episodes_chunks_ab.py src/rlvr/models/tiny-tools 240 fp32   # a model folder, new tokens, fp32|bf16
     python bench/episodes_chunks_ab.py MODEL 96 bf16 1,c   # and the turns' stop strings (default 5,9)
@@ -17,40 +18,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from _report import cpu_name  # noqa: E402
-
-from rlvr.models.loading import load_model, load_tokenizer  # noqa: E402
-from rlvr.models.precision import autocast_context  # noqa: E402
-from rlvr.rollout import SamplingParams  # noqa: E402
-from rlvr.rollout.engines.hf import HFEngine, episode_decode  # noqa: E402
-
-QUESTIONS = ("12+34=", "5-3=", "87+9=", "1+1=", "99-98=", "7*6=", "3+3=", "10-1=")
-
-
-class Answering:
-    """A turn driver: a turn ends at a stop string and is answered with a tool-result-like text, `turns` times."""
-
-    def __init__(self, tokenizer, turns: int = 5, stop_strings: tuple[str, ...] = ("5", "9")):
-        self.tokenizer, self.turns, self.count, self.pending = tokenizer, turns, {}, {}
-        self.stop_strings = list(stop_strings)
-
-    def end_turn(self, row, turn_ids, eos):
-        n = self.count[row] = self.count.get(row, 0) + 1
-        if eos or n > self.turns:
-            return False
-        text = f"<result>{row * 7 % 100} is too {'low' if row % 2 else 'high'}{'!' * (row % 5)}</result>"
-        self.pending[row] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return True
-
-    def ready(self, block):
-        out, self.pending = self.pending, {}
-        return out
+from _episodes import QUESTIONS, Answering, alternate, report
+from _report import cpu_name
+from rlvr.models.loading import load_model, load_tokenizer
+from rlvr.models.precision import autocast_context
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.engines.hf import HFEngine, episode_decode
 
 
 def main() -> None:
@@ -61,35 +37,40 @@ def main() -> None:
     model = load_model(path).eval()
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in QUESTIONS]
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)  # episodes of the whole budget
-    feed = episode_decode._feed_chunks
-    seconds: dict[str, list[float]] = {"model": [], "lean": []}
-    traces, chunk_tokens = {}, []
+    feed, chunk_tokens = episode_decode._feed_chunks, []
+    in_chunks: dict[str, list[float]] = {"model": [], "lean": []}  # per batch, the seconds inside the chunk forwards
 
-    def model_chunks(model, lean, state, chunks, *a, **k):  # the model's forward, as before the lean chunks
-        return feed(model, None, state, chunks, *a, **k)
-
-    def lean_chunks(model, lean, state, chunks, *a, **k):
-        chunk_tokens.append(sum(len(t) for _, t in chunks))
-        return feed(model, lean, state, chunks, *a, **k)
-
-    for i in range(7):
-        for way in ["model", "lean"] if i % 2 == 0 else ["lean", "model"]:
-            episode_decode._feed_chunks = model_chunks if way == "model" else lean_chunks  # type: ignore[assignment]
-            chunk_tokens.clear()
-            with autocast_context("none" if precision == "fp32" else precision, torch.device("cpu"), model):
-                t = time.perf_counter()
-                driver = Answering(tok, stop_strings=stops)
-                traces[way] = HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), driver)[2]
-                seconds[way].append(time.perf_counter() - t)
+    def chunks_through(way: str):
+        def timed(model, lean, state, chunks, *a, **k):  # the model's forward (lean=None), as before the lean chunks
             if way == "lean":
-                chunks = (len(chunk_tokens), sum(chunk_tokens))
+                chunk_tokens.append(sum(len(t) for _, t in chunks))
+            t = time.perf_counter()
+            feed(model, lean if way == "lean" else None, state, chunks, *a, **k)
+            in_chunks[way][-1] += time.perf_counter() - t
+
+        def on():
+            episode_decode._feed_chunks = timed  # type: ignore[assignment]
+            in_chunks[way].append(0.0)
+            if way == "lean":  # the counts: the last lean batch's
+                chunk_tokens.clear()
+
+        return on
+
+    def run():
+        with autocast_context("none" if precision == "fp32" else precision, torch.device("cpu"), model):
+            driver = Answering(tok, stop_strings=stops)
+            return HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), driver)[2]
+
+    seconds, traces = alternate({way: chunks_through(way) for way in ("model", "lean")}, run)
     print(f"{cpu_name()}, torch {torch.__version__}, 2 threads, {precision}; {path}, {len(prompts)} x 8 episodes, {new_tokens} new tokens")
-    for way, ts in seconds.items():
-        print(f"{way}: median {statistics.median(ts[1:]):.3f} s, min {min(ts[1:]):.3f} s, {[round(t, 3) for t in ts]}")
+    print("whole batches:")
+    report(seconds)
+    print("inside the chunk forwards, per batch:")
+    report(in_chunks)
     same = sum(a.ids == b.ids for a, b in zip(traces["model"], traces["lean"]))
     mean = statistics.mean(len(t.ids) for t in traces["lean"])
     print(f"the same tokens in {same} of {len(traces['lean'])} episodes; mean length {mean:.1f}; ", end="")
-    print(f"{chunks[0]} chunk forwards, {chunks[1]} external tokens")
+    print(f"{len(chunk_tokens)} chunk forwards, {sum(chunk_tokens)} external tokens")
 
 
 if __name__ == "__main__":

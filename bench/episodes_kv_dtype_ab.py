@@ -11,14 +11,12 @@ config C's), x 8 episodes, temperature 1, ignore_eos, tool-result-like answers a
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 
+from _episodes import QUESTIONS, Answering, alternate, report
 from _report import cpu_name
-from episodes_chunks_ab import QUESTIONS, Answering
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.models.precision import autocast_context
 from rlvr.rollout import SamplingParams
@@ -39,22 +37,20 @@ def main() -> None:
         max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts), new_tokens, torch.float32,
         shared=True, lower=torch.bfloat16, layers=model.config.num_hidden_layers,
     )  # fmt: skip
-    ways = {d: (lambda *a, d=d, **k: AttentionWay(d, False, True)) for d in (torch.float32, torch.bfloat16)}
-    seconds: dict[torch.dtype, list[float]] = {d: [] for d in ways}
-    traces = {}
-    for i in range(7):
-        for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
-            episode_decode.decode_attention_way = ways[way]  # type: ignore[assignment]
-            with autocast_context("bf16", torch.device("cpu"), model):
-                t = time.perf_counter()
-                traces[way] = HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
-                seconds[way].append(time.perf_counter() - t)
+
+    def run():
+        with autocast_context("bf16", torch.device("cpu"), model):
+            return HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
+
+    def buffers(dtype):  # the way the engine asks for, fixed
+        return lambda: setattr(episode_decode, "decode_attention_way", lambda *a, **k: AttentionWay(getattr(torch, dtype), False, True))
+
+    seconds, traces = alternate({f"{d} buffers": buffers(d) for d in ("float32", "bfloat16")}, run)
     print(f"{cpu_name()}, torch {torch.__version__}, 2 threads, bf16; {path}, {len(prompts)} x 8 episodes, {new_tokens} new tokens")
     print(f"prompt tokens {max(len(tok(p)['input_ids']) for p in prompts)}; this machine's timing takes {timed.dtype} buffers here")
-    for way, ts in seconds.items():
-        print(f"{way} buffers: median {statistics.median(ts[1:]):.3f} s, min {min(ts[1:]):.3f} s, {[round(t, 3) for t in ts]}")
+    report(seconds)
     same = sum(a.ids == b.ids for a, b in zip(*traces.values()))
-    print(f"the same tokens in {same} of {len(traces[torch.float32])} episodes")
+    print(f"the same tokens in {same} of {len(traces['float32 buffers'])} episodes")
 
 
 if __name__ == "__main__":

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from _episodes import QUESTIONS, alternate, report  # noqa: E402
 from _report import cpu_name  # noqa: E402
 
 from rlvr.models.loading import load_model, load_tokenizer  # noqa: E402
 from rlvr.models.precision import autocast_context  # noqa: E402
 from rlvr.rollout import SamplingParams  # noqa: E402
 from rlvr.rollout.engines.hf import HFEngine, kv_buffers  # noqa: E402
-
-QUESTIONS = ("12+34=", "5-3=", "87+9=", "1+1=", "99-98=", "7*6=", "3+3=", "10-1=")
 
 
 class Answering:
@@ -57,18 +55,15 @@ def main() -> None:
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in QUESTIONS]
     params = SamplingParams(n=8, temperature=1.0, max_new_tokens=new_tokens)
     grow = kv_buffers.GROW
-    seconds: dict[str, list[float]] = {"sliced": [], "whole": []}
-    traces = {}
-    for i in range(7):
-        for way in ["sliced", "whole"] if i % 2 == 0 else ["whole", "sliced"]:
-            kv_buffers.GROW = 0 if way == "sliced" else grow
-            with autocast_context("bf16", torch.device("cpu"), model):
-                t = time.perf_counter()
-                traces[way] = HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
-                seconds[way].append(time.perf_counter() - t)
+
+    def run():
+        with autocast_context("bf16", torch.device("cpu"), model):
+            return HFEngine(model, tok).generate_episodes(prompts, params, list(range(len(prompts))), Answering(tok))[2]
+
+    ways = {"sliced": lambda: setattr(kv_buffers, "GROW", 0), "whole": lambda: setattr(kv_buffers, "GROW", grow)}
+    seconds, traces = alternate(ways, run)
     print(f"{cpu_name()}, torch {torch.__version__}, 2 threads; {path}, {len(prompts)} x 8 episodes, {new_tokens} new tokens")
-    for way, ts in seconds.items():
-        print(f"{way}: median {statistics.median(ts[1:]):.3f} s, min {min(ts[1:]):.3f} s, {[round(t, 3) for t in ts]}")
+    report(seconds)
     same = sum(a.ids == b.ids for a, b in zip(traces["sliced"], traces["whole"]))
     mean = statistics.mean(len(t.ids) for t in traces["whole"])
     print(f"the same tokens in {same} of {len(traces['whole'])} episodes; mean length {mean:.1f}")
