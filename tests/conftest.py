@@ -94,11 +94,19 @@ def make_trainer(tiny_model_dir, tmp_path):
 # ------------------------------------------------------------------------------------ the CLI
 
 
+def _causes(stderr: str, most: int = 40) -> str:
+    """The lines of stderr that name an error, a signal or an abort (up to `most`), as a block for a failure message."""
+    words = ("error", "exception", "terminate", "abort", "signal", "killed", "fatal")
+    lines = [line for line in stderr.splitlines() if any(w in line.lower() for w in words)][:most]
+    return "\n[stderr lines naming a cause]\n" + "\n".join(lines) + "\n[stderr tail]\n" if lines else ""
+
+
 class RlvrCli:
     """`python -m rlvr ARGS...` in a subprocess, with this interpreter (so this checkout's rlvr).
 
     cli(*args, timeout=120, check=False, env=None) -> CompletedProcess (text, stdout/stderr
-    captured); check=True asserts exit status 0 and shows the output's tail when it is not.
+    captured); check=True asserts exit status 0 and shows, when it is not, the output's tail and before it every
+    line of stderr that names an error, a signal or an abort (another rank's cause scrolls out of the tail).
     cli.command(*args) is the command line, cli.popen(*args, **kw) starts it without waiting
     (for tests that signal or kill the run). `env`: variables added to this process's."""
 
@@ -112,7 +120,7 @@ class RlvrCli:
     def __call__(self, *args, timeout: float = 120, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
         proc = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=timeout, env=self._env(env))
         if check:
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+            assert proc.returncode == 0, proc.stdout[-2000:] + _causes(proc.stderr) + proc.stderr[-3000:]
         return proc
 
     def popen(self, *args, env: dict | None = None, **kw) -> subprocess.Popen:
