@@ -8,7 +8,10 @@ from pathlib import Path
 
 def char_llama(path: Path, dims: dict, *, max_positions: int = 1024, tie: bool = False) -> Path:
     """Writes a seed-0 LlamaForCausalLM with `dims` (hidden_size, intermediate_size, num_hidden_layers,
-    num_attention_heads, num_key_value_heads) and the character tokenizer to `path`, unless it is there."""
+    num_attention_heads, num_key_value_heads, optionally vocab_size) and the character tokenizer to `path`, unless it
+    is there. A vocab_size past the tokenizer's is a padded vocabulary, as real checkpoints have (the lm_head and the
+    vocabulary-wide log-softmax cost what a real tokenizer's would): those rows of the lm_head are zero and the
+    tokenizer's rows are scaled x40, so that the sampled tokens stay the tokenizer's, as a trained head's would."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -19,8 +22,8 @@ def char_llama(path: Path, dims: dict, *, max_positions: int = 1024, tie: bool =
     tok = build_char_tokenizer()
     tok.model_max_length = max_positions
     torch.manual_seed(0)
+    dims = {"vocab_size": len(tok), **dims}
     cfg = LlamaConfig(
-        vocab_size=len(tok),
         max_position_embeddings=max_positions,
         tie_word_embeddings=tie,
         pad_token_id=tok.pad_token_id,
@@ -28,6 +31,11 @@ def char_llama(path: Path, dims: dict, *, max_positions: int = 1024, tie: bool =
         bos_token_id=tok.bos_token_id,
         **dims,
     )
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model = LlamaForCausalLM(cfg)
+    if cfg.vocab_size > len(tok):
+        with torch.no_grad():
+            model.lm_head.weight[len(tok) :] = 0
+            model.lm_head.weight[: len(tok)] *= 40
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -88,6 +88,10 @@ LLAMAS = {  # random-weight Llamas on the character tokenizer, built under WORK
     "llama25m": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8),
     "llama76m_gqa": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
     "llama9m_gqa": dict(hidden_size=320, intermediate_size=864, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2),
+    # floor.py's V: a real tokenizer's vocabulary on a small model (the lm_head is 72 % of its Linear parameters)
+    "llama20m_v32k": dict(
+        hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
+    ),
 }
 
 

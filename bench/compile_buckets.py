@@ -78,7 +78,7 @@ def dynamic_forward():
 
     def fn(model, ids, attn, C):
         out = logprobs_from_logits(
-            logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, chunk_rows=None
+            logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, compiled=True
         )
         return out.logp, out.entropy
 
@@ -156,7 +156,7 @@ def worker_count(spec: dict) -> dict:
 
         def plain(model, ids, attn, C):
             out = logprobs_from_logits(
-                logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, chunk_rows=None
+                logits_plain(model, ids, attn, C), ids[:, -C:], temperature=1.0, with_entropy=True, entropy_grad=False, compiled=True
             )
             return out.logp, out.entropy
 

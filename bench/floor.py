@@ -58,6 +58,9 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
   I    G in fp32 (model.autocast=none), as on a CPU whose bf16 is emulated: its decode runs each adapted layer as
        one product with the adapter merged in (rlvr.models.lora_merge; bf16 keeps peft's three)
   J    B in fp32 (model.autocast=none), as a CPU whose bf16 is emulated runs it
+  V    B's batch on a small GQA Llama with a 32000-token vocabulary (hidden 256, 4 layers, 4 heads, 2 kv heads,
+       intermediate 768; 8.2M of its 11.3M Linear parameters are the lm_head), as real tokenizers have: the
+       vocabulary-wide log-softmax, entropy and sampling weigh as they do on real models
   --shape NAME=JSON adds a config of your own (then name it in --configs): "model" a local model folder (its
        tokenizer renders the chat prompts) or "llama" the dims of a random-weight Llama on the character tokenizer
        (built once under /tmp/rlvr_bench/shape_NAME); "prompts", "group_size", "max_new_tokens", "long_prompt" (true: C's
@@ -103,6 +106,7 @@ CONFIGS = {
     "G": {**compare_trl.CONFIGS["E"], "extra": LORA},
     "I": {**compare_trl.CONFIGS["E"], "extra": LORA_FP32},
     "J": {**compare_trl.CONFIGS["B"], "extra": ["model.autocast=none"]},  # B in fp32, as on a CPU without fast bf16
+    "V": {**compare_trl.CONFIGS["B"], "model": "llama20m_v32k"},  # B's batch on a 32000-token vocabulary
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 TIMES = ("generate", "train", "step")

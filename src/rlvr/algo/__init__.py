@@ -37,7 +37,7 @@ from rlvr.algo.exploration import (
     token_covariance,
 )
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
-from rlvr.algo.logprobs import selective_log_softmax, token_entropy, token_entropy_with_grad
+from rlvr.algo.logprobs import selective_log_softmax, token_entropy, token_entropy_with_grad, token_logprobs
 from rlvr.algo.losses import (
     LOSS_TYPES,
     LossType,
@@ -94,5 +94,6 @@ __all__ = [
     "selective_log_softmax",
     "token_entropy",
     "token_entropy_with_grad",
+    "token_logprobs",
     "zero_advantage_rows_have_zero_gradient",
 ]

@@ -72,7 +72,7 @@ def _bucketed_logprobs(model, ids, attn, C: int, temperature: float, with_entrop
     """The function torch.compile compiles: the plain path on padded inputs ([N', P' + C'] -> [N', C'])."""
     logits = logits_plain(model, ids, attn, C)  # [N', C', V]
     out = logprobs_from_logits(
-        logits, ids[:, -C:], temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_rows=None
+        logits, ids[:, -C:], temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, compiled=True
     )  # symbolic row count: one chunk, the kernels fuse it
     return out.logp, out.entropy
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad
+from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad, token_logprobs
 from rlvr.models.attention import NAME as ATTENTION_NAME
 from rlvr.models.attention import short_attention_explicit
 from rlvr.models.norm_rotary import fused_norm_and_rotary
@@ -194,11 +194,17 @@ def logprobs_from_logits(
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool,
-    chunk_rows: int | None = 16,
+    compiled: bool = False,
 ) -> TokenLogProbs:
-    """Log-probs (and entropies) of completion_ids [N, C] from logits [N, C, V] at the sampling temperature."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = selective_log_softmax(logits, completion_ids, chunk_rows)
-    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits, chunk_rows) if with_entropy else None
+    """Log-probs (and entropies) of completion_ids [N, C] from logits [N, C, V] at the sampling temperature: eager, as
+    one hand-fused autograd node (algo.token_logprobs); `compiled` (inside torch.compile, the row count symbolic), as
+    the plain ops in one chunk, which inductor fuses into kernels of its own."""
+    if not compiled:
+        return TokenLogProbs(
+            *token_logprobs(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        )
+    if temperature != 1.0:  # in fp32 (bf16 logits too), as the eager node and the sampler divide
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    logp = selective_log_softmax(logits, completion_ids, None)
+    entropy = (token_entropy_with_grad if entropy_grad else token_entropy)(logits, None) if with_entropy else None
     return TokenLogProbs(logp, entropy)

@@ -1,0 +1,96 @@
+"""algo.token_logprobs (the eager training forward's fused log-probs and entropy) against the plain ops and fp64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.algo import selective_log_softmax, token_entropy, token_logprobs
+from rlvr.algo.logprobs import chunk_tokens
+
+
+def _truth(logits: torch.Tensor, index: torch.Tensor, temperature: float, g: torch.Tensor, gh: torch.Tensor | None):
+    """log-probs, entropy and d(sum g logp + sum gh H)/dlogits in fp64 through autograd."""
+    x = logits.detach().double().requires_grad_()
+    logp_all = (x / temperature).log_softmax(-1)
+    logp = logp_all.gather(-1, index[..., None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    loss = (g.double() * logp).sum() + ((gh.double() * entropy).sum() if gh is not None else 0)
+    loss.backward()
+    assert x.grad is not None
+    return logp.detach(), entropy.detach(), x.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 1, 7, 1000])
+def test_log_probs_are_selective_log_softmaxs_bits(dtype, chunk):
+    torch.manual_seed(0)
+    logits = (torch.randn(5, 9, 301) * 4).to(dtype)  # 45 tokens: chunks of 7 leave a remainder, 1000 is one chunk
+    index = torch.randint(0, 301, (5, 9))
+    logp, entropy = token_logprobs(logits, index, chunk=chunk)
+    assert entropy is None and logp.dtype == torch.float32 and logp.shape == (5, 9)
+    assert torch.equal(logp, selective_log_softmax(logits, index))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_values_and_gradients_match_fp64(temperature, entropy_grad):
+    torch.manual_seed(1)
+    logits = torch.randn(3, 11, 2000) * 5
+    index = torch.randint(0, 2000, (3, 11))
+    g, gh = torch.randn(3, 11), torch.randn(3, 11)
+    x = logits.clone().requires_grad_()
+    logp, entropy = token_logprobs(x, index, temperature=temperature, with_entropy=True, entropy_grad=entropy_grad, chunk=8)
+    assert entropy is not None and entropy.requires_grad == entropy_grad
+    loss = (g * logp).sum() + ((gh * entropy).sum() if entropy_grad else 0)
+    loss.backward()
+    t_logp, t_entropy, t_grad = _truth(logits, index, temperature, g, gh if entropy_grad else None)
+    torch.testing.assert_close(logp.double(), t_logp, rtol=0, atol=5e-6)
+    torch.testing.assert_close(entropy.double(), t_entropy, rtol=0, atol=5e-6)
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad.double(), t_grad, rtol=0, atol=1e-6)
+
+
+def test_entropy_is_closer_to_fp64_than_the_plain_ops_on_a_wide_vocabulary():
+    torch.manual_seed(2)
+    logits = torch.randn(4, 16, 32000) * 3
+    index = torch.randint(0, 32000, (4, 16))
+    _, entropy = token_logprobs(logits, index, with_entropy=True)
+    assert entropy is not None
+    truth = _truth(logits, index, 1.0, torch.zeros(4, 16), None)[1]
+    fused_err = (entropy.double() - truth).abs().max().item()
+    plain_err = (token_entropy(logits).double() - truth).abs().max().item()
+    assert fused_err < 4e-6 and fused_err < plain_err
+
+
+def test_bf16_logits_get_bf16_gradients_of_the_fp32_math():
+    torch.manual_seed(3)
+    logits = (torch.randn(2, 6, 500) * 3).to(torch.bfloat16).requires_grad_()
+    index = torch.randint(0, 500, (2, 6))
+    g = torch.randn(2, 6)
+    logp, _ = token_logprobs(logits, index, temperature=0.6, chunk=5)
+    (g * logp).sum().backward()
+    assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+    t_logp, _, t_grad = _truth(logits.float(), index, 0.6, g, None)  # the bf16 values, divided by T in fp32
+    torch.testing.assert_close(logp.double(), t_logp, rtol=0, atol=5e-6)
+    torch.testing.assert_close(logits.grad.double(), t_grad, rtol=2**-8, atol=1e-7)  # bf16 rounding of the fp32 gradient
+
+
+def test_non_contiguous_logits_unused_outputs_and_no_grad():
+    torch.manual_seed(4)
+    full = torch.randn(3, 8, 50, requires_grad=True)
+    logits = full[:, :-1]  # [3, 7, 50], a view as a shifted forward gives
+    index = torch.randint(0, 50, (3, 7))
+    logp, entropy = token_logprobs(logits, index, with_entropy=True, chunk=4)
+    assert entropy is not None and not entropy.requires_grad
+    logp.sum().backward()  # the entropy unused
+    assert full.grad is not None and torch.equal(full.grad[:, -1], torch.zeros(3, 50))
+    t_grad = _truth(logits, index, 1.0, torch.ones(3, 7), None)[2]
+    torch.testing.assert_close(full.grad[:, :-1].double(), t_grad, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        again, _ = token_logprobs(logits, index, chunk=4)
+    assert torch.equal(again, logp.detach())
+
+
+def test_chunks_hold_a_few_megabytes():
+    assert chunk_tokens(32000) == 32 and chunk_tokens(151936) == 8 and chunk_tokens(103) == (4 << 20) // 412
