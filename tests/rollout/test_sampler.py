@@ -45,3 +45,41 @@ def test_samples_follow_the_distribution():
     assert freq[4:].sum() == 0
     for f, q in zip(freq[:4].tolist(), p[:4].tolist()):
         assert abs(f - q) < 5 * math.sqrt(q * (1 - q) / n), (f, q)
+
+
+def test_wide_vocabulary_in_blocks_against_float64():
+    """Past DIRECT_CDF_MAX entries inverse_cdf goes by blocks: the same tokens as one float64 cumsum of the float64
+    probabilities, a vocabulary not a multiple of the block, u at both ends, and whole blocks filtered out."""
+    from rlvr.rollout.engines.sampling import CDF_BLOCK, DIRECT_CDF_MAX
+
+    g = torch.Generator().manual_seed(5)
+    V = 3 * DIRECT_CDF_MAX + CDF_BLOCK // 2 + 3
+    logits = torch.randn(256, V, generator=g) * 4
+    u = torch.rand(256, generator=g)
+    u[:4] = torch.tensor([0.0, 1 - 2**-24, 0.5, 1e-9])
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.5)]:
+        token, logp, entropy = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
+        kept = filter_logits(logits.double() / temperature, top_k, top_p).log_softmax(-1)
+        cdf = kept.exp().cumsum(-1)
+        expected = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        assert torch.equal(token, expected.clamp_max(V - 1))
+        assert torch.isfinite(kept.gather(-1, token[:, None])).all()  # never a filtered-out token
+        torch.testing.assert_close(logp.double(), kept.gather(-1, token[:, None]).squeeze(-1), rtol=0, atol=2e-6)
+        full = (logits.double() / temperature).log_softmax(-1)
+        torch.testing.assert_close(entropy.double(), -(full.exp() * full).sum(-1), rtol=0, atol=5e-6)
+
+
+def test_zero_weights_are_never_drawn_in_either_level():
+    """inverse_cdf over weights with whole zero blocks and zeros inside the chosen block, u from 0 to just below 1."""
+    from rlvr.rollout.engines.sampling import CDF_BLOCK, inverse_cdf
+
+    V = 40 * CDF_BLOCK + 7
+    w = torch.zeros(5, V)
+    w[:, 3 * CDF_BLOCK + 5] = 1.0  # one token in the 4th block
+    w[:, 10 * CDF_BLOCK + 1 : 10 * CDF_BLOCK + 60 : 7] = 0.25  # every 7th token of the 11th block
+    w[:, V - 1] = 1e-30  # the short last block: a tiny weight
+    u = torch.tensor([0.0, 0.3, 0.6, 1 - 2**-24, 0.999999])
+    token = inverse_cdf(w, u)
+    assert (w.gather(-1, token[:, None]) > 0).all()
+    cdf = w.double().cumsum(-1)
+    assert torch.equal(token, torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp_max(V - 1))

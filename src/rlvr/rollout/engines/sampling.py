@@ -34,21 +34,76 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0):
     """One token per row by inverse-CDF sampling: the first token whose cumulative probability
-    exceeds u * total, u ~ U[0, 1) given per row. Exact in distribution (the CDF is summed in
-    float64, so no token's share is off by more than ~1e-12, and a token of probability 0 is never
-    chosen: cdf[i] > u * total >= cdf[i - 1] needs p_i > 0), and one random number per row instead
-    of one per row and vocabulary entry (the exponential race drew 49152 per row on SmolLM2: a
-    fifth of its decode). Returns (token [n], its log-prob [n], entropy [n]): the entropy of the
-    whole distribution at this temperature (before top-k/top-p), as the training forward computes it."""
+    exceeds u * total, u ~ U[0, 1) given per row. Exact in distribution to fp32 rounding (each token's
+    weight exp(x - max) in fp32, running totals in float64: inverse_cdf), a token of probability 0 never
+    chosen, and one random number per row instead of one per row and vocabulary entry (the exponential
+    race drew 49152 per row on SmolLM2: a fifth of its decode). Returns (token [n], its log-prob [n],
+    entropy [n]): the entropy of the whole distribution at this temperature (before top-k/top-p), by the
+    training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
+    One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
+    float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md)."""
+    rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
+    if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
+        parts = [_sample_rows(x, u, temperature, top_k, top_p) for x, u in zip(logits.split(rows), uniforms.split(rows))]
+        return tuple(torch.cat(t) for t in zip(*parts))
+    return _sample_rows(logits, uniforms, temperature, top_k, top_p)
+
+
+SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): glibc maps a fresh, page-faulting block for
+# every allocation past 32 MB, where a [64, 151936] fp32 temporary is 39 MB
+
+
+def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """sample_tokens for one chunk of rows."""
     scaled = logits / temperature  # [n, V]
-    filtered = top_k or top_p < 1.0
-    logp_all = (filter_logits(scaled, top_k, top_p) if filtered else scaled).log_softmax(-1)  # [n, V]
-    p = logp_all.exp()
-    cdf = p.double().cumsum(-1)  # [n, V]
-    token = torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)  # [n]
-    if filtered:
-        logp_full = scaled.log_softmax(-1)
-        entropy = -(logp_full.exp() * logp_full).nansum(-1)
-    else:
-        entropy = -(p * logp_all).nansum(-1)  # nansum: 0 * log 0 = 0 for logits at -inf
-    return token, logp_all.gather(-1, token[:, None]).squeeze(-1), entropy
+    kept = filter_logits(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # before `scaled` is shifted in place
+    s, e, z = _shifted_exp(scaled)  # [n, V], [n, V], [n, 1]
+    kept_s, kept_e, kept_z = (s, e, z) if kept is None else _shifted_exp(kept)  # the distribution the token is drawn from
+    token = inverse_cdf(kept_e, uniforms)  # [n]
+    logp = (kept_s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
+    entropy = (z.log() - torch.nansum(e.mul_(s), -1, keepdim=True) / z).squeeze(-1)  # nansum: 0 x -inf at -inf logits
+    return token, logp, entropy
+
+
+def _shifted_exp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s = x - max x in place of x, e = exp(s), Z = sum e) over the last dim: x [n, V] -> [n, V], [n, V], [n, 1]."""
+    s = x.sub_(x.amax(-1, keepdim=True))
+    e = s.exp()
+    return s, e, e.sum(-1, keepdim=True)
+
+
+CDF_BLOCK = 64  # vocabulary entries per block of inverse_cdf's running total
+DIRECT_CDF_MAX = 1024  # vocabularies up to this size: one float64 cumsum over all of it
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row the first index whose running total of `weights` [n, V] (>= 0, fp32) exceeds u x total (u [n] in
+    [0, 1)), never an index of weight 0. Wide vocabularies in two levels instead of one float64 cumsum over [n, V]
+    (a float64 copy of the weights and a sequential scan: 0.9 ms of a 32000-token decode step's 64 rows): sums of
+    CDF_BLOCK weights in fp32 and their running total in float64 pick the block, then the block's own float64
+    cumsum picks the index; a block's sum rounds by at most 64 fp32 ulps of it, the only departure from the exact
+    distribution (its own weight, not its neighbours')."""
+    n, V = weights.shape
+    target = uniforms.double()  # [n] times the total below: u < 1, so below the total (u x total rounds down from it)
+    if V <= DIRECT_CDF_MAX:
+        cdf = weights.double().cumsum(-1)  # [n, V]
+        return _first_above(cdf, target * cdf[:, -1])  # cdf[i] > target >= cdf[i - 1]: weight i is not 0
+    full = V // CDF_BLOCK
+    sums = weights[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).sum(-1)  # [n, full]
+    if V > full * CDF_BLOCK:  # the last, shorter block
+        sums = torch.cat([sums, weights[:, full * CDF_BLOCK :].sum(-1, keepdim=True)], 1)
+    cum = sums.double().cumsum(-1)  # [n, blocks]
+    target = target * cum[:, -1]
+    block = _first_above(cum, target)  # [n] a block of nonzero sum, as above
+    before = cum.gather(-1, (block - 1).clamp_min(0)[:, None]).squeeze(-1).masked_fill_(block == 0, 0.0)  # total of the blocks before
+    cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=weights.device)  # [n, CDF_BLOCK]
+    w = weights.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, 0.0)  # the block's weights, past V none
+    i = _first_above(w.double().cumsum(-1), target - before)
+    # the block's float64 total can round below its fp32 sum: a target past it takes the block's last nonzero weight
+    last = CDF_BLOCK - 1 - (w > 0).flip(-1).int().argmax(-1)  # [n]
+    return block * CDF_BLOCK + torch.minimum(i, last)
+
+
+def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The first index i with cdf[i] > target: cdf [n, K] running totals, target [n] -> [n]."""
+    return torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1)
