@@ -40,12 +40,12 @@ one training micro-batch (Updater.micro_batch_step: forward, loss, backward). Op
 (scaled_dot_product*, flash attention, and explicit attention's bmm and softmax with their backwards; its scaling and
 masking count as elementwise), norms/activations (elementwise arithmetic and the reductions RMSNorm, SwiGLU and rotary are made of,
 with their backwards), sampling/log-probs (in the decode: every op inside the sampler call; in training: the
-log_softmax, logsumexp and gather over the vocabulary), copies (copy_, cat, index*, clone, to, views, expand,
-empty/zeros allocations, embedding lookups), other ops; Python/dispatch = the region's wall time less the ops'
-self times (autograd engine nodes and labels count here). All from the profiled run, so they add up to its wall
-time and the profiler's own per-op cost is in them; the wall time without the profiler is beside. A profiled run that
-page-faults more than the plain run is run plain and profiled again (up to 4 tries, the fewest faults kept;
-floor_ops.profiled): fresh pages slowed the elementwise ops 2-5x. Lists: bench/floor_ops.py.
+log_softmax, logsumexp and gather over the vocabulary, or every op of algo.token_logprobs' node), copies (copy_,
+cat, index*, clone, to, views, expand, empty/zeros allocations, embedding lookups), other ops; Python/dispatch = the
+region's wall time less the ops' self times (autograd engine nodes and labels count here). All from the profiled
+run, so they add up to its wall time and the profiler's own per-op cost is in them; the wall time without the
+profiler is beside. A profiled run that page-faults more than the plain run is run plain and profiled again (up
+to 4 tries, the fewest faults kept; floor_ops.profiled): fresh pages slowed the elementwise ops 2-5x. Lists: bench/floor_ops.py.
 
 Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
   A-D  compare_trl.CONFIGS. D is TRL's defaults for TRL; for rlvr it is B plus optim.micro_batch_size=16

@@ -15,6 +15,9 @@ import torch.nn.functional as F
 PHASES = ("generation", "training")
 DECODE_ROWS_MAX = 256  # as rlvr.models.packed_linears: products up to this many rows also timed from packed weights
 SAMPLER = "floor::sampler"  # the profiler label around the decode's sampling call
+# the training forward's log-probs (rlvr.algo.token_logprobs): its autograd node's forward and backward, whose ops
+# (exp, sub, sums over the vocabulary) count as log-probs, not as norms/activations
+LOGPROB_NODES = ("_TokenLogProbs", "_TokenLogProbsBackward")
 
 
 # ----------------------------------------------------------------------------- the shapes a step runs
@@ -219,10 +222,10 @@ def _packed_flops(ev) -> int:
     return 2 * rows * K * N
 
 
-def _inside(ev, label: str) -> bool:
+def _inside(ev, *labels: str) -> bool:
     p = ev.cpu_parent
     while p is not None:
-        if p.name == label:
+        if p.name in labels:
             return True
         p = p.cpu_parent
     return False
@@ -280,7 +283,7 @@ def _profile_once(fn, n: int) -> dict:
         wall, faults = (time.perf_counter() - t) / n, minor_faults() - f0
     cats, flops, mm_time = Counter(), 0, 0.0
     for ev in prof.events():
-        kind = category(ev, _inside(ev, SAMPLER))
+        kind = category(ev, _inside(ev, SAMPLER, *LOGPROB_NODES))
         if kind == "Python/dispatch":
             continue
         cats[kind] += ev.self_cpu_time_total / 1e6 / n
