@@ -76,20 +76,35 @@ def test_bf16_logits_get_bf16_gradients_of_the_fp32_math():
     torch.testing.assert_close(logits.grad.double(), t_grad, rtol=2**-8, atol=1e-7)  # bf16 rounding of the fp32 gradient
 
 
-def test_non_contiguous_logits_unused_outputs_and_no_grad():
+@pytest.mark.parametrize("chunk", [4, 7, 100])
+def test_positions_past_the_index_get_no_gradient_and_unused_outputs_none(chunk):
+    """logits [N, L + 1, V] as a forward's logits_to_keep = C + 1 gives them: the last position scores nothing."""
     torch.manual_seed(4)
-    full = torch.randn(3, 8, 50, requires_grad=True)
-    logits = full[:, :-1]  # [3, 7, 50], a view as a shifted forward gives
+    logits = torch.randn(3, 8, 50, requires_grad=True)
     index = torch.randint(0, 50, (3, 7))
-    logp, entropy = token_logprobs(logits, index, with_entropy=True, chunk=4)
+    logp, entropy = token_logprobs(logits, index, with_entropy=True, chunk=chunk)
     assert entropy is not None and not entropy.requires_grad
+    assert torch.equal(logp, selective_log_softmax(logits[:, :7], index))
     logp.sum().backward()  # the entropy unused
-    assert full.grad is not None and torch.equal(full.grad[:, -1], torch.zeros(3, 50))
-    t_grad = _truth(logits, index, 1.0, torch.ones(3, 7), None)[2]
-    torch.testing.assert_close(full.grad[:, :-1].double(), t_grad, rtol=0, atol=1e-6)
+    assert logits.grad is not None and torch.equal(logits.grad[:, -1], torch.zeros(3, 50))
+    t_grad = _truth(logits[:, :7], index, 1.0, torch.ones(3, 7), None)[2]
+    torch.testing.assert_close(logits.grad[:, :-1].double(), t_grad, rtol=0, atol=1e-6)
     with torch.no_grad():
-        again, _ = token_logprobs(logits, index, chunk=4)
-    assert torch.equal(again, logp.detach())
+        again, none = token_logprobs(logits, index, chunk=chunk)
+    assert torch.equal(again, logp.detach()) and none is None
+
+
+def test_non_contiguous_logits():
+    torch.manual_seed(5)
+    base = torch.randn(40, 6, 3, requires_grad=True)
+    logits = base.permute(2, 1, 0)  # [3, 6, 40], the vocabulary dim strided
+    index = torch.randint(0, 40, (3, 6))
+    logp, _ = token_logprobs(logits, index, temperature=1.3, chunk=5)
+    (logp * torch.arange(6.0)).sum().backward()
+    t_logp, _, t_grad = _truth(logits, index, 1.3, torch.arange(6.0).expand(3, 6), None)
+    torch.testing.assert_close(logp.double(), t_logp, rtol=0, atol=2e-6)
+    assert base.grad is not None
+    torch.testing.assert_close(base.grad.permute(2, 1, 0).double(), t_grad, rtol=0, atol=1e-6)
 
 
 def test_chunks_hold_a_few_megabytes():

@@ -6,7 +6,7 @@ eager forward runs it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -69,8 +69,8 @@ def chunk_tokens(vocab: int) -> int:
 
 
 def token_logprobs(
-    logits: torch.Tensor,  # [N, L, V], any float dtype (bf16 under autocast)
-    index: torch.Tensor,  # [N, L] the tokens whose log-probs are wanted
+    logits: torch.Tensor,  # [N, L', V], L' >= L, any float dtype (bf16 under autocast), any strides
+    index: torch.Tensor,  # [N, L] the tokens whose log-probs are wanted: position l of logits scores index[:, l]
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
@@ -79,6 +79,8 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T)[index] [N, L] and, with_entropy, the entropy of softmax(logits / T) [N, L], both in
     fp32 (fp64 for fp64 logits) and differentiable with respect to `logits` (the entropy only with entropy_grad).
+    Positions past L (a forward's last, which predicts past the completion) are read by nothing and get gradient 0:
+    slicing them off would copy the logits, and slicing's backward would write a zero-filled copy of them.
 
     selective_log_softmax + token_entropy's math as one autograd node, chunked over the N x L tokens:
         x = logits / T   (fp32)    m = max x    e = exp(x - m)    Z = sum e    lse = m + log Z
@@ -96,34 +98,45 @@ def token_logprobs(
     return logp, entropy if with_entropy else None
 
 
+def _blocks(N: int, L: int, chunk: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, positions) slices covering [N, L] in blocks of at most `chunk` tokens: whole rows together, or one row
+    in pieces where a row is longer than a chunk."""
+    if L >= chunk:
+        for r in range(N):
+            for p in range(0, L, chunk):
+                yield slice(r, r + 1), slice(p, min(p + chunk, L))
+    elif L > 0:
+        for r in range(0, N, chunk // L):
+            yield slice(r, min(r + chunk // L, N)), slice(0, L)
+
+
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any, logits: torch.Tensor, index: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool, chunk: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        N, L, V = logits.shape
-        rows, idx = logits.reshape(N * L, V), index.reshape(N * L, 1)  # [T, V], [T, 1]
+        (N, L), V = index.shape, logits.shape[-1]
         f32 = _at_least_fp32(logits.dtype)
-        shift = logits.new_empty(2, N * L, dtype=f32)  # m and log Z per token: the backward's log p = (x - m) - log Z
+        shift = logits.new_empty(2, N, L, dtype=f32)  # m and log Z per token: the backward's log p = (x - m) - log Z
         logp, entropy = torch.empty_like(shift[0]), torch.empty_like(shift[0]) if with_entropy else shift.new_empty(0)
         x_buf = logits.new_empty(2, min(chunk, N * L), V, dtype=f32)  # x and e of every chunk: no fresh pages per chunk
-        for a in range(0, N * L, chunk):
-            b = min(a + chunk, N * L)
-            x = _scaled(rows[a:b], temperature, x_buf[0, : b - a])  # [c, V]
+        for r, p in _blocks(N, L, chunk):
+            block = logits[r, p]  # [n, l, V]
+            c = block.shape[0] * block.shape[1]
+            x = _scaled(block, temperature, x_buf[0, :c].view(block.shape)).view(c, V)  # [c, V]
             m = x.amax(-1, keepdim=True)  # [c, 1]
-            picked = x.gather(-1, idx[a:b])  # [c, 1]
+            picked = x.gather(-1, index[r, p].reshape(c, 1))  # [c, 1]
             s = x.sub_(m)  # x - m, in place
-            e = torch.exp(s, out=x_buf[1, : b - a])  # [c, V]
+            e = torch.exp(s, out=x_buf[1, :c])  # [c, V]
             z = e.sum(-1, keepdim=True)
             log_z = z.log()
-            shift[0, a:b], shift[1, a:b] = m.squeeze(-1), log_z.squeeze(-1)
-            logp[a:b] = (picked - (log_z + m)).squeeze(-1)  # logsumexp's own order: log(sum(exp(x - m))) + m
+            shift[0, r, p], shift[1, r, p] = m.view(block.shape[:2]), log_z.view(block.shape[:2])
+            logp[r, p] = (picked - (log_z + m)).view(block.shape[:2])  # logsumexp's own order: log(sum(exp(x - m))) + m
             if with_entropy:
-                entropy[a:b] = (log_z - e.mul_(s).sum(-1, keepdim=True) / z).squeeze(-1)
+                entropy[r, p] = (log_z - e.mul_(s).sum(-1, keepdim=True) / z).view(block.shape[:2])
         ctx.save_for_backward(logits, index, shift, entropy if entropy_grad else None)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)
-        logp, entropy = logp.view(N, L), entropy.view(N, L) if with_entropy else entropy
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -132,25 +145,32 @@ class _TokenLogProbs(torch.autograd.Function):
     def backward(ctx: Any, g_logp: torch.Tensor | None, g_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         # g_logp, g_entropy [N, L], or None where the loss did not use that output
         logits, index, shift, entropy = ctx.saved_tensors
-        N, L, V = logits.shape
-        rows, idx = logits.reshape(N * L, V), index.reshape(N * L, 1)
+        (N, L), V = index.shape, logits.shape[-1]
         T, chunk = ctx.temperature, ctx.chunk
         f32 = shift.dtype
-        g = shift.new_zeros(N * L, 1) if g_logp is None else g_logp.reshape(N * L, 1).to(f32) / T  # d/dlogits = d/dx / T
-        gh = None if entropy is None or g_entropy is None else g_entropy.reshape(N * L, 1).to(f32) / T
-        m, log_z = shift[:, :, None]  # [T, 1] each
-        grad = torch.empty_like(rows)  # [T, V] in the logits' dtype
-        buf = rows.new_empty(min(chunk, N * L), V, dtype=f32)
-        for a in range(0, N * L, chunk):
-            b = min(a + chunk, N * L)
-            log_p = _scaled(rows[a:b], T, buf[: b - a]).sub_(m[a:b]).sub_(log_z[a:b])  # [c, V]
+        g = shift.new_zeros(N, L) if g_logp is None else g_logp.to(f32) / T  # d/dlogits = d/dx / T
+        gh = None if entropy is None or g_entropy is None else g_entropy.to(f32) / T
+        grad = logits.new_empty(logits.shape, dtype=logits.dtype)  # [N, L', V] in the logits' dtype
+        grad[:, L:] = 0  # positions past L: read by nothing
+        buf = logits.new_empty(min(chunk, N * L), V, dtype=f32)
+        for r, p in _blocks(N, L, chunk):
+            block = logits[r, p]  # [n, l, V]
+            c = block.shape[0] * block.shape[1]
+
+            log_p = _scaled(block, T, buf[:c].view(block.shape)).view(c, V)  # [c, V] x, then log p = (x - m) - log Z
+            log_p.sub_(_column(shift[0], r, p)).sub_(_column(shift[1], r, p))
             if gh is None:  # -p g + [j = index] g
-                d = log_p.exp_().mul_(-g[a:b])
+                d = log_p.exp_().mul_(-_column(g, r, p))
             else:  # -p (g + gh (log p + H)) + [j = index] g
-                coef = (log_p + entropy[a:b, None]).mul_(gh[a:b]).add_(g[a:b])
+                coef = (log_p + _column(entropy, r, p)).mul_(_column(gh, r, p)).add_(_column(g, r, p))
                 d = log_p.exp_().mul_(coef).neg_()
-            grad[a:b] = d.scatter_add_(-1, idx[a:b], g[a:b])
-        return grad.view(N, L, V), None, None, None, None, None
+            grad[r, p] = d.scatter_add_(-1, _column(index, r, p), _column(g, r, p)).view(block.shape)
+        return grad, None, None, None, None, None
+
+
+def _column(t: torch.Tensor, rows: slice, positions: slice) -> torch.Tensor:
+    """A block's [n, l] of a per-token tensor [N, L] as [n x l, 1]."""
+    return t[rows, positions].reshape(-1, 1)
 
 
 def _scaled(rows: torch.Tensor, temperature: float, out: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ def pad_to_buckets(
 
 def _bucketed_logprobs(model, ids, attn, C: int, temperature: float, with_entropy: bool, entropy_grad: bool):
     """The function torch.compile compiles: the plain path on padded inputs ([N', P' + C'] -> [N', C'])."""
-    logits = logits_plain(model, ids, attn, C)  # [N', C', V]
+    logits = logits_plain(model, ids, attn, C)  # [N', C' + 1, V]
     out = logprobs_from_logits(
         logits, ids[:, -C:], temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, compiled=True
     )  # symbolic row count: one chunk, the kernels fuse it

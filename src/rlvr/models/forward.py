@@ -85,11 +85,11 @@ def group_runs(group_ids: torch.Tensor, prompt_ids: torch.Tensor | None = None) 
 
 
 def logits_plain(model, ids: torch.Tensor, attn: torch.Tensor, C: int) -> torch.Tensor:
-    """Logits [N, C, V] of the last C tokens of ids [N, L] (prompt + completion; attention mask
-    attn): position t predicts completion token t. Logits only for those positions (logits_to_keep)."""
+    """Logits [N, C + 1, V] of the last C + 1 tokens of ids [N, L] (prompt + completion; attention mask attn):
+    position t predicts completion token t, the last position what would follow the completion (logprobs_from_logits
+    reads the first C: slicing here would copy the logits). Logits only for those positions (logits_to_keep)."""
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
-    return logits[:, :-1]
+    return model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1, use_cache=False).logits
 
 
 def _repeat_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -101,7 +101,9 @@ def _repeat_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return x.repeat_interleave(counts, dim=0)
 
 
-def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts):
+def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts) -> list[torch.Tensor]:
+    """The logits of completion token 0 (the prompt's last position, [N, 1, V]) and of tokens 1.. (the completion's
+    positions, [N, C, V], the last predicting past the completion), apart: joined they would be a copy of the logits."""
     from transformers import DynamicCache
 
     ckw = cache_kwarg(model)
@@ -120,7 +122,7 @@ def _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, comple
     tail = _completions_over_grouped_prefix(model, cache, u_mask, completion_ids, completion_mask, pos, counts)
     if tail is None:
         tail = _completions_over_repeated_prefix(model, cache, completion_ids, attn, pos, counts)
-    return torch.cat([_repeat_rows(head, counts), tail[:, :-1]], dim=1)  # [N, C, V]
+    return [_repeat_rows(head, counts), tail]
 
 
 def _completions_over_grouped_prefix(model, cache, u_mask, completion_ids, completion_mask, pos, counts) -> torch.Tensor | None:
@@ -181,10 +183,18 @@ def completion_logprobs(
     with short_attention_explicit(model), fused_norm_and_rotary(model):
         if starts is None:
             ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
-            logits = logits_plain(model, ids, torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.shape[1])
+            parts = [logits_plain(model, ids, torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.shape[1])]
         else:
-            logits = _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts)
-    return logprobs_from_logits(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+            parts = _logits_shared_prefix(model, prompt_ids, prompt_mask, completion_ids, completion_mask, starts, counts)
+
+    def of(logits: torch.Tensor, ids: torch.Tensor) -> TokenLogProbs:
+        return logprobs_from_logits(logits, ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+    if len(parts) == 1:
+        return of(parts[0], completion_ids)
+    head, tail = of(parts[0], completion_ids[:, :1]), of(parts[1], completion_ids[:, 1:])
+    entropy = None if head.entropy is None or tail.entropy is None else torch.cat([head.entropy, tail.entropy], 1)
+    return TokenLogProbs(torch.cat([head.logp, tail.logp], 1), entropy)
 
 
 def logprobs_from_logits(
@@ -196,13 +206,14 @@ def logprobs_from_logits(
     entropy_grad: bool,
     compiled: bool = False,
 ) -> TokenLogProbs:
-    """Log-probs (and entropies) of completion_ids [N, C] from logits [N, C, V] at the sampling temperature: eager, as
-    one hand-fused autograd node (algo.token_logprobs); `compiled` (inside torch.compile, the row count symbolic), as
-    the plain ops in one chunk, which inductor fuses into kernels of its own."""
+    """Log-probs (and entropies) of completion_ids [N, C] from logits [N, >= C, V] (positions past C unused) at the
+    sampling temperature: eager, as one hand-fused autograd node (algo.token_logprobs); `compiled` (inside
+    torch.compile, the row count symbolic), as the plain ops in one chunk, which inductor fuses into kernels of its own."""
     if not compiled:
         return TokenLogProbs(
             *token_logprobs(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
         )
+    logits = logits[:, : completion_ids.shape[1]]
     if temperature != 1.0:  # in fp32 (bf16 logits too), as the eager node and the sampler divide
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
     logp = selective_log_softmax(logits, completion_ids, None)
