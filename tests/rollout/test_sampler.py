@@ -83,3 +83,21 @@ def test_zero_weights_are_never_drawn_in_either_level():
     assert (w.gather(-1, token[:, None]) > 0).all()
     cdf = w.double().cumsum(-1)
     assert torch.equal(token, torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp_max(V - 1))
+
+
+def test_without_entropy_the_same_draws_in_row_chunks():
+    """entropy=False (the callers that discard it) draws the same tokens and log-probs, None for the entropy; rows past
+    SAMPLE_CHUNK logits go in chunks and come back in order."""
+    from rlvr.rollout.engines import sampling
+
+    g = torch.Generator().manual_seed(7)
+    logits, u = torch.randn(9, 2000, generator=g) * 3, torch.rand(9, generator=g)
+    token, logp, entropy = sample_tokens(logits, u, temperature=0.9)
+    t2, l2, none = sample_tokens(logits, u, temperature=0.9, entropy=False)
+    assert none is None and torch.equal(token, t2) and torch.equal(logp, l2)
+    chunk, sampling.SAMPLE_CHUNK = sampling.SAMPLE_CHUNK, 4000  # two rows a chunk: five chunks
+    try:
+        chunked = sample_tokens(logits, u, temperature=0.9)
+    finally:
+        sampling.SAMPLE_CHUNK = chunk
+    assert torch.equal(chunked[0], token) and torch.equal(chunked[1], logp) and torch.equal(chunked[2], entropy)

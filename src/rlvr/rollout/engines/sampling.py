@@ -32,28 +32,30 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0):
+def sample_tokens(
+    logits: torch.Tensor, uniforms: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0, entropy: bool = True
+):
     """One token per row by inverse-CDF sampling: the first token whose cumulative probability
     exceeds u * total, u ~ U[0, 1) given per row. Exact in distribution to fp32 rounding (each token's
     weight exp(x - max) in fp32, running totals in float64: inverse_cdf), a token of probability 0 never
     chosen, and one random number per row instead of one per row and vocabulary entry (the exponential
     race drew 49152 per row on SmolLM2: a fifth of its decode). Returns (token [n], its log-prob [n],
-    entropy [n]): the entropy of the whole distribution at this temperature (before top-k/top-p), by the
-    training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
+    entropy [n] or None where not asked for): the entropy of the whole distribution at this temperature (before
+    top-k/top-p), by the training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
     One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
     float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md)."""
     rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
     if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
-        parts = [_sample_rows(x, u, temperature, top_k, top_p) for x, u in zip(logits.split(rows), uniforms.split(rows))]
-        return tuple(torch.cat(t) for t in zip(*parts))
-    return _sample_rows(logits, uniforms, temperature, top_k, top_p)
+        parts = [_sample_rows(x, u, temperature, top_k, top_p, entropy) for x, u in zip(logits.split(rows), uniforms.split(rows))]
+        return tuple(None if t[0] is None else torch.cat(t) for t in zip(*parts))
+    return _sample_rows(logits, uniforms, temperature, top_k, top_p, entropy)
 
 
 SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): glibc maps a fresh, page-faulting block for
 # every allocation past 32 MB, where a [64, 151936] fp32 temporary is 39 MB
 
 
-def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float):
+def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool):
     """sample_tokens for one chunk of rows."""
     scaled = logits / temperature  # [n, V]
     kept = filter_logits(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # before `scaled` is shifted in place
@@ -61,6 +63,8 @@ def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: floa
     kept_s, kept_e, kept_z = (s, e, z) if kept is None else _shifted_exp(kept)  # the distribution the token is drawn from
     token = inverse_cdf(kept_e, uniforms)  # [n]
     logp = (kept_s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
+    if not with_entropy:
+        return token, logp, None
     entropy = (z.log() - torch.nansum(e.mul_(s), -1, keepdim=True) / z).squeeze(-1)  # nansum: 0 x -inf at -inf logits
     return token, logp, entropy
 

@@ -175,5 +175,5 @@ def _sample(logits: torch.Tensor, rows: list[int], params: SamplingParams, gens:
     if params.temperature == 0:
         return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
     uniforms = torch.cat([torch.rand(1, generator=gens[r], device=x.device) for r in rows])  # [n]
-    token, logp, _ = sample_tokens(x, uniforms, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    token, logp, _ = sample_tokens(x, uniforms, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, entropy=False)
     return dict(zip(rows, zip(token.tolist(), logp.tolist())))
