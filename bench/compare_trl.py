@@ -72,6 +72,8 @@ CONFIGS = {
     # the floor bench's two other shapes (bench/floor.py): a larger model with short prompts, a smaller one with long
     "E": dict(model="llama76m_gqa", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     "F": dict(model="llama9m_gqa", reward="digit_share", max_new_tokens=48, long_prompt=True, trl_defaults=False, prompts=4, group_size=16),
+    # B's batch on a 32000-token vocabulary (bench/floor.py's V): the vocabulary-wide log-probs, entropy and sampling
+    "V": dict(model="llama20m_v32k", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     # not in the issue: B with both libraries in bf16 autocast (TRL without checkpointing), to separate
     # what bf16 gives from what rlvr gives in D
     "B16": dict(model="llama25m", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, bf16=True),

@@ -106,7 +106,7 @@ CONFIGS = {
     "G": {**compare_trl.CONFIGS["E"], "extra": LORA},
     "I": {**compare_trl.CONFIGS["E"], "extra": LORA_FP32},
     "J": {**compare_trl.CONFIGS["B"], "extra": ["model.autocast=none"]},  # B in fp32, as on a CPU without fast bf16
-    "V": {**compare_trl.CONFIGS["B"], "model": "llama20m_v32k"},  # B's batch on a 32000-token vocabulary
+    "V": compare_trl.CONFIGS["V"],  # B's batch on a 32000-token vocabulary
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 TIMES = ("generate", "train", "step")
