@@ -17,7 +17,7 @@ from rlvr.data import render_prompt
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import HFEngine
-from rlvr.rollout.engines.hf.compiled_decode import Product
+from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder, lean_decoder_for
 
@@ -385,3 +385,38 @@ def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
             assert decoder._products(17, x.device) is products  # the same rows bucket (32): the same table
             assert decoder._products(300, x.device) is not products  # past the packing region's rows: modules
             assert all(p is m for p, m in zip(decoder._products(300, x.device)[0], [model.model.layers[0].self_attn.q_proj]))
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_lora_products_are_peft_calls_bit_for_bit(autocast):
+    """A peft LoRA projection runs as its three products (compiled_decode.LoraProduct) from the weights its Linears
+    use in the packing region: the same bits as peft's forward there; a projection without an adapter stays a
+    Product, and with adapter dropout in training mode the module is called as it is. Under bf16 autocast on a CPU
+    whose bf16 is emulated the region packs nothing: every projection is its module, called as it is."""
+    import rlvr.models.packed_linears as packed_linears
+
+    direct = not autocast or packed_linears.bf16_packs()
+    tok = build_char_tokenizer()
+    torch.manual_seed(4)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4)
+    model = with_lora(LlamaForCausalLM(cfg), ["q_proj", "down_proj"]).eval()
+    decoder = lean_decoder_for(model)
+    assert decoder is not None
+    x = torch.randn(24, 256)
+    h = torch.randn(24, 512)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), packed_linears.packed_linears_in(model):
+        products = decoder._products(24, x.device)
+        for i, layer in enumerate(model.base_model.model.model.layers):
+            q, k, down = products[i][0], products[i][1], products[i][6]
+            if direct:
+                assert type(q) is LoraProduct and type(down) is LoraProduct and type(k) is Product
+            else:
+                assert q is layer.self_attn.q_proj and down is layer.mlp.down_proj and k is layer.self_attn.k_proj
+            assert torch.equal(lean_decode._product(q, x), layer.self_attn.q_proj(x)), i
+            assert torch.equal(lean_decode._product(down, h), layer.mlp.down_proj(h)), i
+    model.train()  # peft's adapter dropout would act: the module, not the products
+    layer = model.base_model.model.model.layers[0]
+    layer.self_attn.q_proj.lora_dropout["default"] = torch.nn.Dropout(0.1)
+    with torch.no_grad(), packed_linears.packed_linears_in(model):
+        decoder._direct = {}
+        assert decoder._products(24, x.device)[0][0] is layer.self_attn.q_proj

@@ -28,7 +28,7 @@ from rlvr.models.precision import frozen_original
 _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _plain_lora(module: Any) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor, float] | None:
+def plain_lora(module: Any) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor, float] | None:
     """(base Linear, A [r, in], B [out, r], scaling) for a peft LoRA Linear whose forward is exactly
     base(x) + scaling * B(A(x)) now; None for anything else (no adapter, several, DoRA and other
     variants, a LoRA bias, quantised or transposed base weights, adapters off or merged already)."""
@@ -72,7 +72,7 @@ def merged_lora_in(model: torch.nn.Module, dtype: torch.dtype, keep: bool = Fals
     swapped: list[tuple[Any, torch.nn.Linear, Any]] = []
     module: Any  # peft's LoRA layers: their attributes are peft's, untyped
     for module in model.modules():
-        plan = _plain_lora(module)
+        plan = plain_lora(module)
         if plan is None:
             continue
         base, A, B, scaling = plan

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from rlvr.models.compiled import CompileClock, require_cpp_compiler
 from rlvr.models.norm_rotary import rotate
+from rlvr.models.lora_merge import plain_lora
 from rlvr.models.packed_linears import decode_weight
 from rlvr.rollout.engines.hf.decode_attention import decode_attention
 
@@ -71,6 +72,16 @@ class Product(NamedTuple):
     bias: torch.Tensor | None
     out_features: int
     packed: bool
+
+
+class LoraProduct(NamedTuple):
+    """A peft LoRA Linear's forward from the weights its three Linears compute with in a packing region: peft's
+    vanilla LoRA, base(x) + B(A(x)) x scaling, in peft's order (lora_product_for)."""
+
+    base: Product
+    a: Product  # lora_A [r, in]
+    b: Product  # lora_B [out, r]
+    scaling: float
 
 
 class LayerWeights(NamedTuple):
@@ -137,6 +148,20 @@ def product_for(module, rows: int, autocast: torch.dtype | None, bf16_ok: bool) 
     base = _base(module)
     got = None if base is None else decode_weight(base, rows, autocast, bf16_ok)
     return None if got is None or base is None else Product(got[0], got[1], base.out_features, got[2])
+
+
+def lora_product_for(module, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> LoraProduct | None:
+    """A peft LoRA Linear with one plain adapter (rlvr.models.lora_merge's test: no dropout in training mode, no
+    variant, bias or second adapter) as its three products, where each of its Linears runs from a Product; else None."""
+    plan = plain_lora(module)
+    if plan is None:
+        return None
+    adapter = next(a for a in module.active_adapters if a in module.lora_A)
+    parts = [product_for(m, rows, autocast, bf16_ok) for m in (plan[0], module.lora_A[adapter], module.lora_B[adapter])]
+    if any(p is None for p in parts):
+        return None
+    base, a, b = cast(list[Product], parts)
+    return LoraProduct(base, a, b, plan[3])
 
 
 def layer_weights(layer, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> LayerWeights | None:

@@ -40,7 +40,16 @@ from rlvr.models.machine_cache import power_of_two_at_least
 from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf import kv_buffers
-from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers, LayerWeights, Product, layer_weights, linear_from, product_for
+from rlvr.rollout.engines.hf.compiled_decode import (
+    CompiledLayers,
+    LayerWeights,
+    LoraProduct,
+    Product,
+    layer_weights,
+    linear_from,
+    lora_product_for,
+    product_for,
+)
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
@@ -107,9 +116,11 @@ def _rms_norm(norm, x):
     return norm(x)
 
 
-def _product(p: "Product | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
+def _product(p: "Product | LoraProduct | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
+    if isinstance(p, LoraProduct):  # peft's forward: result + lora_B(lora_A(x)) * scaling
+        return _product(p.base, x) + _product(p.b, _product(p.a, x)) * p.scaling
     if not isinstance(p, Product):
-        return p(x)  # the module as it is: LoRA-wrapped, quantised, outside a packing region, an autocast cast
+        return p(x)  # the module as it is: a LoRA variant, quantised, outside a packing region, an autocast cast
     return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
 
 
@@ -317,7 +328,9 @@ class LeanDecoder:
             bf16_ok = bf16_packs()
 
             def direct(m):
-                return (product_for(m, n, autocast, bf16_ok) if device.type == "cpu" else None) or m
+                if device.type != "cpu":
+                    return m
+                return product_for(m, n, autocast, bf16_ok) or lora_product_for(m, n, autocast, bf16_ok) or m
 
             products: list = []
             for layer in self.layers:
