@@ -90,9 +90,10 @@ def token_logprobs(
     The forward keeps only m and log Z (and H) besides the logits themselves, and the backward recomputes p chunk by
     chunk (log p as (x - m) - log Z: x - lse would round at lse's magnitude, 3x the plain ops' error at T 0.7);
     autograd's graph of the separate ops kept an fp32 copy of the logits and made about twenty passes over [N, L, V]
-    tensors forward and backward (six here), each chunk's a fresh allocation. Config V of bench/floor.py (vocabulary
-    32000): bench/results/logprobs_vocab_amd.md. T divides in fp32 (bf16 logits too), as the sampler divides its
-    fp32 logits, and its gradient folds into the backward's scale."""
+    tensors forward and backward (six here), each chunk's a fresh allocation: 7-8x faster at 32k-152k vocabularies
+    (bench/results/logprobs_vocab_amd.md), config V's training 2.2x -> 1.6x its floor (bench/results/floor_vocab_amd.md).
+    T divides in fp32 (bf16 logits too), as the sampler divides its fp32 logits, and its gradient folds into the
+    backward's scale."""
     entropy_grad = entropy_grad and with_entropy
     logp, entropy = _TokenLogProbs.apply(logits, index, temperature, with_entropy, entropy_grad, chunk or chunk_tokens(logits.shape[-1]))
     return logp, entropy if with_entropy else None
@@ -156,7 +157,6 @@ class _TokenLogProbs(torch.autograd.Function):
         for r, p in _blocks(N, L, chunk):
             block = logits[r, p]  # [n, l, V]
             c = block.shape[0] * block.shape[1]
-
             log_p = _scaled(block, T, buf[:c].view(block.shape)).view(c, V)  # [c, V] x, then log p = (x - m) - log Z
             log_p.sub_(_column(shift[0], r, p)).sub_(_column(shift[1], r, p))
             if gh is None:  # -p g + [j = index] g
