@@ -55,3 +55,21 @@ def cpu_name() -> str:
     info = Path("/proc/cpuinfo")
     lines = info.read_text().splitlines() if info.exists() else []
     return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+
+
+def result_head(title: str, command: str, setup: str, columns: list[str]) -> list[str]:
+    """The opening lines of a bench's results file: its title, the command with the time it ran, the machine (CPU,
+    torch, threads) with the run's `setup`, and the header of its table with `columns`."""
+    import time
+
+    import torch
+
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
+        f"Machine: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; {setup}",
+        "",
+        table_row(*columns),
+        table_row(*["---"] * len(columns)),
+    ]

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from _report import cpu_name  # noqa: E402
+from _report import result_head  # noqa: E402
 
 from rlvr.algo import selective_log_softmax, token_entropy, token_logprobs  # noqa: E402
 
@@ -65,18 +65,14 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    command = "python bench/logprobs_vocab.py" + "".join(f" {a}" for a in sys.argv[1:])
-    lines = [
-        "# The training forward's log-probs and entropy over the vocabulary: plain ops vs algo.token_logprobs",
-        "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
-        f"Machine: {cpu_name()}, torch {torch.__version__}, 2 threads; bf16 logits, temperature {args.temperature}; "
-        f"forward + backward, ways alternating, {args.reps} repetitions (one warm-up each).",
-        "",
-        "| logits [rows, tokens, V] | plain s per rep | fused s per rep | median plain / fused | logp diff | entropy diff"
-        " | grad diff | entropy err vs fp64 plain / fused | grad elements off fp64's bf16 plain / fused |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = result_head(
+        "The training forward's log-probs and entropy over the vocabulary: plain ops vs algo.token_logprobs",
+        "python bench/logprobs_vocab.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        f"bf16 logits, temperature {args.temperature}; forward + backward, ways alternating, {args.reps} repetitions"
+        " (one warm-up each).",
+        ["logits [rows, tokens, V]", "plain s per rep", "fused s per rep", "median plain / fused", "logp diff", "entropy diff",
+         "grad diff", "entropy err vs fp64 plain / fused", "grad elements off fp64's bf16 plain / fused"],
+    )  # fmt: skip
     for N, L, V in SHAPES:
         torch.manual_seed(0)
         base = (torch.randn(N, L, V) * 3).to(torch.bfloat16)

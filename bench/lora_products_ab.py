@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
-from _report import cpu_name
+from _report import result_head
 from generation_ab import generation_ab
 
 DIRECT = lean_decode.lora_product_for
@@ -33,16 +32,12 @@ def main() -> None:
         "peft modules": lambda: setattr(lean_decode, "lora_product_for", lambda *a: None),
         "direct": lambda: setattr(lean_decode, "lora_product_for", DIRECT),
     }
-    lines = [
-        "# LoRA projections in the lean decode step: peft's module calls vs their three products directly",
-        "",
-        f"Command: `cd bench && python lora_products_ab.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
-        f"Machine: {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads; one process per config, the "
-        f"same generation {args.reps} times per way, alternating which goes first.",
-        "",
-        "| config | peft modules s | direct s | direct / modules (medians) | same tokens and log-probs |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    lines = result_head(
+        "LoRA projections in the lean decode step: peft's module calls vs their three products directly",
+        f"cd bench && python lora_products_ab.py {' '.join(sys.argv[1:])}",
+        f"one process per config, the same generation {args.reps} times per way, alternating which goes first.",
+        ["config", "peft modules s", "direct s", "direct / modules (medians)", "same tokens and log-probs"],
+    )
     for name in args.configs:
         _, outputs, seconds = generation_ab(name, ways, args.reps)
         same = all(

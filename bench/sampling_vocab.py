@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from _report import cpu_name  # noqa: E402
+from _report import result_head  # noqa: E402
 
 from rlvr.rollout.engines.sampling import sample_tokens  # noqa: E402
 
@@ -56,17 +56,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     temperature = 0.8
-    command = "python bench/sampling_vocab.py" + "".join(f" {a}" for a in sys.argv[1:])
-    lines = [
-        "# The hf engines' sampler over the vocabulary: as it was vs sample_tokens now",
-        "",
-        f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
-        f"Machine: {cpu_name()}, torch {torch.__version__}, 2 threads; fp32 logits, temperature {temperature}; "
-        f"ways alternating, {args.reps} repetitions of 20 calls (one warm-up call each).",
-        "",
-        "| logits [n, V] | before ms per call | now ms per call | before / now | same tokens | logp diff | entropy diff |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = result_head(
+        "The hf engines' sampler over the vocabulary: as it was vs sample_tokens now",
+        "python bench/sampling_vocab.py" + "".join(f" {a}" for a in sys.argv[1:]),
+        f"fp32 logits, temperature {temperature}; ways alternating, {args.reps} repetitions of 20 calls (one warm-up call each).",
+        ["logits [n, V]", "before ms per call", "now ms per call", "before / now", "same tokens", "logp diff", "entropy diff"],
+    )
     for n, V in SHAPES:
         torch.manual_seed(0)
         logits, uniforms = torch.randn(n, V) * 3, torch.rand(n)
