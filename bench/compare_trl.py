@@ -94,6 +94,8 @@ LLAMAS = {  # random-weight Llamas on the character tokenizer, built under WORK
     "llama20m_v32k": dict(
         hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=32000
     ),
+    # floor.py's L: V's body on the character vocabulary, for long generations (the KV cache grows to 264 slots a row)
+    "llama3m_gqa": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
 }
 
 

@@ -107,6 +107,8 @@ CONFIGS = {
     "I": {**compare_trl.CONFIGS["E"], "extra": LORA_FP32},
     "J": {**compare_trl.CONFIGS["B"], "extra": ["model.autocast=none"]},  # B in fp32, as on a CPU without fast bf16
     "V": compare_trl.CONFIGS["V"],  # B's batch on a 32000-token vocabulary
+    # a small model's long generation (256 new tokens): the decode reads a KV cache that outgrows the prompt 30 times
+    "L": dict(model="llama3m_gqa", max_new_tokens=256, long_prompt=False, **NEW),
     "H": dict(model="tiny-tools", max_new_tokens=240, long_prompt=False, prompts=8, group_size=8, fixed=False, extra=GUESS, **NEW),
 }
 TIMES = ("generate", "train", "step")
