@@ -420,3 +420,35 @@ def test_lora_products_are_peft_calls_bit_for_bit(autocast):
     with torch.no_grad(), packed_linears.packed_linears_in(model):
         decoder._direct = {}
         assert decoder._products(24, x.device)[0][0] is layer.self_attn.q_proj
+
+
+def test_products_reading_one_input_cast_it_once():
+    """q, k and v (gate and up) read the same normed x: with a shared `casts` it is cast to the products' bf16 once for
+    all of them (a LoRA projection's base and A included), to exactly the values each product's own cast gives; a
+    product in x's own dtype reads x itself."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(5)
+    x = torch.randn(24, 64)
+    bf16 = lambda rows, cols: Product(torch.randn(rows, cols).bfloat16(), None, rows, False)  # noqa: E731
+    lora = LoraProduct(bf16(32, 64), bf16(4, 64), bf16(32, 4), 2.0)
+    products = [lora, bf16(16, 64), bf16(16, 64), Product(torch.randn(8, 64), None, 8, False)]
+
+    class CastsOfX(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0] is x:
+                CastsOfX.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with CastsOfX():
+        separate = [lean_decode._product(p, x) for p in products]
+    per_product, CastsOfX.count = CastsOfX.count, 0
+    casts: dict = {}
+    with CastsOfX():
+        shared = [lean_decode._product(p, x, casts) for p in products]
+    assert (per_product, CastsOfX.count) == (4, 1)  # LoRA's base and A, k, v: four casts; shared: one
+    assert [o.dtype for o in shared] == [torch.bfloat16] * 3 + [torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(separate, shared))
+    assert casts[torch.float32] is x

@@ -116,12 +116,22 @@ def _rms_norm(norm, x):
     return norm(x)
 
 
-def _product(p: "Product | LoraProduct | torch.nn.Module", x: torch.Tensor) -> torch.Tensor:
+# the input that several products read (q, k and v; gate and up) cast to their dtype once, not once per product: generation
+# 0.95-0.97x on configs B, F and L in bf16, the same tokens and log-probs (bench/results/cast_once_amd.md)
+CAST_ONCE = True  # False: each product casts it (that A/B's "before")
+
+
+def _product(p: "Product | LoraProduct | torch.nn.Module", x: torch.Tensor, casts: dict | None = None) -> torch.Tensor:
+    """p's output for x; `casts` (dtype -> x in it) is shared by the products that read this same x."""
     if isinstance(p, LoraProduct):  # peft's forward: result + lora_B(lora_A(x)) * scaling
-        return _product(p.base, x) + _product(p.b, _product(p.a, x)) * p.scaling
+        return _product(p.base, x, casts) + _product(p.b, _product(p.a, x, casts)) * p.scaling
     if not isinstance(p, Product):
         return p(x)  # the module as it is: a LoRA variant, quantised, outside a packing region, an autocast cast
-    return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
+    if casts is None or not CAST_ONCE:
+        return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
+    if p.weight.dtype not in casts:
+        casts[p.weight.dtype] = x.to(p.weight.dtype)
+    return linear_from(casts[p.weight.dtype], p.weight, p.bias, p.packed)
 
 
 @dataclass
@@ -297,9 +307,10 @@ class LeanDecoder:
                 q, k, v = F.linear(h, fused.qkv_weight, fused.qkv_bias).split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
                 q, k, v = q.unflatten(-1, (self.q_heads, D)), k.unflatten(-1, (self.kv_heads, D)), v.unflatten(-1, (self.kv_heads, D))
             else:
-                q = _product(q_p, h).view(n, self.q_heads, D)
-                k = _product(k_p, h).view(n, self.kv_heads, D)
-                v = _product(v_p, h).view(n, self.kv_heads, D)
+                casts: dict = {}
+                q = _product(q_p, h, casts).view(n, self.q_heads, D)
+                k = _product(k_p, h, casts).view(n, self.kv_heads, D)
+                v = _product(v_p, h, casts).view(n, self.kv_heads, D)
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -311,7 +322,8 @@ class LeanDecoder:
             elif gate_p is None:  # an MLP of another kind: as it is
                 x = x + layer.mlp(h)
             else:
-                x = x + _product(down_p, layer.mlp.act_fn(_product(gate_p, h)) * _product(up_p, h))
+                casts = {}
+                x = x + _product(down_p, layer.mlp.act_fn(_product(gate_p, h, casts)) * _product(up_p, h, casts))
         if keep is not None:
             x, products = x[keep], self._products(len(keep), x.device)
         return _product(products[-1], _rms_norm(self.norm, x)).float()
