@@ -9,15 +9,10 @@ times per way, alternating). The two ways must give the same tokens and log-prob
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from pathlib import Path
-
-import torch
 
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
-from _report import result_head
-from generation_ab import generation_ab
+from generation_ab import bit_for_bit_table
 
 
 def main() -> None:
@@ -27,25 +22,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     ways = {"per product": lambda: setattr(lean_decode, "CAST_ONCE", False), "once": lambda: setattr(lean_decode, "CAST_ONCE", True)}
-    lines = result_head(
-        "The lean decode step's shared inputs: cast per product vs once",
-        f"cd bench && python cast_once_ab.py {' '.join(sys.argv[1:])}",
-        f"one process per config, the same generation {args.reps} times per way, alternating which goes first.",
-        ["config", "precision", "per product s", "once s", "once / per product (medians)", "same tokens and log-probs"],
-    )
-    for name in args.configs:
-        trainer, outputs, seconds = generation_ab(name, ways, args.reps)
-        same = all(
-            torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampling_logprobs, b.sampling_logprobs)
-            for a, b in zip(outputs["per product"], outputs["once"])
-        )
-        ratio = statistics.median(seconds["once"]) / statistics.median(seconds["per product"])
-        fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-        times = f"{fmt(seconds['per product'])} | {fmt(seconds['once'])}"
-        lines.append(f"| {name} | {trainer.precision.name} | {times} | {ratio:.3f} | {same} |")
-        print(lines[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join([*lines, ""]))
+    title = "The lean decode step's shared inputs: cast per product vs once"
+    bit_for_bit_table(title, f"cd bench && python cast_once_ab.py {' '.join(sys.argv[1:])}", ways, args.configs, args.reps, args.out)
 
 
 if __name__ == "__main__":

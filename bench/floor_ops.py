@@ -47,10 +47,10 @@ class LinearShapes:
         dtype = torch.get_autocast_dtype(on) if torch.is_autocast_enabled(on) and x.is_floating_point() else module.weight.dtype
         self._count(x, module.in_features, module.out_features, dtype, module.weight.requires_grad)
 
-    def _recording_product(self, p, x: torch.Tensor) -> torch.Tensor:
+    def _recording_product(self, p, x: torch.Tensor, casts: dict | None = None) -> torch.Tensor:
         if isinstance(p, self._Product):  # runs in its weight's dtype (packed or plain)
             self._count(x, x.shape[-1], p.out_features, p.weight.dtype, weight_trained=False)
-        return self._direct_product(p, x)
+        return self._direct_product(p, x, casts)
 
     def _count(self, x: torch.Tensor, K: int, N: int, dtype: torch.dtype, weight_trained: bool) -> None:
         grad = torch.is_grad_enabled()

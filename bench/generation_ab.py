@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 from _floor_step import floor_step
@@ -33,3 +34,34 @@ def generation_ab(
     for way, ts in seconds.items():
         print(f"{way}: generation min {min(ts):.3f} s, median {statistics.median(ts):.3f} s, {[round(t, 3) for t in ts]}", flush=True)
     return trainer, outputs, seconds
+
+
+def bit_for_bit_table(
+    title: str, command: str, ways: dict[str, Callable[[], None]], configs: list[str], reps: int, out: str | None
+) -> None:
+    """generation_ab of two ways that must generate the same tokens and log-probs, for each config: one table row each
+    (their seconds, the second's median over the first's, and whether every run was the same), printed as it comes and
+    written under result_head to `out` when given."""
+    import torch
+
+    from _report import result_head
+
+    first, second = ways
+    lines = result_head(
+        title,
+        command,
+        f"one process per config, the same generation {reps} times per way, alternating which goes first.",
+        ["config", "precision", f"{first} s", f"{second} s", f"{second} / {first} (medians)", "same tokens and log-probs"],
+    )
+    fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    for name in configs:
+        trainer, outputs, seconds = generation_ab(name, ways, reps)
+        same = all(
+            torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampling_logprobs, b.sampling_logprobs)
+            for a, b in zip(outputs[first], outputs[second])
+        )
+        ratio = statistics.median(seconds[second]) / statistics.median(seconds[first])
+        lines.append(f"| {name} | {trainer.precision.name} | {fmt(seconds[first])} | {fmt(seconds[second])} | {ratio:.3f} | {same} |")
+        print(lines[-1], flush=True)
+    if out:
+        Path(out).write_text("\n".join([*lines, ""]))

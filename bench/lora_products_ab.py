@@ -9,15 +9,10 @@ must give the same tokens and log-probs: checked here too.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from pathlib import Path
-
-import torch
 
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
-from _report import result_head
-from generation_ab import generation_ab
+from generation_ab import bit_for_bit_table
 
 DIRECT = lean_decode.lora_product_for
 
@@ -32,24 +27,8 @@ def main() -> None:
         "peft modules": lambda: setattr(lean_decode, "lora_product_for", lambda *a: None),
         "direct": lambda: setattr(lean_decode, "lora_product_for", DIRECT),
     }
-    lines = result_head(
-        "LoRA projections in the lean decode step: peft's module calls vs their three products directly",
-        f"cd bench && python lora_products_ab.py {' '.join(sys.argv[1:])}",
-        f"one process per config, the same generation {args.reps} times per way, alternating which goes first.",
-        ["config", "peft modules s", "direct s", "direct / modules (medians)", "same tokens and log-probs"],
-    )
-    for name in args.configs:
-        _, outputs, seconds = generation_ab(name, ways, args.reps)
-        same = all(
-            torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampling_logprobs, b.sampling_logprobs)
-            for a, b in zip(outputs["peft modules"], outputs["direct"])
-        )
-        ratio = statistics.median(seconds["direct"]) / statistics.median(seconds["peft modules"])
-        fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
-        lines.append(f"| {name} | {fmt(seconds['peft modules'])} | {fmt(seconds['direct'])} | {ratio:.3f} | {same} |")
-        print(lines[-1], flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join([*lines, ""]))
+    title = "LoRA projections in the lean decode step: peft's module calls vs their three products directly"
+    bit_for_bit_table(title, f"cd bench && python lora_products_ab.py {' '.join(sys.argv[1:])}", ways, args.configs, args.reps, args.out)
 
 
 if __name__ == "__main__":

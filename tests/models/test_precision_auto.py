@@ -64,8 +64,8 @@ def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, c
     seen, hooks = _linear_outputs(t.model)
     direct = lean_decode._product  # the lean step's products run straight from their weights (no module call): seen here
 
-    def recording(p, x):
-        out = direct(p, x)
+    def recording(p, x, casts=None):
+        out = direct(p, x, casts)
         if isinstance(p, Product):
             seen.append((out.dtype, torch.is_grad_enabled()))
         return out
