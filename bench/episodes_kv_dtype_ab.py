@@ -1,6 +1,6 @@
 """Multi-turn episodes under bf16 autocast with fp32 KV buffers against bf16 ones (the scores, softmax and merge in
 fp32 either way), whole batches of episodes in one process; the engine itself takes whichever this machine timed
-faster for the single-turn decode's shared layout at the episode's shapes (episode_decode._buffers_dtype):
+faster for the single-turn decode's shared layout at the episode's shapes (episode_decode._attention_way):
 
     python bench/episodes_kv_dtype_ab.py /tmp/rlvr_bench/llama25m 96 45   # a model folder, new tokens, prompt repeats
 

@@ -289,17 +289,25 @@ class _AnswerOnce:
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3", "llama-gqa-lora"])
 @pytest.mark.parametrize("temperature, autocast", [(1.0, False), (0.0, False), (1.0, True)], ids=["sampled", "greedy", "bf16"])
-def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, monkeypatch):
+@pytest.mark.parametrize("layout", ["repeated", "shared"])
+def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, layout, monkeypatch):
     """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
     and through the model's own forward on the same episode cache (the one-token steps and the chunks of external tokens):
-    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the KV buffers the engine keeps there), also with LoRA adapters."""
+    the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the KV buffers the engine keeps there), also with
+    LoRA adapters; each row's buffers beginning with its prompt, or the prompt once per group."""
     torch.set_num_threads(1)
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout == "repeated")  # the CPU's layout, or other devices'
     tok, model = _model(kind.removesuffix("-lora"))
     if kind.endswith("-lora"):  # peft wraps the projections: the lean step calls them as modules, chunks too
         model = with_lora(model, ["q_proj", "k_proj", "up_proj"])  # (these adapters' greedy turns reach the stop strings)
     calls = []
     step = LeanDecoder.step_episode
-    monkeypatch.setattr(LeanDecoder, "step_episode", lambda self, *a, **k: calls.append(tuple(a[0].shape)) or step(self, *a, **k))
+    repeated = []  # whether each lean step's cache held the prompt at the head of each row's buffers
+    monkeypatch.setattr(
+        LeanDecoder,
+        "step_episode",
+        lambda self, *a, **k: calls.append(tuple(a[0].shape)) or repeated.append(a[2].prompt_slots > 0) or step(self, *a, **k),
+    )
     prompts = [render_prompt(q, tok) for q in QUESTIONS]
     params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24)
     runs = {}
@@ -314,17 +322,18 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     steps = {c[0] for c in calls if len(c) == 1}
     assert len(steps) > 1  # steps with some rows out of the forward (a row ended or waited)
     assert any(len(c) == 2 and c[1] > 1 for c in calls)  # the external tokens went in as chunks through the lean step too
+    assert set(repeated) == {layout == "repeated"}
     for a, b in zip(plain, lean_traces):
         assert a.ids == b.ids and a.loss == b.loss
         torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)
 
 
 def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
-    """Under bf16 autocast the episodes' KV buffers are fp32 or, where this machine timed the shared layout's decode
-    attention faster so (decode_attention_way, asked with the prefill's shapes, lower=bf16), bf16: keys and values
-    round to bf16, the scores and merge stay fp32. Sampled episodes (the same seeds) with bf16 buffers then mostly take
-    the same tokens as with fp32 ones, their log-probs within 2e-2 (autocast's bf16 products are the larger rounding),
-    not equal."""
+    """Under bf16 autocast the episodes' KV buffers (on the CPU each row's, beginning with its prompt) are fp32 or,
+    where this machine timed the repeated layout's decode attention faster so (decode_attention_way, asked with the
+    prefill's shapes, lower=bf16), bf16: keys and values round to bf16, the scores and softmax stay fp32. Sampled
+    episodes (the same seeds) with bf16 buffers then mostly take the same tokens as with fp32 ones, their log-probs
+    within 2e-2 (autocast's bf16 products are the larger rounding), not equal."""
     torch.set_num_threads(1)
     tok, model = _model("llama-gqa")
     prompts = [render_prompt(q, tok) for q in QUESTIONS]
@@ -334,7 +343,7 @@ def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
     recording = lambda st, *a: buffers.add(st.cache.layers[0].kbuf.dtype) or prepare(st, *a)  # noqa: E731
     monkeypatch.setattr(episode_decode.EpisodeState, "prepare", recording)
     for dtype in (torch.float32, torch.bfloat16):
-        way = AttentionWay(dtype, False, True)
+        way = AttentionWay(dtype, False, False)
         choosing = lambda *a, way=way, **kw: asked.append((a, kw)) or way  # noqa: E731
         monkeypatch.setattr(episode_decode, "decode_attention_way", choosing)
         buffers.clear()
@@ -344,7 +353,7 @@ def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
     # the shapes asked: 3 prompts x 4, 4 heads over 2 kv heads of 8, the padded prompt's length, 24 new tokens
     P = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     (args, kw), layers = asked[0], len(model.model.layers)
-    assert args == (3, 4, 4, 2, 8, P, 24, torch.float32) and kw == dict(shared=True, lower=torch.bfloat16, layers=layers)
+    assert args == (3, 4, 4, 2, 8, P, 24, torch.float32) and kw == dict(shared=False, lower=torch.bfloat16, layers=layers)
     assert len(asked) == 2
     fp32, bf16 = runs[torch.float32], runs[torch.bfloat16]
     same = [(a, b) for a, b in zip(fp32, bf16) if a.ids == b.ids]

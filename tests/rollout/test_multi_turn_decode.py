@@ -66,11 +66,14 @@ def tiny():
     "delays, in_place_share, grow",
     [(False, None, None), (True, None, None), (True, 0.0, 3), (True, 2.0, 3), (False, None, 0), (True, 0.0, 0)],
 )
-def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, grow, monkeypatch):
+@pytest.mark.parametrize("layout", ["repeated", "shared"])
+def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, grow, layout, monkeypatch):
     """in_place_share: the share of rows from which a forward reads the cache in place (0: always,
     2: never; None: the default, where a run has forwards of each kind). grow: the slots the CPU buffers grow by
-    (kv_buffers.GROW; 0: buffers of every slot read sliced; None: the default)."""
+    (kv_buffers.GROW; 0: buffers of every slot read sliced; None: the default). layout: each row's buffers begin with
+    its prompt (the short prompts' default), or the prompt once per group, a second part merged (long prompts')."""
     model, tok = tiny
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout == "repeated")  # the CPU's layout, or other devices'
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     sizes = []  # the buffers' slots after each forward's prepare
@@ -80,7 +83,10 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
 
     def prepare_recorded(state, *a, **k):
         prepare(state, *a, **k)
-        sizes.append(state.cache.layers[0].kbuf.shape[2])
+        layer = state.cache.layers[0]
+        repeated = layout == "repeated"
+        assert (layer.prefix_keys is None) == repeated and state.prompt_slots == (state.prefix_bias.shape[-1] if repeated else 0)
+        sizes.append(layer.kbuf.shape[2] - state.prompt_slots)  # the slots for the rows' own tokens
 
     monkeypatch.setattr(episode_cache.EpisodeState, "prepare", prepare_recorded)
     random.seed(0)

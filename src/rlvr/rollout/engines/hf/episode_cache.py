@@ -3,12 +3,13 @@
 In a single-turn decode every row writes one token per step (lockstep). In an episode a row may
 wait for a tool while the others go on, then take the tool's result, so rows reach different
 lengths. Here each row writes its own tokens at its own position into buffers
-([N, H, capacity, D]); the prompt's keys/values stay once per group, as in
-rlvr.rollout.engines.hf.shared_prefix, whose exact two-part attention (prompt once per group + the row's
-own tokens, merged by log-sum-exp) is reused with a mask that hides each row's unwritten slots (on the CPU the
-buffers grow kv_buffers.GROW slots at a time and are read whole).
+([N, H, capacity, D]). On the CPU each row's buffers begin with its prompt's keys/values (the repeated layout,
+EpisodeState.prompt_slots: one softmax over prompt and own tokens, the prompt's padding masked); elsewhere the
+prompt's keys/values stay once per group, as in rlvr.rollout.engines.hf.shared_prefix, whose exact two-part
+attention (prompt once per group + the row's own tokens, merged by log-sum-exp) is reused; either way with a mask
+that hides each row's unwritten slots (on the CPU the buffers grow kv_buffers.GROW slots at a time and are read whole).
 Under bf16 autocast on the CPU the buffers are fp32, or bf16 where this machine timed the single-turn decode's
-attention of this layout faster so (episode_decode._buffers_dtype; the scores, softmax and merge stay fp32).
+attention of this layout faster so (episode_decode._attention_way; the scores, softmax and merge stay fp32).
 A row that waits is simply left out of the forward: it never leaves holes in its own cache. A tool's
 result goes in as one chunk (a forward of K tokens for that row, causal within the chunk), not one token
 per step: rows taking chunks of different lengths are right-padded to the longest, and the padding is
@@ -45,6 +46,9 @@ class EpisodeState:
     cache: DynamicCache  # its layers are EpisodeLayers
     group_size: int
     prefix_bias: torch.Tensor  # [B, 1, 1, P] 0 on prompt tokens, -inf-like on left padding
+    # repeated layout: each row's buffers start with its prompt's P slots (the prompt read as part of the row's own, one
+    # softmax); 0: the shared layout (the prompt once per group, a second part merged)
+    prompt_slots: int = 0
     rows: torch.Tensor | None = None  # [n] the rows in this forward, ascending
     write_pos: torch.Tensor | None = None  # [n, K] where each row's new tokens go in its own buffer
     real: tuple[torch.Tensor, torch.Tensor] | None = None  # (row index, token index) of the real tokens; None: all (K = 1)
@@ -57,7 +61,7 @@ class EpisodeState:
         largest count; lengths [N]: tokens each row has written."""
         K = 1 if counts is None else int(counts.max())
         steps = torch.arange(K, device=rows.device)
-        self.rows, self.write_pos = rows, lengths[rows][:, None] + steps  # [n, K]
+        self.rows, self.write_pos = rows, self.prompt_slots + lengths[rows][:, None] + steps  # [n, K]
         if counts is None or K == 1:
             self.real = None
         else:
@@ -66,7 +70,7 @@ class EpisodeState:
         self.in_place = len(rows) >= READ_IN_PLACE_SHARE * num_rows
         self.read_rows = torch.arange(num_rows, device=rows.device) if self.in_place else rows
         layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
-        sees = lengths[self.read_rows][:, None] + steps  # [m, K] the last own slot each query sees
+        sees = self.prompt_slots + lengths[self.read_rows][:, None] + steps  # [m, K] the last own slot each query sees
         L = min(int(sees.max()) + 1, layers[0].capacity)  # a padded query past the buffer sees less: its output is dropped
         if layers[0].grows:  # read whole: grown to hold slot L - 1, the slots after each query's masked below
             for layer in layers:
@@ -78,6 +82,9 @@ class EpisodeState:
         self.own_bias = torch.zeros(len(self.read_rows), 1, K, L, dtype=dtype, device=rows.device).masked_fill(
             (slots[None, None, :] > sees[:, :, None])[:, None], torch.finfo(dtype).min
         )
+        if self.prompt_slots:  # the prompt's slots: its left padding masked, as prefix_bias masks it in the shared layout
+            groups = torch.div(self.read_rows, self.group_size, rounding_mode="floor")
+            self.own_bias[..., : self.prompt_slots] += self.prefix_bias[groups]
 
 
 class EpisodeLayer(DynamicLayer):
@@ -87,21 +94,28 @@ class EpisodeLayer(DynamicLayer):
         super().__init__()
         k, v = prefilled_kv(layer)  # [B, H, P, D]
         B, H, self.prefix_len, D = k.shape
-        self.prefix_keys, self.prefix_values = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
+        k, v = k.to(dtype or k.dtype), v.to(dtype or v.dtype)
+        P = state.prompt_slots  # repeated layout: the prompt at the head of each row's buffers, else once per group here
+        self.prefix_keys: torch.Tensor | None = None if P else k
+        self.prefix_values: torch.Tensor | None = None if P else v
         # on the CPU the buffers grow kv_buffers.GROW slots at a time and are read whole (EpisodeState.prepare), as
         # the single-turn decode's
-        self.capacity, self.grows = capacity, kv_buffers.GROW > 0 and k.device.type == "cpu"
-        size = min(kv_buffers.GROW, capacity) if self.grows else capacity
-        self.kbuf = k.new_zeros(num_rows, H, size, D, dtype=dtype or k.dtype)  # [N, H, T, D]
-        self.vbuf = v.new_zeros(num_rows, H, size, D, dtype=dtype or v.dtype)
+        self.capacity, self.grows = P + capacity, kv_buffers.GROW > 0 and k.device.type == "cpu"
+        size = P + (min(kv_buffers.GROW, capacity) if self.grows else capacity)
+        self.kbuf = k.new_zeros(num_rows, H, size, D)  # [N, H, (P +) T, D]
+        self.vbuf = v.new_zeros(num_rows, H, size, D)
+        if P:
+            self.kbuf[:, :, :P] = k.repeat_interleave(state.group_size, 0)
+            self.vbuf[:, :, :P] = v.repeat_interleave(state.group_size, 0)
         self.state, self.device, self.is_initialized = state, k.device, True
         self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 
     def hold(self, slots: int) -> None:
-        """Buffers of at least `slots` slots: grown to the next multiple of kv_buffers.GROW (at most capacity), new
-        slots zero."""
+        """Buffers of at least `slots` slots: the rows' own slots grown to the next multiple of kv_buffers.GROW (at
+        most capacity), new slots zero."""
         if slots > self.kbuf.shape[2]:
-            size = min(-(-slots // kv_buffers.GROW) * kv_buffers.GROW, self.capacity)
+            P = self.state.prompt_slots
+            size = min(P + -(-(slots - P) // kv_buffers.GROW) * kv_buffers.GROW, self.capacity)
             self.kbuf, self.vbuf = kv_buffers.grown(self.kbuf, size), kv_buffers.grown(self.vbuf, size)
             self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
-from rlvr.rollout.engines.hf.decode_attention import decode_attention_way
+from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder
@@ -42,6 +42,13 @@ from rlvr.rollout.engines.turns import (
     take_external,
     take_sampled,
 )
+
+
+# On the CPU each row's KV buffers begin with its prompt's keys/values (the repeated layout), rather than the prompt's once
+# per group: a tool result's chunk then attends over the rows that take it, where the shared layout's prompt part ran
+# every row of their groups (the others' queries zero) for every token of the longest chunk. Whole batches of episodes
+# took 0.46-0.74x the time on 26- and 272-token prompts, bf16 and fp32 (bench/results/episodes_layout_amd.md).
+PROMPT_PER_ROW = True
 
 
 @torch.no_grad()
@@ -64,9 +71,8 @@ def decode_episodes(
     `lean`: the decode steps run lean_decode's step on the same cache (Llama-family models), else the model's forward."""
     G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
     pre = prefill(model, tokenizer, prompts, G)
-    if lower is not None and cache_dtype is not None:
-        cache_dtype = _buffers_dtype(model, pre, G, T, cache_dtype, lower)
-    cache, state = _episode_cache(pre, G, T, cache_dtype)
+    way = _attention_way(model, pre, G, T, cache_dtype, lower)
+    cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated=way is not None and not way.shared)
     logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
     start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
@@ -136,23 +142,29 @@ def _feed_chunks(
     lengths[rows] += counts
 
 
-def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None) -> tuple[DynamicCache, EpisodeState]:
-    """The prefill's cache, each prompt's keys/values then shared by its G rows, each row writing at its own position."""
+def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None, repeated: bool) -> tuple[DynamicCache, EpisodeState]:
+    """The prefill's cache, each prompt's keys/values then shared by its G rows (or, `repeated`, copied to the head of
+    each row's buffers), each row writing at its own position."""
     cache, N = pre.cache, pre.prompt_ids.shape[0] * G
     kv_dtype = cache_dtype or prefilled_kv(cache.layers[0])[0].dtype
     # the scores (and so the masks) in fp32 or wider: with bf16 buffers only the products run in bf16 (decode_attention.py)
-    state = EpisodeState(cache, G, padding_bias(pre.prompt_mask, torch.promote_types(kv_dtype, torch.float32)))
+    bias = padding_bias(pre.prompt_mask, torch.promote_types(kv_dtype, torch.float32))
+    state = EpisodeState(cache, G, bias, prompt_slots=pre.prompt_ids.shape[1] if repeated else 0)
     for i, layer in enumerate(cache.layers):
         cache.layers[i] = EpisodeLayer(dynamic_layer(layer), state, N, T, cache_dtype)
     return cache, state
 
 
-def _buffers_dtype(model, pre: Prefill, G: int, T: int, dtype: torch.dtype, lower: torch.dtype) -> torch.dtype:
-    """`lower` where the single-turn decode's shared-layout attention (the episodes' math: the prompt once per group,
-    each row's own tokens, merged) was timed at most LOWER_AT_MOST of `dtype`'s time at these shapes, else `dtype`."""
-    B, Hkv, P, D = prefilled_kv(pre.cache.layers[0])[0].shape
+def _attention_way(model, pre: Prefill, G: int, T: int, dtype: torch.dtype | None, lower: torch.dtype | None) -> AttentionWay | None:
+    """On the CPU (PROMPT_PER_ROW) the repeated layout, its buffers in `dtype` or, under bf16 autocast (`lower`), in
+    bf16 where this machine timed the single-turn decode's attention of that layout at these shapes at most
+    LOWER_AT_MOST of fp32's time (decode_attention_way). None elsewhere: the shared layout in `dtype`."""
+    k = prefilled_kv(pre.cache.layers[0])[0]
+    if k.device.type != "cpu" or not PROMPT_PER_ROW:
+        return None
+    B, Hkv, P, D = k.shape
     heads, layers = model.config.num_attention_heads, len(pre.cache.layers)
-    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype, shared=True, lower=lower, layers=layers).dtype
+    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers)
 
 
 def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:

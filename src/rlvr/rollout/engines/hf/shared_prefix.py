@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
-from rlvr.rollout.engines.hf.decode_attention import attend_with_lse
+from rlvr.rollout.engines.hf.decode_attention import _attend, attend_with_lse
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 
 
@@ -100,13 +100,18 @@ def attend_prefix_and_own(
     [B, Hkv, P, D], once per group) and over its own tokens (key/value [n, Hkv, t, D]; own_bias [n, 1, K, t]
     masks, per query, the slots it must not see: unwritten ones, and later tokens of its own chunk), the two
     partial softmaxes merged exactly. query [n, Hq, K, D]; rows [n]: which of the B x G rows these are.
-    -> [n, K, Hq, D]."""
+    prefix_keys None (the repeated layout: each row's own keys begin with its prompt's, own_bias masking its padding):
+    the own part alone, one softmax. -> [n, K, Hq, D]."""
     n, Hq, K, D = query.shape
     Hkv = key.shape[1]
     rep = Hq // Hkv  # grouped-query attention: q heads j*rep..(j+1)*rep-1 share kv head j
     qr = rep * K  # query rows per kv head and row, ordered (head, token)
     scale = scaling if scaling is not None else D**-0.5
     q = query.reshape(n, Hkv, qr, D)
+    # the row's own tokens; own_bias [n, 1, K, t] -> the (head, token) query rows
+    bias = own_bias if own_bias is None or K == 1 else own_bias.repeat(1, 1, rep, 1)
+    if prefix_keys is None:
+        return _attend(q, key, value, scale, bias)[0].view(n, Hq, K, D).transpose(1, 2)
     B, G = prefix_keys.shape[0], group_size
 
     full = n == B * G  # every row, in order (rows ascend): no scatter into, or gather from, the B x G layout
@@ -119,8 +124,6 @@ def attend_prefix_and_own(
     if not full:
         o_p, lse_p = o_p[rows], lse_p[rows]  # [n, Hkv, qr, D], [n, Hkv, qr]
 
-    # the row's own tokens; own_bias [n, 1, K, t] -> the (head, token) query rows
-    bias = own_bias if own_bias is None or K == 1 else own_bias.repeat(1, 1, rep, 1)
     o_s, lse_s = attend_with_lse(q, key, value, scale, bias)
 
     # exact merge of the two partial softmaxes: weights exp(lse_p) and exp(lse_s), normalised
