@@ -461,3 +461,31 @@ def test_products_reading_one_input_cast_it_once():
     assert [o.dtype for o in shared] == [torch.bfloat16] * 3 + [torch.float32]
     assert all(torch.equal(a, b) for a, b in zip(separate, shared))
     assert casts[torch.float32] is x
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_compaction_drops_finished_groups_from_the_prompt_part(flash):
+    """Shared layout: when every row of a group has finished, compaction (DecodeState.select) drops the group's prompt
+    keys/values and padding bias too, and renumbers the rows left to their places among the groups left, so the prompt
+    part runs over the groups still decoding only; the rows left attend exactly as before."""
+    from rlvr.rollout.engines.hf.decode_attention import decode_attention
+
+    torch.manual_seed(6)
+    B, G, Hq, Hkv, D, P, S, t = 3, 2, 4, 2, 8, 5, 6, 3
+    bias = torch.zeros(B, 1, 1, P)
+    bias[1, ..., :2] = bias[2, ..., :1] = float("-inf")  # left padding of different widths
+    own = [torch.randn(B * G, Hkv, S, D) for _ in range(2)]
+    prefix = [torch.randn(B, Hkv, P, D) for _ in range(2)]
+    state = lean_decode.DecodeState(own[:1], own[1:], bias, torch.arange(B * G), G, t, prefix[:1], prefix[1:], flash)
+    q, k, v = torch.randn(B * G, Hq, D), torch.randn(B * G, Hkv, D), torch.randn(B * G, Hkv, D)
+    before = decode_attention(q, k, v, *state.attention_args(0, D**-0.5), flash=flash)  # [6, Hq x D]
+    keep = torch.tensor([0, 1, 4])  # group 0 whole, none of group 1, one row of group 2
+    state.select(keep)
+    assert state.prefix_keys is not None and state.prefix_values is not None
+    assert state.prefix_keys[0].shape[0] == state.prefix_values[0].shape[0] == len(state.bias) == 2
+    assert torch.equal(state.prefix_keys[0], prefix[0][[0, 2]]) and torch.equal(state.bias, bias[[0, 2]])
+    assert state.rows.tolist() == [0, 1, 2]  # group 2's first row: the second group's first place now
+    after = decode_attention(q[keep], k[keep], v[keep], *state.attention_args(0, D**-0.5), flash=flash)
+    torch.testing.assert_close(after, before[keep], rtol=0, atol=1e-6)
+    state.select(torch.tensor([2]))  # only group 2's row left: one group, every row of it
+    assert len(state.bias) == 1 and state.rows.tolist() == [0]

@@ -144,7 +144,7 @@ class DecodeState:
     own_keys: list[torch.Tensor]  # per layer [n, Hkv, S, D]: S = (P if repeated) + T slots, or the slots grown so far
     own_values: list[torch.Tensor]
     bias: torch.Tensor  # shared: [B, 1, 1, P] over the prefix; repeated: [n, 1, 1, S]; 0 or -inf (left padding)
-    rows: torch.Tensor  # [n] which of the B x G rows are still decoding
+    rows: torch.Tensor  # [n] which of the B x G rows are still decoding (B: the groups with a row left, shared layout)
     group_size: int
     written: int  # slots of own_* in use (rows decode in lockstep)
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
@@ -179,11 +179,18 @@ class DecodeState:
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (indices into the current n): the few compaction points of a decode."""
-        self.own_keys = [k[keep] for k in self.own_keys]
-        self.own_values = [v[keep] for v in self.own_values]
+        self.own_keys, self.own_values = [k[keep] for k in self.own_keys], [v[keep] for v in self.own_values]
         self.rows = self.rows[keep]
         if self.prefix_keys is None:
             self.bias = self.bias[keep]
+            return
+        # shared layout: groups with no row left go too: the attention with half the groups finished 0.58-0.67x, the same
+        # bits (bench/results/compaction_groups_amd.md), where the prompt part ran every group, finished rows' queries zero
+        G, groups = self.group_size, torch.div(self.rows, self.group_size, rounding_mode="floor")
+        alive = torch.unique(groups)  # ascending
+        if len(alive) < self.bias.shape[0] and self.prefix_values is not None:
+            self.prefix_keys, self.prefix_values = [k[alive] for k in self.prefix_keys], [v[alive] for v in self.prefix_values]
+            self.bias, self.rows = self.bias[alive], torch.searchsorted(alive, groups) * G + self.rows % G  # their places now
 
 
 class LeanDecoder:
