@@ -101,12 +101,11 @@ class EpisodeLayer(DynamicLayer):
         # on the CPU the buffers grow kv_buffers.GROW slots at a time and are read whole (EpisodeState.prepare), as
         # the single-turn decode's
         self.capacity, self.grows = P + capacity, kv_buffers.GROW > 0 and k.device.type == "cpu"
-        size = P + (min(kv_buffers.GROW, capacity) if self.grows else capacity)
-        self.kbuf = k.new_zeros(num_rows, H, size, D)  # [N, H, (P +) T, D]
-        self.vbuf = v.new_zeros(num_rows, H, size, D)
-        if P:
-            self.kbuf[:, :, :P] = k.repeat_interleave(state.group_size, 0)
-            self.vbuf[:, :, :P] = v.repeat_interleave(state.group_size, 0)
+        own = min(kv_buffers.GROW, capacity) if self.grows else capacity
+        if P:  # [N, H, P + own, D]
+            self.kbuf, self.vbuf = kv_buffers.prompt_per_row(k, state.group_size, own), kv_buffers.prompt_per_row(v, state.group_size, own)
+        else:  # [N, H, own, D]
+            self.kbuf, self.vbuf = k.new_zeros(num_rows, H, own, D), v.new_zeros(num_rows, H, own, D)
         self.state, self.device, self.is_initialized = state, k.device, True
         self.keys, self.values = self.kbuf[..., :0, :], self.vbuf[..., :0, :]
 

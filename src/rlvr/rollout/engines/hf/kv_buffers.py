@@ -21,6 +21,15 @@ def grown(buf: torch.Tensor, slots: int) -> torch.Tensor:
     return buf if slots <= S else torch.cat([buf, buf.new_zeros(N, H, slots - S, D)], 2)
 
 
+def prompt_per_row(x: torch.Tensor, group_size: int, slots: int) -> torch.Tensor:
+    """The repeated layout's buffer: x [B, H, P, D] (each prompt's keys or values) -> [B x G, H, P + slots, D], every
+    one of a prompt's G rows beginning with its P slots, the `slots` after them zero."""
+    B, H, P, D = x.shape
+    buf = x.new_zeros(B, group_size, H, P + slots, D)
+    buf[..., :P, :] = x[:, None]
+    return buf.view(B * group_size, H, P + slots, D)
+
+
 class BufferedLayer(DynamicLayer):
     """A DynamicLayer whose keys/values live in buffers allocated once for the whole decode:
     each new token is written in place instead of re-concatenating the cache (which copies the

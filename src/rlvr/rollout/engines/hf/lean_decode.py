@@ -247,13 +247,9 @@ class LeanDecoder:
             slots = capacity if whole else 0
             return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, way.flash, slots=slots, own_bias=own_bias)
 
-        def repeated(x):  # [B, Hkv, P, D] -> [N, Hkv, P + size, D], prompt in the first P slots, the rest zero
-            buf = x.new_zeros(B, G, Hkv, P + size, D)
-            buf[..., :P, :] = x[:, None]
-            return buf.view(N, Hkv, P + size, D)
-
         bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # own slots: -inf until written, or read sliced
-        own_k, own_v = [repeated(k) for k in keys], [repeated(v) for v in values]
+        own_k = [kv_buffers.prompt_per_row(k, G, size) for k in keys]  # [N, Hkv, P + size, D], the prompt first
+        own_v = [kv_buffers.prompt_per_row(v, G, size) for v in values]
         return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, slots=P + capacity if whole else 0)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
