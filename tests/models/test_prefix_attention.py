@@ -135,7 +135,7 @@ def test_a_layer_that_does_not_take_its_prompt_sends_the_forward_to_the_repeated
     assert len(grouped_calls) == 2  # layers 0 and 2 took theirs in the grouped pass, whose logits were then dropped
 
 
-def test_without_a_gradient_under_autocast_and_with_unequal_groups_the_repeated_prompt(llama, monkeypatch):
+def test_without_a_gradient_and_with_unequal_groups_the_repeated_prompt(llama, monkeypatch):
     grouped_calls: list = []
     real_grouped = prefix_attention.grouped_prefix_attention
     monkeypatch.setattr(prefix_attention, "grouped_prefix_attention", lambda *a: grouped_calls.append(1) or real_grouped(*a))
@@ -144,9 +144,6 @@ def test_without_a_gradient_under_autocast_and_with_unequal_groups_the_repeated_
         plain = completion_logprobs(llama, p_ids, p_mask, c_ids, c_mask).logp
         shared = completion_logprobs(llama, p_ids, p_mask, c_ids, c_mask, group_ids=groups).logp
     torch.testing.assert_close(shared * c_mask, plain * c_mask, rtol=0, atol=1e-10)
-    assert grouped_calls == []
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # products in bf16 there: explicit_attention's, measured so
-        _logp_grads(llama, _batch(), shared=True)
     assert grouped_calls == []
     uneven = (p_ids[1:], p_mask[1:], c_ids[1:], c_mask[1:], groups[1:])  # groups of 2 and 3 rows: the repeated prompt
     _same(_logp_grads(llama, uneven, shared=True), _over_the_repeated_prompt(llama, uneven, monkeypatch))
@@ -157,3 +154,51 @@ def test_without_a_gradient_under_autocast_and_with_unequal_groups_the_repeated_
     torch.testing.assert_close(shared[0], plain[0], rtol=0, atol=1e-10)
     for name in plain[1]:
         torch.testing.assert_close(shared[1][name], plain[1][name], rtol=1e-6, atol=1e-6 * float(plain[1][name].abs().max()), msg=name)
+
+
+@pytest.mark.parametrize(
+    "U,G,H,Hkv,P,C,pads,own",
+    [(2, 4, 4, 2, 24, 7, [0, 5], "bool"), (3, 2, 2, 2, 17, 9, [3, 0, 1], "additive"), (2, 3, 6, 2, 30, 5, [0, 0], "none")],
+)
+def test_grouped_under_bf16_autocast_as_close_to_the_truth_as_the_repeated_prompt(U, G, H, Hkv, P, C, pads, own):
+    """Under bf16 autocast the grouped products compute as explicit_attention does over the repeated prompt (products
+    in bf16, softmax from bf16 scores to bf16 weights, output bf16): no further from the float64 truth, output and
+    every gradient."""
+    q, k, v, pk, pv = _inputs(U, G, H, Hkv, P, C, seed=3)
+    prompt_mask = torch.arange(P)[None] >= torch.tensor(pads)[:, None]
+    mask = _own_mask(own, U * G, C, [1 + (i % C) for i in range(U * G)])
+    w = torch.randn(U * G, C, H, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    truth = explicit_attention(q, *repeated(k, v, mask, pk, pv, prompt_mask, G), 0.3)
+    truth_grads = torch.autograd.grad((truth * w).sum(), (q, k, v, pk, pv))
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v, pk, pv)]  # fp32 model inputs, as autocast meets them
+    fmask = mask.float() if mask is not None and mask.dtype == torch.float64 else mask
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        grouped = grouped_prefix_attention(*leaves[:3], fmask, *leaves[3:], prompt_mask, 0.3)
+        plain = explicit_attention(leaves[0], *repeated(*leaves[1:3], fmask, *leaves[3:], prompt_mask, G), 0.3)
+    assert grouped.dtype == plain.dtype == torch.bfloat16 and grouped.shape == plain.shape == truth.shape
+
+    def err(a, b):
+        return float((a.detach().double() - b).abs().max() / b.abs().max())
+
+    assert err(grouped, truth) <= 1.5 * err(plain, truth) + 1e-3
+    for name, a, b, t in zip("q k v prompt_k prompt_v".split(), torch.autograd.grad((grouped * w).sum(), leaves),
+                             torch.autograd.grad((plain * w).sum(), leaves), truth_grads):  # fmt: skip
+        assert a.dtype == torch.float32 and err(a, t) <= 1.5 * err(b, t) + 1e-3, name
+
+
+def test_bf16_autocast_takes_the_grouped_products_unless_switched_off(llama, monkeypatch):
+    from rlvr.models import attention
+
+    grouped_calls: list = []
+    real_grouped = prefix_attention.grouped_prefix_attention
+    monkeypatch.setattr(prefix_attention, "grouped_prefix_attention", lambda *a: grouped_calls.append(1) or real_grouped(*a))
+    model = llama.float()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _logp_grads(model, _batch(), shared=True)
+            assert len(grouped_calls) == 3  # every layer
+            monkeypatch.setattr(attention, "GROUPED_UNDER_BF16", False)
+            _logp_grads(model, _batch(), shared=True)
+            assert len(grouped_calls) == 3  # the repeated prompt: explicit_attention's products in bf16
+    finally:
+        llama.double()

@@ -105,16 +105,27 @@ def explicit_attention(
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()
 
 
+GROUPED_UNDER_BF16 = True  # False: under bf16 autocast the prompt repeated for each row (bench/grouped_prefix_ab.py's "before")
+
+
+def _grouped_dtype_ok(query: torch.Tensor) -> bool:
+    """Whether the grouped prompt products run in this forward's precision: without autocast, or under bf16 autocast
+    (explicit_attention's bf16 products with the prompt's keys once per group: one layer's forward + backward 0.2x the
+    time over the repeated prompt with 4 heads of 128 and 4 rows per group, 0.45x with 8 x 8; level with 2 kv heads of 40)."""
+    if not torch.is_autocast_enabled(query.device.type):
+        return True
+    return GROUPED_UNDER_BF16 and torch.get_autocast_dtype(query.device.type) == torch.bfloat16
+
+
 def training_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
     """transformers' attention-function contract: explicit products where they pay (module docstring), else SDPA;
     inside prefix_attention.shared_prefix, over the group's prompt as well."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if (prefix := prefix_attention.take(module)) is not None:
         prefix_keys, prefix_values, prefix_mask, G = prefix
-        # no bound per head: the prompt's products are large ones here, and the kernel would take the repeated keys;
-        # under autocast the repeated keys (explicit_attention's products in autocast's dtype, as measured there)
-        Lk, autocast = prefix_keys.shape[2] + key.shape[2], torch.is_autocast_enabled(query.device.type)
-        if not autocast and _explicit_pays(query, Lk, key.shape[1], dropout, kwargs, per_head_bound=False):
+        # no bound per head: the prompt's products are large ones here, and the kernel would take the repeated keys
+        Lk = prefix_keys.shape[2] + key.shape[2]
+        if _grouped_dtype_ok(query) and _explicit_pays(query, Lk, key.shape[1], dropout, kwargs, per_head_bound=False):
             out = prefix_attention.grouped_prefix_attention(query, key, value, attention_mask, *prefix[:3], scale)  # keys, values, mask
             return out, None
         key, value, attention_mask = prefix_attention.repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask, G)

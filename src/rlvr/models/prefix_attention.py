@@ -20,7 +20,8 @@ keys and values summed over the group by the product itself.
 The prefix reaches the attention function through `shared_prefix` (a context the forward opens around the
 completions' pass): the model runs that pass without a cache, its attention function finds the layer's prompt keys
 and values by the module's layer_idx, and `repeated` rebuilds the plain [N, Hkv, P + C, D] keys and mask for the
-calls where the explicit products do not pay (no gradient, too many scores, autocast): those then run as before.
+calls where the explicit products do not pay (no gradient, too many scores, autocast other than bf16): those then run as
+before. Under bf16 autocast the products run in bf16 as explicit_attention runs them there (rlvr.models.attention).
 The decode's counterpart (rlvr.rollout.engines.hf.shared_prefix) merges two softmaxes by their log-sum-exp for one new
 token per row; here one softmax over the concatenated scores keeps the backward to aten's softmax backward.
 """
@@ -99,6 +100,11 @@ def repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask
     return key, value, torch.cat([prompt, own], dim=-1)
 
 
+def _t_product(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """s^T x [b, n, d] for s [b, m, n] (a slice of a score buffer) and x [b, m, d], computed as (x^T s)^T: a view."""
+    return torch.bmm(x.transpose(1, 2), s).transpose(1, 2)
+
+
 class _GroupedSoftmaxProducts(torch.autograd.Function):
     """softmax([q k_prompt^T + bias_prompt | q k_own^T + bias_own]) [v_prompt; v_own] with the backward written out:
     the scores of both parts live in one buffer that the products write into (no concatenation, no zero-filled
@@ -139,10 +145,12 @@ class _GroupedSoftmaxProducts(torch.autograd.Function):
         d_q = torch.bmm(d_s_p, prefix_k.view(U * Hkv, P, D))
         d_q.view(-1, R, D).baddbmm_(d_s_r, own_k.view(-1, C, D))
         q_p, q_r = q.view(U * Hkv, G * R, D), q.view(-1, R, D)
-        d_prefix_k = torch.bmm(d_s_p.transpose(1, 2), q_p).view(prefix_k.shape)  # summed over the group's rows
-        d_prefix_v = torch.bmm(p_p.transpose(1, 2), d_out_p).view(prefix_v.shape)
-        d_own_k = torch.bmm(d_s_r.transpose(1, 2), q_r).view(own_k.shape)
-        d_own_v = torch.bmm(p_r.transpose(1, 2), d_out_r).view(own_v.shape)
+        # the keys' and values' gradients as (x^T s)^T, not s^T x: the score slices (rows P + C apart) transposed on the
+        # left made bmm copy them whole first (in bf16 2-3x the product's time); transposed on the right they are read in place
+        d_prefix_k = _t_product(q_p, d_s_p).view(prefix_k.shape)  # summed over the group's rows
+        d_prefix_v = _t_product(d_out_p, p_p).view(prefix_v.shape)
+        d_own_k = _t_product(q_r, d_s_r).view(own_k.shape)
+        d_own_v = _t_product(d_out_r, p_r).view(own_v.shape)
         return d_q.view(q.shape), d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None
 
 
@@ -157,13 +165,16 @@ def grouped_prefix_attention(
     scale: float,
 ) -> torch.Tensor:
     """softmax(q k^T x scale + mask) v over [prompt | own] keys (module docstring), [N, C, H, D] (transformers'
-    layout), in fp32 (fp64 for fp64 inputs). Not under autocast: the attention function keeps the repeated keys there."""
+    layout), in fp32 (fp64 for fp64 inputs). Under bf16 autocast as rlvr.models.attention.explicit_attention computes
+    there: the products in bf16 from the queries scaled in fp32, the softmax computing in fp32 from bf16 scores to bf16
+    weights, the output in bf16."""
     N, H, C, D = query.shape
     U, Hkv, P, _ = prefix_keys.shape
     G, rep = N // U, H // Hkv
-    dtype = torch.promote_types(query.dtype, torch.float32)
+    wide = torch.promote_types(query.dtype, torch.float32)
+    dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else wide
     # a group's rows under one kv head together: [U, Hkv, G, rep x C, D]
-    q = query.to(dtype).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale
+    q = (query.to(wide).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale).to(dtype)
     own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()  # [U, Hkv, G, C, D]
     own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()
     own_bias = additive_bias(_completion_mask(attention_mask, C, query.device), dtype)
@@ -172,4 +183,5 @@ def grouped_prefix_attention(
     prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
     prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
     out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias)  # [U, Hkv, G, rep x C, D]
-    return out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D).to(query.dtype)
+    out = out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D)  # [N, C, H, D]
+    return out if dtype != wide else out.to(query.dtype)  # under autocast in its dtype, as explicit_attention's
