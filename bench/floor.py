@@ -75,6 +75,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -330,7 +331,7 @@ def main() -> None:
         raise SystemExit(f"--configs: no config {unknown} (there are {sorted(CONFIGS)}; --shape adds one)")
     paths = build_inputs(names)
     head = {
-        "command": "python bench/floor.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/floor.py " + shlex.join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "cpu": f"{cpu_name()}, {os.cpu_count()} cpus",
         "torch": torch.__version__,
