@@ -211,3 +211,29 @@ def test_same_seeds_same_episodes_whatever_the_tool_timing(tiny):
         _, _, traces = HFEngine(model, tok).generate_episodes(prompts, params, [5], ScriptedDriver(tok, ["1", "5"], delays=delays))
         runs.append([t.ids for t in traces])
     assert runs[0] == runs[1]
+
+
+def test_prompt_copies_beyond_the_memory_share_take_the_shared_layout(tiny, monkeypatch):
+    """The CPU's repeated layout copies the prompt into each row; where those copies would take more than
+    REPEATED_PROMPT_MEMORY_SHARE of the machine's memory the prompt stays once per group, the episodes the same."""
+    model, tok = tiny
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in ("23+45=", "7-2=")
+    ]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
+    repeated: list[bool] = []
+    prepare = episode_cache.EpisodeState.prepare
+
+    def prepare_recorded(state, *a, **k):
+        prepare(state, *a, **k)
+        repeated.append(state.cache.layers[0].prefix_keys is None)
+
+    monkeypatch.setattr(episode_cache.EpisodeState, "prepare", prepare_recorded)
+    runs = {}
+    for memory in (2**40, 2**10):  # a terabyte: the copies fit; a kilobyte: they do not
+        monkeypatch.setattr(episode_decode, "machine_memory_bytes", lambda memory=memory: memory)
+        repeated.clear()
+        _, _, traces = HFEngine(model, tok).generate_episodes(prompts, params, [5, 6], ScriptedDriver(tok, ["1", "5"]))
+        runs[memory] = ([t.ids for t in traces], set(repeated))
+    assert runs[2**40][1] == {True} and runs[2**10][1] == {False}
+    assert runs[2**40][0] == runs[2**10][0]

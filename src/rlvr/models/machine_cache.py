@@ -23,6 +23,20 @@ def precision_cache_path() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "rlvr" / "precision.json")
 
 
+def machine_memory_bytes() -> int:
+    """This machine's memory: the physical memory, or a container's cgroup (v2) limit where lower; 8 GiB where
+    neither can be read."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        physical = 8 * 2**30
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        return min(physical, int(limit)) if limit.isdigit() else physical
+    except OSError:
+        return physical
+
+
 def cpu_model() -> str:
     """The CPU's model name as /proc/cpuinfo gives it (else platform.processor())."""
     try:

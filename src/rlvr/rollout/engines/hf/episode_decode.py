@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
+from rlvr.models.machine_cache import machine_memory_bytes
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
@@ -49,6 +50,9 @@ from rlvr.rollout.engines.turns import (
 # every row of their groups (the others' queries zero) for every token of the longest chunk. Whole batches of episodes
 # took 0.46-0.74x the time on 26- and 272-token prompts, bf16 and fp32 (bench/results/episodes_layout_amd.md).
 PROMPT_PER_ROW = True
+# ...unless the prompt's copies in every row would take more than this share of the machine's memory (long prompts, many
+# completions per prompt, a large model): then the prompt once per group
+REPEATED_PROMPT_MEMORY_SHARE = 1 / 8
 
 
 @torch.no_grad()
@@ -158,12 +162,16 @@ def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None
 def _attention_way(model, pre: Prefill, G: int, T: int, dtype: torch.dtype | None, lower: torch.dtype | None) -> AttentionWay | None:
     """On the CPU (PROMPT_PER_ROW) the repeated layout, its buffers in `dtype` or, under bf16 autocast (`lower`), in
     bf16 where this machine timed the single-turn decode's attention of that layout at these shapes at most
-    LOWER_AT_MOST of fp32's time (decode_attention_way). None elsewhere: the shared layout in `dtype`."""
+    LOWER_AT_MOST of fp32's time (decode_attention_way). None elsewhere, and where the prompt's copies would not fit
+    in REPEATED_PROMPT_MEMORY_SHARE of the memory: the shared layout in `dtype`."""
     k = prefilled_kv(pre.cache.layers[0])[0]
     if k.device.type != "cpu" or not PROMPT_PER_ROW:
         return None
     B, Hkv, P, D = k.shape
     heads, layers = model.config.num_attention_heads, len(pre.cache.layers)
+    copies = B * G * Hkv * P * D * 2 * layers * torch.empty((), dtype=dtype or k.dtype).element_size()  # keys and values
+    if copies > REPEATED_PROMPT_MEMORY_SHARE * machine_memory_bytes():
+        return None
     return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers)
 
 
