@@ -105,13 +105,13 @@ def explicit_attention(
     return out.contiguous() if torch.is_autocast_enabled(query.device.type) else out.to(query.dtype).contiguous()
 
 
-GROUPED_UNDER_BF16 = True  # False: under bf16 autocast the prompt repeated for each row (bench/grouped_prefix_ab.py's "before")
+GROUPED_UNDER_BF16 = True  # False: under bf16 autocast the prompt's keys repeated per row (bench/prefix_attention_ab.py's keys-repeated)
 
 
 def _grouped_dtype_ok(query: torch.Tensor) -> bool:
     """Whether the grouped prompt products run in this forward's precision: without autocast, or under bf16 autocast
-    (explicit_attention's bf16 products with the prompt's keys once per group: one layer's forward + backward 0.2x the
-    time over the repeated prompt with 4 heads of 128 and 4 rows per group, 0.45x with 8 x 8; level with 2 kv heads of 40)."""
+    (explicit_attention's bf16 products with the prompt's keys once per group: a micro-batch 0.94-0.96x the time over
+    the repeated keys on ~260-token prompts, level on short ones; bench/results/grouped_prefix_bf16_ab_amd.md)."""
     if not torch.is_autocast_enabled(query.device.type):
         return True
     return GROUPED_UNDER_BF16 and torch.get_autocast_dtype(query.device.type) == torch.bfloat16
