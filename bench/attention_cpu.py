@@ -12,7 +12,7 @@ output), values in bf16 (a projection's). The ratio explicit / SDPA below
 
 The decode table: one query per row over a KV cache of T positions (fp32, as the lean decode step keeps it on the CPU;
 a padding bias on half the rows), forward only: `F.scaled_dot_product_attention` against
-`rlvr.rollout.engines.hf.decode_attention._attend` (as the repeated layout calls it: no log-sum-exp), best of 5
+`rlvr.rollout.engines.hf.decode_attention.attend` (as the repeated layout calls it: no log-sum-exp), best of 5
 runs of 20 calls.
 """
 
@@ -90,7 +90,7 @@ DECODE_SHAPES = [(64, H, Hkv, T, D) for T in (20, 76, 140, 300) for H, Hkv, D in
 
 
 def measure_decode(n, H, Hkv, T, D, repeats) -> tuple[float, float]:
-    from rlvr.rollout.engines.hf.decode_attention import _attend as _attend_explicit
+    from rlvr.rollout.engines.hf.decode_attention import attend as _attend_explicit
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(n, H, 1, D, generator=g), torch.randn(n, Hkv, T, D, generator=g), torch.randn(n, Hkv, T, D, generator=g)

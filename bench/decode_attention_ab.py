@@ -58,7 +58,7 @@ def hybrid(q, k, v, own_k, own_v, t, bias, scale, prefix_k=None, prefix_v=None, 
     qr = q.to(own_k.dtype).view(n, Hkv, -1, D)
     rep = qr.shape[2]
     B, G = prefix_k.shape[0], group_size
-    o_own, s_own = da._attend(qr, keys, values, scale)
+    o_own, s_own = da.attend(qr, keys, values, scale)
     lse_own = torch.logsumexp(s_own, dim=-1)
     full = n == B * G
     qf = qr if full else qr.new_zeros(B * G, Hkv, rep, D).index_copy_(0, rows, qr)

@@ -24,7 +24,7 @@ softmax_max = da.attend_with_lse
 
 
 def with_logsumexp(q, k, v, scale: float, bias=None):
-    o, s = da._attend(q, k, v, scale, bias)
+    o, s = da.attend(q, k, v, scale, bias)
     return o, torch.logsumexp(s, dim=-1)
 
 

@@ -75,7 +75,7 @@ def decode_attention(
     qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
     if prefix_k is None:  # repeated layout: prompt and own tokens in one buffer
-        out, _ = _attend(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
+        out, _ = attend(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
@@ -123,7 +123,7 @@ def _softmax(s: torch.Tensor) -> torch.Tensor:
     return torch.softmax(F.pad(s, (0, SOFTMAX_MIN_KEYS - S), value=float("-inf")), dim=-1)[..., :S]
 
 
-def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
+def attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T x scale + bias) v [b, h, m, D] and the scores [b, h, m, S], for v [b, h, S, D]. Two batched
     products: on the CPU mostly 0.4-0.9x the time of SDPA's flash kernel for the decode's few queries per kv head
     (bench/results/attention_cpu.md), the same math up to rounding."""
@@ -132,7 +132,7 @@ def _attend(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tenso
 
 
 def attend_with_lse(q, k, v, scale: float, bias=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """_attend's output and each query's log-sum-exp [b, h, m] (it merges two parts), read off the softmax instead of
+    """attend's output and each query's log-sum-exp [b, h, m] (it merges two parts), read off the softmax instead of
     a logsumexp: the softmax's largest weight is exp(max - max) / sum = 1 / sum (its own rounding only), so
     lse = max + log(sum) = max - log(largest weight). Two max-reductions instead of logsumexp's second exp over every
     score: the prompt part of config F's decode attention (64 queries per kv head over ~300 keys) 0.7-0.85x the time

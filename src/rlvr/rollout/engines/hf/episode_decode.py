@@ -169,7 +169,7 @@ def _attention_way(model, pre: Prefill, G: int, T: int, dtype: torch.dtype | Non
         return None
     B, Hkv, P, D = k.shape
     heads, layers = model.config.num_attention_heads, len(pre.cache.layers)
-    copies = B * G * Hkv * P * D * 2 * layers * torch.empty((), dtype=dtype or k.dtype).element_size()  # keys and values
+    copies = B * G * Hkv * P * D * 2 * layers * (dtype or k.dtype).itemsize  # keys and values
     if copies > REPEATED_PROMPT_MEMORY_SHARE * machine_memory_bytes():
         return None
     return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers)

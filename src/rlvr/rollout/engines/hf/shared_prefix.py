@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
-from rlvr.rollout.engines.hf.decode_attention import _attend, attend_with_lse
+from rlvr.rollout.engines.hf.decode_attention import attend, attend_with_lse
 from rlvr.rollout.engines.hf.kv_buffers import BufferedLayer
 
 
@@ -111,7 +111,7 @@ def attend_prefix_and_own(
     # the row's own tokens; own_bias [n, 1, K, t] -> the (head, token) query rows
     bias = own_bias if own_bias is None or K == 1 else own_bias.repeat(1, 1, rep, 1)
     if prefix_keys is None:
-        return _attend(q, key, value, scale, bias)[0].view(n, Hq, K, D).transpose(1, 2)
+        return attend(q, key, value, scale, bias)[0].view(n, Hq, K, D).transpose(1, 2)
     B, G = prefix_keys.shape[0], group_size
 
     full = n == B * G  # every row, in order (rows ascend): no scatter into, or gather from, the B x G layout
