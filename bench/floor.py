@@ -187,10 +187,10 @@ def worker_floor(spec: dict) -> None:
     from rlvr.training import Trainer
 
     torch.set_num_threads(spec["threads"])
-    with contextlib.suppress(ImportError):  # the fused decode products bypass the Linear hooks: count the model's own
-        import rlvr.rollout.engines.hf.lean_decode as lean_decode
+    with contextlib.suppress(ImportError):  # the floor counts the model's own products, not the decode's fused ones
+        import rlvr.rollout.engines.hf.layer_products as layer_products
 
-        lean_decode.FUSE_MAX_HIDDEN = 0  # type: ignore[attr-defined]
+        layer_products.FUSE = False
     trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
     shapes, last_call = floor_ops.LinearShapes(trainer.model), {}
 

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDi
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 _SWAP_LOCK = threading.Lock()
 _FP32_CHOICES: dict[tuple[int, int, int, int], bool] = {}  # (in, out, rows bucket, threads) -> packs: packing.json, read once
+_EXACT: dict[tuple, bool] = {}  # (in, outs, biases, rows bucket, threads) -> fused products give the separate ones' bits
 
 
 def packing_applies(device: torch.device) -> bool:
@@ -146,6 +147,47 @@ def decode_weight(
         return packed, bias, True
     plain_fp32 = autocast is None and module.weight.dtype == torch.float32 and rows <= DECODE_ROWS_MAX
     return (module.weight.detach(), None if module.bias is None else module.bias.detach(), False) if plain_fp32 else None
+
+
+def fused_decode_weight(modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One packed bf16 weight (and bias) for projections that read the same input (q, k and v; gate and up), their
+    outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
+    Only where each of them alone would run from a packed bf16 weight in this region (decode_weight: bf16 autocast,
+    fast bf16) and the one product gives each output the bits the separate products give it at these shapes on this
+    machine (_fuses_exactly); else None. Built anew per call: the caller keeps it while the weights stay the same."""
+    in_features = {m.in_features for m in modules}
+    if len(in_features) != 1 or any(m not in _HOLDERS or _packed_dtype(m, rows, torch.float32, bf16_ok) != torch.bfloat16 for m in modules):
+        return None
+    shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
+    if not _fuses_exactly(*shape, rows):
+        return None
+    weight = torch.cat([m.weight.detach().to(torch.bfloat16) for m in modules])
+    biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+    bias = torch.cat(biases).to(torch.bfloat16) if any(shape[2]) else None
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
+
+
+def _fuses_exactly(in_features: int, outs: tuple[int, ...], biases: tuple[bool, ...], rows: int) -> bool:
+    """Whether one packed bf16 product of weights [sum(outs), in] gives each output the same bits as the separate
+    products of [out, in]: oneDNN sums each output over the input in the same order whatever the weight's other rows
+    (every shape and row count tried on an AMD EPYC, 1 and 2 threads), but its blocking is its own choice per machine,
+    so this is checked once per process, shape, rows bucket and thread count, on random data at a few row counts of the
+    bucket (the order of a sum does not depend on the values)."""
+    bucket = power_of_two_at_least(rows)
+    key = (in_features, outs, biases, bucket, torch.get_num_threads())
+    if key not in _EXACT:
+        gen = torch.Generator().manual_seed(0)
+        weights = [torch.randn(o, in_features, generator=gen).bfloat16() for o in outs]
+        bias = [torch.randn(o, generator=gen).bfloat16() if b else None for o, b in zip(outs, biases)]
+        parts = [(torch.ops.mkldnn._reorder_linear_weight(w, bucket), b) for w, b in zip(weights, bias)]
+        zeros = [b if b is not None else torch.zeros(o, dtype=torch.bfloat16) for o, b in zip(outs, bias)]
+        fused = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights), bucket), torch.cat(zeros) if any(biases) else None
+        _EXACT[key] = True
+        for n in sorted({1, bucket // 2 + 1, bucket}):
+            x = torch.randn(n, in_features, generator=gen).bfloat16()
+            apart = torch.cat([torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "") for w, b in parts], -1)
+            _EXACT[key] &= torch.equal(apart, torch.ops.mkldnn._linear_pointwise(x, *fused, "none", [], ""))
+    return _EXACT[key]
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ decode steps
   lean_decode.py     the step of Llama-family models without transformers' per-token machinery
   decode_attention.py   that step's attention on the CPU: write the new keys/values, attend (both layouts)
   compiled_decode.py    that step's layers under torch.compile (rollout.compile=on), products from packed weights
-  fused_projections.py  q/k/v and gate/up as one product each in that step, rebuilt when the weights change
+  layer_products.py     that step's products per layer: from the packed weights, q/k/v and gate/up fused where exact
   shared_prefix.py   attention that reads a prompt's keys/values once for its G samples
   episode_decode.py  the multi-turn decode: rows advance independently, tools answer in between
   continuous.py      continuous batching for an outside agent's requests: rows join and leave token by token,

@@ -132,7 +132,7 @@ def decoder_layer(
     return x + _linear(F.silu(gate) * up, w.down, dtype)
 
 
-def _base(module):
+def linear_base(module):
     """The plain Linear a projection computes with now: itself, or a peft LoRA layer's base while its adapter runs
     merged into it (rlvr.models.lora_merge); None for anything else."""
     if type(module) is torch.nn.Linear:
@@ -145,7 +145,7 @@ def product_for(module, rows: int, autocast: torch.dtype | None, bf16_ok: bool) 
     """The weight a call of `rows` rows of this projection computes with inside a packing region, as a Product; None
     when it is not a plain Linear (or a merged LoRA layer's) or the call would not run from such a weight
     (rlvr.models.packed_linears.decode_weight)."""
-    base = _base(module)
+    base = linear_base(module)
     got = None if base is None else decode_weight(base, rows, autocast, bf16_ok)
     return None if got is None or base is None else Product(got[0], got[1], base.out_features, got[2])
 

@@ -6,7 +6,8 @@ per row that Python work is a large share of the hf engine's decode of a small m
 (bench/decode_breakdown.py measures it). Here the step is the model's own modules (LoRA-wrapped or
 quantised projections, other MLPs and the embeddings are called as they are), with four things done directly:
   * a plain Linear's product from the weight its call in the packing region would use (compiled_decode.Product: the same kernel
-    on the same weight, the same bits), without the module call's Python work around each product;
+    on the same weight, the same bits), without the module call's Python work around each product; for grouped-query
+    models under bf16 autocast q/k/v and gate/up as one product each where that gives the same bits (layer_products.py);
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
@@ -47,23 +48,14 @@ from rlvr.rollout.engines.hf.compiled_decode import (
     Product,
     layer_weights,
     linear_from,
-    lora_product_for,
-    product_for,
 )
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
-from rlvr.rollout.engines.hf.fused_projections import PLAIN_MLPS, FusedLayer, fused_layer
+from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, products_for
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
-# Widest model whose decode fuses its projections. Products alone, 1 thread, 8 layers' weights (AMD EPYC, loaded):
-# fused/separate 0.86-1.00 at hidden 128-320, 0.97-1.02 at 512, 1.06-1.15 at 576-768 (larger products gain no
-# more from one call and lose cache locality); bench/floor.py measures the whole decode before/after.
-# Off (0) for now: the fused products round differently from the modules' (1e-7 in fp32), so the continuous decoder
-# (the modules) and this step no longer draw identical samples for the same seeds (tests/rollout/test_continuous_decode.py),
-# for a gain measured only on the tiny model (generation 0.081 -> 0.072 s, bench/results/floor.md).
-FUSE_MAX_HIDDEN = 0
 _LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 
 
@@ -102,12 +94,6 @@ def _compilable(lm) -> bool:
         and getattr(lm.config, "hidden_act", None) == "silu"
         and all(getattr(m, "variance_epsilon", None) == layer.input_layernorm.variance_epsilon for m in norms)
     )
-
-
-def fuse_projections(lm) -> bool:
-    """Whether the decode runs q/k/v and gate/up as one product each (rlvr.rollout.engines.hf.fused_projections):
-    on the CPU, for models up to FUSE_MAX_HIDDEN wide, where fewer, larger products measured faster."""
-    return lm.device.type == "cpu" and lm.config.hidden_size <= FUSE_MAX_HIDDEN
 
 
 def _rms_norm(norm, x):
@@ -204,8 +190,6 @@ class LeanDecoder:
         self.head_dim = attn.head_dim
         self.kv_heads = lm.config.num_key_value_heads
         self.q_heads = lm.config.num_attention_heads
-        self.fuse = fuse_projections(lm)
-        self.fused: list[FusedLayer] | None = None  # built at the first step, in the autocast dtype it runs under
         self._direct: dict[tuple, list] = {}  # (rows bucket, autocast dtype, device) -> _products
 
     def start(
@@ -295,65 +279,47 @@ class LeanDecoder:
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The layers for n new tokens; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale) stores k, v and returns the
         attention output [n, Hq x D]. Logits of the tokens `keep` (all when None)."""
-        n, D = tokens.shape[0], self.head_dim
+        n = tokens.shape[0]
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
         sin = signed_sin(sin)  # once for every layer: rotate's four ops instead of seven per rotation
-        if self.fuse and self.fused is None:
-            dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
-            self.fused = [fused_layer(layer, dtype) for layer in self.layers]
         products = self._products(n, x.device)
-        for i, (layer, (q_p, k_p, v_p, o_p, gate_p, up_p, down_p)) in enumerate(zip(self.layers, products)):
-            attn, fused = layer.self_attn, self.fused[i] if self.fused else None
-            h = _rms_norm(layer.input_layernorm, x)
-            if fused is not None and fused.qkv_weight is not None:  # one product: [n, (Hq + 2 Hkv) x D]
-                q, k, v = F.linear(h, fused.qkv_weight, fused.qkv_bias).split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
-                q, k, v = q.unflatten(-1, (self.q_heads, D)), k.unflatten(-1, (self.kv_heads, D)), v.unflatten(-1, (self.kv_heads, D))
-            else:
-                casts: dict = {}
-                q = _product(q_p, h, casts).view(n, self.q_heads, D)
-                k = _product(k_p, h, casts).view(n, self.kv_heads, D)
-                v = _product(v_p, h, casts).view(n, self.kv_heads, D)
+        for i, (layer, p) in enumerate(zip(self.layers, products)):
+            attn = layer.self_attn
+            q, k, v = self._qkv(p, _rms_norm(layer.input_layernorm, x))
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            x = x + _product(o_p, attend(i, q, k, v, attn.scaling))
-            h = _rms_norm(layer.post_attention_layernorm, x)
-            if fused is not None and fused.gate_up_weight is not None:  # one product: [n, 2 x intermediate]
-                gate, up = F.linear(h, fused.gate_up_weight, fused.gate_up_bias).chunk(2, -1)
-                x = x + _product(down_p, layer.mlp.act_fn(gate) * up)
-            elif gate_p is None:  # an MLP of another kind: as it is
-                x = x + layer.mlp(h)
-            else:
-                casts = {}
-                x = x + _product(down_p, layer.mlp.act_fn(_product(gate_p, h, casts)) * _product(up_p, h, casts))
+            x = x + _product(p.o, attend(i, q, k, v, attn.scaling))
+            x = x + self._mlp(layer, p, _rms_norm(layer.post_attention_layernorm, x))
         if keep is not None:
             x, products = x[keep], self._products(len(keep), x.device)
         return _product(products[-1], _rms_norm(self.norm, x)).float()
 
+    def _qkv(self, p: LayerProducts, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden]."""
+        n, D, casts = h.shape[0], self.head_dim, dict[torch.dtype, torch.Tensor]()
+        out = [_product(m, h, casts) for m in p.qkv]  # q, k, v; or one product, the three side by side
+        q, k, v = out if len(out) == 3 else out[0].split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
+        return q.view(n, self.q_heads, D), k.view(n, self.kv_heads, D), v.view(n, self.kv_heads, D)
+
+    @staticmethod
+    def _mlp(layer, p: LayerProducts, h: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP of the normed h [n, hidden]."""
+        if p.down is None:  # an MLP of another kind: as it is
+            return layer.mlp(h)
+        casts: dict = {}
+        out = [_product(m, h, casts) for m in p.gate_up]  # gate, up; or one product, both side by side
+        gate, up = out if len(out) == 2 else out[0].chunk(2, -1)
+        return _product(p.down, layer.mlp.act_fn(gate) * up)
+
     def _products(self, n: int, device: torch.device) -> list:
-        """Per layer (q, k, v, o, gate, up, down) and last the lm_head, each a Product for n rows where the
-        packing region's module call would compute exactly that (same weight, same kernel: the same bits), else the
-        module; gate/up/down None for an MLP that is not the Llama-family SwiGLU. Built once per rows bucket and
-        autocast dtype in a decode (the weights do not change within one): the module calls' Python work, about a
-        tenth of a small model's decode step, is then paid once."""
+        """layer_products.products_for n rows, built once per rows bucket and autocast dtype in a decode (the weights do
+        not change within one): the module calls' Python work, about a tenth of a small model's decode step, is paid once."""
         autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         key = (power_of_two_at_least(n), autocast, device.type)
         if key not in self._direct:
-            bf16_ok = bf16_packs()
-
-            def direct(m):
-                if device.type != "cpu":
-                    return m
-                return product_for(m, n, autocast, bf16_ok) or lora_product_for(m, n, autocast, bf16_ok) or m
-
-            products: list = []
-            for layer in self.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                plain_mlp = type(mlp).__name__ in PLAIN_MLPS
-                mlp_parts = [direct(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)] if plain_mlp else [None, None, mlp.down_proj]
-                products.append((*(direct(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)), *mlp_parts))
-            self._direct[key] = [*products, direct(self.lm.lm_head)]
+            self._direct[key] = products_for(self.layers, self.lm.lm_head, n, device, autocast, self.kv_heads < self.q_heads)
         return self._direct[key]
 
     def _compiled_forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor | None:

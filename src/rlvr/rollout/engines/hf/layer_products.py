@@ -1,0 +1,83 @@
+"""The lean decode step's products, per layer: from the weights the modules' calls would use, q/k/v and gate/up fused.
+
+Each projection runs as a Product (compiled_decode.py) where its module's call in the packing region would compute
+exactly that from a weight it holds (rlvr.models.packed_linears), a LoraProduct for a peft LoRA layer, else as the module.
+And on the CPU under bf16 autocast q, k and v run as one product, gate and up as one.
+
+At decode shapes (one token per row, tens of rows) a product of a small model's projection barely fills the machine:
+it pays a dispatch, a read of the normed input and a thread fan-out for little work, worst for grouped-query
+attention's narrow k and v ([rows x hidden] x [hidden x kv heads x D]). One product with the weights side by side does
+the work of three (two) with the same sums per output. Products alone, 8 layers' worth of packed bf16 weights, 2 threads,
+AMD EPYC: fused/separate 0.81 (9M, hidden 320, 2 kv heads of 40) to 0.96-0.99 (hidden 512-896) at 64 rows, 0.63-0.91
+at 16 rows. Whole generations (bench/results/fused_products_amd.md; noise about 2 %) gained less: 0.94-0.95 (3M, 2 kv
+heads of 64 for 4 q heads), 0.985-0.99 (9M and 76M grouped-query models), but 1.01-1.02 for 8 heads of 64 without
+grouping (25M; 0.995 at 16 rows). So only grouped-query models fuse (FUSE).
+
+Only where the separate products would each run from a packed bf16 weight (rlvr.models.packed_linears: bf16 autocast on
+a CPU with fast bf16) and the one product gives each output exactly their bits (packed_linears.fused_decode_weight checks
+that per shape on the machine): the step then draws the same tokens with the same log-probs as the modules' calls (the
+continuous decoder's, transformers' forward). fp32 products are never fused: their sums run in another order when fused
+(differences of ~1e-7), so a fused step and the modules would draw different samples for the same seeds.
+A LoRA-wrapped projection (an unmerged adapter) stays apart, its group unfused.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from rlvr.models.packed_linears import bf16_packs, fused_decode_weight
+from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product, linear_base, lora_product_for, product_for
+
+PLAIN_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}  # down(act(gate(x)) * up(x))
+# grouped-query models run q/k/v and gate/up as one product each where that gives the same bits (module docstring)
+FUSE = True  # False: every projection apart (bench/fused_products_ab.py's "apart")
+
+Projection = Product | LoraProduct | torch.nn.Module
+
+
+class LayerProducts(NamedTuple):
+    """One layer's products for a rows bucket."""
+
+    qkv: tuple[Projection, ...]  # (q, k, v), or one Product computing the three side by side
+    o: Projection
+    gate_up: tuple[Projection, ...]  # (gate, up), or one Product computing both side by side, or () for an MLP that
+    # is not the Llama-family SwiGLU (called whole)
+    down: Projection | None  # None with gate_up ()
+
+
+def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, grouped: bool) -> list:
+    """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; `grouped`:
+    the model's attention is grouped-query (fewer kv heads than q heads), where fusing paid."""
+    bf16_ok = bf16_packs()
+
+    def direct(m) -> Projection:
+        if device.type != "cpu":
+            return m
+        return product_for(m, rows, autocast, bf16_ok) or lora_product_for(m, rows, autocast, bf16_ok) or m
+
+    def fused(*modules) -> Product | None:  # decided before the separate products, which would pack their own weights
+        return fused_product(modules, rows, autocast, bf16_ok) if FUSE and grouped and device.type == "cpu" else None
+
+    products: list = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        mlp_parts: tuple[Projection, ...] = ()
+        if type(mlp).__name__ in PLAIN_MLPS:
+            gate_up = fused(mlp.gate_proj, mlp.up_proj)
+            mlp_parts = (gate_up,) if gate_up is not None else (direct(mlp.gate_proj), direct(mlp.up_proj))
+        qkv_parts = (qkv,) if qkv is not None else tuple(direct(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        products.append(LayerProducts(qkv_parts, direct(attn.o_proj), mlp_parts, direct(mlp.down_proj) if mlp_parts else None))
+    return [*products, direct(lm_head)]
+
+
+def fused_product(modules, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> Product | None:
+    """One Product for `modules` (q/k/v, or gate/up) for a call of `rows` rows, their outputs side by side in that
+    order; None where they must run apart (module docstring)."""
+    bases = [linear_base(m) for m in modules]
+    if autocast != torch.bfloat16 or any(b is None for b in bases):
+        return None
+    got = fused_decode_weight(bases, rows, bf16_ok)
+    return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), True)
