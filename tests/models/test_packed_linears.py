@@ -242,3 +242,26 @@ def test_overlapping_regions_restore_the_forward_when_the_last_one_exits(tiny_mo
     assert "forward" in q.__dict__  # the second region still runs it
     second.__exit__(None, None, None)
     assert "forward" not in q.__dict__ and q not in packed_linears._HOLDERS
+
+
+@bf16_kernels
+def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_they_would_pack(monkeypatch):
+    """q, k and v as one packed bf16 product (the lean decode's fusion): each output the bits of its module's own call in
+    the region; None outside bf16 autocast, outside a region, past the decode's rows, or where the machine's check
+    (_fuses_exactly) finds other bits."""
+    model, _ = _llama_256()
+    attn = model.model.layers[0].self_attn
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)  # 256 + 128 + 128 outputs
+    x = torch.randn(24, 256)
+    with torch.no_grad():
+        assert packed_linears.fused_decode_weight(projections, 24, True) is None  # no region
+        with packed_linears.packed_linears_in(model):
+            assert packed_linears.fused_decode_weight(projections, 24, True) is None  # fp32: sums in another order
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                weight, bias = packed_linears.fused_decode_weight(projections, 24, True)
+                fused = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight, bias, "none", [], "")
+                assert torch.equal(fused, torch.cat([m(x) for m in projections], -1))
+                assert packed_linears.fused_decode_weight(projections, 24, False) is None  # no fast bf16: nothing packs
+                assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
+                monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
+                assert packed_linears.fused_decode_weight(projections, 24, True) is None
