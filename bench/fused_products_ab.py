@@ -2,9 +2,13 @@
 (rlvr.rollout.engines.hf.layer_products.FUSE: on the CPU under bf16 autocast, where the fused product gives the
 separate products' bits), in one process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one training
 step, then the same generation `reps` times per way, alternating). The two ways must give the same tokens and
-log-probs: checked here too. `--shape NAME=JSON` adds a config as bench/floor.py's option does.
+log-probs: checked here too. `--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead,
+each way's generation under torch.profiler, alternating, and the medians of the time in oneDNN's products and in all
+ops (the products alone, where whole generations vary more than the difference), with `--every-model` fused for
+models without grouped-query attention too.
 
     cd bench && python fused_products_ab.py B E F L G --reps 6 --out results/fused_products_amd.md && cd ..
+    cd bench && python fused_products_ab.py L F B --products --every-model && cd ..
 """
 
 from __future__ import annotations
@@ -14,7 +18,31 @@ import sys
 
 import floor
 import rlvr.rollout.engines.hf.layer_products as layer_products
+import rlvr.rollout.engines.hf.lean_decode as lean_decode
 from generation_ab import bit_for_bit_table
+
+
+def products_ab(name: str, reps: int) -> None:
+    """Medians of the profiled time in oneDNN's products and in every op, per way, for config `name`."""
+    import statistics
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from _floor_step import floor_step
+
+    step, times = floor_step(name), {True: [], False: []}
+    for i in range(reps):
+        for fuse in (True, False) if i % 2 else (False, True):
+            layer_products.FUSE = fuse
+            step.generate()  # this way's products built and warm
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step.generate()
+            ops = prof.key_averages()
+            products = sum(e.self_cpu_time_total for e in ops if e.key == "mkldnn::_linear_pointwise")
+            times[fuse].append((products / 1e3, sum(e.self_cpu_time_total for e in ops) / 1e3))
+    for fuse in (False, True):
+        med = [statistics.median(t[j] for t in times[fuse]) for j in (0, 1)]
+        print(f"{name} {'fused' if fuse else 'apart'}: products {med[0]:.0f} ms, all ops {med[1]:.0f} ms per generation", flush=True)
 
 
 def main() -> None:
@@ -23,8 +51,18 @@ def main() -> None:
     ap.add_argument("--shape", action="append", default=[], metavar="NAME=JSON", help="a config of your own (bench/floor.py --shape)")
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--products", action="store_true", help="profiled: the time in the products per way")
+    ap.add_argument("--every-model", action="store_true", help="fuse models without grouped-query attention too")
     args = ap.parse_args()
     configs = [*args.configs, *(floor.add_shape(s) for s in args.shape)]
+    if args.every_model:
+        grouped_only = layer_products.products_for
+        layer_products.products_for = lambda *a: grouped_only(*a[:-1], True)  # type: ignore[assignment]
+        lean_decode.products_for = layer_products.products_for
+    if args.products:
+        for name in configs:
+            products_ab(name, args.reps)
+        return
     ways = {"apart": lambda: setattr(layer_products, "FUSE", False), "fused": lambda: setattr(layer_products, "FUSE", True)}
     title = "The lean decode step's q/k/v and gate/up: apart vs one product each"
     command = f"cd bench && python fused_products_ab.py {' '.join(sys.argv[1:])}"
