@@ -4,10 +4,10 @@ separate products' bits), in one process (bench/generation_ab.py: one Trainer on
 step, then the same generation `reps` times per way, alternating). The two ways must give the same tokens and
 log-probs: checked here too. `--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead,
 each way's generation under torch.profiler, alternating, and the medians of the time in oneDNN's products and in all
-ops (the products alone, where whole generations vary more than the difference), with `--every-model` fused for
-models without grouped-query attention too.
+ops (the products alone, where whole generations vary more than the difference). `--every-model`: fused for models
+without grouped-query attention or wider than layer_products.FUSE_MAX_HIDDEN too.
 
-    cd bench && python fused_products_ab.py B E F L G --reps 6 --out results/fused_products_amd.md && cd ..
+    cd bench && python fused_products_ab.py B E F L G --every-model --reps 6 --out results/fused_products_amd.md && cd ..
     cd bench && python fused_products_ab.py L F B --products --every-model && cd ..
 """
 
@@ -52,13 +52,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--out", default=None)
     ap.add_argument("--products", action="store_true", help="profiled: the time in the products per way")
-    ap.add_argument("--every-model", action="store_true", help="fuse models without grouped-query attention too")
+    ap.add_argument("--every-model", action="store_true", help="fuse every model (not only small grouped-query ones)")
     args = ap.parse_args()
     configs = [*args.configs, *(floor.add_shape(s) for s in args.shape)]
     if args.every_model:
-        grouped_only = layer_products.products_for
-        layer_products.products_for = lambda *a: grouped_only(*a[:-1], True)  # type: ignore[assignment]
-        lean_decode.products_for = layer_products.products_for
+        lean_decode.fuses = lambda config: layer_products.FUSE  # type: ignore[assignment]
     if args.products:
         for name in configs:
             products_ab(name, args.reps)

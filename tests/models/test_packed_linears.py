@@ -247,8 +247,8 @@ def test_overlapping_regions_restore_the_forward_when_the_last_one_exits(tiny_mo
 @bf16_kernels
 def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_they_would_pack(monkeypatch):
     """q, k and v as one packed bf16 product (the lean decode's fusion): each output the bits of its module's own call in
-    the region; None outside bf16 autocast, outside a region, past the decode's rows, or where the machine's check
-    (_fuses_exactly) finds other bits."""
+    the region; one packed copy for every rows bucket, packed again after a write; None outside bf16 autocast, outside a
+    region, past the decode's rows, or where the machine's check (_fuses_exactly) finds other bits."""
     model, _ = _llama_256()
     attn = model.model.layers[0].self_attn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)  # 256 + 128 + 128 outputs
@@ -263,5 +263,14 @@ def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_the
                 assert torch.equal(fused, torch.cat([m(x) for m in projections], -1))
                 assert packed_linears.fused_decode_weight(projections, 24, False) is None  # no fast bf16: nothing packs
                 assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
+                assert packed_linears.fused_decode_weight(projections, 5, True)[0] is weight  # another rows bucket: one copy
+                attn.k_proj.weight.mul_(2.0)  # written in place (an optimizer step, a load): packed again, with it
+                again, _ = packed_linears.fused_decode_weight(projections, 24, True)
+                assert again is not weight
+                assert torch.equal(
+                    torch.ops.mkldnn._linear_pointwise(x.bfloat16(), again, bias, "none", [], ""),
+                    torch.cat([m(x) for m in projections], -1),
+                )
                 monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
                 assert packed_linears.fused_decode_weight(projections, 24, True) is None
+    assert attn.q_proj not in packed_linears._FUSED  # dropped with the region, as the modules' own packed weights

@@ -41,6 +41,9 @@ FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes 
 
 # module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+# first module of a fused group -> (the group's weights and biases, their _versions, packed weight, bias): as _PACKED,
+# for fused_decode_weight
+_FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 _SWAP_LOCK = threading.Lock()
 _FP32_CHOICES: dict[tuple[int, int, int, int], bool] = {}  # (in, out, rows bucket, threads) -> packs: packing.json, read once
@@ -154,17 +157,23 @@ def fused_decode_weight(modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: 
     outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
     Only where each of them alone would run from a packed bf16 weight in this region (decode_weight: bf16 autocast,
     fast bf16) and the one product gives each output the bits the separate products give it at these shapes on this
-    machine (_fuses_exactly); else None. Built anew per call: the caller keeps it while the weights stay the same."""
+    machine (_fuses_exactly); else None. Packed once while the weights stay the same, whatever the rows, as each
+    module's own packed weight is (one copy for every rows bucket of a decode), and dropped with those."""
     in_features = {m.in_features for m in modules}
     if len(in_features) != 1 or any(m not in _HOLDERS or _packed_dtype(m, rows, torch.float32, bf16_ok) != torch.bfloat16 for m in modules):
         return None
     shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
     if not _fuses_exactly(*shape, rows):
         return None
-    weight = torch.cat([m.weight.detach().to(torch.bfloat16) for m in modules])
-    biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
-    bias = torch.cat(biases).to(torch.bfloat16) if any(shape[2]) else None
-    return torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
+    tensors = [t for m in modules for t in (m.weight, m.bias) if t is not None]
+    versions = [t._version for t in tensors]  # bumped by every in-place write: an optimizer step, a load
+    kept = _FUSED.get(modules[0])
+    if kept is None or len(kept[0]) != len(tensors) or any(a is not b for a, b in zip(kept[0], tensors)) or kept[1] != versions:
+        weight = torch.cat([m.weight.detach().to(torch.bfloat16) for m in modules])
+        biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+        bias = torch.cat(biases).to(torch.bfloat16) if any(shape[2]) else None
+        kept = _FUSED[modules[0]] = (tensors, versions, torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias)
+    return kept[2], kept[3]
 
 
 def _fuses_exactly(in_features: int, outs: tuple[int, ...], biases: tuple[bool, ...], rows: int) -> bool:
@@ -224,3 +233,4 @@ def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[No
                     del m.forward
                     if not keep:
                         _PACKED.pop(m, None)
+                        _FUSED.pop(m, None)

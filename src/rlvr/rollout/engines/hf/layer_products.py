@@ -11,7 +11,9 @@ the work of three (two) with the same sums per output. Products alone, 8 layers'
 AMD EPYC: fused/separate 0.81 (9M, hidden 320, 2 kv heads of 40) to 0.96-0.99 (hidden 512-896) at 64 rows, 0.63-0.91
 at 16 rows. Whole generations (bench/results/fused_products_amd.md; noise about 2 %) gained less: 0.94-0.95 (3M, 2 kv
 heads of 64 for 4 q heads), 0.985-0.99 (9M and 76M grouped-query models), but 1.01-1.02 for 8 heads of 64 without
-grouping (25M; 0.995 at 16 rows). So only grouped-query models fuse (FUSE).
+grouping (25M; 0.995 at 16 rows). So only grouped-query models up to FUSE_MAX_HIDDEN wide fuse (fuses), where the
+narrow products cost most: above, the gain was within noise alone and the fused copy would add to the packed memory
+(each module keeps its own packed weight for the prefill's calls too).
 
 Only where the separate products would each run from a packed bf16 weight (rlvr.models.packed_linears: bf16 autocast on
 a CPU with fast bf16) and the one product gives each output exactly their bits (packed_linears.fused_decode_weight checks
@@ -31,8 +33,17 @@ from rlvr.models.packed_linears import bf16_packs, fused_decode_weight
 from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product, linear_base, lora_product_for, product_for
 
 PLAIN_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}  # down(act(gate(x)) * up(x))
-# grouped-query models run q/k/v and gate/up as one product each where that gives the same bits (module docstring)
+# grouped-query models up to FUSE_MAX_HIDDEN wide run q/k/v and gate/up as one product each where that gives the same
+# bits (module docstring)
 FUSE = True  # False: every projection apart (bench/fused_products_ab.py's "apart")
+FUSE_MAX_HIDDEN = 512
+
+
+def fuses(config) -> bool:
+    """Whether a model with this transformers config decodes with fused products (module docstring)."""
+    q_heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return FUSE and kv_heads < q_heads and config.hidden_size <= FUSE_MAX_HIDDEN
+
 
 Projection = Product | LoraProduct | torch.nn.Module
 
@@ -47,9 +58,9 @@ class LayerProducts(NamedTuple):
     down: Projection | None  # None with gate_up ()
 
 
-def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, grouped: bool) -> list:
-    """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; `grouped`:
-    the model's attention is grouped-query (fewer kv heads than q heads), where fusing paid."""
+def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, fuse: bool) -> list:
+    """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; `fuse`:
+    q/k/v and gate/up as one product each where that gives the same bits (fuses(config))."""
     bf16_ok = bf16_packs()
 
     def direct(m) -> Projection:
@@ -58,7 +69,7 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
         return product_for(m, rows, autocast, bf16_ok) or lora_product_for(m, rows, autocast, bf16_ok) or m
 
     def fused(*modules) -> Product | None:  # decided before the separate products, which would pack their own weights
-        return fused_product(modules, rows, autocast, bf16_ok) if FUSE and grouped and device.type == "cpu" else None
+        return fused_product(modules, rows, autocast, bf16_ok) if fuse and device.type == "cpu" else None
 
     products: list = []
     for layer in layers:

@@ -6,7 +6,7 @@ per row that Python work is a large share of the hf engine's decode of a small m
 (bench/decode_breakdown.py measures it). Here the step is the model's own modules (LoRA-wrapped or
 quantised projections, other MLPs and the embeddings are called as they are), with four things done directly:
   * a plain Linear's product from the weight its call in the packing region would use (compiled_decode.Product: the same kernel
-    on the same weight, the same bits), without the module call's Python work around each product; for grouped-query
+    on the same weight, the same bits), without the module call's Python work around each product; for small grouped-query
     models under bf16 autocast q/k/v and gate/up as one product each where that gives the same bits (layer_products.py);
   * RMSNorm by `F.rms_norm` (one kernel instead of six) for the norms known to compute exactly it;
   * rotary embedding from the model's own rotary module, once per step for all layers;
@@ -52,7 +52,7 @@ from rlvr.rollout.engines.hf.compiled_decode import (
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
-from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, products_for
+from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -319,7 +319,7 @@ class LeanDecoder:
         autocast = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
         key = (power_of_two_at_least(n), autocast, device.type)
         if key not in self._direct:
-            self._direct[key] = products_for(self.layers, self.lm.lm_head, n, device, autocast, self.kv_heads < self.q_heads)
+            self._direct[key] = products_for(self.layers, self.lm.lm_head, n, device, autocast, fuses(self.lm.config))
         return self._direct[key]
 
     def _compiled_forward(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor | None:
