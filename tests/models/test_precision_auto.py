@@ -52,9 +52,6 @@ def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, c
     import rlvr.rollout.engines.hf.lean_decode as lean_decode
     from rlvr.rollout.engines.hf.compiled_decode import Product
 
-    # the fused decode products (q/k/v, gate/up) bypass the modules' hooks: off here, so that every product is seen
-    # (their weights are kept in the autocast dtype: tests/rollout/test_lean_decode.py)
-    monkeypatch.setattr(lean_decode, "FUSE_MAX_HIDDEN", 0)
     timer = StubTimer(fp32, bf16)
     monkeypatch.setattr(precision_choice, "measure_step", timer)
     t = make_trainer("model.autocast=auto", "steps=1", "optim.skip_zero_advantage=false")  # the update runs every row
@@ -62,7 +59,7 @@ def test_auto_runs_generation_and_update_in_the_faster_precision(make_trainer, c
     assert len(timer.calls) == 1
     assert t.precision.autocast == t.updater.precision == t.source.autocast == resolved
     seen, hooks = _linear_outputs(t.model)
-    direct = lean_decode._product  # the lean step's products run straight from their weights (no module call): seen here
+    direct = lean_decode._product  # the lean step's products (fused ones too) run from their weights, no module call: seen here
 
     def recording(p, x, casts=None):
         out = direct(p, x, casts)
