@@ -24,8 +24,8 @@ def _modules(self, n, device):  # every projection called as its module: the ste
     for layer in self.layers:
         attn, mlp = layer.self_attn, layer.mlp
         plain = type(mlp).__name__ in lean_decode.PLAIN_MLPS
-        gate_up = (mlp.gate_proj, mlp.up_proj) if plain else (None, None)
-        products.append((attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, *gate_up, mlp.down_proj))
+        gate_up, down = ((mlp.gate_proj, mlp.up_proj), mlp.down_proj) if plain else ((), None)
+        products.append(lean_decode.LayerProducts((attn.q_proj, attn.k_proj, attn.v_proj), attn.o_proj, gate_up, down))
     return [*products, self.lm.lm_head]
 
 

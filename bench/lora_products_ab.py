@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import rlvr.rollout.engines.hf.lean_decode as lean_decode
+import rlvr.rollout.engines.hf.layer_products as layer_products
 from generation_ab import bit_for_bit_table
 
-DIRECT = lean_decode.lora_product_for
+DIRECT = layer_products.lora_product_for
 
 
 def main() -> None:
@@ -24,8 +24,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     ways = {
-        "peft modules": lambda: setattr(lean_decode, "lora_product_for", lambda *a: None),
-        "direct": lambda: setattr(lean_decode, "lora_product_for", DIRECT),
+        "peft modules": lambda: setattr(layer_products, "lora_product_for", lambda *a: None),
+        "direct": lambda: setattr(layer_products, "lora_product_for", DIRECT),
     }
     title = "LoRA projections in the lean decode step: peft's module calls vs their three products directly"
     bit_for_bit_table(title, f"cd bench && python lora_products_ab.py {' '.join(sys.argv[1:])}", ways, args.configs, args.reps, args.out)
