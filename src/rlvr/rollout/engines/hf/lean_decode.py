@@ -298,7 +298,8 @@ class LeanDecoder:
 
     def _qkv(self, p: LayerProducts, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden]."""
-        n, D, casts = h.shape[0], self.head_dim, dict[torch.dtype, torch.Tensor]()
+        n, D = h.shape[0], self.head_dim
+        casts: dict = {}
         out = [_product(m, h, casts) for m in p.qkv]  # q, k, v; or one product, the three side by side
         q, k, v = out if len(out) == 3 else out[0].split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
         return q.view(n, self.q_heads, D), k.view(n, self.kv_heads, D), v.view(n, self.kv_heads, D)
