@@ -212,22 +212,32 @@ def test_lean_decode_only_for_architectures_it_reproduces():
     assert lean_decoder_for(LlamaForCausalLM(LlamaConfig(attn_implementation="eager", **small))) is None
 
 
+@pytest.fixture
+def bf16_kernels(monkeypatch) -> bool:
+    """Whether oneDNN has bf16 kernels here; where it has, the packing region packs bf16 weights whether this CPU's bf16
+    is fast or emulated (where it has not, nothing packs in bf16 and nothing fuses)."""
+    import rlvr.models.packed_linears as packed_linears
+    import rlvr.rollout.engines.hf.layer_products as layer_products
+
+    kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    monkeypatch.setattr(layer_products, "bf16_packs", lambda: kernels)
+    monkeypatch.setattr(packed_linears, "bf16_packs", lambda: kernels)
+    return kernels
+
+
 def _flat(products):
     return [m for p in products for m in (*p.qkv, p.o, *p.gate_up, p.down)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
-def test_fused_products_give_the_separate_products_bits(kind, monkeypatch):
+def test_fused_products_give_the_separate_products_bits(kind, bf16_kernels, monkeypatch):
     """Under bf16 autocast with packed bf16 weights, q/k/v and gate/up run as one product each (layer_products.py):
     the same tokens and bit-for-bit the same log-probs and entropies as every projection apart, which are the modules'
     calls; in fp32 nothing is fused, nor for a model without grouped-query attention (llama: 4 kv heads for 4 q heads),
     where fusing did not pay. Where oneDNN has no bf16 kernels nothing packs, so nothing fuses either."""
-    import rlvr.models.packed_linears as packed_linears
     import rlvr.rollout.engines.hf.layer_products as layer_products
 
-    kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    monkeypatch.setattr(layer_products, "bf16_packs", lambda: kernels)  # fast bf16 or not, where the kernels exist
-    monkeypatch.setattr(packed_linears, "bf16_packs", lambda: kernels)
+    kernels = bf16_kernels
     tok, model = _model(kind)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=20, ignore_eos=True)
     seen: list = []
@@ -248,16 +258,13 @@ def test_fused_products_give_the_separate_products_bits(kind, monkeypatch):
     assert seen and all(len(p.qkv) == 3 for products in seen for p in products[:-1])
 
 
-def test_fused_products_follow_every_weight_update(monkeypatch):
-    """The fused weights are built per decode from the modules' weights as they are then: after an optimizer step (in
-    place) and after a load (copy_) the fused step samples bit for bit as the separate products do with the new
-    weights."""
+def test_fused_products_follow_every_weight_update(bf16_kernels, monkeypatch):
+    """The fused weights are packed again whenever a weight changed: after an optimizer step (in place) and after a load
+    (copy_) the fused step samples bit for bit as the separate products do with the new weights."""
     import rlvr.models.packed_linears as packed_linears
     import rlvr.rollout.engines.hf.layer_products as layer_products
 
-    kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # else nothing packs in bf16, nothing fuses
-    monkeypatch.setattr(layer_products, "bf16_packs", lambda: kernels)
-    monkeypatch.setattr(packed_linears, "bf16_packs", lambda: kernels)
+    kernels = bf16_kernels
     tok, model = _model("llama-gqa")
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, ignore_eos=True)
     fused = []

@@ -69,7 +69,7 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
         return product_for(m, rows, autocast, bf16_ok) or lora_product_for(m, rows, autocast, bf16_ok) or m
 
     def fused(*modules) -> Product | None:  # decided before the separate products, which would pack their own weights
-        return fused_product(modules, rows, autocast, bf16_ok) if fuse and device.type == "cpu" else None
+        return fused_product(modules, rows, bf16_ok) if fuse and device.type == "cpu" else None
 
     products: list = []
     for layer in layers:
@@ -84,11 +84,11 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
     return [*products, direct(lm_head)]
 
 
-def fused_product(modules, rows: int, autocast: torch.dtype | None, bf16_ok: bool) -> Product | None:
+def fused_product(modules, rows: int, bf16_ok: bool) -> Product | None:
     """One Product for `modules` (q/k/v, or gate/up) for a call of `rows` rows, their outputs side by side in that
-    order; None where they must run apart (module docstring)."""
+    order; None where they must run apart (module docstring; fused_decode_weight reads the autocast state)."""
     bases = [linear_base(m) for m in modules]
-    if autocast != torch.bfloat16 or any(b is None for b in bases):
+    if any(b is None for b in bases):
         return None
     got = fused_decode_weight(bases, rows, bf16_ok)
     return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), True)
