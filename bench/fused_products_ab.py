@@ -1,9 +1,9 @@
 """The lean decode step's q/k/v and gate/up projections each apart against one product per group
-(rlvr.rollout.engines.hf.layer_products.FUSE: on the CPU under bf16 autocast, where the fused product gives the
-separate products' bits), in one process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one training
+(rlvr.rollout.engines.hf.layer_products.FUSE: on the CPU, in fp32 or under bf16 autocast, where the fused product
+gives the separate products' bits), in one process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one training
 step, then the same generation `reps` times per way, alternating). The two ways must give the same tokens and
 log-probs: checked here too. `--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead,
-each way's generation under torch.profiler, alternating, and the medians of the time in oneDNN's products and in all
+each way's generation under torch.profiler, alternating, and the medians of the time in the products and in all
 ops (the products alone, where whole generations vary more than the difference). `--every-model`: fused for models
 without grouped-query attention or wider than layer_products.FUSE_MAX_HIDDEN too.
 
@@ -22,8 +22,12 @@ import rlvr.rollout.engines.hf.lean_decode as lean_decode
 from generation_ab import bit_for_bit_table
 
 
+PRODUCT_OPS = {"mkldnn::_linear_pointwise", "aten::addmm", "aten::mm"}  # packed products, F.linear's (fp32 unpacked)
+
+
 def products_ab(name: str, reps: int) -> None:
-    """Medians of the profiled time in oneDNN's products and in every op, per way, for config `name`."""
+    """Medians of the profiled time in the products (oneDNN's from packed weights, F.linear's) and in every op, per
+    way, for config `name`."""
     import statistics
 
     from torch.profiler import ProfilerActivity, profile
@@ -38,7 +42,7 @@ def products_ab(name: str, reps: int) -> None:
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 step.generate()
             ops = prof.key_averages()
-            products = sum(e.self_cpu_time_total for e in ops if e.key == "mkldnn::_linear_pointwise")
+            products = sum(e.self_cpu_time_total for e in ops if e.key in PRODUCT_OPS)
             times[fuse].append((products / 1e3, sum(e.self_cpu_time_total for e in ops) / 1e3))
     for fuse in (False, True):
         med = [statistics.median(t[j] for t in times[fuse]) for j in (0, 1)]
@@ -54,7 +58,7 @@ def main() -> None:
     ap.add_argument("--products", action="store_true", help="profiled: the time in the products per way")
     ap.add_argument("--every-model", action="store_true", help="fuse every model (not only small grouped-query ones)")
     args = ap.parse_args()
-    configs = [*args.configs, *(floor.add_shape(s) for s in args.shape)]
+    configs = list(dict.fromkeys([*args.configs, *(floor.add_shape(s) for s in args.shape)]))  # a --shape named in both once
     if args.every_model:
         lean_decode.fuses = lambda config: layer_products.FUSE  # type: ignore[assignment]
     if args.products:
