@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import rlvr.models.packed_linears as packed_linears
@@ -170,10 +169,9 @@ def test_fp32_packing_is_measured_once_per_shape_and_machine_then_read_from_the_
     layer = model.model.layers[0]
     assert {layer.self_attn.q_proj, layer.self_attn.o_proj} <= set(packed_modules)
     assert not {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} & set(packed_modules)  # measured slower
-    # once per shape and row bucket (the prefill's 16 rows, the decode's 8), not per layer or call; the lean decode's
-    # fused gate/up (256 x 2 x 512) at the decode's rows too (its fused q/k/v is 256 x 512 wide, as gate and up)
-    assert len(timed) == len(set(timed)) and {(i, o) for i, o, _ in timed} == {(256, 256), (256, 512), (512, 256), (256, 1024)}
-    assert (256, 256, 8) in timed and {rows for _, _, rows in timed} <= {8, 16} and (256, 1024, 8) in timed
+    # once per shape and row bucket (the prefill's 16 rows, the decode's 8), not per layer or call
+    assert len(timed) == len(set(timed)) and {(i, o) for i, o, _ in timed} == {(256, 256), (256, 512), (512, 256)}
+    assert (256, 256, 8) in timed and {rows for _, _, rows in timed} <= {8, 16}
     cache = json.loads((tmp_path / "packing.json").read_text())
     assert {(json.loads(k)["in"], json.loads(k)["out"], json.loads(k)["rows"], e["packs"]) for k, e in cache.items()} == {
         (i, o, rows, (i, o) == (256, 256)) for i, o, rows in timed
@@ -249,55 +247,30 @@ def test_overlapping_regions_restore_the_forward_when_the_last_one_exits(tiny_mo
 @bf16_kernels
 def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_they_would_pack(monkeypatch):
     """q, k and v as one packed bf16 product (the lean decode's fusion): each output the bits of its module's own call in
-    the region; one packed copy for every rows bucket, packed again after a write; None outside a region, past the
-    decode's rows, without fast bf16 under autocast, or where the machine's check (_fuses_exactly) finds other bits."""
+    the region; one packed copy for every rows bucket, packed again after a write; None outside bf16 autocast, outside a
+    region, past the decode's rows, or where the machine's check (_fuses_exactly) finds other bits."""
     model, _ = _llama_256()
     attn = model.model.layers[0].self_attn
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)  # 256 + 128 + 128 outputs
     x = torch.randn(24, 256)
     with torch.no_grad():
         assert packed_linears.fused_decode_weight(projections, 24, True) is None  # no region
-        with packed_linears.packed_linears_in(model), torch.autocast("cpu", dtype=torch.bfloat16):
-            weight, bias, packed = packed_linears.fused_decode_weight(projections, 24, True)
-            fused = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight, bias, "none", [], "")
-            assert packed and torch.equal(fused, torch.cat([m(x) for m in projections], -1))
-            assert packed_linears.fused_decode_weight(projections, 24, False) is None  # no fast bf16: nothing packs
-            assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
-            assert packed_linears.fused_decode_weight(projections, 5, True)[0] is weight  # another rows bucket: one copy
-            attn.k_proj.weight.mul_(2.0)  # written in place (an optimizer step, a load): packed again, with it
-            again, _, _ = packed_linears.fused_decode_weight(projections, 24, True)
-            assert again is not weight
-            assert torch.equal(
-                torch.ops.mkldnn._linear_pointwise(x.bfloat16(), again, bias, "none", [], ""),
-                torch.cat([m(x) for m in projections], -1),
-            )
-            monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
-            assert packed_linears.fused_decode_weight(projections, 24, True) is None
+        with packed_linears.packed_linears_in(model):
+            assert packed_linears.fused_decode_weight(projections, 24, True) is None  # fp32: sums in another order
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                weight, bias = packed_linears.fused_decode_weight(projections, 24, True)
+                fused = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight, bias, "none", [], "")
+                assert torch.equal(fused, torch.cat([m(x) for m in projections], -1))
+                assert packed_linears.fused_decode_weight(projections, 24, False) is None  # no fast bf16: nothing packs
+                assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
+                assert packed_linears.fused_decode_weight(projections, 5, True)[0] is weight  # another rows bucket: one copy
+                attn.k_proj.weight.mul_(2.0)  # written in place (an optimizer step, a load): packed again, with it
+                again, _ = packed_linears.fused_decode_weight(projections, 24, True)
+                assert again is not weight
+                assert torch.equal(
+                    torch.ops.mkldnn._linear_pointwise(x.bfloat16(), again, bias, "none", [], ""),
+                    torch.cat([m(x) for m in projections], -1),
+                )
+                monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
+                assert packed_linears.fused_decode_weight(projections, 24, True) is None
     assert attn.q_proj not in packed_linears._FUSED  # dropped with the region, as the modules' own packed weights
-
-
-@pytest.mark.parametrize("pack", [True, False])
-def test_fused_fp32_decode_weight_gives_each_modules_bits_where_the_machine_check_says_so(pack, monkeypatch):
-    """In fp32 the fused product runs as its own shape would alone (packed where fp32_packs chooses, else F.linear on
-    the side-by-side weights), fused only where _fuses_exactly found each output's bits equal to its module's own call
-    at every row count of the bucket on this machine (sums in the same order): then at each of those rows the fused
-    product gives those bits. Past the decode's rows, or where the check fails, None."""
-    monkeypatch.setattr(packed_linears, "fp32_packs", lambda i, o, rows: pack)  # the machine's choice, both ways
-    model, _ = _llama_256()
-    mlp = model.model.layers[0].mlp
-    projections = (mlp.gate_proj, mlp.up_proj)  # 256 -> 512 each: packs with `pack`, as their fused 256 -> 1024
-    with torch.no_grad(), packed_linears.packed_linears_in(model):
-        got = packed_linears.fused_decode_weight(projections, 24, True)
-        key = (256, (512, 512), (False, False), torch.float32, (pack, pack), pack, 32, torch.get_num_threads())
-        assert (got is not None) == packed_linears._EXACT[key]  # checked at 17..32 rows
-        if got is not None:
-            weight, bias, packed = got
-            assert packed == pack and bias is None and weight.dtype == torch.float32
-            for n in (17, 24, 32):
-                x = torch.randn(n, 256)
-                fused = torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "") if pack else F.linear(x, weight)
-                assert torch.equal(fused, torch.cat([m(x) for m in projections], -1)), n
-        assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
-        monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
-        assert packed_linears.fused_decode_weight(projections, 24, True) is None
-    assert mlp.gate_proj not in packed_linears._FUSED

@@ -41,13 +41,13 @@ FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes 
 
 # module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
-# first module of a fused group -> (the group's weights and biases, their _versions, fused weight, bias, packed): as
-# _PACKED, for fused_decode_weight
+# first module of a fused group -> (the group's weights and biases, their _versions, packed weight, bias): as _PACKED,
+# for fused_decode_weight
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 _SWAP_LOCK = threading.Lock()
 _FP32_CHOICES: dict[tuple[int, int, int, int], bool] = {}  # (in, out, rows bucket, threads) -> packs: packing.json, read once
-_EXACT: dict[tuple, bool] = {}  # (in, outs, biases, dtype, ways, packed, rows bucket, threads) -> the separate bits
+_EXACT: dict[tuple, bool] = {}  # (in, outs, biases, rows bucket, threads) -> fused products give the separate ones' bits
 
 
 def packing_applies(device: torch.device) -> bool:
@@ -152,79 +152,50 @@ def decode_weight(
     return (module.weight.detach(), None if module.bias is None else module.bias.detach(), False) if plain_fp32 else None
 
 
-def fused_decode_weight(
-    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
-    """One weight (and bias) for projections that read the same input (q, k and v; gate and up), their outputs side by
-    side, as (weight, bias, packed for oneDNN): one product instead of several, for a caller that runs it itself (the
-    lean decode step). Only where each of them alone would run here in one dtype from the weights decode_weight gives
-    (under bf16 autocast: every one packed in bf16; in fp32: each packed or plain, as fp32_packs chose) and the one
-    product gives each output the bits the separate products give it at these rows on this machine (_fuses_exactly);
-    else None. The fused product runs as its own shape would alone: bf16 packed, fp32 packed where fp32_packs chooses
-    that for it. Made once while the weights stay the same, whatever the rows, as each module's own packed weight is
-    (one copy for every rows bucket of a decode), and dropped with those."""
+def fused_decode_weight(modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """One packed bf16 weight (and bias) for projections that read the same input (q, k and v; gate and up), their
+    outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
+    Only where each of them alone would run from a packed bf16 weight in this region (decode_weight: bf16 autocast,
+    fast bf16) and the one product gives each output the bits the separate products give it at these shapes on this
+    machine (_fuses_exactly); else None. Packed once while the weights stay the same, whatever the rows, as each
+    module's own packed weight is (one copy for every rows bucket of a decode), and dropped with those."""
     in_features = {m.in_features for m in modules}
-    if len(in_features) != 1 or any(m not in _HOLDERS for m in modules):
+    if len(in_features) != 1 or any(m not in _HOLDERS or _packed_dtype(m, rows, torch.float32, bf16_ok) != torch.bfloat16 for m in modules):
         return None
-    k = in_features.pop()
-    dtypes = {_packed_dtype(m, rows, torch.float32, bf16_ok) for m in modules}
-    if dtypes == {torch.bfloat16}:
-        dtype, ways, packed = torch.bfloat16, (True,) * len(modules), True
-    elif torch.is_autocast_enabled("cpu") or rows > DECODE_ROWS_MAX or any(m.weight.dtype != torch.float32 for m in modules):
-        return None
-    else:  # fp32: each module packed where it packs alone, else F.linear on its weight; the fused weight likewise
-        out = sum(m.out_features for m in modules)
-        dtype, ways = torch.float32, tuple(_packed_dtype(m, rows, torch.float32, bf16_ok) is not None for m in modules)
-        packed = out * k >= FP32_MIN_WEIGHT and fp32_packs(k, out, rows)
-    shape = (k, tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
-    if not _fuses_exactly(*shape, rows, dtype, ways, packed):
+    shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
+    if not _fuses_exactly(*shape, rows):
         return None
     tensors = [t for m in modules for t in (m.weight, m.bias) if t is not None]
     versions = [t._version for t in tensors]  # bumped by every in-place write: an optimizer step, a load
     kept = _FUSED.get(modules[0])
-    if (
-        kept is None
-        or len(kept[0]) != len(tensors)
-        or any(a is not b for a, b in zip(kept[0], tensors))
-        or (kept[1], kept[2].dtype, kept[4]) != (versions, dtype, packed)
-    ):
-        weight = torch.cat([m.weight.detach().to(dtype) for m in modules])
+    if kept is None or len(kept[0]) != len(tensors) or any(a is not b for a, b in zip(kept[0], tensors)) or kept[1] != versions:
+        weight = torch.cat([m.weight.detach().to(torch.bfloat16) for m in modules])
         biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
-        bias = torch.cat(biases).to(dtype) if any(shape[2]) else None
-        weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows) if packed else weight
-        kept = _FUSED[modules[0]] = (tensors, versions, weight, bias, packed)
-    return kept[2], kept[3], packed
+        bias = torch.cat(biases).to(torch.bfloat16) if any(shape[2]) else None
+        kept = _FUSED[modules[0]] = (tensors, versions, torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias)
+    return kept[2], kept[3]
 
 
-def _fuses_exactly(
-    in_features: int, outs: tuple[int, ...], biases: tuple[bool, ...], rows: int, dtype: torch.dtype, ways: tuple[bool, ...], packed: bool
-) -> bool:
-    """Whether one product of weights [sum(outs), in] (packed for oneDNN or not) gives each output the same bits as the
-    separate products of [out, in] (each packed or not: `ways`), in `dtype`. oneDNN's bf16 products sum each output over
-    the input in the same order whatever the weight's other rows (every shape and row count tried on an AMD EPYC, 1 and
-    2 threads); fp32 products did so on an Intel Xeon at every shape tried but one (hidden 896, q/k/v, 128 rows,
-    F.linear). The blocking is the library's own choice per machine and row count, so this is checked once per
-    process, shapes, ways, rows bucket and thread count, on random data: in bf16 at a few row counts of the bucket, in
-    fp32 (MKL's kernels chosen by the rows) at each of them. The order of a sum does not depend on the values."""
+def _fuses_exactly(in_features: int, outs: tuple[int, ...], biases: tuple[bool, ...], rows: int) -> bool:
+    """Whether one packed bf16 product of weights [sum(outs), in] gives each output the same bits as the separate
+    products of [out, in]: oneDNN sums each output over the input in the same order whatever the weight's other rows
+    (every shape and row count tried on an AMD EPYC, 1 and 2 threads), but its blocking is its own choice per machine,
+    so this is checked once per process, shape, rows bucket and thread count, on random data at a few row counts of the
+    bucket (the order of a sum does not depend on the values)."""
     bucket = power_of_two_at_least(rows)
-    key = (in_features, outs, biases, dtype, ways, packed, bucket, torch.get_num_threads())
+    key = (in_features, outs, biases, bucket, torch.get_num_threads())
     if key not in _EXACT:
         gen = torch.Generator().manual_seed(0)
-        weights = [torch.randn(o, in_features, generator=gen).to(dtype) for o in outs]
-        bias = [torch.randn(o, generator=gen).to(dtype) if b else None for o, b in zip(outs, biases)]
-
-        def product(w: torch.Tensor, b: torch.Tensor | None, pack: bool):
-            w = torch.ops.mkldnn._reorder_linear_weight(w, bucket) if pack else w
-            return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "") if pack else F.linear(x, w, b)
-
-        parts = [product(w, b, way) for w, b, way in zip(weights, bias, ways)]
-        zeros = [b if b is not None else torch.zeros(o, dtype=dtype) for o, b in zip(outs, bias)]
-        fused = product(torch.cat(weights), torch.cat(zeros) if any(biases) else None, packed)
-        counts = range(bucket // 2 + 1, bucket + 1) if dtype == torch.float32 else {1, bucket // 2 + 1, bucket}
+        weights = [torch.randn(o, in_features, generator=gen).bfloat16() for o in outs]
+        bias = [torch.randn(o, generator=gen).bfloat16() if b else None for o, b in zip(outs, biases)]
+        parts = [(torch.ops.mkldnn._reorder_linear_weight(w, bucket), b) for w, b in zip(weights, bias)]
+        zeros = [b if b is not None else torch.zeros(o, dtype=torch.bfloat16) for o, b in zip(outs, bias)]
+        fused = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights), bucket), torch.cat(zeros) if any(biases) else None
         _EXACT[key] = True
-        for n in sorted(counts):
-            x = torch.randn(n, in_features, generator=gen).to(dtype)
-            _EXACT[key] &= torch.equal(torch.cat([part(x) for part in parts], -1), fused(x))
+        for n in sorted({1, bucket // 2 + 1, bucket}):
+            x = torch.randn(n, in_features, generator=gen).bfloat16()
+            apart = torch.cat([torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "") for w, b in parts], -1)
+            _EXACT[key] &= torch.equal(apart, torch.ops.mkldnn._linear_pointwise(x, *fused, "none", [], ""))
     return _EXACT[key]
 
 

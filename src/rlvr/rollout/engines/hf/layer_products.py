@@ -18,8 +18,9 @@ narrow products cost most: above, the gain was within noise alone and the fused 
 Only where the separate products would each run from a packed bf16 weight (rlvr.models.packed_linears: bf16 autocast on
 a CPU with fast bf16) and the one product gives each output exactly their bits (packed_linears.fused_decode_weight checks
 that per shape on the machine): the step then draws the same tokens with the same log-probs as the modules' calls (the
-continuous decoder's, transformers' forward). In fp32 likewise where the machine's check finds each output's bits at every row count of the bucket
-(the sums of an Intel Xeon's MKL and oneDNN fp32 kernels ran in the same order fused at all but one shape tried).
+continuous decoder's, transformers' forward). fp32 products are never fused: on an AMD EPYC their sums ran in another
+order fused (differences of ~1e-7: other samples for the same seeds); on an Intel Xeon they gave the same bits almost
+everywhere, but fused fp32 generations were no faster (1.01-1.03x, bench/results/fused_products_fp32_intel.md).
 A LoRA-wrapped projection (an unmerged adapter) stays apart, its group unfused.
 """
 
@@ -91,4 +92,4 @@ def fused_product(modules, rows: int, bf16_ok: bool) -> Product | None:
     if any(b is None for b in bases):
         return None
     got = fused_decode_weight(bases, rows, bf16_ok)
-    return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), got[2])
+    return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), True)
