@@ -1,11 +1,12 @@
 """The lean decode step's q/k/v and gate/up projections each apart against one product per group
 (rlvr.rollout.engines.hf.layer_products.FUSE: on the CPU under bf16 autocast, where the fused product gives the
-separate products' bits; fp32 was measured at 9a9ba6b, bench/results/fused_products_fp32_intel.md), in one process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one training
-step, then the same generation `reps` times per way, alternating). The two ways must give the same tokens and
-log-probs: checked here too. `--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead,
-each way's generation under torch.profiler, alternating, and the medians of the time in the products and in all
-ops (the products alone, where whole generations vary more than the difference). `--every-model`: fused for models
-without grouped-query attention or wider than layer_products.FUSE_MAX_HIDDEN too.
+separate products' bits; fp32 was measured at 9a9ba6b, bench/results/fused_products_fp32_intel.md), in one
+process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one training step, then the same
+generation `reps` times per way, alternating). The two ways must give the same tokens and log-probs: checked here too.
+`--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead, each way's generation under
+torch.profiler, alternating, and the medians of the time in the products and in all ops (the products alone, where
+whole generations vary more than the difference). `--every-model`: fused for models without grouped-query attention
+or wider than layer_products.FUSE_MAX_HIDDEN too.
 
     cd bench && python fused_products_ab.py B E F L G --every-model --reps 6 --out results/fused_products_amd.md && cd ..
     cd bench && python fused_products_ab.py L F B --products --every-model && cd ..
