@@ -213,6 +213,33 @@ def test_same_seeds_same_episodes_whatever_the_tool_timing(tiny):
     assert runs[0] == runs[1]
 
 
+def test_each_rows_random_numbers_are_its_own_generators_drawn_one_per_sample(tiny, monkeypatch):
+    """The rows' random numbers are drawn up front (episode_decode._row_uniforms): row r's k-th sample takes the k-th
+    number its own generator (row_seed) gives one draw at a time, whichever rows sample beside it and whenever."""
+    from rlvr.rollout.engines.sampling import row_seed
+
+    seeds, G, T = [5, 9], 3, 12
+    table = episode_decode._row_uniforms(seeds, G, T, torch.device("cpu"))  # [B x G, T]
+    for r in range(len(seeds) * G):
+        gen = torch.Generator().manual_seed(row_seed(seeds[r // G], r % G))
+        assert torch.equal(table[r], torch.cat([torch.rand(1, generator=gen) for _ in range(T)]))
+    model, tok = tiny
+    prompts = [tok.apply_chat_template([{"role": "user", "content": "23+45="}], add_generation_prompt=True, tokenize=False)]
+    taken: dict[int, list[int]] = {}  # row -> the table column each of its samples took
+    sample = episode_decode._sample
+
+    def recorded(logits, rows, params, uniforms, draws):
+        for r in rows:
+            taken.setdefault(r, []).append(int(draws[r]))
+        return sample(logits, rows, params, uniforms, draws)
+
+    monkeypatch.setattr(episode_decode, "_sample", recorded)
+    params = SamplingParams(n=6, temperature=1.0, max_new_tokens=30)
+    _, _, traces = HFEngine(model, tok).generate_episodes(prompts, params, [5], ScriptedDriver(tok, ["1", "5"], delays=True))
+    for r, trace in enumerate(traces):
+        assert taken[r] == list(range(sum(trace.loss)))  # one number per sampled token, in order
+
+
 def test_prompt_copies_beyond_the_memory_share_take_the_shared_layout(tiny, monkeypatch):
     """The CPU's repeated layout copies the prompt into each row; where those copies would take more than
     REPEATED_PROMPT_MEMORY_SHARE of the machine's memory the prompt stays once per group, the episodes the same."""
