@@ -274,3 +274,18 @@ def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_the
                 monkeypatch.setattr(packed_linears, "_fuses_exactly", lambda *shape: False)
                 assert packed_linears.fused_decode_weight(projections, 24, True) is None
     assert attn.q_proj not in packed_linears._FUSED  # dropped with the region, as the modules' own packed weights
+
+
+def test_a_trained_model_generates_the_bits_a_frozen_one_does(tiny_model_dir):
+    """aten's matmul picks its kernel for a prefill's 3-d input by whether the weight requires grad, and on an Intel Xeon
+    the two round differently (a log-prob 1 ulp apart): inside the generation region an unpacked product reads its
+    weight detached, so the trainer's in-process engine samples what a generation server's frozen copy samples."""
+    tok, _ = load_tokenizer(tiny_model_dir)
+    model = load_model(tiny_model_dir, "float32", CPU, False)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
+    prompts = ["12+7=", "3*4=", "100-1="]
+    trained = HFEngine(model, tok).generate(prompts, params, [5, 6, 7])
+    model.requires_grad_(False)
+    frozen = HFEngine(model, tok).generate(prompts, params, [5, 6, 7])
+    assert torch.equal(trained.completion_ids, frozen.completion_ids)
+    assert torch.equal(trained.sampling_logprobs, frozen.sampling_logprobs)

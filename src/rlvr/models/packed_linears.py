@@ -130,7 +130,14 @@ def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.T
     rows = x.numel() // module.in_features
     dtype = _packed_dtype(module, rows, x.dtype, bf16_ok)
     if dtype is None:
-        return F.linear(x, module.weight, module.bias)
+        weight: torch.Tensor = module.weight
+        bias: torch.Tensor | None = module.bias
+        if not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
+            # aten's matmul picks its kernel for a 3-d input (a prefill's [B, P, hidden]) by whether the weight requires
+            # grad, and on an Intel Xeon the two kernels round differently: detached, a trained model generates the bits
+            # a frozen one does (a generation server's). Not under autocast: its cast of a trainable weight is cached.
+            weight, bias = weight.detach(), None if bias is None else bias.detach()
+        return F.linear(x, weight, bias)
     packed, bias = _packed(module, rows, dtype)
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
 
