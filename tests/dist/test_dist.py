@@ -155,7 +155,11 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_rewar
         for key in ("reward", "entropy", "completions/mean_length", "clip_ratio/region_mean", "grad_norm"):
             assert abs(a["metrics"][step][key] - b["metrics"][step][key]) < 1e-5, key
     assert any(x != 0.0 for x in a["loss"])  # (GRPO's loss can be exactly 0 at ratio 1: zero-mean advantages)
-    assert _max_diff(a["weights"], b["weights"]) < 1e-5
+    # the weights after two AdamW steps: an element whose gradient is near Adam's eps turns a rounding-level gradient
+    # difference (the ranks' products run at other row counts; on an Intel Xeon MKL's sums then round differently) into
+    # up to a share of lr (1e-3); a wrong update would move most elements by about lr
+    diffs = torch.cat([(a["weights"][k] - b["weights"][k]).abs().flatten() for k in a["weights"]])
+    assert float(diffs.max()) < 1e-4 and float((diffs > 1e-6).float().mean()) < 1e-3, (float(diffs.max()), int((diffs > 1e-6).sum()))
     print(
         f"2 ranks vs 1 ({' '.join(extra)}): loss diff {max(abs(x - y) for x, y in zip(a['loss'], b['loss'])):.2e}, "
         f"grad diff {max(_max_diff(g, h) for g, h in zip(a['grads'], b['grads'])):.2e}, "
