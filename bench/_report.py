@@ -73,3 +73,11 @@ def result_head(title: str, command: str, setup: str, columns: list[str]) -> lis
         table_row(*columns),
         table_row(*["---"] * len(columns)),
     ]
+
+
+def emit(lines: list[str], out: str | None) -> None:
+    """A results file's lines printed, and written to `out` when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)

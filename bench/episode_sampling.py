@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from _report import cpu_name  # noqa: E402
+from _report import emit, result_head, table_row  # noqa: E402
 
 from rlvr.rollout.engines.hf import episode_decode  # noqa: E402
 from rlvr.rollout.engines.protocols import SamplingParams  # noqa: E402
@@ -59,22 +59,16 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    lines = [
-        "# The multi-turn decode's sampling per step: a draw per row and step vs numbers drawn up front",
-        "",
-        f"Command: `python bench/episode_sampling.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
-        f"Machine: {cpu_name()}, torch {torch.__version__}, 2 threads. One step of every row sampling, best of 5 x 200.",
-        "",
-        "| rows | vocabulary | a draw per row and step, us | drawn up front, us | ratio |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+    lines = result_head(
+        "The multi-turn decode's sampling per step: a draw per row and step vs numbers drawn up front",
+        f"python bench/episode_sampling.py {' '.join(sys.argv[1:])}",
+        "one step of every row sampling, best of 5 x 200.",
+        ["rows", "vocabulary", "a draw per row and step, us", "drawn up front, us", "ratio"],
+    )
     for rows, vocab in ((64, 103), (64, 49152), (16, 103), (256, 103)):
         before, after = one_shape(rows, vocab)
-        lines.append(f"| {rows} | {vocab} | {before:.0f} | {after:.0f} | {after / before:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+        lines.append(table_row(rows, vocab, f"{before:.0f}", f"{after:.0f}", f"{after / before:.2f}"))
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":

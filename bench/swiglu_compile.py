@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import cpu_name  # noqa: E402
+from _report import emit, result_head, table_row  # noqa: E402
 
 SHAPES = {"F completions": (64, 48, 864), "F prompts": (4, 259, 864), "B completions": (64, 64, 1376), "F longer": (64, 61, 864)}
 
@@ -51,15 +51,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     compiled = torch.compile(swiglu, dynamic=True)
-    lines = [
-        "# SwiGLU forward + backward: eager vs torch.compile (a lead, not used by rlvr)",
-        "",
-        f"Command: `python bench/swiglu_compile.py {' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
-        f"Machine: {cpu_name()}, torch {torch.__version__}, 2 threads, fp32; best of 5 x 10.",
-        "",
-        "| shape | eager ms | compiled ms | compiled / eager | first call s | forward bits equal | gradients max diff |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = result_head(
+        "SwiGLU forward + backward: eager vs torch.compile (a lead, not used by rlvr)",
+        f"python bench/swiglu_compile.py {' '.join(sys.argv[1:])}",
+        "fp32; best of 5 x 10.",
+        ["shape", "eager ms", "compiled ms", "compiled / eager", "first call s", "forward bits equal", "gradients max diff"],
+    )
     for name, shape in SHAPES.items():
         gate, up = torch.randn(*shape, requires_grad=True), torch.randn(*shape, requires_grad=True)
         grad = torch.randn(*shape)
@@ -72,11 +69,9 @@ def main() -> None:
         forward_backward(compiled, gate, up, grad)
         same = torch.equal(swiglu(gate, up), compiled(gate, up))
         diff = max(float((a - b).abs().max()) for a, b in zip(expected, (gate.grad, up.grad)))
-        lines.append(f"| {name} {list(shape)} | {eager:.2f} | {fused:.2f} | {fused / eager:.2f} | {first:.1f} | {same} | {diff:.1e} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+        times = (f"{eager:.2f}", f"{fused:.2f}", f"{fused / eager:.2f}", f"{first:.1f}")
+        lines.append(table_row(f"{name} {list(shape)}", *times, same, f"{diff:.1e}"))
+    emit(lines, args.out)
 
 
 if __name__ == "__main__":
