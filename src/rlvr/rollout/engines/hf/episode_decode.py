@@ -205,7 +205,7 @@ def _sample(
     if not rows:
         return {}
     x = logits[rows]  # [n, V]
-    if params.temperature == 0 or uniforms is None:
+    if uniforms is None:  # temperature 0: greedy
         return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
     index = torch.tensor(rows, device=x.device)
     u = uniforms[index, draws[index]]  # [n]
