@@ -1,7 +1,8 @@
 """The multi-turn decode's sampling per step: each row's random number drawn from its generator at each of its samples
 (the decode before: one torch.rand(1) per row and step, then a cat) against episode_decode._sample taking it from the
 rows' numbers drawn up front (episode_decode._row_uniforms). Both give each row the same numbers (tests/rollout/
-test_multi_turn_decode.py); this times one step of every row sampling, best of 5 runs of 200 steps, 2 threads.
+test_multi_turn_decode.py); this times one step of every row sampling, 2 threads (machine_cache.fastest_times: best
+of 5 rounds, the two ways alternating).
 
     python bench/episode_sampling.py --out bench/results/episode_sampling_intel.md
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +21,7 @@ sys.path.insert(0, str(HERE))
 
 from _report import emit, result_head, table_row  # noqa: E402
 
+from rlvr.models.machine_cache import fastest_times  # noqa: E402
 from rlvr.rollout.engines.hf import episode_decode  # noqa: E402
 from rlvr.rollout.engines.protocols import SamplingParams  # noqa: E402
 from rlvr.rollout.engines.sampling import sample_tokens  # noqa: E402
@@ -33,25 +34,16 @@ def per_step_draws(logits: torch.Tensor, rows: list[int], params: SamplingParams
     return dict(zip(rows, zip(token.tolist(), logp.tolist())))
 
 
-def best_us(fn, steps: int = 200) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        best = min(best, (time.perf_counter() - t) / steps)
-    return best * 1e6
-
-
 def one_shape(rows: int, vocab: int, T: int = 240, G: int = 8) -> tuple[float, float]:
     """us per step (a draw per row and step, drawn up front) with every one of `rows` rows sampling."""
     logits, params = torch.randn(rows, vocab), SamplingParams(n=G, temperature=1.0, max_new_tokens=T)
     gens = [torch.Generator().manual_seed(r) for r in range(rows)]
     uniforms = episode_decode._row_uniforms(list(range(rows // G)), G, T, torch.device("cpu"))
     draws, every = torch.zeros(rows, dtype=torch.long), list(range(rows))
-    before = best_us(lambda: per_step_draws(logits, every, params, gens))
-    after = best_us(lambda: (draws.zero_(), episode_decode._sample(logits, every, params, uniforms, draws)))
-    return before, after
+    apart = lambda: per_step_draws(logits, every, params, gens)  # noqa: E731
+    up_front = lambda: (draws.zero_(), episode_decode._sample(logits, every, params, uniforms, draws))  # noqa: E731
+    before, after = fastest_times([apart, up_front])
+    return before * 1e6, after * 1e6
 
 
 def main() -> None:
@@ -62,7 +54,7 @@ def main() -> None:
     lines = result_head(
         "The multi-turn decode's sampling per step: a draw per row and step vs numbers drawn up front",
         f"python bench/episode_sampling.py {' '.join(sys.argv[1:])}",
-        "one step of every row sampling, best of 5 x 200.",
+        "one step of every row sampling, best of 5 rounds, the ways alternating.",
         ["rows", "vocabulary", "a draw per row and step, us", "drawn up front, us", "ratio"],
     )
     for rows, vocab in ((64, 103), (64, 49152), (16, 103), (256, 103)):

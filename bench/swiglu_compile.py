@@ -3,7 +3,8 @@ direction from torch.compile (inductor, dynamic shapes: one compile for every mi
 training step's non-matmul time, not used by rlvr: eager runs silu, the product and three backward ops, each a pass
 over [tokens, intermediate] at memory speed; fused, the forward reads gate and up once and the backward reads the
 output's gradient, gate and up once. Shapes: bench/floor.py's training micro-batches (F: 64 rows x 48 completion
-tokens and 4 prompts x 259 tokens at intermediate 864; B: 64 x 64 at 1376). fp32, 2 threads, best of 5 x 10.
+tokens and 4 prompts x 259 tokens at intermediate 864; B: 64 x 64 at 1376). fp32, 2 threads, best of 5 rounds, the
+two ways alternating (machine_cache.fastest_times).
 
     python bench/swiglu_compile.py --out bench/results/swiglu_compile_intel.md
 """
@@ -11,6 +12,7 @@ tokens and 4 prompts x 259 tokens at intermediate 864; B: 64 x 64 at 1376). fp32
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import emit, result_head, table_row  # noqa: E402
+
+from rlvr.models.machine_cache import fastest_times  # noqa: E402
 
 SHAPES = {"F completions": (64, 48, 864), "F prompts": (4, 259, 864), "B completions": (64, 64, 1376), "F longer": (64, 61, 864)}
 
@@ -34,17 +38,6 @@ def forward_backward(fn, gate, up, grad) -> None:
     fn(gate, up).backward(grad)
 
 
-def best_ms(fn, gate, up, grad, n: int = 10) -> float:
-    forward_backward(fn, gate, up, grad)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(n):
-            forward_backward(fn, gate, up, grad)
-        best = min(best, (time.perf_counter() - t) / n)
-    return best * 1e3
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
@@ -54,7 +47,7 @@ def main() -> None:
     lines = result_head(
         "SwiGLU forward + backward: eager vs torch.compile (a lead, not used by rlvr)",
         f"python bench/swiglu_compile.py {' '.join(sys.argv[1:])}",
-        "fp32; best of 5 x 10.",
+        "fp32; best of 5 rounds, the ways alternating.",
         ["shape", "eager ms", "compiled ms", "compiled / eager", "first call s", "forward bits equal", "gradients max diff"],
     )
     for name, shape in SHAPES.items():
@@ -63,7 +56,8 @@ def main() -> None:
         t = time.perf_counter()
         forward_backward(compiled, gate, up, grad)
         first = time.perf_counter() - t
-        eager, fused = best_ms(swiglu, gate, up, grad), best_ms(compiled, gate, up, grad)
+        ways = [functools.partial(forward_backward, f, gate, up, grad) for f in (swiglu, compiled)]
+        eager, fused = (1e3 * seconds for seconds in fastest_times(ways))
         forward_backward(swiglu, gate, up, grad)
         expected = (gate.grad.clone(), up.grad.clone())
         forward_backward(compiled, gate, up, grad)
