@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -135,8 +136,11 @@ def add_shape(arg: str) -> str:
     if ("model" in shape) == ("llama" in shape):
         raise SystemExit(f"--shape {name}: give exactly one of model (a folder) and llama (dims)")
     if "llama" in shape:
-        model = f"shape_{name}"
-        compare_trl.LLAMAS[model] = shape.pop("llama")  # build_inputs writes it under /tmp/rlvr_bench
+        dims = shape.pop("llama")
+        # the folder named by the dims too: a name given other dims in a later run gets a model of its own, not the old one
+        digest = hashlib.sha256(json.dumps(dims, sort_keys=True).encode()).hexdigest()[:8]
+        model = f"shape_{name}_{digest}"
+        compare_trl.LLAMAS[model] = dims  # build_inputs writes it under /tmp/rlvr_bench
     else:
         model = str(Path(shape.pop("model")).resolve())
     CONFIGS[name] = {**compare_trl.CONFIGS["B"], "model": model, **shape}
