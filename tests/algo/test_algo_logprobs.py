@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from rlvr.algo import selective_log_softmax, token_entropy, token_logprobs
+from rlvr.algo import exp_flushed, selective_log_softmax, token_entropy, token_logprobs
 from rlvr.algo.logprobs import chunk_tokens
 
 
@@ -23,9 +25,10 @@ def _truth(logits: torch.Tensor, index: torch.Tensor, temperature: float, g: tor
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [None, 1, 7, 1000])
-def test_log_probs_are_selective_log_softmaxs_bits(dtype, chunk):
+@pytest.mark.parametrize("scale", [4, 40])  # 40: rows spanning ~250 nats, whose smallest exps are flushed (exp_flushed)
+def test_log_probs_are_selective_log_softmaxs_bits(dtype, chunk, scale):
     torch.manual_seed(0)
-    logits = (torch.randn(5, 9, 301) * 4).to(dtype)  # 45 tokens: chunks of 7 leave a remainder, 1000 is one chunk
+    logits = (torch.randn(5, 9, 301) * scale).to(dtype)  # 45 tokens: chunks of 7 leave a remainder, 1000 is one chunk
     index = torch.randint(0, 301, (5, 9))
     logp, entropy = token_logprobs(logits, index, chunk=chunk)
     assert entropy is None and logp.dtype == torch.float32 and logp.shape == (5, 9)
@@ -34,9 +37,10 @@ def test_log_probs_are_selective_log_softmaxs_bits(dtype, chunk):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("entropy_grad", [False, True])
-def test_values_and_gradients_match_fp64(temperature, entropy_grad):
+@pytest.mark.parametrize("scale", [5, 40])  # 40: rows spanning ~300 nats (exp_flushed's flush, forward and backward)
+def test_values_and_gradients_match_fp64(temperature, entropy_grad, scale):
     torch.manual_seed(1)
-    logits = torch.randn(3, 11, 2000) * 5
+    logits = torch.randn(3, 11, 2000) * scale
     index = torch.randint(0, 2000, (3, 11))
     g, gh = torch.randn(3, 11), torch.randn(3, 11)
     x = logits.clone().requires_grad_()
@@ -45,10 +49,34 @@ def test_values_and_gradients_match_fp64(temperature, entropy_grad):
     loss = (g * logp).sum() + ((gh * entropy).sum() if entropy_grad else 0)
     loss.backward()
     t_logp, t_entropy, t_grad = _truth(logits, index, temperature, g, gh if entropy_grad else None)
-    torch.testing.assert_close(logp.double(), t_logp, rtol=0, atol=5e-6)
+    # wide rows: log-probs down to -400, where fp32's own rounding is 3e-5 (relative 1e-7); the entropy gradient's
+    # log p factor reaches 300 there
+    torch.testing.assert_close(logp.double(), t_logp, rtol=0 if scale == 5 else 2e-7, atol=5e-6)
     torch.testing.assert_close(entropy.double(), t_entropy, rtol=0, atol=5e-6)
     assert x.grad is not None
-    torch.testing.assert_close(x.grad.double(), t_grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), t_grad, rtol=0, atol=1e-6 if scale == 5 else 5e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_flushing_changes_no_log_prob_or_entropy_bit(temperature, monkeypatch):
+    """Rows spanning ~300 nats with exp_flushed and with torch.exp in its place: the same log-probs and entropies bit
+    for bit; the gradients differ only where p is below 3.2e-38, by less than 1e-34."""
+    from rlvr.algo import logprobs
+
+    runs = []
+    for exp in (logprobs.exp_flushed, lambda s, out=None, lowest=None: torch.exp(s, out=out)):
+        monkeypatch.setattr(logprobs, "exp_flushed", exp)
+        torch.manual_seed(1)
+        x = (torch.randn(3, 11, 2000) * 40).requires_grad_()
+        index, g, gh = torch.randint(0, 2000, (3, 11)), torch.randn(3, 11), torch.randn(3, 11)
+        logp, entropy = token_logprobs(x, index, temperature=temperature, with_entropy=True, entropy_grad=True, chunk=8)
+        assert entropy is not None
+        ((g * logp).sum() + (gh * entropy).sum()).backward()
+        runs.append((logp.detach(), entropy.detach(), x.grad))
+    (logp, entropy, grad), (logp_exp, entropy_exp, grad_exp) = runs
+    assert torch.equal(logp, logp_exp) and torch.equal(entropy, entropy_exp)
+    assert grad is not None and grad_exp is not None
+    assert 0 < (grad - grad_exp).abs().max() < 1e-34
 
 
 def test_entropy_is_closer_to_fp64_than_the_plain_ops_on_a_wide_vocabulary():
@@ -109,3 +137,32 @@ def test_non_contiguous_logits():
 
 def test_chunks_hold_a_few_megabytes():
     assert chunk_tokens(32000) == 32 and chunk_tokens(151936) == 8 and chunk_tokens(103) == (4 << 20) // 412
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("way", ["new", "out", "in place"])
+def test_exp_flushed_is_exps_bits_above_the_cut_and_zero_at_and_below(dtype, way):
+    """Above log(tiny) + 1 exactly torch.exp's bits; at and below it (subnormal and underflowing results, -inf) 0;
+    a NaN stays NaN; inputs with nothing that low go to torch.exp as they are."""
+    cut = math.log(torch.finfo(dtype).tiny) + 1.0
+    torch.manual_seed(3)
+    s = torch.cat([torch.linspace(3 * cut, 0, 4001), torch.tensor([cut, -math.inf, -1e30, 0.0])]).to(dtype)
+    s = s[torch.randperm(len(s))].view(5, -1)
+    ref = torch.exp(s)
+    x = s.clone()
+    out = {"new": None, "out": torch.empty_like(x), "in place": x}[way]
+    got = exp_flushed(x, out=out)
+    assert out is None or got is out
+    assert way == "in place" or torch.equal(x, s)  # the input untouched unless it is `out`
+    above = s > cut
+    assert 0 < int(above.sum()) < s.numel()
+    assert torch.equal(got[above], ref[above])
+    assert bool((got[~above] == 0).all())
+    for bound in (float(s.min()), float(s.min()) - 10):  # the caller's own least value, or a bound below it: the same
+        assert torch.equal(exp_flushed(s.clone(), lowest=bound), exp_flushed(s.clone()))
+    narrow = s.clamp_min(cut / 2)  # nothing near the cut: torch.exp
+    assert torch.equal(exp_flushed(narrow), torch.exp(narrow))
+    with_nan = s.clone()
+    with_nan[0, 0] = math.nan
+    flushed_nan = exp_flushed(with_nan)
+    assert torch.isnan(flushed_nan[0, 0]) and torch.equal(flushed_nan.view(-1)[1:], torch.exp(with_nan).view(-1)[1:])

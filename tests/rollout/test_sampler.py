@@ -3,14 +3,20 @@ row, against a float64 loop over the cumulative probabilities, and in distributi
 
 import math
 
+import pytest
 import torch
 
 from rlvr.rollout.engines.sampling import filter_logits, sample_tokens
 
 
+# a weight exp(x - max x) at or below exp(CUT) (3.2e-38) is 0 to the sampler (algo.exp_flushed); fp32 holds none below 1e-45
+CUT = math.log(torch.finfo(torch.float32).tiny) + 1.0
+
+
 def _reference(logits, u, temperature, top_k, top_p):
     """The first token whose cumulative probability exceeds u * total, by a Python loop in float64."""
-    logp = filter_logits(logits.double() / temperature, top_k, top_p).log_softmax(-1)
+    x = filter_logits(logits.double() / temperature, top_k, top_p)
+    logp = x.masked_fill(x - x.amax(-1, keepdim=True) <= CUT, float("-inf")).log_softmax(-1)
     tokens = []
     for row, x in zip(logp.exp().tolist(), u.tolist()):
         target, acc = x * sum(row), 0.0
@@ -18,9 +24,10 @@ def _reference(logits, u, temperature, top_k, top_p):
     return torch.tensor(tokens)
 
 
-def test_inverse_cdf_against_a_float64_loop():
+@pytest.mark.parametrize("scale", [3, 60])  # 60: rows spanning ~400 nats, the smallest weights flushed (algo.exp_flushed)
+def test_inverse_cdf_against_a_float64_loop(scale):
     g = torch.Generator().manual_seed(3)
-    logits = torch.randn(64, 300, generator=g) * 3
+    logits = torch.randn(64, 300, generator=g) * scale
     u = torch.rand(64, generator=g)
     u[:3] = torch.tensor([0.0, 1 - 2**-24, 0.5])  # both ends of torch.rand's range
     for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 20, 1.0), (1.3, 0, 0.9), (1.0, 50, 0.8)]:
@@ -47,24 +54,27 @@ def test_samples_follow_the_distribution():
         assert abs(f - q) < 5 * math.sqrt(q * (1 - q) / n), (f, q)
 
 
-def test_wide_vocabulary_in_blocks_against_float64():
+@pytest.mark.parametrize("scale", [4, 50])  # 50: rows spanning ~400 nats, the smallest weights flushed (algo.exp_flushed)
+def test_wide_vocabulary_in_blocks_against_float64(scale):
     """Past DIRECT_CDF_MAX entries inverse_cdf goes by blocks: the same tokens as one float64 cumsum of the float64
     probabilities, a vocabulary not a multiple of the block, u at both ends, and whole blocks filtered out."""
     from rlvr.rollout.engines.sampling import CDF_BLOCK, DIRECT_CDF_MAX
 
     g = torch.Generator().manual_seed(5)
     V = 3 * DIRECT_CDF_MAX + CDF_BLOCK // 2 + 3
-    logits = torch.randn(256, V, generator=g) * 4
+    logits = torch.randn(256, V, generator=g) * scale
     u = torch.rand(256, generator=g)
     u[:4] = torch.tensor([0.0, 1 - 2**-24, 0.5, 1e-9])
     for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.5)]:
         token, logp, entropy = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
         kept = filter_logits(logits.double() / temperature, top_k, top_p).log_softmax(-1)
-        cdf = kept.exp().cumsum(-1)
+        cdf = kept.masked_fill(kept - kept.amax(-1, keepdim=True) <= CUT, float("-inf")).exp().cumsum(-1)
         expected = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1)
         assert torch.equal(token, expected.clamp_max(V - 1))
         assert torch.isfinite(kept.gather(-1, token[:, None])).all()  # never a filtered-out token
-        torch.testing.assert_close(logp.double(), kept.gather(-1, token[:, None]).squeeze(-1), rtol=0, atol=2e-6)
+        # up to a few roundings of the fp32 logits / T (wide rows: |logits / T| to 400, rounded by 3e-5)
+        atol = 2e-6 + 4 * torch.finfo(torch.float32).eps * float((logits / temperature).abs().max())
+        torch.testing.assert_close(logp.double(), kept.gather(-1, token[:, None]).squeeze(-1), rtol=0, atol=atol)
         full = (logits.double() / temperature).log_softmax(-1)
         torch.testing.assert_close(entropy.double(), -(full.exp() * full).sum(-1), rtol=0, atol=5e-6)
 

@@ -37,7 +37,7 @@ from rlvr.algo.exploration import (
     token_covariance,
 )
 from rlvr.algo.kl import KL_ESTIMATORS, kl_estimate
-from rlvr.algo.logprobs import selective_log_softmax, token_entropy, token_entropy_with_grad, token_logprobs
+from rlvr.algo.logprobs import exp_flushed, selective_log_softmax, token_entropy, token_entropy_with_grad, token_logprobs
 from rlvr.algo.losses import (
     LOSS_TYPES,
     LossType,
@@ -81,6 +81,7 @@ __all__ = [
     "ObjectiveOutput",
     "PolicyLossOutput",
     "combine_rewards",
+    "exp_flushed",
     "group_advantages",
     "groups_with_signal",
     "high_entropy_mask",

@@ -6,9 +6,44 @@ eager forward runs it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import torch
+
+
+def exp_flushed(s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: float | None = None) -> torch.Tensor:
+    """exp(s), with the results at or below e x the smallest normal number of s's dtype (3.2e-38 in fp32 and bf16;
+    s <= log(tiny) + 1 = -86.34) flushed to 0.
+
+    Why: on the CPU torch's exp takes 40-140x as long per element whose result underflows (a subnormal or 0; an
+    input of -inf too) as per element whose result is normal: [64, 49152] shifted logits spread over 200 nats 34 ms
+    instead of 0.5 (Intel Xeon, 2 threads; bench/results/exp_underflow_intel.md). Shifted logits x - max x reach
+    there wherever a row's logits span more than 87 nats at the temperature: a confident model, a low temperature,
+    a top-k/top-p filter's -inf. There exp runs on s clamped at the cut (normal results, full speed) and the clamped
+    entries become 0: every result above the cut is exp's own bits, and the flushed ones lie far below the rounding
+    of any sum that holds exp(0) = 1, as a softmax's does (x - max x), so sums, log-probs and sampling see no
+    difference but that a token of probability below 3.2e-38 is never drawn. Where nothing is that low (a pass over
+    s to tell, unless the caller knows `lowest`: s's least value, or a bound below it; a NaN keeps torch's exp), and
+    off the CPU, it is torch.exp. `out` may be s itself (in place)."""
+    if not s.is_floating_point() or s.device.type != "cpu" or s.numel() == 0:
+        return torch.exp(s) if out is None else torch.exp(s, out=out)
+    cut, at_cut = _flush_cut(s.dtype)
+    if not (float(s.amin()) if lowest is None else lowest) <= cut:
+        return torch.exp(s) if out is None else torch.exp(s, out=out)
+    clamped = s.clamp_min(cut) if out is None else torch.clamp_min(s, cut, out=out)
+    return torch.threshold_(clamped.exp_(), at_cut, 0.0)  # exp(cut) and below -> 0
+
+
+_FLUSH_CUTS: dict[torch.dtype, tuple[float, float]] = {}
+
+
+def _flush_cut(dtype: torch.dtype) -> tuple[float, float]:
+    """(the cut of exp_flushed for dtype, exp of the cut as exp computes it in dtype)."""
+    if dtype not in _FLUSH_CUTS:
+        cut = math.log(torch.finfo(dtype).tiny) + 1.0
+        _FLUSH_CUTS[dtype] = (cut, float(torch.tensor(cut, dtype=dtype).exp()))
+    return _FLUSH_CUTS[dtype]
 
 
 def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -121,6 +156,7 @@ class _TokenLogProbs(torch.autograd.Function):
         shift = logits.new_empty(2, N, L, dtype=f32)  # m and log Z per token: the backward's log p = (x - m) - log Z
         logp, entropy = torch.empty_like(shift[0]), torch.empty_like(shift[0]) if with_entropy else shift.new_empty(0)
         x_buf = logits.new_empty(2, min(chunk, N * L), V, dtype=f32)  # x and e of every chunk: no fresh pages per chunk
+        lowest = []  # per chunk, its least x - m: the backward's exp_flushed needs no pass to find its own bound
         for r, p in _blocks(N, L, chunk):
             block = logits[r, p]  # [n, l, V]
             c = block.shape[0] * block.shape[1]
@@ -128,7 +164,8 @@ class _TokenLogProbs(torch.autograd.Function):
             m = x.amax(-1, keepdim=True)  # [c, 1]
             picked = x.gather(-1, index[r, p].reshape(c, 1))  # [c, 1]
             s = x.sub_(m)  # x - m, in place
-            e = torch.exp(s, out=x_buf[1, :c])  # [c, V]
+            lowest.append(float(s.amin()))  # the backward's bound below its log p (there: less log Z <= log V)
+            e = exp_flushed(s, out=x_buf[1, :c], lowest=lowest[-1])  # [c, V]
             z = e.sum(-1, keepdim=True)
             log_z = z.log()
             shift[0, r, p], shift[1, r, p] = m.view(block.shape[:2]), log_z.view(block.shape[:2])
@@ -136,7 +173,7 @@ class _TokenLogProbs(torch.autograd.Function):
             if with_entropy:
                 entropy[r, p] = (log_z - e.mul_(s).sum(-1, keepdim=True) / z).view(block.shape[:2])
         ctx.save_for_backward(logits, index, shift, entropy if entropy_grad else None)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.lowest = temperature, chunk, lowest
         ctx.set_materialize_grads(False)
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
@@ -154,16 +191,17 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = logits.new_empty(logits.shape, dtype=logits.dtype)  # [N, L', V] in the logits' dtype
         grad[:, L:] = 0  # positions past L: read by nothing
         buf = logits.new_empty(min(chunk, N * L), V, dtype=f32)
-        for r, p in _blocks(N, L, chunk):
+        for (r, p), lowest in zip(_blocks(N, L, chunk), ctx.lowest):
             block = logits[r, p]  # [n, l, V]
             c = block.shape[0] * block.shape[1]
             log_p = _scaled(block, T, buf[:c].view(block.shape)).view(c, V)  # [c, V] x, then log p = (x - m) - log Z
             log_p.sub_(_column(shift[0], r, p)).sub_(_column(shift[1], r, p))
+            lowest -= math.log(V)  # log Z <= log V
             if gh is None:  # -p g + [j = index] g
-                d = log_p.exp_().mul_(-_column(g, r, p))
+                d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(-_column(g, r, p))
             else:  # -p (g + gh (log p + H)) + [j = index] g
                 coef = (log_p + _column(entropy, r, p)).mul_(_column(gh, r, p)).add_(_column(g, r, p))
-                d = log_p.exp_().mul_(coef).neg_()
+                d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(coef).neg_()
             grad[r, p] = d.scatter_add_(-1, _column(index, r, p), _column(g, r, p)).view(block.shape)
         return grad, None, None, None, None, None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.algo import exp_flushed
+
 SEED_RANGE = 2**63  # torch.Generator and vLLM take seeds below this
 
 
@@ -25,8 +27,8 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # keep the token that crosses top_p
+        p = sorted_logits.softmax(-1)
+        drop_sorted = p.cumsum(-1) - p >= top_p  # keep the token that crosses top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -57,9 +59,11 @@ SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): gli
 
 def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool):
     """sample_tokens for one chunk of rows."""
-    scaled = logits / temperature  # [n, V]
-    kept = filter_logits(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # before `scaled` is shifted in place
-    s, e, z = _shifted_exp(scaled)  # [n, V], [n, V], [n, 1]
+    filtered = bool(top_k) or top_p < 1.0
+    # at temperature 1 unfiltered, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
+    scaled = logits / temperature if temperature != 1.0 or filtered else logits  # [n, V]
+    kept = filter_logits(scaled, top_k, top_p) if filtered else None  # before `scaled` is shifted in place
+    s, e, z = _shifted_exp(scaled, in_place=scaled is not logits)  # [n, V], [n, V], [n, 1]
     kept_s, kept_e, kept_z = (s, e, z) if kept is None else _shifted_exp(kept)  # the distribution the token is drawn from
     token = inverse_cdf(kept_e, uniforms)  # [n]
     logp = (kept_s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
@@ -69,10 +73,12 @@ def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: floa
     return token, logp, entropy
 
 
-def _shifted_exp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s = x - max x in place of x, e = exp(s), Z = sum e) over the last dim: x [n, V] -> [n, V], [n, V], [n, 1]."""
-    s = x.sub_(x.amax(-1, keepdim=True))
-    e = s.exp()
+def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s = x - max x, in place of x where in_place, e = exp(s), Z = sum e) over the last dim: x [n, V] -> [n, V],
+    [n, V], [n, 1]."""
+    m = x.amax(-1, keepdim=True)
+    s = x.sub_(m) if in_place else x - m
+    e = exp_flushed(s)  # a row spanning more than 87 nats: torch.exp's slow path on the CPU (algo.exp_flushed)
     return s, e, e.sum(-1, keepdim=True)
 
 
