@@ -13,8 +13,8 @@ import torch
 
 
 def exp_flushed(s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: float | None = None) -> torch.Tensor:
-    """exp(s), with the results at or below e x the smallest normal number of s's dtype (3.2e-38 in fp32 and bf16;
-    s <= log(tiny) + 1 = -86.34) flushed to 0.
+    """exp(s), with the results at or below e x the smallest normal number of s's dtype, or of fp32 if that is
+    smaller (3.2e-38 in fp32, bf16 and fp16: s <= log(tiny) + 1 = -86.34), flushed to 0.
 
     Why: on the CPU torch's exp takes 40-140x as long per element whose result underflows (a subnormal or 0; an
     input of -inf too) as per element whose result is normal: [64, 49152] shifted logits spread over 200 nats 34 ms
@@ -39,9 +39,10 @@ _FLUSH_CUTS: dict[torch.dtype, tuple[float, float]] = {}
 
 
 def _flush_cut(dtype: torch.dtype) -> tuple[float, float]:
-    """(the cut of exp_flushed for dtype, exp of the cut as exp computes it in dtype)."""
+    """(the cut of exp_flushed for dtype, exp of the cut as exp computes it in dtype). The smallest normal of fp32 at
+    least: fp16's exp computes in fp32 (its own smallest normal, 6e-5, would flush probabilities that count)."""
     if dtype not in _FLUSH_CUTS:
-        cut = math.log(torch.finfo(dtype).tiny) + 1.0
+        cut = math.log(torch.finfo(torch.promote_types(dtype, torch.float32)).tiny) + 1.0
         _FLUSH_CUTS[dtype] = (cut, float(torch.tensor(cut, dtype=dtype).exp()))
     return _FLUSH_CUTS[dtype]
 
