@@ -423,7 +423,10 @@ def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
         L.append(table_row(FLOOR_OF[k].replace("total", "step (total)"), f"{fs:.3f}", *(_x(r["versions"][v][k], fs) for v in versions)))
     L.append("")
     if "training" not in f:
-        L.append("- training: no Linear call in the update (no rows trained: every group's rewards were equal, so all were skipped).")
+        L.append(
+            "- training: no Linear call in the update (no rows trained: every group's rewards were equal, so all were skipped; "
+            'a --shape with "extra": ["optim.skip_zero_advantage=false"] trains them, to time the update).'
+        )
     for p in ("generation", "training", "other"):
         if p in f:
             rate = f[p]["gflop"] / f[p]["seconds"] if f[p]["seconds"] else 0
