@@ -111,3 +111,33 @@ def test_without_entropy_the_same_draws_in_row_chunks():
     finally:
         sampling.SAMPLE_CHUNK = chunk
     assert torch.equal(chunked[0], token) and torch.equal(chunked[1], logp) and torch.equal(chunked[2], entropy)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_the_nucleus_found_among_candidates_is_the_sorted_rows(top_p, monkeypatch):
+    """outside_nucleus against the full sort (float64, where no total sits within a rounding of top_p): peaked rows
+    (a nucleus among the first candidates), flat ones (the rows left sorted), both in a batch (each row found at its
+    own stage), rows cut by top-k first (-inf), a vocabulary not a power of two."""
+    from rlvr.rollout.engines import sampling
+
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", (4, 64))
+
+    def by_sort(logits):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        p = sorted_logits.softmax(-1)
+        return torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, p.cumsum(-1) - p >= top_p)
+
+    g = torch.Generator().manual_seed(11)
+    V = 1000
+    flat = torch.randn(8, V, generator=g, dtype=torch.float64)
+    peaked = flat * 6
+    mixed = torch.cat([peaked[:7], flat[7:]])
+    cut = filter_logits(flat * 3, 40, 1.0)
+    for logits in (peaked, flat, mixed, cut):
+        drop = sampling.outside_nucleus(logits, top_p)
+        assert torch.equal(drop, by_sort(logits))
+        kept = logits.softmax(-1).masked_fill(drop, 0).sum(-1)
+        assert bool((kept >= top_p).all())  # the nucleus reaches top_p
+    nucleus = lambda x: int((~sampling.outside_nucleus(x, top_p)).sum(-1).max())  # noqa: E731
+    assert nucleus(peaked) < 64  # found among candidates
+    assert top_p < 0.9 or nucleus(flat) > 64  # the rows left sorted
