@@ -141,3 +141,22 @@ def test_the_nucleus_found_among_candidates_is_the_sorted_rows(top_p, monkeypatc
     nucleus = lambda x: int((~sampling.outside_nucleus(x, top_p)).sum(-1).max())  # noqa: E731
     assert nucleus(peaked) < 64  # found among candidates
     assert top_p < 0.9 or nucleus(flat) > 64  # the rows left sorted
+
+
+@pytest.mark.parametrize("scale", [3, 40])
+def test_filtered_rows_draw_from_the_full_rows_weights_masked(scale):
+    """With top-k / top-p the sampler masks the full row's weights instead of exponentiating the filtered logits
+    again: the same tokens and log-probs, bit for bit, as that second exp (the most probable token is always kept,
+    so both shift by the same max)."""
+    from rlvr.rollout.engines.sampling import _shifted_exp, inverse_cdf
+
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(32, 3000, generator=g) * scale
+    u = torch.rand(32, generator=g)
+    u[:2] = torch.tensor([0.0, 1 - 2**-24])
+    for temperature, top_k, top_p in [(1.0, 20, 1.0), (1.0, 0, 0.9), (0.8, 50, 0.95), (1.3, 5, 0.5)]:
+        token, logp, _ = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
+        kept_s, kept_e, kept_z = _shifted_exp(filter_logits(logits / temperature, top_k, top_p))
+        expected = inverse_cdf(kept_e, u)
+        assert torch.equal(token, expected)
+        assert torch.equal(logp, (kept_s.gather(-1, expected[:, None]) - kept_z.log()).squeeze(-1))

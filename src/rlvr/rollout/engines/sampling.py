@@ -22,12 +22,20 @@ def row_seed(seed: int, sample: int, request: int | None = None) -> int:
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask logits outside top-k and outside the top-p nucleus with -inf."""  # logits: [N, V]
+    drop = filtered_out(logits, top_k, top_p)
+    return logits if drop is None else logits.masked_fill(drop, float("-inf"))
+
+
+def filtered_out(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
+    """[N, V] True outside top-k and outside the top-p nucleus of what top-k keeps; None when neither filters. Each
+    row's most probable token always stays (top_p > 0)."""
+    drop = None
     if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        drop = logits < torch.topk(logits, top_k, dim=-1).values[:, -1:]
     if top_p < 1.0:
-        logits = logits.masked_fill(outside_nucleus(logits, top_p), float("-inf"))
-    return logits
+        nucleus_out = outside_nucleus(logits if drop is None else logits.masked_fill(drop, float("-inf")), top_p)
+        drop = nucleus_out if drop is None else drop | nucleus_out
+    return drop
 
 
 NUCLEUS_CANDIDATES = (64, 1024)  # a row's top-p nucleus is looked for among its K most probable tokens, K these in turn
@@ -85,11 +93,14 @@ def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: floa
     filtered = bool(top_k) or top_p < 1.0
     # at temperature 1 unfiltered, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
     scaled = logits / temperature if temperature != 1.0 or filtered else logits  # [n, V]
-    kept = filter_logits(scaled, top_k, top_p) if filtered else None  # before `scaled` is shifted in place
+    drop = filtered_out(scaled, top_k, top_p) if filtered else None  # [n, V], before `scaled` is shifted in place
     s, e, z = _shifted_exp(scaled, in_place=scaled is not logits)  # [n, V], [n, V], [n, 1]
-    kept_s, kept_e, kept_z = (s, e, z) if kept is None else _shifted_exp(kept)  # the distribution the token is drawn from
+    # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
+    # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
+    kept_e = e if drop is None else e.masked_fill(drop, 0.0)
+    kept_z = z if drop is None else kept_e.sum(-1, keepdim=True)
     token = inverse_cdf(kept_e, uniforms)  # [n]
-    logp = (kept_s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
+    logp = (s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
     if not with_entropy:
         return token, logp, None
     entropy = (z.log() - torch.nansum(e.mul_(s), -1, keepdim=True) / z).squeeze(-1)  # nansum: 0 x -inf at -inf logits
