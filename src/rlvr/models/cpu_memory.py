@@ -10,7 +10,10 @@ never trimmed, a freed block is reused by the next request that fits, as a cachi
 memory measured the same, but memory freed during a run goes back to the system only when the process ends. (The
 top was first kept up to 2 GiB, mallopt's largest positive threshold: a micro-batch that frees more than that at
 once, e.g. the logits and their gradient at a 152k vocabulary, gave it back and faulted 1-3 GB in anew the next
-time: 66k page faults and 8.4 s a micro-batch instead of 2 and 7.3 s, bench/results/heap_trim_intel.md.)
+time: 66k page faults and 8.4 s a micro-batch instead of 2 and 7.3 s, bench/results/heap_trim_intel.md.) A caveat,
+with or without the cap: a freed block with a small allocation after it stays a hole that the next request of the
+same size (torch's aligned allocation asks a few bytes more) cannot take, so a loop allocating and freeing one 2.25
+GiB tensor grew the heap by 2.3 GB most turns (2.3 -> 11.6 GB in six); the floor configs' update showed no growth.
 
 Process-wide and irreversible in a process, so it follows the run's config (keep_cpu_memory), applied where the
 Trainer picks its device. Other C libraries (musl) or platforms: nothing happens.
