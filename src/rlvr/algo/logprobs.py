@@ -26,10 +26,8 @@ def exp_flushed(s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: flo
     difference but that a token of probability below 3.2e-38 is never drawn. Where nothing is that low (a pass over
     s to tell, unless the caller knows `lowest`: s's least value, or a bound below it; a NaN keeps torch's exp), and
     off the CPU, it is torch.exp. `out` may be s itself (in place)."""
-    if not s.is_floating_point() or s.device.type != "cpu" or s.numel() == 0:
-        return torch.exp(s) if out is None else torch.exp(s, out=out)
-    cut, at_cut = _flush_cut(s.dtype)
-    if not (float(s.amin()) if lowest is None else lowest) <= cut:
+    cut, at_cut = _flush_cut(s.dtype) if s.is_floating_point() else (None, 0.0)
+    if cut is None or s.device.type != "cpu" or s.numel() == 0 or not (float(s.amin()) if lowest is None else lowest) <= cut:
         return torch.exp(s) if out is None else torch.exp(s, out=out)
     clamped = s.clamp_min(cut) if out is None else torch.clamp_min(s, cut, out=out)
     return torch.threshold_(clamped.exp_(), at_cut, 0.0)  # exp(cut) and below -> 0

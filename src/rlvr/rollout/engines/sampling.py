@@ -46,8 +46,8 @@ def outside_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     whose probability makes their total reach top_p. Looked for among each row's K most probable tokens (topk) for
     each K of NUCLEUS_CANDIDATES below a quarter of the vocabulary in turn, then by a sort of the rows still left: a
     sort of [64, 32000] takes 74 ms on the CPU (Intel Xeon, 2 threads), a topk of 64 3 ms, of 1024 11 ms
-    (bench/results/top_p_intel.md: a language model's nuclei of a few to a few hundred tokens 5-20x faster, nuclei
-    past 1024 tokens 1.1-1.2x slower). The probabilities are the unsorted row's softmax: a total within fp32's
+    (bench/results/top_p_intel.md: nuclei of a few tokens 8-20x faster, every row's nucleus past 1024 tokens
+    1.12-1.24x slower). The probabilities are the unsorted row's softmax: a total within fp32's
     rounding of top_p (about 1e-5 over 152k tokens) may fall the other way than a sorted row's softmax would."""
     n, V = logits.shape
     probs = logits.softmax(-1)  # [n, V]
@@ -58,7 +58,8 @@ def outside_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
         top, order = p.topk(K, dim=-1) if K < V else p.sort(dim=-1, descending=True)  # [m, K] most probable first
         out = top.cumsum(-1) - top >= top_p  # [m, K] the total before a token already reaches top_p
         found = out[:, -1] if K < V else torch.ones_like(rows, dtype=torch.bool)  # the nucleus ends among the K: all after are out
-        drop[rows[found]] = torch.ones_like(p[found], dtype=torch.bool).scatter_(-1, order[found], out[found])
+        outside = torch.ones(int(found.sum()), V, dtype=torch.bool, device=logits.device)
+        drop[rows[found]] = outside.scatter_(-1, order[found], out[found])
         rows = rows[~found]
         if len(rows) == 0:
             break
@@ -90,10 +91,9 @@ SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): gli
 
 def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool):
     """sample_tokens for one chunk of rows."""
-    filtered = bool(top_k) or top_p < 1.0
-    # at temperature 1 unfiltered, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
-    scaled = logits / temperature if temperature != 1.0 or filtered else logits  # [n, V]
-    drop = filtered_out(scaled, top_k, top_p) if filtered else None  # [n, V], before `scaled` is shifted in place
+    # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
+    scaled = logits / temperature if temperature != 1.0 else logits  # [n, V]
+    drop = filtered_out(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # [n, V], before `scaled` is shifted
     s, e, z = _shifted_exp(scaled, in_place=scaled is not logits)  # [n, V], [n, V], [n, 1]
     # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
     # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
