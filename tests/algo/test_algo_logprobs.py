@@ -140,21 +140,25 @@ def test_chunks_hold_a_few_megabytes():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16])
-@pytest.mark.parametrize("way", ["new", "out", "in place"])
+@pytest.mark.parametrize("way", ["new", "out", "in place", "input clamped"])
 def test_exp_flushed_is_exps_bits_above_the_cut_and_zero_at_and_below(dtype, way):
     """Above log(tiny) + 1 exactly torch.exp's bits; at and below it (subnormal and underflowing results, -inf) 0;
     a NaN stays NaN; inputs with nothing that low go to torch.exp as they are. fp16 (whose exp is fp32's, rounded)
-    by fp32's tiny: its own would flush exps up to 1.7e-4."""
+    by fp32's tiny: its own would flush exps up to 1.7e-4. clamp_in_place: the same result, the input clamped at the
+    cut as clamp_min clamps it."""
     cut = math.log(torch.finfo(torch.promote_types(dtype, torch.float32)).tiny) + 1.0
     torch.manual_seed(3)
     s = torch.cat([torch.linspace(3 * cut, 0, 4001), torch.tensor([cut, -math.inf, -1e30, 0.0])]).to(dtype)
     s = s[torch.randperm(len(s))].view(5, -1)
     ref = torch.exp(s)
     x = s.clone()
-    out = {"new": None, "out": torch.empty_like(x), "in place": x}[way]
-    got = exp_flushed(x, out=out)
+    out = {"new": None, "out": torch.empty_like(x), "in place": x, "input clamped": None}[way]
+    got = exp_flushed(x, out=out, clamp_in_place=way == "input clamped")
     assert out is None or got is out
-    assert way == "in place" or torch.equal(x, s)  # the input untouched unless it is `out`
+    if way == "input clamped":
+        assert torch.equal(x, s.clamp_min(cut)) and not torch.equal(x, s)
+    else:
+        assert way == "in place" or torch.equal(x, s)  # the input untouched unless it is `out`
     above = s > cut
     assert 0 < int(above.sum()) < s.numel()
     assert torch.equal(got[above], ref[above])

@@ -113,6 +113,23 @@ def test_without_entropy_the_same_draws_in_row_chunks():
     assert torch.equal(chunked[0], token) and torch.equal(chunked[1], logp) and torch.equal(chunked[2], entropy)
 
 
+@pytest.mark.parametrize("scale", [3, 60])  # 60: the shifted logits clamped at the cut (algo.exp_flushed's clamp_in_place)
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.95)])
+def test_overwriting_the_logits_draws_the_same_bits(scale, temperature, top_k, top_p):
+    """overwrite=True (a decode step's logits, read by nothing after): the same tokens, log-probs and entropies bit for
+    bit as with the logits left whole, which overwrite=False does (-inf logits among them: a model's masked tokens)."""
+    g = torch.Generator().manual_seed(11)
+    logits, u = torch.randn(16, 3000, generator=g) * scale, torch.rand(16, generator=g)
+    logits[:, :7] = float("-inf")
+    whole = logits.clone()
+    drawn = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert torch.equal(logits, whole)
+    overwritten = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p, overwrite=True)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, overwritten))
+    assert not torch.equal(logits, whole)  # it did write over them
+    assert torch.isfinite(drawn[1]).all() and torch.isfinite(drawn[2]).all()
+
+
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
 def test_the_nucleus_found_among_candidates_is_the_sorted_rows(top_p, monkeypatch):
     """outside_nucleus against the full sort (float64, where no total sits within a rounding of top_p): peaked rows

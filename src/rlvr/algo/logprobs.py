@@ -12,7 +12,9 @@ from typing import Any, Iterator
 import torch
 
 
-def exp_flushed(s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: float | None = None) -> torch.Tensor:
+def exp_flushed(
+    s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: float | None = None, clamp_in_place: bool = False
+) -> torch.Tensor:
     """exp(s), with the results at or below e x the smallest normal number of s's dtype, or of fp32 if that is
     smaller (3.2e-38 in fp32, bf16 and fp16: s <= log(tiny) + 1 = -86.34), flushed to 0.
 
@@ -25,12 +27,17 @@ def exp_flushed(s: torch.Tensor, out: torch.Tensor | None = None, *, lowest: flo
     of any sum that holds exp(0) = 1, as a softmax's does (x - max x), so sums, log-probs and sampling see no
     difference but that a token of probability below 3.2e-38 is never drawn. Where nothing is that low (a pass over
     s to tell, unless the caller knows `lowest`: s's least value, or a bound below it; a NaN keeps torch's exp), and
-    off the CPU, it is torch.exp. `out` may be s itself (in place)."""
+    off the CPU, it is torch.exp. `out` may be s itself (in place). clamp_in_place (without `out`): s is the caller's
+    scratch, clamped at the cut in place where it must be (the entries raised to the cut give 0 either way) and exp
+    written to a new tensor, rather than a clamped copy exp'd in place: the same bits, one fresh tensor either way, but
+    the clamp passes over memory in cache (a [64, 49152] clamp 0.97 ms into a new tensor, 0.45 ms in place)."""
     cut, at_cut = _flush_cut(s.dtype) if s.is_floating_point() else (None, 0.0)
     if cut is None or s.device.type != "cpu" or s.numel() == 0 or not (float(s.amin()) if lowest is None else lowest) <= cut:
         return torch.exp(s) if out is None else torch.exp(s, out=out)
+    if clamp_in_place and out is None:
+        return torch.threshold_(torch.exp(s.clamp_min_(cut)), at_cut, 0.0)  # exp(cut) and below -> 0
     clamped = s.clamp_min(cut) if out is None else torch.clamp_min(s, cut, out=out)
-    return torch.threshold_(clamped.exp_(), at_cut, 0.0)  # exp(cut) and below -> 0
+    return torch.threshold_(clamped.exp_(), at_cut, 0.0)
 
 
 _FLUSH_CUTS: dict[torch.dtype, tuple[float, float]] = {}

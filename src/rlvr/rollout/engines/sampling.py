@@ -67,7 +67,14 @@ def outside_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_tokens(
-    logits: torch.Tensor, uniforms: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0, entropy: bool = True
+    logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    entropy: bool = True,
+    overwrite: bool = False,
 ):
     """One token per row by inverse-CDF sampling: the first token whose cumulative probability
     exceeds u * total, u ~ U[0, 1) given per row. Exact in distribution to fp32 rounding (each token's
@@ -77,24 +84,32 @@ def sample_tokens(
     entropy [n] or None where not asked for): the entropy of the whole distribution at this temperature (before
     top-k/top-p), by the training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
     One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
-    float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md)."""
+    float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md).
+    overwrite: the logits are the caller's own, not read again (a decode step's): they are scaled and shifted in place
+    instead of into a new [n, V] tensor (the same bits)."""
     rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
     if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
-        parts = [_sample_rows(x, u, temperature, top_k, top_p, entropy) for x, u in zip(logits.split(rows), uniforms.split(rows))]
+        chunks = zip(logits.split(rows), uniforms.split(rows))
+        parts = [_sample_rows(x, u, temperature, top_k, top_p, entropy, overwrite) for x, u in chunks]
         return tuple(None if t[0] is None else torch.cat(t) for t in zip(*parts))
-    return _sample_rows(logits, uniforms, temperature, top_k, top_p, entropy)
+    return _sample_rows(logits, uniforms, temperature, top_k, top_p, entropy, overwrite)
 
 
+OVERWRITE = True  # False: sample_tokens leaves the logits whole even when told it may overwrite them (bench/sampler_in_place_ab.py)
+CLAMP_IN_PLACE = True  # False: exp_flushed clamps a copy of the shifted logits (bench/sampler_in_place_ab.py)
 SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): glibc maps a fresh, page-faulting block for
 # every allocation past 32 MB, where a [64, 151936] fp32 temporary is 39 MB
 
 
-def _sample_rows(logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool):
+def _sample_rows(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool, overwrite: bool
+):
     """sample_tokens for one chunk of rows."""
+    overwrite = overwrite and OVERWRITE
     # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
-    scaled = logits / temperature if temperature != 1.0 else logits  # [n, V]
+    scaled = logits if temperature == 1.0 else logits.div_(temperature) if overwrite else logits / temperature  # [n, V]
     drop = filtered_out(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # [n, V], before `scaled` is shifted
-    s, e, z = _shifted_exp(scaled, in_place=scaled is not logits)  # [n, V], [n, V], [n, 1]
+    s, e, z = _shifted_exp(scaled, in_place=overwrite or scaled is not logits)  # [n, V], [n, V], [n, 1]
     # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
     # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
     kept_e = e if drop is None else e.masked_fill(drop, 0.0)
@@ -112,7 +127,9 @@ def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tenso
     [n, V], [n, 1]."""
     m = x.amax(-1, keepdim=True)
     s = x.sub_(m) if in_place else x - m
-    e = exp_flushed(s)  # a row spanning more than 87 nats: torch.exp's slow path on the CPU (algo.exp_flushed)
+    # a row spanning more than 87 nats: torch.exp's slow path on the CPU (algo.exp_flushed); s is ours (x's own or new),
+    # and its entries clamped at the cut are read only where their weight is 0 (the entropy's e s: 0 either way)
+    e = exp_flushed(s, clamp_in_place=CLAMP_IN_PLACE)
     return s, e, e.sum(-1, keepdim=True)
 
 

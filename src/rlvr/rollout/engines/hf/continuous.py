@@ -289,7 +289,7 @@ class ContinuousDecoder:
                 out.update({i: (int(t), 0.0) for i, t in zip(idx, x.argmax(-1).tolist())})
                 continue
             u = torch.stack([uniforms[id(self.rows[i].asked)][self.rows[i].choice] for i in idx])  # type: ignore[union-attr]
-            token, logp, _ = sample_tokens(x, u, temperature=temperature, top_p=top_p, entropy=False)
+            token, logp, _ = sample_tokens(x, u, temperature=temperature, top_p=top_p, entropy=False, overwrite=True)
             out.update({i: (int(t), float(lp)) for i, t, lp in zip(idx, token.tolist(), logp.tolist())})
         return out
 
