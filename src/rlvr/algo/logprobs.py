@@ -166,10 +166,7 @@ class _TokenLogProbs(torch.autograd.Function):
         for r, p in _blocks(N, L, chunk):
             block = logits[r, p]  # [n, l, V]
             c = block.shape[0] * block.shape[1]
-            x = _scaled(block, temperature, x_buf[0, :c].view(block.shape)).view(c, V)  # [c, V]
-            m = x.amax(-1, keepdim=True)  # [c, 1]
-            picked = x.gather(-1, index[r, p].reshape(c, 1))  # [c, 1]
-            s = x.sub_(m)  # x - m, in place
+            s, m, picked = _shifted(block, index[r, p], temperature, x_buf[0, :c].view(block.shape))  # [c, V], [c, 1], [c, 1]
             lowest.append(float(s.amin()))  # the backward's bound below its log p (there: less log Z <= log V)
             e = exp_flushed(s, out=x_buf[1, :c], lowest=lowest[-1])  # [c, V]
             z = e.sum(-1, keepdim=True)
@@ -196,25 +193,52 @@ class _TokenLogProbs(torch.autograd.Function):
         gh = None if entropy is None or g_entropy is None else g_entropy.to(f32) / T
         grad = logits.new_empty(logits.shape, dtype=logits.dtype)  # [N, L', V] in the logits' dtype
         grad[:, L:] = 0  # positions past L: read by nothing
-        buf = logits.new_empty(min(chunk, N * L), V, dtype=f32)
+        # fp32 logits: each block's work runs in its own slice of the gradient (no copy into it after); else in fp32
+        buf = None if grad.dtype == f32 else logits.new_empty(min(chunk, N * L), V, dtype=f32)
         for (r, p), lowest in zip(_blocks(N, L, chunk), ctx.lowest):
             block = logits[r, p]  # [n, l, V]
-            c = block.shape[0] * block.shape[1]
-            log_p = _scaled(block, T, buf[:c].view(block.shape)).view(c, V)  # [c, V] x, then log p = (x - m) - log Z
-            log_p.sub_(_column(shift[0], r, p)).sub_(_column(shift[1], r, p))
+            work = grad[r, p] if buf is None else buf[: block.shape[0] * block.shape[1]].view(block.shape)  # [n, l, V]
+            log_p = _minus(block, T, _column(shift[0], r, p), work).sub_(_column(shift[1], r, p))  # (x - m) - log Z
             lowest -= math.log(V)  # log Z <= log V
             if gh is None:  # -p g + [j = index] g
                 d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(-_column(g, r, p))
             else:  # -p (g + gh (log p + H)) + [j = index] g
                 coef = (log_p + _column(entropy, r, p)).mul_(_column(gh, r, p)).add_(_column(g, r, p))
                 d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(coef).neg_()
-            grad[r, p] = d.scatter_add_(-1, _column(index, r, p), _column(g, r, p)).view(block.shape)
+            d.scatter_add_(-1, _column(index, r, p), _column(g, r, p))
+            if buf is not None:
+                grad[r, p] = d
         return grad, None, None, None, None, None
 
 
 def _column(t: torch.Tensor, rows: slice, positions: slice) -> torch.Tensor:
-    """A block's [n, l] of a per-token tensor [N, L] as [n x l, 1]."""
-    return t[rows, positions].reshape(-1, 1)
+    """A block's [n, l] of a per-token tensor [N, L] as [n, l, 1]."""
+    return t[rows, positions].unsqueeze(-1)
+
+
+def _shifted(block: torch.Tensor, index: torch.Tensor, temperature: float, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(s = x - max x [c, V] in `out`, max x [c, 1], x[index] [c, 1]) of x = block / T in fp32: block [n, l, V], index
+    [n, l], out [n, l, V] fp32, c = n x l. fp32 logits at T = 1: the max and the picked logits are read off the block
+    itself, and x - m goes straight into `out`, without a copy of the block there first (bf16 blocks are cast by a
+    copy first: a subtraction that casts as it goes ran 1.12x as long, bench/results/logprobs_copies_intel.md)."""
+    n, l, V = block.shape
+    if temperature == 1.0 and block.dtype == out.dtype:
+        m = block.amax(-1, keepdim=True)  # [n, l, 1]
+        picked = block.gather(-1, index.unsqueeze(-1))  # [n, l, 1]
+        s = torch.sub(block, m, out=out)
+    else:
+        x = _scaled(block, temperature, out)
+        m = x.amax(-1, keepdim=True)
+        picked = x.gather(-1, index.unsqueeze(-1))
+        s = x.sub_(m)  # x - m, in place
+    return s.view(n * l, V), m.view(n * l, 1), picked.view(n * l, 1)
+
+
+def _minus(block: torch.Tensor, temperature: float, m: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """block / T - m in `out` (fp32, any strides): block [n, l, V], m [n, l, 1]; fp32 blocks at T = 1 in one pass."""
+    if temperature == 1.0 and block.dtype == out.dtype:
+        return torch.sub(block, m, out=out)
+    return _scaled(block, temperature, out).sub_(m)
 
 
 def _scaled(rows: torch.Tensor, temperature: float, out: torch.Tensor) -> torch.Tensor:
