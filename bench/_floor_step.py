@@ -16,7 +16,7 @@ import torch
 
 class FloorStep(NamedTuple):
     trainer: object  # rlvr.training.Trainer
-    generate: Callable[[], list]  # the last step's generation again
+    generate: Callable[[], object]  # the last step's generation again (a multi-turn source's whole rollout: its Episodes)
 
 
 class MicroBatch(NamedTuple):
@@ -40,17 +40,23 @@ def floor_step(name: str, *, extra: list[str] | tuple[str, ...] = (), steps: int
     atexit.register(shutil.rmtree, spec["out"], ignore_errors=True)
     spec["extra"] = spec["extra"] + list(extra)
     trainer = Trainer(load_config(None, compare_trl.rlvr_overrides(spec)), logger_live=False)
-    generate, call = trainer.engine.generate, {}
+    generate, rollout, call = trainer.engine.generate, trainer.source.rollout, {}
 
     def recording(prompts, params, seeds):
         call.update(prompts=list(prompts), params=params, seeds=list(seeds))
         return generate(prompts, params, seeds)
 
-    trainer.engine.generate = recording
+    def recording_rollout(rows, seeds):  # multi-turn sources call the engine's generate_episodes, with a driver of theirs
+        call.update(rows=list(rows), row_seeds=list(seeds))
+        return rollout(rows, seeds)
+
+    trainer.engine.generate, trainer.source.rollout = recording, recording_rollout
     for _ in range(steps):
         trainer.train_step()
 
     def again():  # under the run's autocast, as the rollout source calls the engine (rlvr.rollout.sources)
+        if "prompts" not in call:  # no single-turn generate: the source's whole rollout again (episodes, their tools)
+            return rollout(call["rows"], call["row_seeds"])
         with autocast_context(trainer.precision.autocast, trainer.device, getattr(trainer.engine, "model", None)):
             return generate(call["prompts"], call["params"], call["seeds"])
 
