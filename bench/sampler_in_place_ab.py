@@ -1,5 +1,5 @@
 """The sampler with the decode step's logits left whole against the same logits scaled, shifted and clamped in place
-(rlvr.rollout.engines.sampling.OVERWRITE and CLAMP_IN_PLACE: a decode step's logits are read by nothing after its
+(rlvr.rollout.engines.sampling.IN_PLACE: a decode step's logits are read by nothing after its
 sample, so sample_tokens(..., overwrite=True) writes x - max x over them, and algo.exp_flushed clamps that at its cut in
 place instead of into a copy). In one process (bench/generation_ab.py: one Trainer on a bench/floor.py config, one
 training step, then the same generation `reps` times per way, alternating). The two ways must give the same tokens and
@@ -21,7 +21,7 @@ from generation_ab import bit_for_bit_table
 
 
 def _set(in_place: bool) -> None:
-    sampling.OVERWRITE = sampling.CLAMP_IN_PLACE = in_place
+    sampling.IN_PLACE = in_place
 
 
 def main() -> None:

@@ -30,7 +30,8 @@ def exp_flushed(
     off the CPU, it is torch.exp. `out` may be s itself (in place). clamp_in_place (without `out`): s is the caller's
     scratch, clamped at the cut in place where it must be (the entries raised to the cut give 0 either way) and exp
     written to a new tensor, rather than a clamped copy exp'd in place: the same bits, one fresh tensor either way, but
-    the clamp passes over memory in cache (a [64, 49152] clamp 0.97 ms into a new tensor, 0.45 ms in place)."""
+    the clamp passes over memory in cache (in a 49k-vocabulary decode step a clamp into a new tensor took 0.97 ms, an
+    in-place pass 0.45: bench/results/sampler_in_place_intel.md)."""
     cut, at_cut = _flush_cut(s.dtype) if s.is_floating_point() else (None, 0.0)
     if cut is None or s.device.type != "cpu" or s.numel() == 0 or not (float(s.amin()) if lowest is None else lowest) <= cut:
         return torch.exp(s) if out is None else torch.exp(s, out=out)
@@ -218,27 +219,26 @@ def _column(t: torch.Tensor, rows: slice, positions: slice) -> torch.Tensor:
 
 def _shifted(block: torch.Tensor, index: torch.Tensor, temperature: float, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(s = x - max x [c, V] in `out`, max x [c, 1], x[index] [c, 1]) of x = block / T in fp32: block [n, l, V], index
-    [n, l], out [n, l, V] fp32, c = n x l. fp32 logits at T = 1: the max and the picked logits are read off the block
-    itself, and x - m goes straight into `out`, without a copy of the block there first (bf16 blocks are cast by a
-    copy first: a subtraction that casts as it goes ran 1.12x as long, bench/results/logprobs_copies_intel.md)."""
+    [n, l], out [n, l, V] fp32, c = n x l."""
     n, l, V = block.shape
-    if temperature == 1.0 and block.dtype == out.dtype:
-        m = block.amax(-1, keepdim=True)  # [n, l, 1]
-        picked = block.gather(-1, index.unsqueeze(-1))  # [n, l, 1]
-        s = torch.sub(block, m, out=out)
-    else:
-        x = _scaled(block, temperature, out)
-        m = x.amax(-1, keepdim=True)
-        picked = x.gather(-1, index.unsqueeze(-1))
-        s = x.sub_(m)  # x - m, in place
+    direct = _direct(block, temperature, out)
+    x = block if direct else _scaled(block, temperature, out)
+    m = x.amax(-1, keepdim=True)  # [n, l, 1]
+    picked = x.gather(-1, index.unsqueeze(-1))  # [n, l, 1]
+    s = torch.sub(block, m, out=out) if direct else x.sub_(m)  # x - m
     return s.view(n * l, V), m.view(n * l, 1), picked.view(n * l, 1)
 
 
 def _minus(block: torch.Tensor, temperature: float, m: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """block / T - m in `out` (fp32, any strides): block [n, l, V], m [n, l, 1]; fp32 blocks at T = 1 in one pass."""
-    if temperature == 1.0 and block.dtype == out.dtype:
-        return torch.sub(block, m, out=out)
-    return _scaled(block, temperature, out).sub_(m)
+    """block / T - m in `out` (fp32, any strides): block [n, l, V], m [n, l, 1]."""
+    return torch.sub(block, m, out=out) if _direct(block, temperature, out) else _scaled(block, temperature, out).sub_(m)
+
+
+def _direct(block: torch.Tensor, temperature: float, out: torch.Tensor) -> bool:
+    """Whether x = block / T is the block itself (fp32 logits at T = 1), so that x - m goes straight into `out` in one
+    pass, without a copy of the block there first. bf16 blocks are cast by that copy: a subtraction that casts as it
+    goes ran 1.12x as long (bench/results/logprobs_copies_intel.md)."""
+    return temperature == 1.0 and block.dtype == out.dtype
 
 
 def _scaled(rows: torch.Tensor, temperature: float, out: torch.Tensor) -> torch.Tensor:

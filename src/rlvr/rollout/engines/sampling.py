@@ -95,8 +95,8 @@ def sample_tokens(
     return _sample_rows(logits, uniforms, temperature, top_k, top_p, entropy, overwrite)
 
 
-OVERWRITE = True  # False: sample_tokens leaves the logits whole even when told it may overwrite them (bench/sampler_in_place_ab.py)
-CLAMP_IN_PLACE = True  # False: exp_flushed clamps a copy of the shifted logits (bench/sampler_in_place_ab.py)
+IN_PLACE = True  # False: the logits left whole even where the caller allows overwriting, and the shifted logits clamped
+# as a copy (bench/sampler_in_place_ab.py's "before")
 SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): glibc maps a fresh, page-faulting block for
 # every allocation past 32 MB, where a [64, 151936] fp32 temporary is 39 MB
 
@@ -105,7 +105,7 @@ def _sample_rows(
     logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool, overwrite: bool
 ):
     """sample_tokens for one chunk of rows."""
-    overwrite = overwrite and OVERWRITE
+    overwrite = overwrite and IN_PLACE
     # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
     scaled = logits if temperature == 1.0 else logits.div_(temperature) if overwrite else logits / temperature  # [n, V]
     drop = filtered_out(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # [n, V], before `scaled` is shifted
@@ -129,7 +129,7 @@ def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tenso
     s = x.sub_(m) if in_place else x - m
     # a row spanning more than 87 nats: torch.exp's slow path on the CPU (algo.exp_flushed); s is ours (x's own or new),
     # and its entries clamped at the cut are read only where their weight is 0 (the entropy's e s: 0 either way)
-    e = exp_flushed(s, clamp_in_place=CLAMP_IN_PLACE)
+    e = exp_flushed(s, clamp_in_place=IN_PLACE)
     return s, e, e.sum(-1, keepdim=True)
 
 

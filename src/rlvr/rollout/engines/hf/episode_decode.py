@@ -210,6 +210,7 @@ def _sample(
     index = torch.tensor(rows, device=x.device)
     u = uniforms[index, draws[index]]  # [n]
     draws[index] += 1
-    p = params  # x is a copy of the rows' logits: sampled in place
-    token, logp, _ = sample_tokens(x, u, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, entropy=False, overwrite=True)
+    token, logp, _ = sample_tokens(  # x is a copy of the rows' logits: sampled in place
+        x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, entropy=False, overwrite=True
+    )
     return dict(zip(rows, zip(token.tolist(), logp.tolist())))
