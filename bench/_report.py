@@ -49,12 +49,24 @@ def table_row(*cells) -> str:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), for the machine line of a result; the architecture where it is not known."""
+    """The CPU for the machine line of a result: its model name (/proc/cpuinfo; the architecture where it is not
+    known), with its family-model-stepping numbers and the vector features that decide fp32/bf16 speed, since a cloud
+    CPU's generic name ("Intel(R) Xeon(R) Processor") covers generations with and without fast bf16."""
     import platform
 
     info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+    fields: dict[str, str] = {}
+    for line in info.read_text().splitlines() if info.exists() else []:
+        if not line.strip():
+            break  # the first processor's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.machine()
+    if "cpu family" not in fields:
+        return name
+    flags = set(fields.get("flags", "").split())
+    features = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({fields['cpu family']}-{fields.get('model', '?')}-{fields.get('stepping', '?')}; {' '.join(features) or 'no avx2'})"
 
 
 def result_head(title: str, command: str, setup: str, columns: list[str]) -> list[str]:

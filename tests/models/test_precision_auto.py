@@ -142,6 +142,59 @@ def test_the_cache_key_tells_models_and_shapes_apart(make_trainer, tiny_model_di
     assert len(timer.calls) == 2
 
 
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: {model}
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 2
+flags\t\t: fpu sse2 avx2 avx512f {extra}
+
+processor\t: 1
+model name\t: another block, not read
+"""
+
+
+def test_cpus_of_one_name_with_other_features_are_other_machines(make_trainer, cache_file, monkeypatch):
+    """A cloud CPU's generic name ("Intel(R) Xeon(R) Processor") stands for several generations, and VMs differ in the
+    features they pass through: the caches' keys (machine_cache.cpu_identity) tell them apart by the family/model/
+    stepping numbers and the flags, so a choice timed on a CPU with fast bf16 is not read back on one without, while
+    the same CPU (flags in another order) reads its own answer back. So do the other caches (measured_once)."""
+    from rlvr.models import machine_cache
+
+    def on(model: int, extra: str) -> None:
+        monkeypatch.setattr(machine_cache, "_cpuinfo", lambda: CPUINFO.format(model=model, extra=extra))
+
+    on(143, "avx512_bf16 amx_bf16")
+    bf16_cpu = machine_cache.cpu_identity()
+    assert bf16_cpu.startswith("Intel(R) Xeon(R) Processor, 6-143-2, flags ")
+    on(143, "amx_bf16 avx512_bf16")  # the same features
+    assert machine_cache.cpu_identity() == bf16_cpu
+    on(143, "")
+    assert machine_cache.cpu_identity() != bf16_cpu
+    on(207, "avx512_bf16 amx_bf16")
+    assert machine_cache.cpu_identity() != bf16_cpu
+    monkeypatch.setattr(machine_cache, "_cpuinfo", lambda: "")
+    assert machine_cache.cpu_identity() == (machine_cache.platform.processor() or "unknown")
+
+    timer = StubTimer(1.0, 0.5)
+    monkeypatch.setattr(precision_choice, "measure_step", timer)
+    on(143, "avx512_bf16 amx_bf16")
+    assert make_trainer("model.autocast=auto", run="a").precision.autocast == "bf16"
+    timer.seconds = {"none": 0.5, "bf16": 3.0}  # bf16 emulated
+    on(143, "")
+    assert make_trainer("model.autocast=auto", run="b").precision.autocast == "none"  # timed again, not read back
+    on(143, "amx_bf16 avx512_bf16")
+    assert make_trainer("model.autocast=auto", run="c").precision.autocast == "bf16"  # its own answer
+    assert len(timer.calls) == 2
+
+    measured = []
+    ask = lambda: machine_cache.measured_once("probe", {"n": 1}, lambda: measured.append(1) or {"v": len(measured)})  # noqa: E731
+    assert ask() == {"v": 1} and ask() == {"v": 1}
+    on(143, "")
+    assert ask() == {"v": 2}
+
+
 @pytest.mark.parametrize("bail_ratio", [0.0, math.inf])
 def test_real_timing_of_the_tiny_model_leaves_the_run_as_it_was(tiny_model_dir, monkeypatch, bail_ratio):
     """Both estimates come out positive; with bf16 judged too slow on the matmul probe (ratio 0) it

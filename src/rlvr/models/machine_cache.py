@@ -2,11 +2,12 @@
 $RLVR_PRECISION_CACHE when set): the precision `model.autocast=auto` chose (precision_choice), which fp32
 weight shapes decode faster packed (packed_linears), which kernel the decode's shared-prompt attention runs
 (rollout.engines.hf.decode_attention). Written whole and renamed into place, so a run reading a file while
-another writes it sees the old or the new one. Keys name the machine (CPU model, torch, threads), so a file
-copied to another machine measures there again; delete a file to measure again."""
+another writes it sees the old or the new one. Keys name the machine (the CPU as cpu_identity tells it, torch,
+threads), so a file copied to another machine measures there again; delete a file to measure again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -48,6 +49,34 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_identity() -> str:
+    """The CPU as the caches' keys name it: its model name, and where /proc/cpuinfo has them its family, model and
+    stepping numbers and a digest of its feature flags. A cloud VM's CPU often has a generic name ("Intel(R) Xeon(R)
+    Processor") shared by several generations, and VMs of one generation differ in the features they pass through
+    (avx512_bf16 on one, none on the next): a choice timed on one (bf16 autocast, a packed product, an attention
+    kernel) would be read back on the other, where it may run several times slower."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo().splitlines():
+        if not line.strip():
+            break  # the first processor's block: they are alike
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    parts = [fields.get("model name") or platform.processor() or "unknown"]
+    if all(k in fields for k in ("cpu family", "model", "stepping")):
+        parts.append(f"{fields['cpu family']}-{fields['model']}-{fields['stepping']}")
+    flags = fields.get("flags") or fields.get("Features")  # x86 / arm
+    if flags:
+        parts.append("flags " + hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:12])
+    return ", ".join(parts)
+
+
 def read_cache(path: Path) -> dict:
     try:
         cache = json.loads(path.read_text())
@@ -71,7 +100,7 @@ def measured_once(name: str, shape: dict, measure: Callable[[], dict]) -> dict:
     """The entry for `shape` on this machine in `name`.json beside the precision cache: read from the file, or
     `measure()`d now and written there."""
     path = precision_cache_path().with_name(f"{name}.json")
-    key = json.dumps({"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()} | shape, sort_keys=True)
+    key = json.dumps({"cpu": cpu_identity(), "torch": torch.__version__, "threads": torch.get_num_threads()} | shape, sort_keys=True)
     entry = read_cache(path).get(key)
     if not isinstance(entry, dict):
         entry = measure()

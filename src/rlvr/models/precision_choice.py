@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from rlvr.models.machine_cache import CACHE_ENV, cpu_model, precision_cache_path, read_cache, write_cache
+from rlvr.models.machine_cache import CACHE_ENV, cpu_identity, cpu_model, precision_cache_path, read_cache, write_cache
 from rlvr.models.precision_timing import StepShapes, measure_step
 
 __all__ = ["CACHE_ENV", "PrecisionChoice", "choose_precision", "cpu_model", "precision_cache_path", "read_cache", "write_cache"]
@@ -88,7 +88,7 @@ def cache_key(model, device: torch.device, shapes: StepShapes) -> str:
         "dtype": str(next(model.parameters()).dtype),
         "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "checkpointing": _checkpointing(model),
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": str(device),
