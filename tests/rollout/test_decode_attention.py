@@ -70,36 +70,42 @@ def test_the_way_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkey
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
     timed = []
 
-    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers):
-        timed.append((B, G, P, T, layouts, lower, layers))
+    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers, repeated_flash):
+        timed.append((B, G, P, T, layouts, lower, layers, repeated_flash))
         return {"shared": layouts[-1] and P >= 96, "flash": P >= 256, "lower": lower is not None and P < 64}
 
     monkeypatch.setattr(decode_attention_module, "_time_ways", timing)
     f32, bf16 = torch.float32, torch.bfloat16
     way = decode_attention_way(4, 16, 8, 2, 40, 259, 48, f32, shared=True, layers=8)  # buckets 512, 64
-    assert way == AttentionWay(f32, True, True) and timed[-1] == (4, 16, 512, 64, (True,), None, 8)
+    assert way == AttentionWay(f32, True, True) and timed[-1] == (4, 16, 512, 64, (True,), None, 8, True)
     assert decode_attention_way(4, 16, 8, 2, 40, 300, 60, f32, shared=True, layers=8).flash and len(timed) == 1  # the same buckets
     assert decode_attention_way(4, 16, 8, 2, 40, 100, 48, f32, shared=True, layers=8) == AttentionWay(f32, False, True)
-    # the repeated layout has nothing to choose in the buffers' own dtype; under bf16 autocast it times bf16 buffers
-    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, shared=False, layers=8) == AttentionWay(f32, False, False) and len(timed) == 2
-    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, shared=False, lower=bf16, layers=8) == AttentionWay(bf16, False, False)
-    assert timed[-1] == (8, 8, 16, 64, (False,), bf16, 8)
+    # the repeated layout: the flash kernel timed against the products, unless the caller cannot run it (the episodes'
+    # attention): then nothing to choose in the buffers' own dtype; under bf16 autocast bf16 buffers are timed
+    no_flash = dict(shared=False, layers=8, repeated_flash=False)
+    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, **no_flash) == AttentionWay(f32, False, False) and len(timed) == 2
+    assert decode_attention_way(8, 8, 8, 8, 64, 300, 64, f32, shared=False, layers=8) == AttentionWay(f32, True, False)
+    assert timed[-1] == (8, 8, 512, 64, (False,), None, 8, True)
+    assert decode_attention_way(8, 8, 8, 8, 64, 12, 64, f32, lower=bf16, **no_flash) == AttentionWay(bf16, False, False)
+    assert timed[-1] == (8, 8, 16, 64, (False,), bf16, 8, False)
     # either layout: both timed at the prompt's length to a multiple of 16 (48, 112), the answer's
     assert decode_attention_way(4, 16, 8, 2, 40, 40, 48, f32, shared=None, layers=8) == AttentionWay(f32, False, False)
     assert decode_attention_way(4, 16, 8, 2, 40, 100, 48, f32, shared=None, layers=8) == AttentionWay(f32, False, True)
     assert [(t[2], t[4]) for t in timed[-2:]] == [(48, (False, True)), (112, (False, True))]
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})  # a new process on this machine: read back
-    assert decode_attention_way(4, 16, 8, 2, 40, 259, 48, f32, shared=True, layers=8).flash and len(timed) == 5
+    assert decode_attention_way(4, 16, 8, 2, 40, 259, 48, f32, shared=True, layers=8).flash and len(timed) == 6
     entries = [(json.loads(k), e) for k, e in json.loads((tmp_path / "decode_attention.json").read_text()).items()]
     assert sorted((k["layout"], k["prompt"], k["lower"]) for k, _ in entries) == [
-        ("either", 48, "none"), ("either", 112, "none"), ("repeated", 16, "bfloat16"), ("shared", 128, "none"), ("shared", 512, "none")
+        ("either", 48, "none"), ("either", 112, "none"), ("repeated", 16, "bfloat16"), ("repeated", 512, "none"),
+        ("shared", 128, "none"), ("shared", 512, "none"),
     ]  # fmt: skip
     key = next(k for k, e in entries if k["prompt"] == 512)
     assert (key["groups"], key["group_size"], key["q_heads"], key["kv_heads"], key["head_dim"], key["capacity"], key["dtype"]) == (
         4, 16, 8, 2, 40, 64, "float32"
     )  # fmt: skip
     assert key["threads"] == torch.get_num_threads() and key["cpu"] and key["torch"] == torch.__version__ and key["layers"] == 8
-    assert key["explicit"] == 3  # the explicit products' version: an answer timed against older ones is timed again
+    assert key["explicit"] == 4  # the explicit products' version: an answer timed against older ones is timed again
+    assert key["repeated_flash"] == 1 and next(k for k, e in entries if k["lower"] == "bfloat16")["repeated_flash"] == 0
 
 
 @pytest.mark.parametrize("shared", [True, False, None], ids=["shared", "repeated", "either"])
@@ -109,7 +115,7 @@ def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared
     way = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float32, shared=shared, lower=torch.bfloat16, layers=3)
     ((_, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
     layouts = {True: ["shared"], False: ["repeated"], None: ["repeated", "shared"]}[shared]
-    names = [f"{layout}{way}_s" for layout in layouts for way in ("", "_lower", "_flash") if way != "_flash" or layout == "shared"]
+    names = [f"{layout}{way}_s" for layout in layouts for way in ("", "_lower", "_flash")]
     assert sorted(n for n in entry if n.endswith("_s")) == sorted(names) and all(0 < entry[n] < 0.1 for n in names)
     rules = decode_attention_module
     # the fp32 way of the least time, the kernel's handicapped by FLASH_AT_MOST; bf16 at LOWER_AT_MOST of that
@@ -192,3 +198,25 @@ def test_repeated_layout_whole_buffers_equal_sliced_ones():
     masked[..., t + 1 :] = float("-inf")
     whole = decode_attention(q, k, v, own[0].clone(), own[1].clone(), t, masked, D**-0.5, None, None, None, 1, None, True)
     torch.testing.assert_close(whole, sliced, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["sliced", "whole"])
+@pytest.mark.parametrize("Hq, Hkv", [(4, 4), (6, 2)])
+def test_repeated_layout_through_the_flash_kernel_equals_the_explicit_products(Hq, Hkv, whole):
+    """The repeated layout (prompt and own tokens in each row's buffer) through SDPA's flash kernel, as
+    decode_attention_way may choose for it: the explicit products' output (float64, 1e-12), from buffers read to slot t
+    or read whole with the slots after t masked, left padding included; the token's keys/values written either way."""
+    torch.manual_seed(3)
+    n, D, S, t, f64 = 5, 8, 14, 9, torch.float64
+    q, k, v = torch.randn(n, Hq, D, dtype=f64), torch.randn(n, Hkv, D, dtype=f64), torch.randn(n, Hkv, D, dtype=f64)
+    own = torch.randn(2, n, Hkv, S, D, dtype=f64)
+    bias = torch.zeros(n, 1, 1, S, dtype=f64)
+    bias[1, ..., :2] = float("-inf")  # left padding
+    if whole:
+        bias[..., t + 1 :] = float("-inf")
+    outs = []
+    for flash in (False, True):
+        own_k, own_v = own[0].clone(), own[1].clone()
+        outs.append(decode_attention(q, k, v, own_k, own_v, t, bias, D**-0.5, None, None, None, 1, None, whole, flash=flash))
+        assert torch.equal(own_k[:, :, t], k) and torch.equal(own_v[:, :, t], v)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-12)

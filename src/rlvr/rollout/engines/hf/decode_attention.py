@@ -14,7 +14,10 @@ the rate of the same products over buffers of just those slots (AMD EPYC, fp32, 
 The shared layout can run both parts through SDPA's flash kernel instead (`flash`), as the decode did before the
 explicit products: on an AMD EPYC the products took 0.4-0.9x the kernel's time (bench/results/attention_cpu.md),
 on an Intel Xeon in fp32 the kernel decoded a 9M model's long prompts 9-17 % faster
-(bench/results/decode_attention_intel.md). Under bf16 autocast the buffers can be kept in bf16 (the products then run
+(bench/results/decode_attention_intel.md). So can the repeated layout (`flash`, timed likewise): on that Xeon it
+took 0.79-0.89x the products' time for 2 query heads per kv head of 64, 0.91-1.24x for one query per kv head, and a 3M
+grouped-query model's long decode generated 2-3 % faster (bench/results/decode_attention_repeated_flash_intel.md).
+Under bf16 autocast the buffers can be kept in bf16 (the products then run
 in bf16, as autocast runs the training forward's; the scores, softmax and merge stay in fp32): half the bytes to read,
 where the attention reads its keys and values from memory, but a rounding of keys and scores. On an AMD EPYC whole
 generations took 0.84-0.88x the time on config C's shapes (25M, 8 heads of 64, ~270-token prompts), 0.91-0.95x on B's
@@ -61,7 +64,7 @@ def decode_attention(
     own_bias: torch.Tensor | None = None,  # whole buffers, shared layout: [1, 1, 1, S] 0 over slots 0..t, -inf after
     whole: bool = False,  # the buffers are read whole, their slots after t masked (by bias, or own_bias when shared)
     *,
-    flash: bool = False,  # shared layout: both parts through SDPA's flash kernel (module docstring)
+    flash: bool = False,  # through SDPA's flash kernel (both parts in the shared layout; module docstring)
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype
     (repeated layout) or q's (shared: the merge). Buffers in a lower precision than q (bf16 under bf16 autocast): the
@@ -75,7 +78,7 @@ def decode_attention(
     qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
     if prefix_k is None:  # repeated layout: prompt and own tokens in one buffer
-        out, _ = attend(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
+        out, _ = (_flash if flash else attend)(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
     B, G = prefix_k.shape[0], group_size
@@ -157,37 +160,40 @@ class AttentionWay(NamedTuple):
 
 def decode_attention_way(
     groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype: torch.dtype,
-    *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1,
+    *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1, repeated_flash: bool = True,
 ) -> AttentionWay:  # fmt: skip
     """The fastest way on this machine at these shapes (prompt length and new-token capacity rounded up to a power of
     two, or to a multiple of 16 where both layouts are timed; `layers` of them read in turn), timed once, then read
     back: the layout `shared` asks for (None: whichever of the two is faster), buffers in `dtype` through the explicit
-    products or (shared layout) the flash kernel, or buffers in `lower` (bf16 under bf16 autocast) through the explicit
-    products where they take at most LOWER_AT_MOST of the best `dtype` way's time. Nothing to choose (repeated layout,
-    no `lower`): `dtype`, explicit."""
-    if shared is False and lower is None:
+    products or the flash kernel (the repeated layout's only with `repeated_flash`: a caller that runs it), or buffers
+    in `lower` (bf16 under bf16 autocast) through the explicit products where they take at most LOWER_AT_MOST of the
+    best `dtype` way's time. Nothing to choose (repeated layout, no `lower`, no `repeated_flash`): `dtype`, explicit."""
+    if shared is False and lower is None and not repeated_flash:
         return AttentionWay(dtype, False, False)
     # the prompt's length to a multiple of 16 where both layouts are timed (the repeated layout's time grows with it, so
     # a power of two would favour the shared one up to twice the length), else to a power of two; the capacity to one
     P = -(-prompt // 16) * 16 if shared is None else power_of_two_at_least(prompt)
     T = power_of_two_at_least(capacity)
     shape: dict[str, int | str] = dict(groups=groups, group_size=group_size, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
-    # explicit: the explicit products' version (3: whole buffers, the log-sum-exp read off the softmax); an answer
-    # timed against an earlier one is timed again
+    # explicit: the explicit products' version (3: whole buffers, the log-sum-exp read off the softmax; 4: the repeated
+    # layout's flash kernel timed too); an answer timed against an earlier one is timed again
     name = lambda d: str(d).removeprefix("torch.") if d is not None else "none"  # noqa: E731
     layout = {True: "shared", False: "repeated", None: "either"}[shared]
-    shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=3)
+    shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=4)
+    shape |= dict(repeated_flash=int(repeated_flash))
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         layouts = (False, True) if shared is None else (shared,)
-        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers)  # noqa: E731
+        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash)  # noqa: E731
         entry = measured_once("decode_attention", shape, timing)
         way_dtype = lower if entry.get("lower") and lower is not None else dtype
         _CHOICES[local] = AttentionWay(way_dtype, bool(entry.get("flash")), bool(entry.get("shared", shared)))
     return _CHOICES[local]
 
 
-def _time_ways(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int) -> dict:
+def _time_ways(
+    B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int, repeated_flash: bool
+) -> dict:
     """Seconds per call of decode_attention each way on random data of these shapes, from whole buffers of T // 2
     own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"shared": .., "flash": .., "lower": ..}.
     Each call reads the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that,
@@ -219,8 +225,8 @@ def _time_ways(B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype,
     for shared in layouts:
         name = "shared" if shared else "repeated"
         ways[f"{name}_s"] = (AttentionWay(dtype, False, shared), 1.0)
-        if shared:  # the kernel where it takes at most FLASH_AT_MOST of the explicit products' time
-            ways["shared_flash_s"] = (AttentionWay(dtype, True, True), FLASH_AT_MOST)
+        if shared or repeated_flash:  # the kernel where it takes at most FLASH_AT_MOST of the explicit products' time
+            ways[f"{name}_flash_s"] = (AttentionWay(dtype, True, shared), FLASH_AT_MOST)
         if lower is not None:  # bf16 where it takes at most LOWER_AT_MOST of the best fp32 way's time
             ways[f"{name}_lower_s"] = (AttentionWay(lower, False, shared), LOWER_AT_MOST)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it

@@ -173,7 +173,8 @@ def _attention_way(model, pre: Prefill, G: int, T: int, dtype: torch.dtype | Non
     copies = B * G * Hkv * P * D * 2 * layers * (dtype or k.dtype).itemsize  # keys and values
     if copies > REPEATED_PROMPT_MEMORY_SHARE * machine_memory_bytes():
         return None
-    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers)
+    # the episode attention runs the explicit products only: the flash kernel is not timed for it
+    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers, repeated_flash=False)
 
 
 def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:

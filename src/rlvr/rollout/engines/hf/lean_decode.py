@@ -135,7 +135,7 @@ class DecodeState:
     written: int  # slots of own_* in use (rows decode in lockstep)
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
-    flash: bool = False  # shared layout on the CPU: attention through SDPA's flash kernel (decode_attention.py)
+    flash: bool = False  # on the CPU: attention through SDPA's flash kernel (decode_attention.py)
     # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, kv_buffers.GROW at a time up to `slots`,
     # and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
     # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
@@ -234,7 +234,8 @@ class LeanDecoder:
         bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # own slots: -inf until written, or read sliced
         own_k = [kv_buffers.prompt_per_row(k, G, size) for k in keys]  # [N, Hkv, P + size, D], the prompt first
         own_v = [kv_buffers.prompt_per_row(v, G, size) for v in values]
-        return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, slots=P + capacity if whole else 0)
+        slots = P + capacity if whole else 0
+        return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, flash=way.flash, slots=slots)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
