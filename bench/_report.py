@@ -49,18 +49,14 @@ def table_row(*cells) -> str:
 
 
 def cpu_name() -> str:
-    """The CPU for the machine line of a result: its model name (/proc/cpuinfo; the architecture where it is not
-    known), with its family-model-stepping numbers and the vector features that decide fp32/bf16 speed, since a cloud
-    CPU's generic name ("Intel(R) Xeon(R) Processor") covers generations with and without fast bf16."""
+    """The CPU for the machine line of a result: its model name (the architecture where it is not known), with its
+    family-model-stepping numbers and the vector features that decide fp32/bf16 speed, since a cloud CPU's generic
+    name ("Intel(R) Xeon(R) Processor") covers generations with and without fast bf16."""
     import platform
 
-    info = Path("/proc/cpuinfo")
-    fields: dict[str, str] = {}
-    for line in info.read_text().splitlines() if info.exists() else []:
-        if not line.strip():
-            break  # the first processor's block
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    from rlvr.models.machine_cache import cpu_fields
+
+    fields = cpu_fields()
     name = fields.get("model name") or platform.machine()
     if "cpu family" not in fields:
         return name

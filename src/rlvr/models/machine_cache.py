@@ -38,22 +38,28 @@ def machine_memory_bytes() -> int:
         return physical
 
 
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (else platform.processor())."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "flags", ...; the processors are alike), none
+    where there is no such file."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo().splitlines():
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else platform.processor())."""
+    return cpu_fields().get("model name") or platform.processor() or "unknown"
 
 
 def cpu_identity() -> str:
@@ -62,13 +68,8 @@ def cpu_identity() -> str:
     Processor") shared by several generations, and VMs of one generation differ in the features they pass through
     (avx512_bf16 on one, none on the next): a choice timed on one (bf16 autocast, a packed product, an attention
     kernel) would be read back on the other, where it may run several times slower."""
-    fields: dict[str, str] = {}
-    for line in _cpuinfo().splitlines():
-        if not line.strip():
-            break  # the first processor's block: they are alike
-        name, _, value = line.partition(":")
-        fields.setdefault(name.strip(), value.strip())
-    parts = [fields.get("model name") or platform.processor() or "unknown"]
+    fields = cpu_fields()
+    parts = [cpu_model()]
     if all(k in fields for k in ("cpu family", "model", "stepping")):
         parts.append(f"{fields['cpu family']}-{fields['model']}-{fields['stepping']}")
     flags = fields.get("flags") or fields.get("Features")  # x86 / arm
