@@ -63,7 +63,8 @@ Configs (EOS ignored; rlvr's settings as bench/compare_trl.py's):
        vocabulary-wide log-softmax, entropy and sampling weigh as they do on real models
   --shape NAME=JSON adds a config of your own (then name it in --configs): "model" a local model folder (its
        tokenizer renders the chat prompts) or "llama" the dims of a random-weight Llama on the character tokenizer
-       (built once under /tmp/rlvr_bench/shape_NAME); "prompts", "group_size", "max_new_tokens", "long_prompt" (true: C's
+       (built once under /tmp/rlvr_bench/shape_NAME; "model_type": "qwen3", "qwen2" or "mistral" among them builds that
+       architecture: bench/_models.py); "prompts", "group_size", "max_new_tokens", "long_prompt" (true: C's
        ~256-token prompts, "mid": ~75 tokens, false: ~12) and "extra" (rlvr overrides) as above, defaulting to B's.
   H    multi-turn: the bundled tiny-tools model playing guess_number (examples/guess-number.yaml; it calls `guess`
        about 4.5 times an episode), 8 x 8, up to 240 tokens an episode, EOS and turns as they come (not fixed)
