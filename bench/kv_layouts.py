@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 from _report import emit, result_head, table_row
 from rlvr.models.cpu_memory import keep_freed_memory
+from rlvr.rollout.engines.hf.kv_buffers import GROW
 from kv_bandwidth import _seconds
 
-GROW = 16
 # (name, rows, kv heads, query heads per kv head, head dim, slots read, capacity): configs B, L, H and a qwen3 shape's
 # decodes at a few points
 SHAPES = [
