@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from _report import emit, result_head, table_row
 from rlvr.models.cpu_memory import keep_freed_memory
-from rlvr.rollout.engines.hf.kv_buffers import GROW
+from rlvr.rollout.engines.hf.kv_buffers import GROW, grown
 from kv_bandwidth import _seconds
 
 # (name, rows, kv heads, query heads per kv head, head dim, slots read, capacity): configs B, L, H and a qwen3 shape's
@@ -69,10 +69,10 @@ def _buffers(way: str, n: int, S: int, cap: int, D: int, layers: int) -> list[tu
 
 
 def _growth(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """One growth of every layer's buffers by GROW slots, as kv_buffers.grown does it."""
+    """One growth of every layer's buffers by GROW slots: the decode's own kv_buffers.grown, on [n, 1, S, D] views."""
     for k, v in layers:
         for buf in (k, v):
-            torch.cat([buf, buf.new_zeros(buf.shape[0], GROW, buf.shape[2])], 1)
+            grown(buf[:, None], buf.shape[1] + GROW)
 
 
 def main() -> None:
