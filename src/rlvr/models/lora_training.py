@@ -1,0 +1,107 @@
+"""peft LoRA Linears in the training forward with the adapter's scaling on its rank-r side.
+
+peft computes an adapted projection as `W x + B (A x) * s`: the scaling multiplies the [tokens, out] output of B and
+the sum is a second [tokens, out] pass, and autograd's backward of that product is a third (the gradient times s). In a
+training micro-batch of a 76M Llama with rank-16 adapters in fp32 (bench/floor.py config I, bench/op_times.py) those
+passes took about 0.47 s against 0.6 s for all the adapters' own products. The same function with s applied to A x
+([tokens, r]) instead (bench/results/lora_training_intel.md):
+
+    y = W x + B ((A x) s)                    under autocast, or in a dtype other than fp32/fp64: one add
+    y = addmm(W x, (A x) s, B^T)             fp32/fp64 without autocast: the product accumulates into W x
+
+For a power-of-two s (peft's default alpha = r gives 1; alpha = 2r gives 2) (A x) s is exact, so B ((A x) s) is
+exactly s B (A x), and where the addmm's accumulation into W x rounds as a separate add (on the CPUs measured here)
+y, the loss and every gradient are peft's own bits: tests/models/test_lora_training.py checks both ways bit for bit.
+Any other s moves the rounding of one product (within 1e-6 relative in fp32).
+
+`lora_training_forward(model)` swaps this forward in for the block around the training forward, next to
+norm_rotary.fused_norm_and_rotary, for each peft LoRA Linear with one plain adapter (no DoRA or other variant, no LoRA
+bias, adapters on and not merged; its dropout is applied as peft applies it). Each call checks the rest (gradients on,
+not compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward.
+Not under gradient checkpointing: its recomputation runs after the block, in peft's forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.models.attention import activation_checkpointing
+
+RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py's "before")
+
+
+def _adapter(module: Any) -> str | None:
+    """The one adapter of a peft LoRA Linear whose forward is `base(x) + B(A(dropout(x))) * s`, else None."""
+    lora_A: Any = getattr(module, "lora_A", None)
+    lora_B: Any = getattr(module, "lora_B", None)
+    if not isinstance(lora_A, torch.nn.ModuleDict) or not isinstance(lora_B, torch.nn.ModuleDict):
+        return None
+    if type(getattr(module, "base_layer", None)) is not torch.nn.Linear or getattr(module, "fan_in_fan_out", True):
+        return None
+    active = [a for a in getattr(module, "active_adapters", []) if a in lora_A]
+    if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(active[0]):
+        return None
+    a = active[0]
+    if type(lora_A[a]) is not torch.nn.Linear or type(lora_B[a]) is not torch.nn.Linear:
+        return None
+    if lora_A[a].bias is not None or lora_B[a].bias is not None:
+        return None
+    return a
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided for t in tensors)
+
+
+def _forward(module: Any, adapter: str):
+    peft_forward = type(module).forward
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+        if (
+            args
+            or kwargs
+            or module.disable_adapters
+            or module.merged
+            or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or not _plain(x, A, B)
+            or x.dtype != A.dtype
+        ):
+            return peft_forward(module, x, *args, **kwargs)
+        result = module.base_layer(x)  # [.., out]
+        h = F.linear(module.lora_dropout[adapter](x), A) * module.scaling[adapter]  # [.., r]
+        wide = result.dtype in (torch.float32, torch.float64) and h.dtype == result.dtype == B.dtype
+        if not wide or torch.is_autocast_enabled(x.device.type):
+            return result + F.linear(h, B)
+        out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), B.t())  # [tokens, out]
+        return out.view(result.shape)
+
+    return forward
+
+
+@contextlib.contextmanager
+def lora_training_forward(model: torch.nn.Module) -> Iterator[int]:
+    """Inside the block each plain peft LoRA Linear of `model` runs the forward above (module docstring); yields how
+    many. Outside, peft's own."""
+    if not RANK_SIDE or activation_checkpointing(model):
+        yield 0
+        return
+    swapped = []
+    for module in model.modules():
+        adapter = _adapter(module)
+        if adapter is not None:
+            swapped.append((module, module.__dict__.get("forward")))
+            module.forward = _forward(module, adapter)
+    try:
+        yield len(swapped)
+    finally:
+        for module, before in swapped:
+            if before is None:
+                del module.forward
+            else:
+                module.forward = before
