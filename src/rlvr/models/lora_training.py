@@ -16,9 +16,10 @@ Any other s moves the rounding of one product (within 1e-6 relative in fp32).
 
 `lora_training_forward(model)` swaps this forward in for the block around the training forward, next to
 norm_rotary.fused_norm_and_rotary, for each peft LoRA Linear with one plain adapter (no DoRA or other variant, no LoRA
-bias, adapters on and not merged; its dropout is applied as peft applies it). Each call checks the rest (gradients on,
-not compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward.
-Not under gradient checkpointing: its recomputation runs after the block, in peft's forward.
+bias, adapters on and not merged; its dropout is applied as peft applies it). Each call checks the rest (not
+compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward. With
+gradients or without: a step's old log-probs (no gradient) take the same formula as the trained ones. Not under
+gradient checkpointing: its recomputation runs after the block, in peft's forward.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ def _forward(module: Any, adapter: str):
             or kwargs
             or module.disable_adapters
             or module.merged
-            or not torch.is_grad_enabled()
             or torch.compiler.is_compiling()
             or not _plain(x, A, B)
             or x.dtype != A.dtype
