@@ -520,3 +520,23 @@ def test_compaction_drops_finished_groups_from_the_prompt_part(flash):
     torch.testing.assert_close(after, before[keep], rtol=0, atol=1e-6)
     state.select(torch.tensor([2]))  # only group 2's row left: one group, every row of it
     assert len(state.bias) == 1 and state.rows.tolist() == [0]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("shape", [(1, 32), (64, 32), (7, 3, 32), (64, 256), (5, 4, 8)])
+def test_the_decode_norms_give_the_modules_bits(kind, shape):
+    """_rms_norm (F.rms_norm for the plain norms, without the module call) against the RMSNorm modules' own forward,
+    bit for bit: layer norms and qwen3's per-head q/k norms, at decode and odd shapes."""
+    _, model = _model(kind)
+    attn = model.model.layers[0].self_attn
+    norms = [model.model.layers[0].input_layernorm, model.model.norm] + ([attn.q_norm] if kind == "qwen3" else [])
+    torch.manual_seed(5)
+    for norm in norms:
+        if norm.weight.shape[0] != shape[-1]:
+            norm = type(norm)(shape[-1], eps=norm.variance_epsilon)
+        with torch.no_grad():
+            norm.weight.normal_(1, 0.3)
+            x = torch.randn(*shape) * 3
+            got = lean_decode._rms_norm(norm, x)
+            assert torch.equal(got, norm(x))
+            assert torch.equal(got, torch.nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon))
