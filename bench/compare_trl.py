@@ -23,6 +23,7 @@ Configs (8 prompts x G=8 per step unless said):
   E  76M GQA Llama (hidden 768, 12 layers, 12 query / 4 KV heads, intermediate 2048), 64 new tokens; each at its best
   F  9M GQA Llama (hidden 320, 8 layers, 8 query / 2 KV heads, intermediate 864), 4 prompts x G=16, C's ~256-token
      prompts, 48 new tokens; each at its best (E and F: bench/floor.py's two other shapes)
+  G  as E with LoRA adapters (peft, r=16, alpha=32, every Linear, the base frozen) in both; each at its best
   B16 (extra) as B with both in bf16 autocast, no checkpointing: what bf16 alone gives each library
 B-F use `digit_share` (continuous: every group has signal, so rlvr's zero-advantage skip never
 applies there). Variant `fixed`: EOS ignored, every completion exactly max_new_tokens long in
@@ -72,6 +73,8 @@ CONFIGS = {
     # the floor bench's two other shapes (bench/floor.py): a larger model with short prompts, a smaller one with long
     "E": dict(model="llama76m_gqa", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     "F": dict(model="llama9m_gqa", reward="digit_share", max_new_tokens=48, long_prompt=True, trl_defaults=False, prompts=4, group_size=16),
+    # E with rank-16 LoRA on every projection (bench/floor.py's G): peft's adapters in both libraries
+    "G": dict(model="llama76m_gqa", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False, lora=(16, 32)),
     # B's batch on a 32000-token vocabulary (bench/floor.py's V): the vocabulary-wide log-probs, entropy and sampling
     "V": dict(model="llama20m_v32k", reward="digit_share", max_new_tokens=64, long_prompt=False, trl_defaults=False),
     # not in the issue: B with both libraries in bf16 autocast (TRL without checkpointing), to separate
@@ -231,8 +234,9 @@ def rlvr_overrides(spec: dict) -> list[str]:
 
 
 def rlvr_extra(config: dict) -> list[str]:
-    """rlvr's overrides particular to a config: D's micro-batches (RLVR_BEST), B16's bf16 (RLVR_BF16), else none."""
-    return RLVR_BEST if config["trl_defaults"] else RLVR_BF16 if config.get("bf16") else []
+    """rlvr's overrides particular to a config: D's micro-batches (RLVR_BEST), B16's bf16 (RLVR_BF16), G's LoRA."""
+    lora = [f"model.lora.r={config['lora'][0]}", f"model.lora.alpha={config['lora'][1]}"] if config.get("lora") else []
+    return (RLVR_BEST if config["trl_defaults"] else RLVR_BF16 if config.get("bf16") else []) + lora
 
 
 def worker_rlvr(spec: dict) -> None:
@@ -317,12 +321,20 @@ def worker_trl(spec: dict) -> None:
         **kwargs,
     )
     tok = AutoTokenizer.from_pretrained(spec["model_path"])
+    if spec.get("lora"):  # as rlvr's model.lora: every Linear but the lm_head
+        from peft import LoraConfig
+
+        r, alpha = spec["lora"]
+        kwargs = {"peft_config": LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")}
+    else:
+        kwargs = {}
     trainer = GRPOTrainer(
         model=spec["model_path"],
         reward_funcs=[getattr(bench_rewards, spec["reward"])],
         args=args,
         train_dataset=Dataset.from_list(rows[: total * prompts]),
         processing_class=tok,
+        **kwargs,
     )
     cur = {}
 
@@ -579,6 +591,7 @@ def main() -> None:
                 prompts=c.get("prompts", PROMPTS),
                 fixed=variant == "fixed",
                 trl_defaults=c["trl_defaults"],
+                lora=c.get("lora"),
                 bf16=c.get("bf16", False) or _trl_best(peak) == "bf16",
                 steps=a.steps,
                 warmup=a.warmup,
