@@ -9,6 +9,7 @@ the same weights with the adapter disabled (`reference()`), never a second copy.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -110,7 +111,9 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=mcfg.gradient_checkpointing)
     targets = lo.target_modules[0] if list(lo.target_modules) == ["all-linear"] else list(lo.target_modules)
     config = peft.LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets, task_type="CAUSAL_LM")
-    wrapped = peft.get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft 0.21 asks transformers 5's model for its old checkpointing name, every run
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        wrapped = peft.get_peft_model(model, config)
     # the same modules, adapters injected, base weights frozen (peft types it a Module: it is the model passed in)
     base = cast("PreTrainedModel", wrapped.get_base_model())
     base.train()
