@@ -54,9 +54,10 @@ def _loss_and_grads(model, swap: bool, autocast: bool = False, seed: int = 0):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("r, alpha", [(4, 8), (4, 4)])  # scaling 2, 1
-def test_power_of_two_scaling_gives_pefts_loss_and_gradients_bit_for_bit(tiny_model_dir, r, alpha):
-    model = _lora(tiny_model_dir, r, alpha)
+@pytest.mark.parametrize("r, alpha, dropout", [(4, 8, 0.0), (4, 4, 0.0), (8, 16, 0.3)])  # scaling 2, 1, 2
+def test_power_of_two_scaling_gives_pefts_loss_and_gradients_bit_for_bit(tiny_model_dir, r, alpha, dropout):
+    model = _lora(tiny_model_dir, r, alpha, lora_dropout=dropout)
+    model.train()  # the adapters' dropout live where it is > 0
     with lora_training_forward(model) as n:
         assert n == len(_adapted(model)) > 0
     loss, grads = _loss_and_grads(model, swap=False)
