@@ -10,8 +10,8 @@ passes took about 0.47 s against 0.6 s for all the adapters' own products. The s
     y = addmm(W x, (A x) s, B^T)             fp32/fp64 without autocast: the product accumulates into W x
 
 For a power-of-two s (peft's default alpha = r gives 1; alpha = 2r gives 2) (A x) s is exact, so B ((A x) s) is
-exactly s B (A x), and where the addmm's accumulation into W x rounds as a separate add (on the CPUs measured here)
-y, the loss and every gradient are peft's own bits: tests/models/test_lora_training.py checks both ways bit for bit.
+exactly s B (A x), and where the addmm's accumulation into W x rounds as a separate add does (it did on the Intel Xeon
+measured) y, the loss and every gradient are peft's own bits: tests/models/test_lora_training.py checks both ways bit for bit.
 Any other s moves the rounding of one product (within 1e-6 relative in fp32).
 
 `lora_training_forward(model)` swaps this forward in for the block around the training forward, next to
