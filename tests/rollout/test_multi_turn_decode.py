@@ -264,3 +264,18 @@ def test_prompt_copies_beyond_the_memory_share_take_the_shared_layout(tiny, monk
         runs[memory] = ([t.ids for t in traces], set(repeated))
     assert runs[2**40][1] == {True} and runs[2**10][1] == {False}
     assert runs[2**40][0] == runs[2**10][0]
+
+
+def test_chunk_forwards_read_in_place_from_a_share_that_grows_with_their_length(monkeypatch):
+    """A left-out row computes all K of a chunk's queries, a copied-out row's buffer costs the same whatever K: one
+    token reads in place from a quarter of the rows, a 24-token chunk from 24/27 of them; 0 (always) and 2 (never)
+    as set."""
+    assert episode_cache.read_in_place_share(1) == 0.25
+    assert episode_cache.read_in_place_share(24) == pytest.approx(24 / 27)
+    assert episode_cache.read_in_place_share(3) == pytest.approx(0.5)
+    for fixed in (0.0, 2.0):
+        monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", fixed)
+        assert episode_cache.read_in_place_share(24) == fixed
+    monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", 0.25)
+    monkeypatch.setattr(episode_cache, "CHUNKS_BY_LENGTH", False)
+    assert episode_cache.read_in_place_share(24) == 0.25

@@ -33,10 +33,23 @@ from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
 
-# A forward of at least this share of the rows reads every row's buffer in place (the rows not in
+# A one-token forward of at least this share of the rows reads every row's buffer in place (the rows not in
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
 # more than the extra rows from about a quarter of them (measured on CPU).
 READ_IN_PLACE_SHARE = 0.25
+CHUNKS_BY_LENGTH = True  # False: chunks take the one-token share too (bench/episode_chunks_in_place_ab.py's "before")
+
+
+def read_in_place_share(K: int) -> float:
+    """The share of rows from which a forward of K tokens per row reads in place. A row left out still computes K
+    queries over its whole buffer, where copying a taken row's buffer out costs the same whatever K: at the one-token
+    share s a copy costs (1 - s) / s one-token attentions (3 at a quarter), so a chunk breaks even at K / (K + 3) of
+    the rows (0.89 for a 24-token tool result). 0 (always) and from 1 (never) stay as they are."""
+    s = READ_IN_PLACE_SHARE
+    if K == 1 or not CHUNKS_BY_LENGTH or s <= 0 or s >= 1:
+        return s
+    copy = (1 - s) / s
+    return K / (K + copy)
 
 
 @dataclass
@@ -67,7 +80,7 @@ class EpisodeState:
         else:
             i, j = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)
             self.real = (i, j)
-        self.in_place = len(rows) >= READ_IN_PLACE_SHARE * num_rows
+        self.in_place = len(rows) >= read_in_place_share(K) * num_rows
         self.read_rows = torch.arange(num_rows, device=rows.device) if self.in_place else rows
         layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
         sees = self.prompt_slots + lengths[self.read_rows][:, None] + steps  # [m, K] the last own slot each query sees
