@@ -8,37 +8,21 @@ import pytest
 import torch
 
 from rlvr.models.forward import completion_logprobs
-from rlvr.models.loading import load_model, load_tokenizer
+from rlvr.models.loading import load_tokenizer
 from rlvr.models.lora_merge import _MERGED, merged_lora_in
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.engines.hf import HFEngine
 from rlvr.rollout.engines.protocols import SamplingParams
 
 pytest.importorskip("peft")
+from _lora import adapted, tiny_lora  # noqa: E402
+
 CPU = torch.device("cpu")
-
-
-def _lora(tiny_model_dir, **config):
-    """The tiny model with LoRA on every projection, its adapters moved off their no-op init (B = 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    model = load_model(tiny_model_dir, "float32", CPU, False)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.3)
-    return model
-
-
-def _adapted(model):
-    return [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
 
 
 @pytest.fixture
 def lora(tiny_model_dir):
-    return _lora(tiny_model_dir), load_tokenizer(tiny_model_dir, False)[0]
+    return tiny_lora(tiny_model_dir), load_tokenizer(tiny_model_dir, False)[0]
 
 
 def test_a_merged_layer_computes_the_adapter_function_to_rounding(lora):
@@ -51,7 +35,7 @@ def test_a_merged_layer_computes_the_adapter_function_to_rounding(lora):
         plain = layer(x)
         with merged_lora_in(model, torch.float32) as n:
             merged = layer(x)
-    assert n == len(_adapted(model)) == 7 * model.config.num_hidden_layers
+    assert n == len(adapted(model)) == 7 * model.config.num_hidden_layers
     assert (merged.double() - exact).abs().max() < 1e-5 and (plain.double() - exact).abs().max() < 1e-5
 
 
@@ -75,7 +59,7 @@ def _generate(model, tok, merge: bool, bf16: bool, temperature: float):
 def test_generation_merged_draws_the_same_tokens_and_log_probs_to_rounding(lora, temperature):
     model, tok = lora
     calls = []
-    hooks = [m.lora_A["default"].register_forward_hook(lambda *a: calls.append(1)) for m in _adapted(model)]
+    hooks = [m.lora_A["default"].register_forward_hook(lambda *a: calls.append(1)) for m in adapted(model)]
     plain = _generate(model, tok, merge=False, bf16=False, temperature=temperature)
     n_plain, calls[:] = len(calls), []
     merged = _generate(model, tok, merge=True, bf16=False, temperature=temperature)
@@ -103,16 +87,16 @@ def test_the_model_is_untouched_after_the_region_and_training_sees_the_adapter(l
     after = dict(model.named_parameters())
     assert after.keys() == before.keys()
     assert all(after[n] is p and torch.equal(p, v) for n, (p, v) in before.items())
-    assert all(m.merged_adapters == [] and not m.merged for m in _adapted(model))
-    assert not any(m in _MERGED for m in _adapted(model))  # a trainer's region keeps no merged copy
+    assert all(m.merged_adapters == [] and not m.merged for m in adapted(model))
+    assert not any(m in _MERGED for m in adapted(model))  # a trainer's region keeps no merged copy
     ids = torch.tensor([[5, 6, 7, 8]])
     model(input_ids=ids).logits.sum().backward()  # gradients reach the adapters again
-    assert all(m.lora_A["default"].weight.grad is not None for m in _adapted(model))
+    assert all(m.lora_A["default"].weight.grad is not None for m in adapted(model))
 
 
 def test_kept_merged_weights_are_reused_until_a_weight_changes(lora):
     model, _ = lora
-    layer = _adapted(model)[0]
+    layer = adapted(model)[0]
     with torch.no_grad():
         with merged_lora_in(model, torch.float32, keep=True):
             first = layer.base_layer.weight
@@ -126,16 +110,16 @@ def test_kept_merged_weights_are_reused_until_a_weight_changes(lora):
 
 
 def test_layers_that_are_not_a_plain_adapter_are_left_alone(tiny_model_dir):
-    dora = _lora(tiny_model_dir, use_dora=True)
+    dora = tiny_lora(tiny_model_dir, use_dora=True)
     with merged_lora_in(dora, torch.float32) as n:
         assert n == 0
-    dropout = _lora(tiny_model_dir, lora_dropout=0.1)
+    dropout = tiny_lora(tiny_model_dir, lora_dropout=0.1)
     dropout.train()  # dropout on the adapter's input is live: not a linear function
     with merged_lora_in(dropout, torch.float32) as n:
         assert n == 0
     dropout.eval()
     with merged_lora_in(dropout, torch.float32) as n:
-        assert n == len(_adapted(dropout))
+        assert n == len(adapted(dropout))
     with dropout.disable_adapter(), merged_lora_in(dropout, torch.float32) as n:  # the reference policy
         assert n == 0
 
@@ -152,7 +136,7 @@ def test_weights_that_are_tensor_subclasses_are_left_alone(lora):
         plain = layer(x)
         layer.base_layer.weight = torch.nn.Parameter(layer.base_layer.weight.data.as_subclass(_Wrapped))
         with merged_lora_in(model, torch.float32) as n:
-            assert n == len(_adapted(model)) - 1  # every other layer merged
+            assert n == len(adapted(model)) - 1  # every other layer merged
             assert layer.merged_adapters == [] and type(layer.base_layer.weight) is _Wrapped
             same = layer(x)
     assert torch.equal(same.as_subclass(torch.Tensor), plain)

@@ -10,33 +10,15 @@ import pytest
 import torch
 
 from rlvr.models.forward import completion_logprobs
-from rlvr.models.loading import load_model
 from rlvr.models.lora_training import lora_training_forward
 
 pytest.importorskip("peft")
-CPU = torch.device("cpu")
+from _lora import adapted, tiny_lora  # noqa: E402
+
 PROMPT = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]])
 PROMPT_MASK = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
 COMPLETION = torch.tensor([[20, 21, 22, 0], [23, 24, 25, 26], [27, 28, 0, 0]])
 COMPLETION_MASK = (COMPLETION > 0).long()
-
-
-def _lora(tiny_model_dir, r=4, alpha=8, **config):
-    """The tiny model with LoRA on every projection, its adapters moved off their no-op init (B = 0)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(0)
-    model = load_model(tiny_model_dir, "float32", CPU, False)
-    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear", **config))
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.3)
-    return model
-
-
-def _adapted(model):
-    return [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
 
 
 def _loss_and_grads(model, swap: bool, autocast: bool = False, seed: int = 0):
@@ -56,10 +38,10 @@ def _loss_and_grads(model, swap: bool, autocast: bool = False, seed: int = 0):
 
 @pytest.mark.parametrize("r, alpha, dropout", [(4, 8, 0.0), (4, 4, 0.0), (8, 16, 0.3)])  # scaling 2, 1, 2
 def test_power_of_two_scaling_gives_pefts_loss_and_gradients_bit_for_bit(tiny_model_dir, r, alpha, dropout):
-    model = _lora(tiny_model_dir, r, alpha, lora_dropout=dropout)
+    model = tiny_lora(tiny_model_dir, r, alpha, lora_dropout=dropout)
     model.train()  # the adapters' dropout live where it is > 0
     with lora_training_forward(model) as n:
-        assert n == len(_adapted(model)) > 0
+        assert n == len(adapted(model)) > 0
     loss, grads = _loss_and_grads(model, swap=False)
     swapped_loss, swapped_grads = _loss_and_grads(model, swap=True)
     assert torch.equal(loss, swapped_loss)
@@ -67,7 +49,7 @@ def test_power_of_two_scaling_gives_pefts_loss_and_gradients_bit_for_bit(tiny_mo
 
 
 def test_bf16_autocast_and_adapter_dropout_give_pefts_bits(tiny_model_dir):
-    model = _lora(tiny_model_dir, 4, 8, lora_dropout=0.3)
+    model = tiny_lora(tiny_model_dir, 4, 8, lora_dropout=0.3)
     model.train()
     loss, grads = _loss_and_grads(model, swap=False, autocast=True, seed=3)
     swapped_loss, swapped_grads = _loss_and_grads(model, swap=True, autocast=True, seed=3)
@@ -78,7 +60,7 @@ def test_bf16_autocast_and_adapter_dropout_give_pefts_bits(tiny_model_dir):
 
 
 def test_other_scalings_agree_to_fp32_rounding(tiny_model_dir):
-    model = _lora(tiny_model_dir, 4, 6)  # scaling 1.5
+    model = tiny_lora(tiny_model_dir, 4, 6)  # scaling 1.5
     loss, grads = _loss_and_grads(model, swap=False)
     swapped_loss, swapped_grads = _loss_and_grads(model, swap=True)
     torch.testing.assert_close(swapped_loss, loss, rtol=1e-6, atol=0)
@@ -90,9 +72,9 @@ def test_the_training_forward_runs_it_with_and_without_gradients_and_nothing_els
     """completion_logprobs takes the swapped forward (lora_B's module is not called) with gradients and without (a
     step's old log-probs, by the same formula as the trained ones); after the block a model call runs peft's forward
     as before (it calls lora_B)."""
-    model = _lora(tiny_model_dir, 4, 6)
+    model = tiny_lora(tiny_model_dir, 4, 6)
     calls: list[int] = []
-    for m in _adapted(model):
+    for m in adapted(model):
         m.lora_B["default"].register_forward_hook(lambda *a: calls.append(1))
     args = (PROMPT, PROMPT_MASK, COMPLETION, COMPLETION_MASK)
     with_grad = completion_logprobs(model, *args).logp
@@ -101,17 +83,17 @@ def test_the_training_forward_runs_it_with_and_without_gradients_and_nothing_els
     assert calls == [] and with_grad.requires_grad
     # with and without gradients the forwards round apart on a model without LoRA too (~1e-5 here)
     torch.testing.assert_close(with_grad.detach(), no_grad, rtol=0, atol=1e-4)
-    assert all("forward" not in m.__dict__ for m in _adapted(model))  # the class's forward again
+    assert all("forward" not in m.__dict__ for m in adapted(model))  # the class's forward again
     with torch.no_grad():
         model(input_ids=PROMPT)
-    assert len(calls) == len(_adapted(model))
+    assert len(calls) == len(adapted(model))
 
 
 def test_dora_and_gradient_checkpointing_keep_pefts_forward(tiny_model_dir):
-    dora = _lora(tiny_model_dir, use_dora=True)
+    dora = tiny_lora(tiny_model_dir, use_dora=True)
     with lora_training_forward(dora) as n:
         assert n == 0
-    model = _lora(tiny_model_dir)
+    model = tiny_lora(tiny_model_dir)
     model.activation_checkpointing_enable()
     model.train()
     with lora_training_forward(model) as n:

@@ -28,33 +28,44 @@ from rlvr.models.precision import frozen_original
 _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def plain_lora(module: Any) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor, float] | None:
-    """(base Linear, A [r, in], B [out, r], scaling) for a peft LoRA Linear whose forward is exactly
-    base(x) + scaling * B(A(x)) now; None for anything else (no adapter, several, DoRA and other
-    variants, a LoRA bias, quantised or transposed base weights, adapters off or merged already)."""
+def plain_adapter(module: Any) -> str | None:
+    """The name of the one adapter of a peft LoRA Linear whose forward is base(x) + scaling * B(A(dropout(x))), with
+    base, A and B plain Linears (no bias on A or B); None for anything else (no adapter, several, DoRA and other
+    variants, a LoRA bias, a quantised or transposed base)."""
     lora_A: Any = getattr(module, "lora_A", None)
     lora_B: Any = getattr(module, "lora_B", None)
-    base = getattr(module, "base_layer", None)
-    if not isinstance(lora_A, torch.nn.ModuleDict) or type(base) is not torch.nn.Linear:
+    if not isinstance(lora_A, torch.nn.ModuleDict) or not isinstance(lora_B, torch.nn.ModuleDict):
         return None
-    if getattr(module, "disable_adapters", True) or getattr(module, "merged_adapters", None) or getattr(module, "fan_in_fan_out", True):
+    if type(getattr(module, "base_layer", None)) is not torch.nn.Linear or getattr(module, "fan_in_fan_out", True):
         return None
-    active = [a for a in module.active_adapters if a in lora_A]
+    active = [a for a in getattr(module, "active_adapters", []) if a in lora_A]
     if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(active[0]):
         return None
     a = active[0]
+    if type(lora_A[a]) is not torch.nn.Linear or type(lora_B[a]) is not torch.nn.Linear:
+        return None
+    return a if lora_A[a].bias is None and lora_B[a].bias is None else None
+
+
+def plain_lora(module: Any) -> tuple[torch.nn.Linear, torch.Tensor, torch.Tensor, float] | None:
+    """(base Linear, A [r, in], B [out, r], scaling) for a peft LoRA Linear whose forward is exactly
+    base(x) + scaling * B(A(x)) now: plain_adapter's, with the adapters on, not merged already, no live dropout, and
+    plain tensors; None for anything else."""
+    a = plain_adapter(module)
+    if a is None or getattr(module, "disable_adapters", True) or getattr(module, "merged_adapters", None):
+        return None
     if module.lora_dropout[a].training and not isinstance(module.lora_dropout[a], torch.nn.Identity):
         return None  # dropout on the adapter's input: not a linear function of x
-    A, B = cast(torch.Tensor, lora_A[a].weight), cast(torch.Tensor, lora_B[a].weight)
-    if lora_A[a].bias is not None or lora_B[a].bias is not None:
-        return None
-    if not all(_plain(t) for t in (base.weight, A, B)):
+    base = module.base_layer
+    A, B = cast(torch.Tensor, module.lora_A[a].weight), cast(torch.Tensor, module.lora_B[a].weight)
+    if not plain_tensors(base.weight, A, B):
         return None  # a tensor subclass (FSDP's DTensor shard, a quantised weight): W + s B A is not its kind of tensor
     return base, A, B, float(module.scaling[a])
 
 
-def _plain(t: torch.Tensor) -> bool:
-    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+def plain_tensors(*tensors: torch.Tensor) -> bool:
+    """Whether each is a plain strided tensor (or Parameter), not a subclass (DTensor, a quantised weight)."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided for t in tensors)
 
 
 @contextlib.contextmanager
@@ -77,7 +88,7 @@ def merged_lora_in(model: torch.nn.Module, dtype: torch.dtype, keep: bool = Fals
             continue
         base, A, B, scaling = plan
         W = frozen_original(base, "weight")  # fp32, also where a bf16 copy stands in for it (the same W' either way)
-        if not _plain(W):
+        if not plain_tensors(W):
             continue
         sources = (W, A, B)
         state = (W._version, A._version, B._version, scaling)

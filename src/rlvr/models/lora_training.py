@@ -31,31 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.attention import activation_checkpointing
+from rlvr.models.lora_merge import plain_adapter, plain_tensors
 
 RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py's "before")
-
-
-def _adapter(module: Any) -> str | None:
-    """The one adapter of a peft LoRA Linear whose forward is `base(x) + B(A(dropout(x))) * s`, else None."""
-    lora_A: Any = getattr(module, "lora_A", None)
-    lora_B: Any = getattr(module, "lora_B", None)
-    if not isinstance(lora_A, torch.nn.ModuleDict) or not isinstance(lora_B, torch.nn.ModuleDict):
-        return None
-    if type(getattr(module, "base_layer", None)) is not torch.nn.Linear or getattr(module, "fan_in_fan_out", True):
-        return None
-    active = [a for a in getattr(module, "active_adapters", []) if a in lora_A]
-    if len(active) != 1 or active[0] in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(active[0]):
-        return None
-    a = active[0]
-    if type(lora_A[a]) is not torch.nn.Linear or type(lora_B[a]) is not torch.nn.Linear:
-        return None
-    if lora_A[a].bias is not None or lora_B[a].bias is not None:
-        return None
-    return a
-
-
-def _plain(*tensors: torch.Tensor) -> bool:
-    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided for t in tensors)
 
 
 def _forward(module: Any, adapter: str):
@@ -69,7 +47,7 @@ def _forward(module: Any, adapter: str):
             or module.disable_adapters
             or module.merged
             or torch.compiler.is_compiling()
-            or not _plain(x, A, B)
+            or not plain_tensors(x, A, B)
             or x.dtype != A.dtype
         ):
             return peft_forward(module, x, *args, **kwargs)
@@ -93,7 +71,7 @@ def lora_training_forward(model: torch.nn.Module) -> Iterator[int]:
         return
     swapped = []
     for module in model.modules():
-        adapter = _adapter(module)
+        adapter = plain_adapter(module)
         if adapter is not None:
             swapped.append((module, module.__dict__.get("forward")))
             module.forward = _forward(module, adapter)
