@@ -171,3 +171,55 @@ def test_exp_flushed_is_exps_bits_above_the_cut_and_zero_at_and_below(dtype, way
     with_nan[0, 0] = math.nan
     flushed_nan = exp_flushed(with_nan)
     assert torch.isnan(flushed_nan[0, 0]) and torch.equal(flushed_nan.view(-1)[1:], torch.exp(with_nan).view(-1)[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+@pytest.mark.parametrize("chunk", [3, 8, 100])
+def test_the_gradient_written_over_the_logits_has_the_new_tensors_bits(dtype, temperature, entropy_grad, chunk):
+    """grad_in_logits: the same gradient bit for bit, in the logits' own storage (a forward's output, as the
+    training forward's: logits_to_keep = C + 1, the last position scoring nothing)."""
+    torch.manual_seed(6)
+    weight = torch.randn(300, 16, requires_grad=True)
+    hidden, index = torch.randn(4, 8, 16) * 3, torch.randint(0, 300, (4, 7))
+    g, gh = torch.randn(4, 7), torch.randn(4, 7)
+    grads, storages = [], []
+    for in_logits in (False, True):
+        logits = (hidden @ weight.T).to(dtype)  # [4, 8, 300]
+        logp, entropy = token_logprobs(
+            logits, index, temperature=temperature, with_entropy=True, entropy_grad=entropy_grad, chunk=chunk, grad_in_logits=in_logits
+        )
+        assert entropy is not None
+        loss = (g * logp).sum() + ((gh * entropy).sum() if entropy_grad else 0)
+        (grad,) = torch.autograd.grad(loss, logits)
+        grads.append(grad)
+        storages.append(grad.untyped_storage().data_ptr() == logits.untyped_storage().data_ptr())
+    assert torch.equal(grads[0], grads[1]) and storages == [False, True]
+    assert torch.equal(grads[1][:, -1], torch.zeros(4, 300, dtype=dtype))
+
+
+def test_logits_another_node_saved_are_not_overwritten_silently():
+    """A tensor that saved the logits for its own backward fails autograd's in-place check rather than reading the
+    gradient that was written over them."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 5, 40, requires_grad=True)
+    logits = x * 1.0
+    index = torch.randint(0, 40, (2, 4))
+    square = logits * logits  # saved the logits; its backward runs after the log-probs' (it was made before)
+    logp, _ = token_logprobs(logits, index, grad_in_logits=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (logp.sum() + square.sum()).backward()
+
+
+def test_logits_that_are_not_contiguous_get_a_new_gradient_tensor():
+    """A group's one prompt row repeated as an expanded view (several rows on one memory location): written over, it
+    would hold one row's gradient for all; grad_in_logits leaves it alone."""
+    torch.manual_seed(8)
+    head = torch.randn(1, 1, 60, requires_grad=True)
+    index, g = torch.randint(0, 60, (4, 1)), torch.randn(4, 1)
+    grads = []
+    for in_logits in (False, True):
+        logp, _ = token_logprobs(head.expand(4, 1, 60), index, grad_in_logits=in_logits)
+        grads.append(torch.autograd.grad((g * logp).sum(), head)[0])
+    assert torch.equal(grads[0], grads[1])

@@ -102,6 +102,9 @@ def token_entropy_with_grad(logits: torch.Tensor, chunk_rows: int | None = 16) -
 # ---------------------------------------------------------------------------------------------
 # the eager training forward's: log-probs and entropy in one pass per chunk, one backward node
 
+GRAD_IN_LOGITS = True  # False: grad_in_logits ignored, every gradient a new tensor (bench/logprobs_in_place_ab.py)
+E_OVER_Z = True  # the backward's p as the forward's e over Z (x - m, exp, one product); False: exp((x - m) - log Z), a
+# pass more (bench/logprobs_in_place_ab.py's "before")
 CHUNK_BYTES = 4 << 20  # one fp32 work buffer of a chunk: a few MB, so the chunk's passes over it run from the caches
 
 
@@ -118,6 +121,7 @@ def token_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,  # the entropy differentiable (an entropy bonus), else a constant
     chunk: int | None = None,  # tokens per chunk (default chunk_tokens(V))
+    grad_in_logits: bool = False,  # the logits are the caller's temporary: their gradient is written over them
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_softmax(logits / T)[index] [N, L] and, with_entropy, the entropy of softmax(logits / T) [N, L], both in
     fp32 (fp64 for fp64 logits) and differentiable with respect to `logits` (the entropy only with entropy_grad).
@@ -130,14 +134,25 @@ def token_logprobs(
         H     = log Z - sum(e (x - m)) / Z                        (= -sum p log p, two nonnegative terms)
         dlogp / dx_j = [j = index] - p_j        dH / dx_j = -p_j (log p_j + H)        log p_j = (x_j - m) - log Z
     The forward keeps only m and log Z (and H) besides the logits themselves, and the backward recomputes p chunk by
-    chunk (log p as (x - m) - log Z: x - lse would round at lse's magnitude, 3x the plain ops' error at T 0.7);
+    chunk: as exp(x - m) / Z, the forward's e in three passes over the chunk (x - m, exp, the product by -g / Z), or
+    where the entropy has a gradient, through log p as (x - m) - log Z (x - lse would round at lse's magnitude, 3x
+    the plain ops' error at T 0.7);
     autograd's graph of the separate ops kept an fp32 copy of the logits and made about twenty passes over [N, L, V]
     tensors forward and backward (six here), each chunk's a fresh allocation: 7-8x faster at 32k-152k vocabularies
     (bench/results/logprobs_vocab_amd.md), config V's training 2.2x -> 1.6x its floor (bench/results/floor_vocab_amd.md).
     T divides in fp32 (bf16 logits too), as the sampler divides its fp32 logits, and its gradient folds into the
-    backward's scale."""
+    backward's scale.
+
+    grad_in_logits: nothing reads the logits after this node's backward (a forward's own output that only this node
+    takes, as the training forward's), so the backward writes each block's gradient over the block once it has read
+    it, instead of into a new [N, L', V] tensor: at a 152k vocabulary that tensor is hundreds of MB of fresh pages,
+    faulted in one by one as the gradient is written (a tensor that saved the logits for another backward fails
+    autograd's in-place check there rather than reading the gradient as logits). Contiguous logits only: others
+    (a repeated row's expanded view) get a new tensor."""
     entropy_grad = entropy_grad and with_entropy
-    logp, entropy = _TokenLogProbs.apply(logits, index, temperature, with_entropy, entropy_grad, chunk or chunk_tokens(logits.shape[-1]))
+    chunk = chunk or chunk_tokens(logits.shape[-1])
+    in_logits = grad_in_logits and GRAD_IN_LOGITS and logits.is_contiguous()
+    logp, entropy = _TokenLogProbs.apply(logits, index, temperature, with_entropy, entropy_grad, chunk, in_logits)
     return logp, entropy if with_entropy else None
 
 
@@ -156,7 +171,14 @@ def _blocks(N: int, L: int, chunk: int) -> Iterator[tuple[slice, slice]]:
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, logits: torch.Tensor, index: torch.Tensor, temperature: float, with_entropy: bool, entropy_grad: bool, chunk: int
+        ctx: Any,
+        logits: torch.Tensor,
+        index: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+        entropy_grad: bool,
+        chunk: int,
+        grad_in_logits: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         (N, L), V = index.shape, logits.shape[-1]
         f32 = _at_least_fp32(logits.dtype)
@@ -177,7 +199,7 @@ class _TokenLogProbs(torch.autograd.Function):
             if with_entropy:
                 entropy[r, p] = (log_z - e.mul_(s).sum(-1, keepdim=True) / z).view(block.shape[:2])
         ctx.save_for_backward(logits, index, shift, entropy if entropy_grad else None)
-        ctx.temperature, ctx.chunk, ctx.lowest = temperature, chunk, lowest
+        ctx.temperature, ctx.chunk, ctx.lowest, ctx.grad_in_logits = temperature, chunk, lowest, grad_in_logits
         ctx.set_materialize_grads(False)
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
@@ -192,24 +214,29 @@ class _TokenLogProbs(torch.autograd.Function):
         f32 = shift.dtype
         g = shift.new_zeros(N, L) if g_logp is None else g_logp.to(f32) / T  # d/dlogits = d/dx / T
         gh = None if entropy is None or g_entropy is None else g_entropy.to(f32) / T
-        grad = logits.new_empty(logits.shape, dtype=logits.dtype)  # [N, L', V] in the logits' dtype
+        grad = logits if ctx.grad_in_logits else logits.new_empty(logits.shape)  # [N, L', V] in the logits' dtype
         grad[:, L:] = 0  # positions past L: read by nothing
-        # fp32 logits: each block's work runs in its own slice of the gradient (no copy into it after); else in fp32
+        # fp32 logits: each block's work runs in its own slice of the gradient (no copy into it after; over the block
+        # itself with grad_in_logits, every entry read before it is written); else in fp32
         buf = None if grad.dtype == f32 else logits.new_empty(min(chunk, N * L), V, dtype=f32)
         for (r, p), lowest in zip(_blocks(N, L, chunk), ctx.lowest):
             block = logits[r, p]  # [n, l, V]
             work = grad[r, p] if buf is None else buf[: block.shape[0] * block.shape[1]].view(block.shape)  # [n, l, V]
-            log_p = _minus(block, T, _column(shift[0], r, p), work).sub_(_column(shift[1], r, p))  # (x - m) - log Z
-            lowest -= math.log(V)  # log Z <= log V
-            if gh is None:  # -p g + [j = index] g
-                d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(-_column(g, r, p))
+            s = _minus(block, T, _column(shift[0], r, p), work)  # x - m
+            if gh is None and E_OVER_Z:  # -p g + [j = index] g with p = e / Z, e = exp(x - m) the forward's own bits
+                d = exp_flushed(s, out=s, lowest=lowest).mul_(_column(g, r, p).neg() * _column(shift[1], r, p).neg().exp())
+            elif gh is None:
+                log_p = s.sub_(_column(shift[1], r, p))  # (x - m) - log Z
+                d = exp_flushed(log_p, out=log_p, lowest=lowest - math.log(V)).mul_(-_column(g, r, p))
             else:  # -p (g + gh (log p + H)) + [j = index] g
+                log_p = s.sub_(_column(shift[1], r, p))
+                lowest -= math.log(V)  # log Z <= log V
                 coef = (log_p + _column(entropy, r, p)).mul_(_column(gh, r, p)).add_(_column(g, r, p))
                 d = exp_flushed(log_p, out=log_p, lowest=lowest).mul_(coef).neg_()
             d.scatter_add_(-1, _column(index, r, p), _column(g, r, p))
             if buf is not None:
                 grad[r, p] = d
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def _column(t: torch.Tensor, rows: slice, positions: slice) -> torch.Tensor:

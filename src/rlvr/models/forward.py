@@ -209,11 +209,14 @@ def logprobs_from_logits(
     compiled: bool = False,
 ) -> TokenLogProbs:
     """Log-probs (and entropies) of completion_ids [N, C] from logits [N, >= C, V] (positions past C unused) at the
-    sampling temperature: eager, as one hand-fused autograd node (algo.token_logprobs); `compiled` (inside
+    sampling temperature: eager, as one hand-fused autograd node (algo.token_logprobs), whose backward writes the
+    logits' gradient over them: they must be a forward's own output that nothing else reads; `compiled` (inside
     torch.compile, the row count symbolic), as the plain ops in one chunk, which inductor fuses into kernels of its own."""
     if not compiled:
         return TokenLogProbs(
-            *token_logprobs(logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+            *token_logprobs(
+                logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, grad_in_logits=True
+            )
         )
     logits = logits[:, : completion_ids.shape[1]]
     if temperature != 1.0:  # in fp32 (bf16 logits too), as the eager node and the sampler divide

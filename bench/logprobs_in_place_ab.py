@@ -1,0 +1,94 @@
+"""One training micro-batch of a floor config with the log-probs' backward as before (the logits' gradient in a new
+[N, L', V] tensor, p as exp((x - m) - log Z)) against the gradient written over the logits (rlvr.algo.logprobs.
+GRAD_IN_LOGITS: the training forward's logits are read by nothing else), and against that with p as the forward's
+e = exp(x - m) over Z (E_OVER_Z: one pass fewer per chunk), in one process: one Trainer on a bench/floor.py config,
+two training steps, then its first micro-batch's forward and backward `--reps` times per way, alternating the order.
+Each run starts from zeroed gradients; the table gives whether "over the logits" left the same gradients as "before",
+bit for bit, and the largest gap of "e over Z"'s from them relative to the largest gradient entry of that tensor.
+
+    cd bench && python logprobs_in_place_ab.py V --reps 6 --out results/logprobs_in_place_intel.md && cd ..
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import rlvr.algo.logprobs as logprobs  # noqa: E402
+from _floor_step import first_micro_batch, floor_step  # noqa: E402
+from _report import emit, result_head, table_row  # noqa: E402
+
+WAYS = {"before": (False, False), "over the logits": (True, False), "and e over Z": (True, True)}
+
+
+def measure(name: str, reps: int) -> tuple[dict[str, list[float]], dict[str, list], str]:
+    """(seconds per way, gradients per way, what ran) for config `name`."""
+    trainer = floor_step(name, steps=2).trainer
+    mb = first_micro_batch(trainer)
+    if mb is None:
+        raise SystemExit(f"config {name}: its step trained no rows: no micro-batch to time")
+    params = [p for p in trainer.train_model.parameters() if p.requires_grad]
+    seconds: dict[str, list[float]] = {w: [] for w in WAYS}
+    grads: dict[str, list] = {}
+    for i in range(reps + 1):  # the first round warms every way and is not counted
+        for way in WAYS if i % 2 == 0 else list(WAYS)[::-1]:
+            logprobs.GRAD_IN_LOGITS, logprobs.E_OVER_Z = WAYS[way]
+            for p in params:
+                p.grad = None
+            t = time.perf_counter()
+            mb.run()
+            if i:
+                seconds[way].append(time.perf_counter() - t)
+            grads[way] = [None if p.grad is None else p.grad.clone() for p in params]
+    logprobs.GRAD_IN_LOGITS, logprobs.E_OVER_Z = True, True
+    e = mb.inputs.episodes
+    rows = len(range(*mb.rows.indices(e.completion_ids.shape[0])))
+    vocab = trainer.train_model.get_output_embeddings().weight.shape[0]
+    return seconds, grads, f"{rows} rows x {e.completion_ids.shape[1]} tokens, vocabulary {vocab}"
+
+
+def _same(a: list, b: list) -> bool:
+    return all((x is None and y is None) or (x is not None and y is not None and bool((x == y).all())) for x, y in zip(a, b))
+
+
+def _relative_gap(a: list, b: list) -> float:
+    return max(float((x - y).abs().max() / x.abs().max().clamp_min(1e-30)) for x, y in zip(a, b) if x is not None and y is not None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", nargs="*", default=["V"])
+    ap.add_argument("--shape", action="append", default=[], help="NAME=JSON, as bench/floor.py's --shape")
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import floor
+
+    for shape in args.shape:
+        floor.add_shape(shape)
+    lines = result_head(
+        "A training micro-batch: the log-probs' backward into a new tensor vs over the logits (and p as e over Z)",
+        f"cd bench && python logprobs_in_place_ab.py {' '.join(sys.argv[1:])}",
+        f"one process per config; the same micro-batch {args.reps} times per way, alternating which goes first",
+        ["config", "micro-batch", *(f"{w} s" for w in WAYS), "over the logits / before", "and e over Z / before",
+         "over the logits: same gradients", "e over Z: largest relative gap"],
+    )  # fmt: skip
+    for name in args.configs:
+        seconds, grads, what = measure(name, args.reps)
+        m = {w: statistics.median(seconds[w]) for w in WAYS}
+        runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
+        ratios = [f"{m[w] / m['before']:.3f}" for w in ("over the logits", "and e over Z")]
+        same = _same(grads["before"], grads["over the logits"])
+        gap = _relative_gap(grads["before"], grads["and e over Z"])
+        lines.append(table_row(name, what, *runs, *ratios, same, f"{gap:.1e}"))
+    emit(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
