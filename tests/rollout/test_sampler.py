@@ -93,6 +93,8 @@ def test_zero_weights_are_never_drawn_in_either_level():
     assert (w.gather(-1, token[:, None]) > 0).all()
     cdf = w.double().cumsum(-1)
     assert torch.equal(token, torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(-1).clamp_max(V - 1))
+    again, total = inverse_cdf(w, u, with_total=True)  # the total the draw measured u against: every weight's
+    assert torch.equal(again, token) and torch.allclose(total, cdf[:, -1], rtol=1e-15, atol=0)
 
 
 def test_without_entropy_the_same_draws_in_row_chunks():
@@ -173,7 +175,7 @@ def test_filtered_rows_draw_from_the_full_rows_weights_masked(scale):
     u[:2] = torch.tensor([0.0, 1 - 2**-24])
     for temperature, top_k, top_p in [(1.0, 20, 1.0), (1.0, 0, 0.9), (0.8, 50, 0.95), (1.3, 5, 0.5)]:
         token, logp, _ = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
-        kept_s, kept_e, kept_z = _shifted_exp(filter_logits(logits / temperature, top_k, top_p))
-        expected = inverse_cdf(kept_e, u)
-        assert torch.equal(token, expected)
-        assert torch.equal(logp, (kept_s.gather(-1, expected[:, None]) - kept_z.log()).squeeze(-1))
+        kept_s, kept_e = _shifted_exp(filter_logits(logits / temperature, top_k, top_p))
+        expected, total = inverse_cdf(kept_e, u, with_total=True)
+        assert torch.equal(token, expected) and torch.equal(expected, inverse_cdf(kept_e, u))
+        assert torch.equal(logp, (kept_s.gather(-1, expected[:, None]) - total.float()[:, None].log()).squeeze(-1))

@@ -3,6 +3,8 @@ and the seed of each episode's noise."""
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from rlvr.algo import exp_flushed
@@ -83,6 +85,8 @@ def sample_tokens(
     race drew 49152 per row on SmolLM2: a fifth of its decode). Returns (token [n], its log-prob [n],
     entropy [n] or None where not asked for): the entropy of the whole distribution at this temperature (before
     top-k/top-p), by the training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
+    Z (of the log-prob, and of the entropy without top-k/top-p) is the total the draw measured u against: float64
+    sums of fp32 sums of CDF_BLOCK weights, rounded to fp32.
     One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
     float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md).
     overwrite: the logits are the caller's own, not read again (a decode step's): they are scaled and shifted in place
@@ -97,6 +101,7 @@ def sample_tokens(
 
 IN_PLACE = True  # False: the logits left whole even where the caller allows overwriting, and the shifted logits clamped
 # as a copy (bench/sampler_in_place_ab.py's "before")
+Z_FROM_DRAW = True  # False: Z as a sum of its own over [n, V] (bench/sampler_total_ab.py's "before")
 SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): glibc maps a fresh, page-faulting block for
 # every allocation past 32 MB, where a [64, 151936] fp32 temporary is 39 MB
 
@@ -109,46 +114,53 @@ def _sample_rows(
     # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
     scaled = logits if temperature == 1.0 else logits.div_(temperature) if overwrite else logits / temperature  # [n, V]
     drop = filtered_out(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # [n, V], before `scaled` is shifted
-    s, e, z = _shifted_exp(scaled, in_place=overwrite or scaled is not logits)  # [n, V], [n, V], [n, 1]
+    s, e = _shifted_exp(scaled, in_place=overwrite or scaled is not logits)  # [n, V], [n, V]
     # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
     # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
     kept_e = e if drop is None else e.masked_fill(drop, 0.0)
-    kept_z = z if drop is None else kept_e.sum(-1, keepdim=True)
-    token = inverse_cdf(kept_e, uniforms)  # [n]
+    token, kept_total = inverse_cdf(kept_e, uniforms, with_total=True)  # [n], [n] float64
+    # [n, 1] Z: the draw's own running total, rounded to fp32 (no pass over [n, V] for it)
+    kept_z = kept_total.float()[:, None] if Z_FROM_DRAW else kept_e.sum(-1, keepdim=True)
     logp = (s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
     if not with_entropy:
         return token, logp, None
+    z = kept_z if drop is None else e.sum(-1, keepdim=True)  # the whole distribution's
     entropy = (z.log() - torch.nansum(e.mul_(s), -1, keepdim=True) / z).squeeze(-1)  # nansum: 0 x -inf at -inf logits
     return token, logp, entropy
 
 
-def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s = x - max x, in place of x where in_place, e = exp(s), Z = sum e) over the last dim: x [n, V] -> [n, V],
-    [n, V], [n, 1]."""
+def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s = x - max x, in place of x where in_place, e = exp(s)) over the last dim: x [n, V] -> [n, V], [n, V]."""
     m = x.amax(-1, keepdim=True)
     s = x.sub_(m) if in_place else x - m
     # a row spanning more than 87 nats: torch.exp's slow path on the CPU (algo.exp_flushed); s is ours (x's own or new),
     # and its entries clamped at the cut are read only where their weight is 0 (the entropy's e s: 0 either way)
     e = exp_flushed(s, clamp_in_place=IN_PLACE)
-    return s, e, e.sum(-1, keepdim=True)
+    return s, e
 
 
 CDF_BLOCK = 64  # vocabulary entries per block of inverse_cdf's running total
 DIRECT_CDF_MAX = 1024  # vocabularies up to this size: one float64 cumsum over all of it
 
 
-def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+@overload
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, with_total: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, with_total: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, with_total: bool = False):
     """Per row the first index whose running total of `weights` [n, V] (>= 0, fp32) exceeds u x total (u [n] in
-    [0, 1)), never an index of weight 0. Wide vocabularies in two levels instead of one float64 cumsum over [n, V]
-    (a float64 copy of the weights and a sequential scan: 0.9 ms of a 32000-token decode step's 64 rows): sums of
-    CDF_BLOCK weights in fp32 and their running total in float64 pick the block, then the block's own float64
-    cumsum picks the index; a block's sum rounds by at most 64 fp32 ulps of it, the only departure from the exact
-    distribution (its own weight, not its neighbours')."""
+    [0, 1)), never an index of weight 0; with_total, also the total [n] (float64) the draw measured u against.
+    Wide vocabularies in two levels instead of one float64 cumsum over [n, V] (a float64 copy of the weights and a
+    sequential scan: 0.9 ms of a 32000-token decode step's 64 rows): sums of CDF_BLOCK weights in fp32 and their
+    running total in float64 pick the block, then the block's own float64 cumsum picks the index; a block's sum
+    rounds by at most 64 fp32 ulps of it, the only departure from the exact distribution (its own weight, not its
+    neighbours')."""
     n, V = weights.shape
     target = uniforms.double()  # [n] times the total below: u < 1, so below the total (u x total rounds down from it)
     if V <= DIRECT_CDF_MAX:
         cdf = weights.double().cumsum(-1)  # [n, V]
-        return _first_above(cdf, target * cdf[:, -1])  # cdf[i] > target >= cdf[i - 1]: weight i is not 0
+        index = _first_above(cdf, target * cdf[:, -1])  # cdf[i] > target >= cdf[i - 1]: weight i is not 0
+        return (index, cdf[:, -1]) if with_total else index
     full = V // CDF_BLOCK
     sums = weights[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).sum(-1)  # [n, full]
     if V > full * CDF_BLOCK:  # the last, shorter block
@@ -162,7 +174,8 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     i = _first_above(w.double().cumsum(-1), target - before)
     # the block's float64 total can round below its fp32 sum: a target past it takes the block's last nonzero weight
     last = CDF_BLOCK - 1 - (w > 0).flip(-1).int().argmax(-1)  # [n]
-    return block * CDF_BLOCK + torch.minimum(i, last)
+    index = block * CDF_BLOCK + torch.minimum(i, last)
+    return (index, cum[:, -1]) if with_total else index
 
 
 def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
