@@ -1,12 +1,14 @@
-"""The top-p nucleus of a decode step's 64 rows: one sort of every row (the sampler before) against
-rollout.engines.sampling.outside_nucleus (the nucleus looked for among each row's 64, then 1024 most probable tokens,
-topk, then a sort of the rows left).
+"""The top-p nucleus of a decode step's 64 rows: one sort of every row (the sampler at first), the nucleus looked for
+among each row's 64, then 1024 most probable tokens (topk) then a sort of the rows left (`by_candidates`, the sampler
+until 2026-12-06, reproduced below), and rollout.engines.sampling.outside_nucleus now (the 64 heaviest tokens from the
+blocks with the largest maxima, then bins of x - max x for the rows left).
 
 Rows: zipf (logits -2a log(1 + rank) + N(0, 0.3), a = 1 and 0.5: a language model's long tail, nuclei of a few to a
 few hundred tokens), flat (N(0, 3): nuclei of thousands, the worst case) and confident (N(0, 3) with one token 100
 above). 2 threads, freed memory kept as the trainer keeps it; machine_cache.fastest_times (best of 5 rounds, the
-ways alternating). Also says whether both ways give the same mask (they may differ where a total sits within fp32's
-rounding of top_p: the sort's softmax sums the row in another order).
+ways alternating). Also says whether the candidates' and now's masks are the sort's (they may differ where a total sits
+within fp32's rounding of top_p: the sort's softmax sums the row in another order), and by how many tokens now's
+differs from the sort's at most in a row.
 
     python bench/top_p.py --out bench/results/top_p_intel.md
 """
@@ -37,6 +39,25 @@ def by_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, p.cumsum(-1) - p >= top_p)
 
 
+def by_candidates(logits: torch.Tensor, top_p: float, candidates: tuple[int, ...] = (64, 1024)) -> torch.Tensor:
+    """The sampler's top-p mask until 2026-12-06: among each row's 64, then 1024 most probable tokens, then a sort."""
+    n, V = logits.shape
+    probs = logits.softmax(-1)
+    drop = torch.ones_like(probs, dtype=torch.bool)
+    rows = torch.arange(n)
+    for K in [k for k in candidates if 4 * k < V] + [V]:
+        p = probs if len(rows) == n else probs[rows]
+        top, order = p.topk(K, dim=-1) if K < V else p.sort(dim=-1, descending=True)
+        out = top.cumsum(-1) - top >= top_p
+        found = out[:, -1] if K < V else torch.ones_like(rows, dtype=torch.bool)
+        outside = torch.ones(int(found.sum()), V, dtype=torch.bool)
+        drop[rows[found]] = outside.scatter_(-1, order[found], out[found])
+        rows = rows[~found]
+        if len(rows) == 0:
+            break
+    return drop
+
+
 def rows_of(kind: str, V: int, n: int = 64) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     if kind.startswith("zipf"):
@@ -50,14 +71,18 @@ def rows_of(kind: str, V: int, n: int = 64) -> torch.Tensor:
 
 
 def one(V: int, kind: str, top_p: float) -> list:
-    """A table row: the nucleus sizes, both ways' ms and whether their masks are the same."""
+    """A table row: the nucleus sizes, the three ways' ms, whether the masks are the sort's."""
     logits = rows_of(kind, V)
     drop = outside_nucleus(logits, top_p)
     size = (~drop).sum(-1).float()
-    same = torch.equal(drop, by_sort(logits, top_p))
-    before, after = fastest_times([lambda: by_sort(logits, top_p), lambda: outside_nucleus(logits, top_p)])
+    sorted_drop = by_sort(logits, top_p)
+    same_candidates = torch.equal(by_candidates(logits, top_p), sorted_drop)
+    gap = int((drop != sorted_drop).sum(-1).max())
+    ways = [lambda: by_sort(logits, top_p), lambda: by_candidates(logits, top_p), lambda: outside_nucleus(logits, top_p)]
+    sort_s, candidates_s, now_s = fastest_times(ways)
     sizes = f"{size.median():.0f}, {size.max():.0f}"
-    return [V, kind, top_p, sizes, f"{before * 1e3:.1f}", f"{after * 1e3:.1f}", f"{after / before:.2f}", same]
+    times = [f"{t * 1e3:.1f}" for t in (sort_s, candidates_s, now_s)]
+    return [V, kind, top_p, sizes, *times, f"{now_s / candidates_s:.2f}", "yes" if same_candidates else "no", gap]
 
 
 def main() -> None:
@@ -67,16 +92,26 @@ def main() -> None:
     torch.set_num_threads(2)
     keep_freed_memory()
     lines = result_head(
-        "The top-p nucleus of a decode step: one sort of every row against candidates (topk)",
+        "The top-p nucleus of a decode step: a sort of every row, topk candidates then a sort, heaviest blocks then bins",
         f"python bench/top_p.py {' '.join(sys.argv[1:])}",
         "64 rows, ms per call, best of 5 rounds, the ways alternating; 2 threads.",
-        ["vocabulary", "rows", "top_p", "nucleus tokens (median, max)", "sort ms", "candidates ms", "ratio", "same mask"],
+        [
+            "vocabulary",
+            "rows",
+            "top_p",
+            "nucleus tokens (median, max)",
+            "sort ms",
+            "candidates ms",
+            "now ms",
+            "now / candidates",
+            "candidates: the sort's mask",
+            "now: most tokens off the sort's in a row",
+        ],
     )
     for V in (32000, 49152, 151936):
         for kind in ("zipf 1", "zipf 0.5", "flat", "confident"):
             for top_p in (0.9, 0.95):
-                *cells, same = one(V, kind, top_p)
-                lines.append(table_row(*cells, "yes" if same else "no"))
+                lines.append(table_row(*one(V, kind, top_p)))
     emit(lines, args.out)
 
 

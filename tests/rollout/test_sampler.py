@@ -132,19 +132,22 @@ def test_overwriting_the_logits_draws_the_same_bits(scale, temperature, top_k, t
     assert torch.isfinite(drawn[1]).all() and torch.isfinite(drawn[2]).all()
 
 
+def _nucleus_by_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p nucleus by a sort of every row: the reference (ties: the lower index first, as a stable sort)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    p = sorted_logits.softmax(-1)
+    return torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, p.cumsum(-1) - p >= top_p)
+
+
+@pytest.mark.parametrize("candidates", [64, 0])  # 0: every row by bins
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
-def test_the_nucleus_found_among_candidates_is_the_sorted_rows(top_p, monkeypatch):
+def test_the_nucleus_is_the_sorted_rows(top_p, candidates, monkeypatch):
     """outside_nucleus against the full sort (float64, where no total sits within a rounding of top_p): peaked rows
-    (a nucleus among the first candidates), flat ones (the rows left sorted), both in a batch (each row found at its
-    own stage), rows cut by top-k first (-inf), a vocabulary not a power of two."""
+    (nuclei of a few tokens, found among the heaviest), flat ones (hundreds: by bins), both in a batch, rows cut by
+    top-k first (-inf), rows whose tail lies past the binned span, a vocabulary not a power of two."""
     from rlvr.rollout.engines import sampling
 
-    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", (4, 64))
-
-    def by_sort(logits):
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        p = sorted_logits.softmax(-1)
-        return torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, p.cumsum(-1) - p >= top_p)
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", candidates)
 
     g = torch.Generator().manual_seed(11)
     V = 1000
@@ -152,14 +155,61 @@ def test_the_nucleus_found_among_candidates_is_the_sorted_rows(top_p, monkeypatc
     peaked = flat * 6
     mixed = torch.cat([peaked[:7], flat[7:]])
     cut = filter_logits(flat * 3, 40, 1.0)
-    for logits in (peaked, flat, mixed, cut):
+    wide = flat * 60  # rows spanning ~500 nats: most tokens below the span, in its last bin
+    for logits in (peaked, flat, mixed, cut, wide):
         drop = sampling.outside_nucleus(logits, top_p)
-        assert torch.equal(drop, by_sort(logits))
+        assert torch.equal(drop, _nucleus_by_sort(logits, top_p))
         kept = logits.softmax(-1).masked_fill(drop, 0).sum(-1)
         assert bool((kept >= top_p).all())  # the nucleus reaches top_p
     nucleus = lambda x: int((~sampling.outside_nucleus(x, top_p)).sum(-1).max())  # noqa: E731
-    assert nucleus(peaked) < 64  # found among candidates
-    assert top_p < 0.9 or nucleus(flat) > 64  # the rows left sorted
+    assert nucleus(peaked) < 64 and (top_p < 0.9 or nucleus(flat) > 500)
+
+
+@pytest.mark.parametrize("candidates", [64, 0])
+def test_a_nucleus_ending_among_tied_and_crowded_tokens(candidates, monkeypatch):
+    """Logits on a grid of 1/256 nat (many tokens in each 1/64-nat bin, many tied), and on a grid of 1 nat (ties across
+    the 64 heaviest's edge): the nucleus's last tokens in order of weight, the lower index first among ties, as a
+    stable sort."""
+    from rlvr.rollout.engines import sampling
+
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", candidates)
+    g = torch.Generator().manual_seed(12)
+    fine = (torch.randn(16, 5000, generator=g, dtype=torch.float64) * 2 * 256).round() / 256
+    coarse = (torch.randn(16, 5000, generator=g, dtype=torch.float64) * 3).round() + 10 * (torch.arange(16) < 8)[:, None]
+    coarse[:8, :3] = 30.0  # half the rows: three tied heaviest tokens hold nearly all the weight
+    for logits in (fine, coarse):
+        for top_p in (0.3, 0.8, 0.97, 0.9999):
+            assert torch.equal(sampling.outside_nucleus(logits, top_p), _nucleus_by_sort(logits, top_p))
+
+
+def test_the_heaviest_tokens_from_the_heaviest_blocks_are_topks():
+    """_heaviest's K weights are topk's, a vocabulary not a multiple of the block, ties included."""
+    from rlvr.rollout.engines.sampling import _heaviest
+
+    g = torch.Generator().manual_seed(14)
+    for e in (torch.rand(6, 3001, generator=g), (torch.rand(6, 3001, generator=g) * 8).floor() / 8):
+        top, idx = _heaviest(e, 64)
+        assert torch.equal(top, e.topk(64, dim=-1).values) and torch.equal(e.gather(-1, idx), top)
+        assert bool((idx.sort(-1).values.diff(dim=-1) > 0).all())  # 64 distinct tokens
+
+
+@pytest.mark.parametrize("V", [32000, 151936])
+def test_the_binned_nucleus_in_fp32_keeps_what_the_sort_keeps_up_to_rounding(V):
+    """fp32 rows of a real vocabulary, zipf-like and flat: the nucleus differs from the sorted rows' only at tokens
+    whose total before them lies within fp32's rounding of top_p."""
+    from rlvr.rollout.engines import sampling
+
+    g = torch.Generator().manual_seed(13)
+    ranks = torch.stack([torch.randperm(V, generator=g) for _ in range(4)]).float()
+    rows = torch.cat([-2 * torch.log1p(ranks) + 0.3 * torch.randn(4, V, generator=g), torch.randn(4, V, generator=g) * 3])
+    for top_p in (0.9, 0.95):
+        drop = sampling.outside_nucleus(rows, top_p)
+        p = rows.double().softmax(-1)
+        sorted_p, order = p.sort(dim=-1, descending=True, stable=True)
+        before = torch.zeros_like(p).scatter(-1, order, sorted_p.cumsum(-1) - sorted_p)  # float64 total before each token
+        differs = drop != _nucleus_by_sort(rows.double(), top_p)
+        assert bool(((before[differs] - top_p).abs() < 1e-5).all())
+        assert int(differs.sum()) <= 8
 
 
 @pytest.mark.parametrize("scale", [3, 40])

@@ -31,41 +31,132 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 def filtered_out(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor | None:
     """[N, V] True outside top-k and outside the top-p nucleus of what top-k keeps; None when neither filters. Each
     row's most probable token always stays (top_p > 0)."""
-    drop = None
-    if top_k and top_k < logits.shape[-1]:
-        drop = logits < torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    drop = outside_top_k(logits, top_k)
     if top_p < 1.0:
         nucleus_out = outside_nucleus(logits if drop is None else logits.masked_fill(drop, float("-inf")), top_p)
         drop = nucleus_out if drop is None else drop | nucleus_out
     return drop
 
 
-NUCLEUS_CANDIDATES = (64, 1024)  # a row's top-p nucleus is looked for among its K most probable tokens, K these in turn
+def outside_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor | None:
+    """[N, V] True below each row's top_k-th largest logit; None where top_k keeps every token (0 or >= V)."""
+    if not top_k or top_k >= logits.shape[-1]:
+        return None
+    return logits < torch.topk(logits, top_k, dim=-1).values[:, -1:]
 
 
 def outside_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """[n, V] True outside each row's top-p nucleus: the most probable tokens, in order, up to and including the one
-    whose probability makes their total reach top_p. Looked for among each row's K most probable tokens (topk) for
-    each K of NUCLEUS_CANDIDATES below a quarter of the vocabulary in turn, then by a sort of the rows still left: a
-    sort of [64, 32000] takes 74 ms on the CPU (Intel Xeon, 2 threads), a topk of 64 3 ms, of 1024 11 ms
-    (bench/results/top_p_intel.md: nuclei of a few tokens 8-20x faster, every row's nucleus past 1024 tokens
-    1.12-1.24x slower). The probabilities are the unsorted row's softmax: a total within fp32's
-    rounding of top_p (about 1e-5 over 152k tokens) may fall the other way than a sorted row's softmax would."""
-    n, V = logits.shape
-    probs = logits.softmax(-1)  # [n, V]
-    drop = torch.ones_like(probs, dtype=torch.bool)
-    rows = torch.arange(n, device=logits.device)  # the rows whose nucleus is still to be found
-    for K in [k for k in NUCLEUS_CANDIDATES if 4 * k < V] + [V]:
-        p = probs if len(rows) == n else probs[rows]  # [m, V]
-        top, order = p.topk(K, dim=-1) if K < V else p.sort(dim=-1, descending=True)  # [m, K] most probable first
-        out = top.cumsum(-1) - top >= top_p  # [m, K] the total before a token already reaches top_p
-        found = out[:, -1] if K < V else torch.ones_like(rows, dtype=torch.bool)  # the nucleus ends among the K: all after are out
-        outside = torch.ones(int(found.sum()), V, dtype=torch.bool, device=logits.device)
-        drop[rows[found]] = outside.scatter_(-1, order[found], out[found])
-        rows = rows[~found]
-        if len(rows) == 0:
-            break
+    """[n, V] True outside each row's top-p nucleus (nucleus_outside) of softmax(logits); -inf logits weigh 0."""
+    s = logits - logits.amax(-1, keepdim=True)  # [n, V]
+    return nucleus_outside(s, exp_flushed(s, clamp_in_place=True), top_p)
+
+
+NUCLEUS_CANDIDATES = 64  # a row's nucleus is first looked for among its K most probable tokens (0: straight to the bins)
+NUCLEUS_BINS_PER_NAT = 64  # then by tokens binned by x - max x in steps of 1/64 nat
+NUCLEUS_SPAN = 88  # nats binned below the max; anything lower shares the last bin (fp32 weights there are 0 or ~1e-38)
+
+
+def nucleus_outside(s: torch.Tensor, e: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[n, V] True outside each row's top-p nucleus: the most probable tokens, in order (the lower index first among
+    tied weights), up to and including the one whose weight makes their total reach top_p of the row's total.
+    e [n, V] the weights (>= 0, 0 where an earlier filter dropped a token), s [n, V] = x - max x the logits they are
+    exp of (<= 0, any value where e is 0).
+
+    Without a sort of the row: first among the row's NUCLEUS_CANDIDATES heaviest tokens (topk), where a language
+    model's nucleus of a few tokens ends; the other rows by bins (_binned_nucleus). A sort of [64, 152k] took ~430 ms
+    on the CPU (Intel Xeon, 2 threads), the top-k candidates then a sort of the rows left, as before, 21 ms for nuclei
+    of a few tokens and ~480 ms past 1024 (bench/results/top_p_intel.md). The totals are float64 over fp32 sums
+    in another order than a sorted row's softmax: a total within fp32's rounding of top_p (about 1e-5 over 152k
+    tokens) may fall the other way."""
+    n, V = e.shape
+    if not NUCLEUS_CANDIDATES or 4 * NUCLEUS_CANDIDATES >= V:
+        return _binned_nucleus(s, e, top_p)
+    found, found_drop = _nucleus_among_heaviest(e, top_p, NUCLEUS_CANDIDATES)
+    if bool(found.all()):
+        return found_drop
+    rest = (~found).nonzero().squeeze(1)
+    drop = torch.empty(n, V, dtype=torch.bool, device=e.device)
+    drop[found] = found_drop
+    drop[rest] = _binned_nucleus(s[rest], e[rest], top_p)
     return drop
+
+
+def _nucleus_among_heaviest(e: torch.Tensor, top_p: float, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([n] whether the row's nucleus ends among its K heaviest tokens, [f, V] outside it for those f rows): the
+    nucleus ends there when one of the K is out, and no token tied with its last token is left outside the K."""
+    top, idx = _heaviest(e, K)  # [n, K]; tied weights in any order
+    idx, by_index = idx.sort(-1)
+    top, by_weight = top.gather(-1, by_index).sort(dim=-1, descending=True, stable=True)  # the lower index first among ties
+    idx = idx.gather(-1, by_weight)
+    target = top_p * e.sum(-1, keepdim=True).double()  # [n, 1]
+    w = top.double()
+    out = w.cumsum(-1) - w >= target  # [n, K] the weight before a token already reaches the target
+    last = (~out).sum(-1, keepdim=True) - 1  # [n, 1] the nucleus's last token among the K (the first is always in)
+    found = out[:, -1] & (top.gather(-1, last) > top[:, -1:]).squeeze(1)  # [n]
+    drop = torch.ones(int(found.sum()), e.shape[1], dtype=torch.bool, device=e.device)
+    return found, drop.scatter_(-1, idx[found], out[found])
+
+
+def _heaviest(e: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, indices) [n, K] of each row's K heaviest tokens (ties at the K-th in any order), from the K blocks of
+    CDF_BLOCK entries with the largest maxima: every token heavier than the K-th largest block maximum lies in one of
+    them, and they hold at least K tokens that heavy (a topk over [27, 152k] took 5.3 ms, a block amax 1)."""
+    n, V = e.shape
+    full = V // CDF_BLOCK
+    maxima = e[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).amax(-1)  # [n, full]
+    if V > full * CDF_BLOCK:
+        maxima = torch.cat([maxima, e[:, full * CDF_BLOCK :].amax(-1, keepdim=True)], 1)
+    blocks = maxima.topk(min(K, maxima.shape[1]), dim=-1).indices  # [n, K']
+    cols = (blocks[:, :, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=e.device)).flatten(1)  # [n, K' x B]
+    w = e.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, -1.0)  # past V: below every weight
+    top, at = w.topk(K, dim=-1)
+    return top, cols.gather(-1, at)
+
+
+def _binned_nucleus(s: torch.Tensor, e: torch.Tensor, top_p: float) -> torch.Tensor:
+    """nucleus_outside by bins: the tokens binned by s (NUCLEUS_BINS_PER_NAT a nat, the most probable in bin 0) and each
+    bin's weight summed (scatter_add), whose running total finds the bin where the nucleus ends: every token of a bin
+    before it is in, every token of a bin after it out, and only that edge bin's tokens are sorted."""
+    n, V = e.shape
+    bins = NUCLEUS_SPAN * NUCLEUS_BINS_PER_NAT + 1
+    depth = torch.mul(s, -NUCLEUS_BINS_PER_NAT).clamp_(0, bins - 1).long()  # [n, V] the token's bin (floor: >= 0)
+    mass = e.new_zeros(n, bins).scatter_add_(1, depth, e).double().cumsum(1)  # [n, bins] running total by bin
+    target = top_p * mass[:, -1:]  # [n, 1]
+    edge = torch.searchsorted(mass, target).clamp_max_(bins - 1)  # [n, 1] the first bin whose running total reaches it
+    before_edge = mass.gather(1, (edge - 1).clamp_min(0)).masked_fill_(edge == 0, 0.0).squeeze(1)  # [n]
+    drop = depth > edge  # [n, V] the bins after the edge's
+    rows, cols = _edge_tokens(depth, edge)
+    w = e[rows, cols].double()
+    order = torch.sort(w, descending=True, stable=True).indices  # by weight, the lower index first among ties ...
+    order = order[torch.sort(rows[order], stable=True).indices]  # ... within each row
+    rows, cols, w = rows[order], cols[order], w[order]
+    running = w.cumsum(0)  # over all rows' edge tokens: less the rows before's own total
+    row_total = torch.zeros(n, dtype=w.dtype, device=w.device).index_add_(0, rows, w)
+    before = before_edge[rows] + running - w - (row_total.cumsum(0) - row_total)[rows]  # the weight before each token
+    out = before >= target.squeeze(1)[rows]
+    drop[rows[out], cols[out]] = True
+    return drop
+
+
+EDGE_BLOCK = 64  # vocabulary entries per block when the edge bin's tokens are looked for
+
+
+def _edge_tokens(depth: torch.Tensor, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the tokens in each row's edge bin (depth [n, V] == edge [n, 1]), in row-major order: the
+    blocks of EDGE_BLOCK entries that hold one first (a nonzero over [n, V] bools took 4 ms at [27, 152k]), then the
+    entries of those blocks."""
+    n, V = depth.shape
+    at_edge = depth == edge  # [n, V]
+    full = V // EDGE_BLOCK
+    blocks = at_edge[:, : full * EDGE_BLOCK].view(n, full, EDGE_BLOCK).any(-1)  # [n, full]
+    if V > full * EDGE_BLOCK:
+        blocks = torch.cat([blocks, at_edge[:, full * EDGE_BLOCK :].any(-1, keepdim=True)], 1)
+    b_rows, b_idx = blocks.nonzero(as_tuple=True)  # [m] the blocks that hold one
+    cols = (b_idx[:, None] * EDGE_BLOCK + torch.arange(EDGE_BLOCK, device=depth.device)).clamp_max_(V - 1)  # [m, B]
+    hit = at_edge[b_rows[:, None], cols]  # [m, B] (past V: the last entry again, dropped below)
+    hit[:, 1:] &= cols[:, 1:] != cols[:, :-1]
+    which = hit.nonzero(as_tuple=True)
+    return b_rows[which[0]], cols[which]
 
 
 def sample_tokens(
@@ -113,20 +204,30 @@ def _sample_rows(
     overwrite = overwrite and IN_PLACE
     # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
     scaled = logits if temperature == 1.0 else logits.div_(temperature) if overwrite else logits / temperature  # [n, V]
-    drop = filtered_out(scaled, top_k, top_p) if top_k or top_p < 1.0 else None  # [n, V], before `scaled` is shifted
+    drop = outside_top_k(scaled, top_k)  # [n, V] or None, on the logits before they are shifted (their own ties)
     s, e = _shifted_exp(scaled, in_place=overwrite or scaled is not logits)  # [n, V], [n, V]
+    # the whole distribution's Z and sum(e s) for the entropy, before a filter masks e in place
+    whole = _entropy_terms(e, s) if with_entropy and (drop is not None or top_p < 1.0) else None
     # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
     # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
-    kept_e = e if drop is None else e.masked_fill(drop, 0.0)
+    kept_e = e if drop is None else e.masked_fill_(drop, 0.0)
+    if top_p < 1.0:  # the nucleus of what top-k keeps, from the same weights
+        kept_e = kept_e.masked_fill_(nucleus_outside(s, kept_e, top_p), 0.0)
     token, kept_total = inverse_cdf(kept_e, uniforms, with_total=True)  # [n], [n] float64
     # [n, 1] Z: the draw's own running total, rounded to fp32 (no pass over [n, V] for it)
     kept_z = kept_total.float()[:, None] if Z_FROM_DRAW else kept_e.sum(-1, keepdim=True)
     logp = (s.gather(-1, token[:, None]) - kept_z.log()).squeeze(-1)
     if not with_entropy:
         return token, logp, None
-    z = kept_z if drop is None else e.sum(-1, keepdim=True)  # the whole distribution's
-    entropy = (z.log() - torch.nansum(e.mul_(s), -1, keepdim=True) / z).squeeze(-1)  # nansum: 0 x -inf at -inf logits
-    return token, logp, entropy
+    z, es = whole if whole is not None else (kept_z, torch.nansum(e.mul_(s), -1, keepdim=True))  # nansum: 0 x -inf
+    return token, logp, (z.log() - es / z).squeeze(-1)
+
+
+def _entropy_terms(e: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Z, sum(e s)) [n, 1] each without writing over e: one product-sum pass (vecdot) where s is finite (clamped at
+    exp_flushed's cut in place), else e s as a new tensor and a nansum (0 x -inf at -inf logits)."""
+    es = torch.linalg.vecdot(e, s).unsqueeze(-1) if IN_PLACE else torch.nansum(e * s, -1, keepdim=True)
+    return e.sum(-1, keepdim=True), es
 
 
 def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
