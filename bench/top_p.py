@@ -10,6 +10,9 @@ ways alternating). Also says whether the candidates' and now's masks are the sor
 within fp32's rounding of top_p: the sort's softmax sums the row in another order), and by how many tokens now's
 differs from the sort's at most in a row.
 
+A second table: the top-k mask (the logits below each row's k-th largest) by one topk of every row (before) against
+rollout.engines.sampling.outside_top_k (the k largest from the k blocks with the largest maxima), flat rows.
+
     python bench/top_p.py --out bench/results/top_p_intel.md
 """
 
@@ -29,7 +32,7 @@ from _report import emit, result_head, table_row  # noqa: E402
 
 from rlvr.models.cpu_memory import keep_freed_memory  # noqa: E402
 from rlvr.models.machine_cache import fastest_times  # noqa: E402
-from rlvr.rollout.engines.sampling import outside_nucleus  # noqa: E402
+from rlvr.rollout.engines.sampling import outside_nucleus, outside_top_k  # noqa: E402
 
 
 def by_sort(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -85,6 +88,15 @@ def one(V: int, kind: str, top_p: float) -> list:
     return [V, kind, top_p, sizes, *times, f"{now_s / candidates_s:.2f}", "yes" if same_candidates else "no", gap]
 
 
+def top_k_row(V: int, k: int) -> list:
+    """A row of the top-k table: topk's and the heaviest blocks' ms, whether their masks are the same."""
+    logits = rows_of("flat", V)
+    by_topk = lambda: logits < torch.topk(logits, k, dim=-1).values[:, -1:]  # noqa: E731
+    same = torch.equal(outside_top_k(logits, k), by_topk())
+    before, after = fastest_times([by_topk, lambda: outside_top_k(logits, k)])
+    return [V, k, f"{before * 1e3:.2f}", f"{after * 1e3:.2f}", f"{after / before:.2f}", "yes" if same else "no"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None)
@@ -112,6 +124,10 @@ def main() -> None:
         for kind in ("zipf 1", "zipf 0.5", "flat", "confident"):
             for top_p in (0.9, 0.95):
                 lines.append(table_row(*one(V, kind, top_p)))
+    lines += ["", "| vocabulary | k | topk ms | heaviest blocks ms | ratio | same mask |", "| --- | --- | --- | --- | --- | --- |"]
+    for V in (32000, 49152, 151936):
+        for k in (20, 50):
+            lines.append(table_row(*top_k_row(V, k)))
     emit(lines, args.out)
 
 

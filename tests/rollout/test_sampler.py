@@ -229,3 +229,17 @@ def test_filtered_rows_draw_from_the_full_rows_weights_masked(scale):
         expected, total = inverse_cdf(kept_e, u, with_total=True)
         assert torch.equal(token, expected) and torch.equal(expected, inverse_cdf(kept_e, u))
         assert torch.equal(logp, (kept_s.gather(-1, expected[:, None]) - total.float()[:, None].log()).squeeze(-1))
+
+
+def test_top_k_from_the_heaviest_blocks_is_topks_mask():
+    """outside_top_k through the heaviest blocks (a wide vocabulary) keeps what a topk keeps: ties at the k-th kept,
+    -inf logits, a vocabulary not a multiple of the block."""
+    from rlvr.rollout.engines.sampling import outside_top_k
+
+    g = torch.Generator().manual_seed(15)
+    logits = (torch.randn(8, 20011, generator=g) * 4).round()  # many ties
+    logits[:2, 5000:] = float("-inf")
+    for k in (1, 5, 20, 60):
+        drop = outside_top_k(logits, k)
+        assert drop is not None and torch.equal(drop, logits < torch.topk(logits, k, dim=-1).values[:, -1:])
+        assert bool(((~drop).sum(-1) >= k).all())

@@ -40,9 +40,11 @@ def filtered_out(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor
 
 def outside_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor | None:
     """[N, V] True below each row's top_k-th largest logit; None where top_k keeps every token (0 or >= V)."""
-    if not top_k or top_k >= logits.shape[-1]:
+    V = logits.shape[-1]
+    if not top_k or top_k >= V:
         return None
-    return logits < torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    top = _heaviest(logits, top_k)[0] if 4 * top_k * CDF_BLOCK <= V else torch.topk(logits, top_k, dim=-1).values
+    return logits < top[:, -1:]
 
 
 def outside_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -98,9 +100,10 @@ def _nucleus_among_heaviest(e: torch.Tensor, top_p: float, K: int) -> tuple[torc
 
 
 def _heaviest(e: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, indices) [n, K] of each row's K heaviest tokens (ties at the K-th in any order), from the K blocks of
-    CDF_BLOCK entries with the largest maxima: every token heavier than the K-th largest block maximum lies in one of
-    them, and they hold at least K tokens that heavy (a topk over [27, 152k] took 5.3 ms, a block amax 1)."""
+    """(values, indices) [n, K] of each row's K largest entries of e [n, V] (topk's values; ties at the K-th in any
+    order), from the K blocks of CDF_BLOCK entries with the largest maxima: every entry above the K-th largest block
+    maximum lies in one of them, and they hold at least K entries that large. At [64, 152k] 2.3 ms for K = 20 and 4.0
+    for 50 where topk took 12 (Intel Xeon, 2 threads)."""
     n, V = e.shape
     full = V // CDF_BLOCK
     maxima = e[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).amax(-1)  # [n, full]
@@ -108,7 +111,7 @@ def _heaviest(e: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         maxima = torch.cat([maxima, e[:, full * CDF_BLOCK :].amax(-1, keepdim=True)], 1)
     blocks = maxima.topk(min(K, maxima.shape[1]), dim=-1).indices  # [n, K']
     cols = (blocks[:, :, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=e.device)).flatten(1)  # [n, K' x B]
-    w = e.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, -1.0)  # past V: below every weight
+    w = e.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, float("-inf"))  # past V: below every entry
     top, at = w.topk(K, dim=-1)
     return top, cols.gather(-1, at)
 
