@@ -64,12 +64,12 @@ def nucleus_outside(s: torch.Tensor, e: torch.Tensor, top_p: float) -> torch.Ten
     e [n, V] the weights (>= 0, 0 where an earlier filter dropped a token), s [n, V] = x - max x the logits they are
     exp of (<= 0, any value where e is 0).
 
-    Without a sort of the row: first among the row's NUCLEUS_CANDIDATES heaviest tokens (topk), where a language
-    model's nucleus of a few tokens ends; the other rows by bins (_binned_nucleus). A sort of [64, 152k] took ~430 ms
-    on the CPU (Intel Xeon, 2 threads), the top-k candidates then a sort of the rows left, as before, 21 ms for nuclei
-    of a few tokens and ~480 ms past 1024 (bench/results/top_p_intel.md). The totals are float64 over fp32 sums
-    in another order than a sorted row's softmax: a total within fp32's rounding of top_p (about 1e-5 over 152k
-    tokens) may fall the other way."""
+    Without a sort of the row: first among the row's NUCLEUS_CANDIDATES heaviest tokens (_heaviest), where a language
+    model's nucleus of a few tokens ends; the other rows by bins (_binned_nucleus). At [64, 152k] on the CPU (Intel
+    Xeon, 2 threads) a sort of every row took ~450 ms, topk candidates then a sort of the rows left (before) ~22 ms
+    for nuclei of a few tokens and ~500 ms past 1024; this 19-21 and 70-112 ms (bench/results/top_p_intel.md). The
+    totals are float64 over fp32 sums in another order than a sorted row's softmax: a total within fp32's rounding
+    of top_p (about 1e-5 over 152k tokens) may fall the other way."""
     n, V = e.shape
     if not NUCLEUS_CANDIDATES or 4 * NUCLEUS_CANDIDATES >= V:
         return _binned_nucleus(s, e, top_p)
