@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+import time
 import types
 from collections.abc import Callable
 from typing import NamedTuple
@@ -76,3 +77,35 @@ def first_micro_batch(trainer) -> MicroBatch | None:
         return None
     mb = inputs.micro_batches[0]
     return MicroBatch(lambda: up.micro_batch_step(inputs, mb, FirstEpoch(), MetricSums(trainer.device), last=True), inputs, mb.rows)
+
+
+def micro_batch_ab(
+    name: str, ways: dict[str, Callable[[], None]], reps: int
+) -> tuple[object, MicroBatch, dict[str, list[float]], dict[str, list]]:
+    """(the trainer, its micro-batch, seconds per way, each way's last gradients): config `name` after two training
+    steps, its first micro-batch's forward and backward `reps` times per way after a round that warms every way,
+    alternating the order; `ways` maps a name to what switches that way on. Each run starts from no gradients; the
+    gradients are the trainable parameters' (None where a parameter got none)."""
+    trainer = floor_step(name, steps=2).trainer
+    mb = first_micro_batch(trainer)
+    if mb is None:
+        raise SystemExit(f"config {name}: its step trained no rows: no micro-batch to time")
+    params = [p for p in trainer.train_model.parameters() if p.requires_grad]
+    seconds: dict[str, list[float]] = {w: [] for w in ways}
+    grads: dict[str, list] = {}
+    for i in range(reps + 1):
+        for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
+            ways[way]()
+            for p in params:
+                p.grad = None
+            t = time.perf_counter()
+            mb.run()
+            if i:
+                seconds[way].append(time.perf_counter() - t)
+            grads[way] = [None if p.grad is None else p.grad.clone() for p in params]
+    return trainer, mb, seconds, grads
+
+
+def same_gradients(a: list, b: list) -> bool:
+    """Whether two micro_batch_ab gradient lists are the same, bit for bit."""
+    return all((x is None and y is None) or (x is not None and y is not None and bool((x == y).all())) for x, y in zip(a, b))

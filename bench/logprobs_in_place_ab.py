@@ -14,47 +14,33 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import rlvr.algo.logprobs as logprobs  # noqa: E402
-from _floor_step import first_micro_batch, floor_step  # noqa: E402
+from _floor_step import micro_batch_ab, same_gradients  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 
 WAYS = {"before": (False, False), "over the logits": (True, False), "and e over Z": (True, True)}
 
 
+def _switch(grad_in_logits: bool, e_over_z: bool):
+    def on() -> None:
+        logprobs.GRAD_IN_LOGITS, logprobs.E_OVER_Z = grad_in_logits, e_over_z
+
+    return on
+
+
 def measure(name: str, reps: int) -> tuple[dict[str, list[float]], dict[str, list], str]:
     """(seconds per way, gradients per way, what ran) for config `name`."""
-    trainer = floor_step(name, steps=2).trainer
-    mb = first_micro_batch(trainer)
-    if mb is None:
-        raise SystemExit(f"config {name}: its step trained no rows: no micro-batch to time")
-    params = [p for p in trainer.train_model.parameters() if p.requires_grad]
-    seconds: dict[str, list[float]] = {w: [] for w in WAYS}
-    grads: dict[str, list] = {}
-    for i in range(reps + 1):  # the first round warms every way and is not counted
-        for way in WAYS if i % 2 == 0 else list(WAYS)[::-1]:
-            logprobs.GRAD_IN_LOGITS, logprobs.E_OVER_Z = WAYS[way]
-            for p in params:
-                p.grad = None
-            t = time.perf_counter()
-            mb.run()
-            if i:
-                seconds[way].append(time.perf_counter() - t)
-            grads[way] = [None if p.grad is None else p.grad.clone() for p in params]
+    trainer, mb, seconds, grads = micro_batch_ab(name, {w: _switch(*f) for w, f in WAYS.items()}, reps)
     logprobs.GRAD_IN_LOGITS, logprobs.E_OVER_Z = True, True
     e = mb.inputs.episodes
     rows = len(range(*mb.rows.indices(e.completion_ids.shape[0])))
     vocab = trainer.train_model.get_output_embeddings().weight.shape[0]
     return seconds, grads, f"{rows} rows x {e.completion_ids.shape[1]} tokens, vocabulary {vocab}"
-
-
-def _same(a: list, b: list) -> bool:
-    return all((x is None and y is None) or (x is not None and y is not None and bool((x == y).all())) for x, y in zip(a, b))
 
 
 def _relative_gap(a: list, b: list) -> float:
@@ -84,7 +70,7 @@ def main() -> None:
         m = {w: statistics.median(seconds[w]) for w in WAYS}
         runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
         ratios = [f"{m[w] / m['before']:.3f}" for w in ("over the logits", "and e over Z")]
-        same = _same(grads["before"], grads["over the logits"])
+        same = same_gradients(grads["before"], grads["over the logits"])
         gap = _relative_gap(grads["before"], grads["and e over Z"])
         lines.append(table_row(name, what, *runs, *ratios, same, f"{gap:.1e}"))
     emit(lines, args.out)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import rlvr.models.lora_training as lora_training  # noqa: E402
-from _floor_step import first_micro_batch, floor_step  # noqa: E402
+from _floor_step import micro_batch_ab, same_gradients  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 
 WAYS = {"peft": False, "rank side": True}
@@ -26,29 +25,13 @@ WAYS = {"peft": False, "rank side": True}
 
 def measure(name: str, reps: int) -> tuple[dict[str, list[float]], bool, str]:
     """(seconds per way, same gradients both ways, what ran) for config `name`."""
-    trainer = floor_step(name, steps=2).trainer
-    mb = first_micro_batch(trainer)
-    if mb is None:
-        raise SystemExit(f"config {name}: its step trained no rows: no micro-batch to time")
-    params = [p for p in trainer.train_model.parameters() if p.requires_grad]
-    seconds: dict[str, list[float]] = {w: [] for w in WAYS}
-    grads: dict[str, list] = {}
-    for i in range(reps + 1):  # the first round warms both ways and is not counted
-        for way in WAYS if i % 2 == 0 else list(WAYS)[::-1]:
-            lora_training.RANK_SIDE = WAYS[way]
-            for p in params:
-                p.grad = None
-            t = time.perf_counter()
-            mb.run()
-            if i:
-                seconds[way].append(time.perf_counter() - t)
-            grads[way] = [None if p.grad is None else p.grad.clone() for p in params]
+    ways = {w: (lambda on=on: setattr(lora_training, "RANK_SIDE", on)) for w, on in WAYS.items()}
+    trainer, mb, seconds, grads = micro_batch_ab(name, ways, reps)
     lora_training.RANK_SIDE = True
-    a, b = grads.values()
-    same = all((x is None and y is None) or (x is not None and y is not None and bool((x == y).all())) for x, y in zip(a, b))
     e = mb.inputs.episodes
-    what = f"{len(range(*mb.rows.indices(e.completion_ids.shape[0])))} rows, {len(params)} trainable tensors"
-    return seconds, same, what
+    trainable = sum(p.requires_grad for p in trainer.train_model.parameters())
+    what = f"{len(range(*mb.rows.indices(e.completion_ids.shape[0])))} rows, {trainable} trainable tensors"
+    return seconds, same_gradients(*grads.values()), what
 
 
 def main() -> None:
