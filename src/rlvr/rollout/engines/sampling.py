@@ -3,6 +3,7 @@ and the seed of each episode's noise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, overload
 
 import torch
@@ -104,16 +105,12 @@ def _heaviest(e: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
     order), from the K blocks of CDF_BLOCK entries with the largest maxima: every entry above the K-th largest block
     maximum lies in one of them, and they hold at least K entries that large. At [64, 152k] 2.3 ms for K = 20 and 4.0
     for 50 where topk took 12 (Intel Xeon, 2 threads)."""
-    n, V = e.shape
-    full = V // CDF_BLOCK
-    maxima = e[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).amax(-1)  # [n, full]
-    if V > full * CDF_BLOCK:
-        maxima = torch.cat([maxima, e[:, full * CDF_BLOCK :].amax(-1, keepdim=True)], 1)
+    maxima = _per_block(e, lambda b: b.amax(-1))  # [n, blocks]
     blocks = maxima.topk(min(K, maxima.shape[1]), dim=-1).indices  # [n, K']
-    cols = (blocks[:, :, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=e.device)).flatten(1)  # [n, K' x B]
-    w = e.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, float("-inf"))  # past V: below every entry
+    cols, past = _block_columns(blocks, e.shape[1])  # [n, K', B]
+    w = e.gather(-1, cols.flatten(1)).masked_fill_(past.flatten(1), float("-inf"))  # [n, K' x B] past V: below every entry
     top, at = w.topk(K, dim=-1)
-    return top, cols.gather(-1, at)
+    return top, cols.flatten(1).gather(-1, at)
 
 
 def _binned_nucleus(s: torch.Tensor, e: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -141,24 +138,14 @@ def _binned_nucleus(s: torch.Tensor, e: torch.Tensor, top_p: float) -> torch.Ten
     return drop
 
 
-EDGE_BLOCK = 64  # vocabulary entries per block when the edge bin's tokens are looked for
-
-
 def _edge_tokens(depth: torch.Tensor, edge: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) of the tokens in each row's edge bin (depth [n, V] == edge [n, 1]), in row-major order: the
-    blocks of EDGE_BLOCK entries that hold one first (a nonzero over [n, V] bools took 4 ms at [27, 152k]), then the
+    blocks of CDF_BLOCK entries that hold one first (a nonzero over [n, V] bools took 4 ms at [27, 152k]), then the
     entries of those blocks."""
-    n, V = depth.shape
     at_edge = depth == edge  # [n, V]
-    full = V // EDGE_BLOCK
-    blocks = at_edge[:, : full * EDGE_BLOCK].view(n, full, EDGE_BLOCK).any(-1)  # [n, full]
-    if V > full * EDGE_BLOCK:
-        blocks = torch.cat([blocks, at_edge[:, full * EDGE_BLOCK :].any(-1, keepdim=True)], 1)
-    b_rows, b_idx = blocks.nonzero(as_tuple=True)  # [m] the blocks that hold one
-    cols = (b_idx[:, None] * EDGE_BLOCK + torch.arange(EDGE_BLOCK, device=depth.device)).clamp_max_(V - 1)  # [m, B]
-    hit = at_edge[b_rows[:, None], cols]  # [m, B] (past V: the last entry again, dropped below)
-    hit[:, 1:] &= cols[:, 1:] != cols[:, :-1]
-    which = hit.nonzero(as_tuple=True)
+    b_rows, b_idx = _per_block(at_edge, lambda b: b.any(-1)).nonzero(as_tuple=True)  # [m] the blocks that hold one
+    cols, past = _block_columns(b_idx, depth.shape[1])  # [m, B]
+    which = (at_edge[b_rows[:, None], cols] & ~past).nonzero(as_tuple=True)
     return b_rows[which[0]], cols[which]
 
 
@@ -243,8 +230,25 @@ def _shifted_exp(x: torch.Tensor, *, in_place: bool = True) -> tuple[torch.Tenso
     return s, e
 
 
-CDF_BLOCK = 64  # vocabulary entries per block of inverse_cdf's running total
+CDF_BLOCK = 64  # vocabulary entries per block: of inverse_cdf's running total, and where the heaviest tokens and the
+# nucleus's edge are looked for
 DIRECT_CDF_MAX = 1024  # vocabularies up to this size: one float64 cumsum over all of it
+
+
+def _per_block(x: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """reduce(blocks, over their last dim) of each row's blocks of CDF_BLOCK entries, the last one shorter where V
+    is not a multiple of it: x [n, V] -> [n, ceil(V / CDF_BLOCK)]."""
+    n, V = x.shape
+    full = V // CDF_BLOCK
+    out = reduce(x[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK))  # [n, full]
+    return out if V == full * CDF_BLOCK else torch.cat([out, reduce(x[:, full * CDF_BLOCK :].unsqueeze(1))], 1)
+
+
+def _block_columns(blocks: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vocabulary columns of blocks [...] (block indices), [..., CDF_BLOCK], clamped to V - 1 (a gather's
+    index), and which of them lie past V (the last block's tail)."""
+    cols = blocks[..., None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=blocks.device)
+    return cols.clamp_max(V - 1), cols >= V
 
 
 @overload
@@ -259,22 +263,18 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, with_total: bool 
     running total in float64 pick the block, then the block's own float64 cumsum picks the index; a block's sum
     rounds by at most 64 fp32 ulps of it, the only departure from the exact distribution (its own weight, not its
     neighbours')."""
-    n, V = weights.shape
+    V = weights.shape[1]
     target = uniforms.double()  # [n] times the total below: u < 1, so below the total (u x total rounds down from it)
     if V <= DIRECT_CDF_MAX:
         cdf = weights.double().cumsum(-1)  # [n, V]
         index = _first_above(cdf, target * cdf[:, -1])  # cdf[i] > target >= cdf[i - 1]: weight i is not 0
         return (index, cdf[:, -1]) if with_total else index
-    full = V // CDF_BLOCK
-    sums = weights[:, : full * CDF_BLOCK].view(n, full, CDF_BLOCK).sum(-1)  # [n, full]
-    if V > full * CDF_BLOCK:  # the last, shorter block
-        sums = torch.cat([sums, weights[:, full * CDF_BLOCK :].sum(-1, keepdim=True)], 1)
-    cum = sums.double().cumsum(-1)  # [n, blocks]
+    cum = _per_block(weights, lambda b: b.sum(-1)).double().cumsum(-1)  # [n, blocks]
     target = target * cum[:, -1]
     block = _first_above(cum, target)  # [n] a block of nonzero sum, as above
     before = cum.gather(-1, (block - 1).clamp_min(0)[:, None]).squeeze(-1).masked_fill_(block == 0, 0.0)  # total of the blocks before
-    cols = block[:, None] * CDF_BLOCK + torch.arange(CDF_BLOCK, device=weights.device)  # [n, CDF_BLOCK]
-    w = weights.gather(-1, cols.clamp_max(V - 1)).masked_fill_(cols >= V, 0.0)  # the block's weights, past V none
+    cols, past = _block_columns(block, V)  # [n, CDF_BLOCK]
+    w = weights.gather(-1, cols).masked_fill_(past, 0.0)  # the block's weights, past V none
     i = _first_above(w.double().cumsum(-1), target - before)
     # the block's float64 total can round below its fp32 sum: a target past it takes the block's last nonzero weight
     last = CDF_BLOCK - 1 - (w > 0).flip(-1).int().argmax(-1)  # [n]
