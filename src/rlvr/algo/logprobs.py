@@ -219,12 +219,13 @@ class _TokenLogProbs(torch.autograd.Function):
         # fp32 logits: each block's work runs in its own slice of the gradient (no copy into it after; over the block
         # itself with grad_in_logits, every entry read before it is written); else in fp32
         buf = None if grad.dtype == f32 else logits.new_empty(min(chunk, N * L), V, dtype=f32)
+        neg_g_over_z = g.neg().mul_(shift[1].neg().exp()) if gh is None and E_OVER_Z else None  # [N, L] -g / Z
         for (r, p), lowest in zip(_blocks(N, L, chunk), ctx.lowest):
             block = logits[r, p]  # [n, l, V]
             work = grad[r, p] if buf is None else buf[: block.shape[0] * block.shape[1]].view(block.shape)  # [n, l, V]
             s = _minus(block, T, _column(shift[0], r, p), work)  # x - m
-            if gh is None and E_OVER_Z:  # -p g + [j = index] g with p = e / Z, e = exp(x - m) the forward's own bits
-                d = exp_flushed(s, out=s, lowest=lowest).mul_(_column(g, r, p).neg() * _column(shift[1], r, p).neg().exp())
+            if neg_g_over_z is not None:  # -p g + [j = index] g with p = e / Z, e = exp(x - m) the forward's own bits
+                d = exp_flushed(s, out=s, lowest=lowest).mul_(_column(neg_g_over_z, r, p))
             elif gh is None:
                 log_p = s.sub_(_column(shift[1], r, p))  # (x - m) - log Z
                 d = exp_flushed(log_p, out=log_p, lowest=lowest - math.log(V)).mul_(-_column(g, r, p))
