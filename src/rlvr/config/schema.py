@@ -337,6 +337,12 @@ class Config:
     multiply of 32 MiB tensors: 12.4 ms instead of 2.3 ms; the update 21-28 % longer on a 25M and a 76M model).
     Peak memory measured the same; memory freed during the run returns when the process ends. Process-wide:
     false leaves malloc as it is."""
+    flush_denormals: bool = True
+    """On the CPU, subnormal floats (below 1.2e-38 in fp32) are flushed to zero while the trainer updates the policy
+    (its forwards, backward and optimizer step), in its thread and the threads its ops run on: x86 CPUs take a slow
+    path for each operation that meets one, and the logits' gradient holds them by the million once tokens'
+    probabilities near fp32's floor (bench/results/denormals_intel.md). A change below 1.2e-38 per value; false keeps
+    them. Generation is left as it is."""
     nproc: int = 1
     """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
     dist: DistConfig = field(default_factory=DistConfig)

@@ -138,6 +138,7 @@ RESUMABLE_CHANGES = {
     "device",
     "threads",
     "keep_cpu_memory",
+    "flush_denormals",  # values below 1.2e-38 read as 0: below the rounding of every sum that holds a normal number
     "max_bad_steps",
     "max_failed_reward_steps",
     "checkpoint",

@@ -26,6 +26,7 @@ from rlvr import algo
 from rlvr.config import applied_sampler_correction, sampler_is_trainer
 from rlvr.dist import full_weights_for_generation, loss_scale, no_grad_sync
 from rlvr.models.compiled import CompileClock, CompiledForward
+from rlvr.models.denormals import flushing_denormals
 from rlvr.models.forward import completion_logprobs, eval_mode, trim_padding, uses_dropout
 from rlvr.models.precision import autocast_context
 from rlvr.rollout.episodes import Episodes
@@ -81,12 +82,14 @@ class Updater:
 
     def update(self, minibatches: list[Minibatch]) -> UpdateResult:
         """mu epochs over the minibatches, one optimizer step per minibatch and epoch."""
-        # Minibatches after the first train after an optimizer step: their old log-probs are taken now.
-        inputs = [self.prepare(m, after_a_step=j > 0) for j, m in enumerate(minibatches)]
-        sums = MetricSums(self.device)
-        compile_seconds = self.compile_clock.seconds
-        with self.compile_clock.measuring() if self.compiled else contextlib.nullcontext():
-            skipped = self.run_epochs(inputs, sums)
+        # on the CPU, subnormal floats flushed to zero: x86's slow path for them, off (rlvr.models.denormals)
+        with flushing_denormals(self.cfg.flush_denormals and self.device.type == "cpu"):
+            # Minibatches after the first train after an optimizer step: their old log-probs are taken now.
+            inputs = [self.prepare(m, after_a_step=j > 0) for j, m in enumerate(minibatches)]
+            sums = MetricSums(self.device)
+            compile_seconds = self.compile_clock.seconds
+            with self.compile_clock.measuring() if self.compiled else contextlib.nullcontext():
+                skipped = self.run_epochs(inputs, sums)
         metrics = sums.metrics(inputs, self.dist, beta=self.cfg.algo.beta, correction=self.correction)
         if self.entropy_control is not None:
             metrics.update(self.entropy_control.metrics())
