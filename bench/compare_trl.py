@@ -2,6 +2,7 @@
 
     python bench/compare_trl.py                      # all configs, writes bench/results/vs_trl.md
     python bench/compare_trl.py --configs A,B --steps 8 --warmup 2
+    python bench/compare_trl.py --configs S1 --shape 'S1={"llama": {...}, "prompts": 16, ...}'   # a shape of your own (bench/floor.py)
 
 Both libraries get the same model files, prompts (chat messages rendered by the same template),
 group size (G=8), prompts per step (8), max new tokens, AdamW (lr 1e-6, betas 0.9/0.999, constant
@@ -519,6 +520,7 @@ def main() -> None:
         "--rlvr-python", default="", help="python of another virtualenv to run rlvr in (e.g. .venv-vllm for rollout.engine=vllm on CPU)"
     )
     ap.add_argument("--out", default=str(HERE / "results" / "vs_trl.md"))
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=JSON", help="as bench/floor.py's (extra: rlvr's only)")
     ap.add_argument(
         "--worker-timeout",
         type=float,
@@ -540,6 +542,13 @@ def main() -> None:
         print(msg, flush=True)
         log_lines.append(msg)
 
+    if a.shape:
+        import floor  # imports this module: here, at run time
+
+        for shape in a.shape:  # floor registers its model in the module compare_trl, not in this __main__
+            name = floor.add_shape(shape)
+            CONFIGS[name] = floor.CONFIGS[name]
+            LLAMAS.update(floor.compare_trl.LLAMAS)
     names = a.configs.split(",")
     paths = build_inputs(names)
     import torch
@@ -596,7 +605,7 @@ def main() -> None:
                 steps=a.steps,
                 warmup=a.warmup,
             )
-            extra = [x for x in a.rlvr_extra.split(",") if x] + rlvr_extra(c)
+            extra = [x for x in a.rlvr_extra.split(",") if x] + rlvr_extra(c) + c.get("extra", [])
             log(f"config {name} ({variant}): {mp}, {params / 1e6:.2f}M params")
             runs = {"trl": [], "rlvr": []}
             for rnd in range(a.rounds):
