@@ -340,9 +340,10 @@ class Config:
     flush_denormals: bool = True
     """On the CPU, subnormal floats (below 1.2e-38 in fp32) are flushed to zero while the trainer updates the policy
     (its forwards, backward and optimizer step), in its thread and the threads its ops run on: x86 CPUs take a slow
-    path for each operation that meets one, and the logits' gradient holds them by the million once tokens'
-    probabilities near fp32's floor (bench/results/denormals_intel.md). A change below 1.2e-38 per value; false keeps
-    them. Generation is left as it is."""
+    path for each operation that meets one, and the lm_head's backward products meet them by the million (the
+    logits' gradient's tiny entries, whose products underflow) once tokens' probabilities near fp32's floor
+    (bench/results/denormals_intel.md). A change below 1.2e-38 per value; false keeps them. Generation is left as
+    it is."""
     nproc: int = 1
     """Processes (ranks) to train with: > 1 launches itself through torchrun, one per GPU (or CPU processes with gloo)."""
     dist: DistConfig = field(default_factory=DistConfig)

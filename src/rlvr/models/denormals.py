@@ -4,10 +4,10 @@ Why: an x86 CPU takes a slow path (a microcode assist, ~100 cycles) for an opera
 subnormal float (below 1.2e-38 in fp32). The gradient of the logits holds p g for every vocabulary entry, and the
 probabilities of unlikely tokens reach the bottom of fp32's range, so the lm_head's backward products meet such
 values by the million: on an Intel Xeon (2 threads) a training micro-batch of a 44M Llama with a 32000-token
-vocabulary (bench/floor.py shape S1) spent 74 s in the product of the logits' gradient [7040, 32000] with the
-lm_head's weight, a product that takes 0.8 s with subnormals flushed (bench/results/denormals_intel.md). Flushed,
-a subnormal result is 0 and a subnormal input reads as 0: a change below 1.2e-38 per value, far under the rounding
-of any sum that holds a normal number.
+vocabulary (bench/floor.py shape S1) spent 74 of its 79 s in the product of the logits' gradient [7040, 32000] with
+the lm_head's weight (~3 GFLOP/s); flushed, the whole micro-batch took 8.0 s, with the same gradients bit for bit
+(bench/results/denormals_intel.md). Flushed, a subnormal result is 0 and a subnormal input reads as 0: a change below
+1.2e-38 per value, far under the rounding of any sum that holds a normal number.
 
 torch.set_flush_denormal sets the flags of the calling thread only, but the products and elementwise ops run on
 OpenMP's threads, each with its own flags (a set on the main thread changed nothing at 2 threads; at 1 thread the
