@@ -109,3 +109,8 @@ def micro_batch_ab(
 def same_gradients(a: list, b: list) -> bool:
     """Whether two micro_batch_ab gradient lists are the same, bit for bit."""
     return all((x is None and y is None) or (x is not None and y is not None and bool((x == y).all())) for x, y in zip(a, b))
+
+
+def relative_gap(a: list, b: list) -> float:
+    """The largest gap between two micro_batch_ab gradient lists, each tensor's relative to its largest entry in `a`."""
+    return max(float((x - y).abs().max() / x.abs().max().clamp_min(1e-30)) for x, y in zip(a, b) if x is not None and y is not None)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
-from _floor_step import micro_batch_ab, same_gradients  # noqa: E402
+from _floor_step import micro_batch_ab, relative_gap, same_gradients  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 from rlvr.models.denormals import flushing_denormals  # noqa: E402
 
@@ -57,10 +57,6 @@ def _subnormal_share(g: torch.Tensor) -> float:
     return float(((g.abs() < tiny) & (g != 0)).float().mean())
 
 
-def _relative_gap(a: list, b: list) -> float:
-    return max(float((x - y).abs().max() / x.abs().max().clamp_min(1e-30)) for x, y in zip(a, b) if x is not None and y is not None)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("configs", nargs="*", default=["V"])
@@ -84,7 +80,7 @@ def main() -> None:
         m = {w: statistics.median(seconds[w]) for w in WAYS}
         runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
         same = same_gradients(grads[WAYS[0]], grads[WAYS[1]])
-        gap = "same" if same else f"{_relative_gap(grads[WAYS[0]], grads[WAYS[1]]):.1e}"
+        gap = "same" if same else f"{relative_gap(grads[WAYS[0]], grads[WAYS[1]]):.1e}"
         lines.append(table_row(name, what, *runs, f"{m[WAYS[1]] / m[WAYS[0]]:.3f}", f"{share:.1e}", gap))
         print(lines[-1], flush=True)
     emit(lines, args.out)

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import rlvr.algo.logprobs as logprobs  # noqa: E402
-from _floor_step import micro_batch_ab, same_gradients  # noqa: E402
+from _floor_step import micro_batch_ab, relative_gap, same_gradients  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 
 WAYS = {"before": (False, False), "over the logits": (True, False), "and e over Z": (True, True)}
@@ -41,10 +41,6 @@ def measure(name: str, reps: int) -> tuple[dict[str, list[float]], dict[str, lis
     rows = len(range(*mb.rows.indices(e.completion_ids.shape[0])))
     vocab = trainer.train_model.get_output_embeddings().weight.shape[0]
     return seconds, grads, f"{rows} rows x {e.completion_ids.shape[1]} tokens, vocabulary {vocab}"
-
-
-def _relative_gap(a: list, b: list) -> float:
-    return max(float((x - y).abs().max() / x.abs().max().clamp_min(1e-30)) for x, y in zip(a, b) if x is not None and y is not None)
 
 
 def main() -> None:
@@ -71,7 +67,7 @@ def main() -> None:
         runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
         ratios = [f"{m[w] / m['before']:.3f}" for w in ("over the logits", "and e over Z")]
         same = same_gradients(grads["before"], grads["over the logits"])
-        gap = _relative_gap(grads["before"], grads["and e over Z"])
+        gap = relative_gap(grads["before"], grads["and e over Z"])
         lines.append(table_row(name, what, *runs, *ratios, same, f"{gap:.1e}"))
     emit(lines, args.out)
 
