@@ -15,8 +15,9 @@ product ran 9x faster). So `flushing_denormals` takes the calling thread's float
 set (fegetenv) and sets it in every thread of the calling thread's OpenMP team (fesetenv run as a parallel region
 through GOMP_parallel, the entry `#pragma omp parallel` compiles to, in the OpenMP library torch loaded): the
 threads torch's ops, MKL and oneDNN run on from this thread. Each thread that calls into torch has its own team, so
-the trainer's thread, a background generation thread and a generation server's thread each enter it themselves. On
-leaving, the environment from before is set back in the calling thread and its team.
+a thread that wants the flags enters the block itself: the trainer's update does (flush_denormals); generation, on
+any thread, runs as before (its times and tokens were the same either way). On leaving, the environment from before
+is set back in the calling thread and its team.
 """
 
 from __future__ import annotations
