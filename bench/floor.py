@@ -22,6 +22,12 @@ The floor counts only the policy's own matmuls, at the shapes and in the dtype t
     cache, as in the real decode; the activations are one tensor per shape. Each call's dispatch (a few us) is in.
     Forwards of up to 256 rows (decode shapes) are timed both as F.linear and from weights packed once for oneDNN
     (rlvr.models.packed_linears; bf16 1.1-1.5x, fp32 up to 3.4x faster here): the floor is the faster.
+  * timed twice: in the floor worker, and again in a process of its own after the config's rlvr runs; each product
+    keeps its faster time. The machine's speed moves (on a shared Intel Xeon VM one fp32 product ran at 209-218
+    GFLOP/s for spells of ~10 s, then at 266-272), and a floor timed within one slow spell had put a run in a faster
+    one at 0.8x its floor (a 77M MQA shape's training). Just before and after every process the driver times one
+    1024^3 fp32 product for 1 s (floor_ops.machine_rate) and the report lists those rates: a multiple between a run
+    and a floor timed at different rates moves by their ratio, which no number here corrects for.
   * floor = sum over shapes of count x time: per phase, and the total (generation + training) for the step.
     The classic FLOP floor is beside it: 2 x P x generated tokens + 6 x P x (completion + each prompt once)
     over the 2048^3 peak in the run's matmul dtype, P = the Linear layers' weights (a tied output projection counts).
@@ -228,8 +234,8 @@ def worker_floor(spec: dict) -> None:
     linears = [m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear)]
     working_set = sum({id(m.weight): m.weight.numel() for m in linears}.values())
     keys = [(*k[1:5], p) for s in measured for k in s for p in k[5]]
-    floor = floor_ops.floor_of(measured, floor_ops.time_products(keys, working_set, spec["threads"]))
-    floor["total"] = {"seconds": statistics.median(sum(floor[p]["per_step"][i] for p in floor) for i in range(len(measured)))}
+    seconds = floor_ops.time_products(keys, working_set, spec["threads"])
+    floor = floor_ops.step_floor(measured, seconds)
     # the classic floor, at the run's matmul precision
     dtype = "bf16" if trainer.precision.autocast == "bf16" else "fp32"
     peak = compare_trl.matmul_peaks(spec["threads"], (dtype,))[dtype]
@@ -244,8 +250,31 @@ def worker_floor(spec: dict) -> None:
         profile["micro_batch"] = floor_ops.profile_micro_batch(trainer)
     compare_trl._finish(
         {"floor": floor, "classic": classic, "tokens": tokens, "precision": trainer.precision.describe(), "profile": profile}
+        | {"counts": floor_ops.counts_to_json(measured), "working_set": working_set, "seconds": _seconds_to_json(seconds)}
         | {"src": str(Path(sys.modules["rlvr"].__file__).parent)}
     )
+
+
+def worker_retime(spec: dict) -> None:
+    """The floor worker's products timed again (spec: its "seconds" keys, "working_set", "threads"), in a process of
+    their own after the config's runs: main() keeps each product's faster time of the two."""
+    keys = [tuple(k) for k, _ in spec["seconds"]]
+    compare_trl._finish({"seconds": _seconds_to_json(floor_ops.time_products(keys, spec["working_set"], spec["threads"]))})
+
+
+def _seconds_to_json(seconds: dict) -> list:
+    return [[list(k), s] for k, s in seconds.items()]
+
+
+def retimed_floor(rec: dict, again: dict) -> dict:
+    """The floor worker's record with each product at the faster of its two timings (the worker's, `again`'s) and the
+    floor recomputed from them; "timings" keeps both timings' floors of the step."""
+    first = {tuple(k): s for k, s in rec["seconds"]}
+    second = {tuple(k): s for k, s in again["seconds"]}
+    steps = floor_ops.counts_from_json(rec["counts"])
+    best = {k: min(s, second.get(k, s)) for k, s in first.items()}
+    timings = [floor_ops.step_floor(steps, t)["total"]["seconds"] for t in (first, {**first, **second})]
+    return {**rec, "floor": floor_ops.step_floor(steps, best), "seconds": _seconds_to_json(best), "timings": timings}
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -256,6 +285,7 @@ def run_worker(script: str, kind: str, spec: dict, src: Path, log) -> dict:
     n = str(spec["threads"])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), str(HERE)]), OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)
     env.update(RLVR_BENCH_THREADS=n, TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
+    rate = floor_ops.machine_rate(spec["threads"])
     load, t = compare_trl.load_average(), time.perf_counter()
     p = subprocess.run(
         [sys.executable, str(HERE / script), "--worker", kind, "--spec", json.dumps(spec)], env=env, capture_output=True, text=True
@@ -265,9 +295,11 @@ def run_worker(script: str, kind: str, spec: dict, src: Path, log) -> dict:
         raise RuntimeError(f"{kind} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     rec = json.loads(lines[-1][7:])
     rec.update(wall=time.perf_counter() - t, load=(load, compare_trl.load_average()))
+    rec["rates"] = [rate, floor_ops.machine_rate(spec["threads"])]  # GFLOP/s just before and just after the process
     if "src" in rec and Path(rec["src"]).parent.resolve() != src.resolve():
         raise RuntimeError(f"the {kind} worker ran rlvr from {rec['src']}, not from {src}")
-    log(f"  {kind:5s} {src}: wall {rec['wall']:6.1f}s  load {load:.2f}->{rec['load'][1]:.2f}  {rec.get('precision', '')}")
+    rates = "{:.0f}->{:.0f} GFLOP/s".format(*rec["rates"])
+    log(f"  {kind:6s} {src}: wall {rec['wall']:6.1f}s  load {load:.2f}->{rec['load'][1]:.2f}  rate {rates}  {rec.get('precision', '')}")
     return rec
 
 
@@ -300,6 +332,7 @@ def summarize(recs: list[dict]) -> dict:
     out = {k: statistics.median(s[k] for s in steps) for k in TIMES}
     out.update(rounds=[statistics.median(s["step"] for s in r["steps"]) for r in recs], precision=sorted({r["precision"] for r in recs}))
     out["peak_rss_mb"] = [round(r["peak_rss_mb"]) for r in recs if "peak_rss_mb" in r]  # each round's process
+    out["rates"] = [r["rates"] for r in recs]
     return out
 
 
@@ -319,7 +352,7 @@ def main() -> None:
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        {"floor": worker_floor}[a.worker](json.loads(a.spec))
+        {"floor": worker_floor, "retime": worker_retime}[a.worker](json.loads(a.spec))
         return
     import torch
 
@@ -363,6 +396,11 @@ def main() -> None:
                     extra = spec["extra"] + (after_extra if v == "after" else [])
                     with tempfile.TemporaryDirectory() as out:
                         runs[v].append(run_worker("compare_trl.py", "rlvr", {**spec, "out": out, "extra": extra}, srcs[v], log))
+            # the products timed again after the runs, each keeping its faster time: a floor timed within one slow spell
+            # of the machine (floor_ops.machine_rate) had put a run in a faster one at 0.8x its floor
+            retime = {"threads": a.threads, "seconds": floor["seconds"], "working_set": floor["working_set"]}
+            again = run_worker("floor.py", "retime", retime, srcs["after"], log)
+            floor = retimed_floor(floor, again) | {"retime_rates": again["rates"]}
             results[name] = {"spec": spec, "floor": floor, "versions": {v: summarize(r) for v, r in runs.items()}, "runs": runs}
             write_report(Path(a.out), head, results, log_lines)  # partial results survive
     head["busy_at_end"] = compare_trl.busy_processes()
@@ -438,6 +476,26 @@ def config_section(name: str, r: dict, versions: list[str]) -> list[str]:
         f"- classic FLOP floor ({c['params'] / 1e6:.2f}M Linear params, {c['dtype']} peak {c['peak'] / 1e9:.0f} GFLOP/s): "
         f"generation {c['generation']:.3f} s, training {c['training']:.3f} s, total {c['total']:.3f} s."
     )
+    if "timings" in rec:
+        first, second = rec["timings"]
+        L.append(
+            f"- the floor's products timed twice, in the floor worker ({first:.3f} s a step) and again after the runs ({second:.3f} s), "
+            "each product's faster time kept."
+        )
+    rates = [("floor worker", rec["rates"])]
+    rates += [(f"{v} round {i + 1}", x) for v in versions for i, x in enumerate(r["versions"][v]["rates"])]
+    rates += [("retimed floor", rec["retime_rates"])] if "retime_rates" in rec else []
+    L.append(
+        "- the machine's rate just before -> after each process (GFLOP/s of one 1024^3 fp32 product for 1 s, floor_ops.machine_rate): "
+        + "; ".join(f"{who} {a:.0f} -> {b:.0f}" for who, (a, b) in rates)
+        + "."
+    )
+    for v in versions:
+        if r["versions"][v]["step"] < f["total"]["seconds"]:
+            L.append(
+                f"- **{v}'s step is under its floor**: the products ran faster in the run than in both timings of them alone; "
+                "the rates above say whether the machine was faster then."
+            )
     for v in versions:
         x = r["versions"][v]
         ran = sorted({_precision(p) for p in x["precision"]})

@@ -133,6 +133,42 @@ def _product(product: str, x: torch.Tensor, gy: torch.Tensor):
     return lambda w: torch.mm(gy.t(), x)
 
 
+def step_floor(steps: list[Counter], seconds: dict) -> dict:
+    """floor_of per phase, and the total: the median over steps of the phases' sum."""
+    floor = floor_of(steps, seconds)
+    floor["total"] = {"seconds": statistics.median(sum(floor[p]["per_step"][i] for p in floor) for i in range(len(steps)))}
+    return floor
+
+
+def counts_to_json(steps: list[Counter]) -> list:
+    """LinearShapes.steps as JSON: per step [[phase, M, K, N, dtype, [products]], count] pairs."""
+    return [[[[*k[:5], list(k[5])], c] for k, c in s.items()] for s in steps]
+
+
+def counts_from_json(steps: list) -> list[Counter]:
+    return [Counter({(*k[:5], tuple(k[5])): c for k, c in s}) for s in steps]
+
+
+RATE_SIZE = 1024  # the machine-rate probe's product: [1024, 1024] x [1024, 1024] in fp32, 2.1 GFLOP, compute-bound
+
+
+def machine_rate(threads: int, seconds: float = 1.0) -> float:
+    """GFLOP/s of one fixed fp32 product run back to back for `seconds` on `threads` threads: how fast the machine
+    runs at that moment. A shared host moves between speed regimes: on an Intel Xeon VM (2 threads) one product ran
+    at 209-218 GFLOP/s for ten seconds, then 266-272, in spells of ~10 s, and every time measured in a spell moves
+    with it. floor.py takes the rate just before and after each process it runs, so a multiple that compares a run
+    in one regime with a floor timed in another shows as such."""
+    torch.set_num_threads(threads)
+    n = RATE_SIZE
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm
+    calls, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        a @ b
+        calls += 1
+    return product_flops(n, n, n) * calls / elapsed / 1e9
+
+
 def floor_of(steps: list[Counter], seconds: dict) -> dict:
     """Per phase: the floor (median over steps of the sum of count x product time), GFLOP, the shapes and their rates."""
     res = {}
