@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import rlvr.rollout.engines.hf.episode_decode as episode_decode
+import rlvr.rollout.engines.hf.forward as forward
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.rollout.engines.hf import kv_buffers
@@ -540,3 +541,44 @@ def test_the_decode_norms_give_the_modules_bits(kind, shape):
             got = lean_decode._rms_norm(norm, x)
             assert torch.equal(got, norm(x))
             assert torch.equal(got, torch.nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon))
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "transformers"])
+def test_decode_loops_run_in_inference_mode_and_hand_back_normal_tensors(lean, monkeypatch):
+    """The decode loops run under torch.inference_mode (forward.decode_mode): the single-turn decode gives the tokens,
+    log-probs and entropies of the loop under no_grad alone bit for bit, the multi-turn one the same traces; every
+    step ran in inference mode, and what training reads (the Generation's tensors) are normal tensors a forward under
+    autograd takes (an inference tensor saved for backward, as an embedding's ids are, raises)."""
+    torch.set_num_threads(1)
+    tok, model = _model("llama-gqa")
+    modes = []
+    step_class = LeanDecoder if lean else steps.TransformersStep
+    for name in ("step", "step_episode") if lean else ("step",):
+        step = getattr(step_class, name)
+        monkeypatch.setattr(
+            step_class, name, lambda self, *a, _s=step, **k: modes.append(torch.is_inference_mode_enabled()) or _s(self, *a, **k)
+        )
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(forward, "INFERENCE_MODE", on)
+        modes.clear()
+        runs[on] = _generate(model, tok, params, lean=lean, static_cache=lean)
+        assert modes and set(modes) == {on}
+    off, on = runs[False], runs[True]
+    assert torch.equal(on.completion_ids, off.completion_ids) and torch.equal(on.sampling_logprobs, off.sampling_logprobs)
+    assert torch.equal(on.sampling_entropy, off.sampling_entropy)
+    fields = [on.prompt_ids, on.prompt_mask, on.completion_ids, on.completion_mask, on.sampling_logprobs, on.sampling_entropy]
+    assert not any(t.is_inference() for t in fields)
+    model.zero_grad()
+    model(torch.cat([on.prompt_ids, on.completion_ids], 1)).logits.logsumexp(-1).mean().backward()
+    assert model.model.embed_tokens.weight.grad is not None
+    if lean:  # multi-turn episodes: their traces are Python, the prompt ids made before the loop
+        prompts = [render_prompt(q, tok) for q in QUESTIONS]
+        traces = {}
+        for on in (False, True):
+            monkeypatch.setattr(forward, "INFERENCE_MODE", on)
+            modes.clear()
+            ids, mask, traces[on] = HFEngine(model, tok).generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5"]))
+            assert modes and set(modes) == {on} and not ids.is_inference() and not mask.is_inference()
+        assert [(t.ids, t.loss, t.logps) for t in traces[True]] == [(t.ids, t.loss, t.logps) for t in traces[False]]

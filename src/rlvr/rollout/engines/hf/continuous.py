@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg
-from rlvr.rollout.engines.hf.forward import generation_mode
+from rlvr.rollout.engines.hf.forward import decode_mode, generation_mode
 from rlvr.rollout.engines.hf.row_cache import RowLayer, RowsState
 from rlvr.rollout.engines.remote.protocol import Sample
 from rlvr.rollout.engines.sampling import sample_tokens
@@ -147,7 +147,7 @@ class ContinuousDecoder:
             while not until():
                 time.sleep(0.02)
             return
-        with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
+        with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora), decode_mode():
             self._decode(until)
 
     # ------------------------------------------------------------ the loop
@@ -162,7 +162,7 @@ class ContinuousDecoder:
 
     def _run(self) -> None:
         try:
-            with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora):
+            with torch.no_grad(), generation_mode(self.model, "rlvr_rows", merge_lora=self.merge_lora), decode_mode():
                 self.in_mode.set()
                 self._decode(None)
         except BaseException as e:  # generation mode failed to start or to end: the thread ends here, with the reason

@@ -19,7 +19,7 @@ from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.compiled_decode import CompiledLayers
 from rlvr.rollout.engines.hf.episode_cache import episode_attention
 from rlvr.rollout.engines.hf.episode_decode import decode_episodes
-from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, generation_mode, prefill
+from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, decode_mode, generation_mode, prefill
 from rlvr.rollout.engines.hf.lean_decode import lean_decoder_for
 from rlvr.rollout.engines.hf.shared_prefix import shared_prefix_attention, supports_shared_prefix
 from rlvr.rollout.engines.hf.steps import LeanStep, TransformersStep, choose_layout, start_decode
@@ -115,23 +115,24 @@ class HFEngine:
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         active = torch.arange(N, device=device)  # rows still in the decode batch
         eos = self.tokenizer.eos_token_id
-        for t in range(T):
-            token, logp, entropy = self._sample(logits, params, gens, active, G)
-            completion[active, t] = token
-            logprobs[active, t] = logp
-            if entropies is not None:
-                entropies[active, t] = entropy
-            if not params.ignore_eos:
-                finished[active] |= token == eos
-            if t == T - 1 or bool(finished.all()):
-                break
-            live = ~finished[active]
-            if live.numel() - int(live.sum()) >= max(1, int(self.drop_finished_fraction * live.numel())):
-                keep = live.nonzero().squeeze(-1)
-                step.select(keep)
-                active, token, next_pos = active[keep], token[keep], next_pos[keep]
-            logits = step.step(token, next_pos, active)
-            next_pos = next_pos + 1
+        with decode_mode():  # the outputs above stay normal tensors: training reads them
+            for t in range(T):
+                token, logp, entropy = self._sample(logits, params, gens, active, G)
+                completion[active, t] = token
+                logprobs[active, t] = logp
+                if entropies is not None:
+                    entropies[active, t] = entropy
+                if not params.ignore_eos:
+                    finished[active] |= token == eos
+                if t == T - 1 or bool(finished.all()):
+                    break
+                live = ~finished[active]
+                if live.numel() - int(live.sum()) >= max(1, int(self.drop_finished_fraction * live.numel())):
+                    keep = live.nonzero().squeeze(-1)
+                    step.select(keep)
+                    active, token, next_pos = active[keep], token[keep], next_pos[keep]
+                logits = step.step(token, next_pos, active)
+                next_pos = next_pos + 1
         return completion, logprobs, entropies
 
     def _generation(self, prompt_ids, prompt_mask, completion, logprobs, entropies, params: SamplingParams) -> Generation:

@@ -26,7 +26,7 @@ from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.models.machine_cache import machine_memory_bytes
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
-from rlvr.rollout.engines.hf.forward import Prefill, padding_bias, prefill
+from rlvr.rollout.engines.hf.forward import Prefill, decode_mode, padding_bias, prefill
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder
 from rlvr.rollout.engines.protocols import SamplingParams
 from rlvr.rollout.engines.sampling import row_seed, sample_tokens
@@ -84,22 +84,24 @@ def decode_episodes(
     draws = torch.zeros(N, dtype=torch.long, device=device)  # samples each row has drawn
     traces = [Trace() for _ in range(N)]
     stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
-    while (runnable := _rows_to_run(traces, driver, T)) is not None:
-        sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, uniforms, draws)
-        feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
-        if chunks:
-            _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
-        if feed:
-            rows = torch.tensor([r for r, _ in feed], device=device)
-            tokens = torch.tensor([t for _, t in feed], device=device)
-            state.prepare(rows, lengths, N)
-            positions = start[rows] + lengths[rows]
-            if lean is not None:
-                logits[rows] = lean.step_episode(tokens, positions, state)
-            else:
-                out = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True, rlvr_episode=state, **{ckw: cache})
-                logits[rows] = out.logits[:, -1].float()
-            lengths[rows] += 1
+    with decode_mode():  # what leaves the loop is Python (the traces' tokens and log-probs)
+        while (runnable := _rows_to_run(traces, driver, T)) is not None:
+            sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, uniforms, draws)
+            feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
+            if chunks:
+                _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
+            if feed:
+                rows = torch.tensor([r for r, _ in feed], device=device)
+                tokens = torch.tensor([t for _, t in feed], device=device)
+                state.prepare(rows, lengths, N)
+                positions = start[rows] + lengths[rows]
+                if lean is not None:
+                    logits[rows] = lean.step_episode(tokens, positions, state)
+                else:
+                    kv = {ckw: cache}
+                    out = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True, rlvr_episode=state, **kv)
+                    logits[rows] = out.logits[:, -1].float()
+                lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces
 
 

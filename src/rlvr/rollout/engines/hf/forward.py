@@ -45,6 +45,17 @@ class Prefill:
     logits: torch.Tensor  # [B x G, V] fp32: each of the G rows of a prompt starts from its prompt's next-token logits
 
 
+# decode loops under torch.inference_mode rather than only no_grad: their ops skip the version counters and view tracking
+# autograd keeps for tensors it may see later (a small model's decode step is hundreds of small ops). Only tensors made
+# inside are inference tensors; what training reads later (ids, log-probs) is made before the loop or leaves as Python.
+INFERENCE_MODE = True  # False: no_grad only (bench/inference_mode_ab.py's "before")
+
+
+def decode_mode() -> contextlib.AbstractContextManager:
+    # not inference_mode(False): that turns grad mode on inside the caller's no_grad
+    return torch.inference_mode() if INFERENCE_MODE else contextlib.nullcontext()
+
+
 def prefill(model, tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]], group_size: int) -> Prefill:
     """Tokenize the prompts (left-padded, no special tokens added: the chat template wrote them), or take
     them as token ids already (a generation server's requests), and run each once, whatever the number
