@@ -427,6 +427,10 @@ def run_worker(kind: str, spec: dict, log) -> dict:
         PYTHONWARNINGS="ignore",
         TRANSFORMERS_VERBOSITY="error",
     )
+    from floor_ops import machine_rate  # the machine's speed spells (floor_ops.machine_rate): one library's run in a
+    # fast spell and the other's in a slow one moves their ratio by up to ~1.45x on a shared VM
+
+    rate = machine_rate(THREADS)
     before, busy = load_average(), busy_processes()
     t = time.perf_counter()
     python = RLVR_PYTHON if kind == "rlvr" and RLVR_PYTHON else sys.executable
@@ -453,14 +457,16 @@ def run_worker(kind: str, spec: dict, log) -> dict:
             "load_after": load_average(),
             "busy_before": busy,
             "wall": WORKER_TIMEOUT,
+            "rates": [rate, machine_rate(THREADS)],
         }
     wall = time.perf_counter() - t
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode or not lines:
         raise RuntimeError(f"{kind} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     rec = json.loads(lines[-1][7:])
-    rec.update(load_before=before, load_after=load_average(), busy_before=busy, wall=wall)
-    log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}" + (f"  BUSY: {busy}" if busy else ""))
+    rec.update(load_before=before, load_after=load_average(), busy_before=busy, wall=wall, rates=[rate, machine_rate(THREADS)])
+    rates = "{:.0f}->{:.0f} GFLOP/s".format(*rec["rates"])
+    log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}  rate {rates}" + (f"  BUSY: {busy}" if busy else ""))
     if "precision" in rec:
         log(f"        {rec['precision']}")
     return rec
@@ -624,6 +630,7 @@ def main() -> None:
                 merged[lib] = summarize(rec) | {
                     "settings": recs[0]["settings"],
                     "load": [(r["load_before"], r["load_after"]) for r in recs],
+                    "rates": [r["rates"] for r in recs],  # the machine's rate just before and after each run
                     "busy": [b for r in recs for b in r["busy_before"]],
                 }
             rl = merged["rlvr"]
