@@ -334,7 +334,7 @@ def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
     """One decode step (the sampler on the last logits, then the model's step), as HFEngine._decode runs it
     without its bookkeeping, averaged over n steps from the middle of a decode of the real step's prompts."""
     from rlvr.models.precision import autocast_context
-    from rlvr.rollout.engines.hf.forward import generation_mode, prefill
+    from rlvr.rollout.engines.hf.forward import decode_mode, generation_mode, prefill
     from rlvr.rollout.engines.hf.steps import choose_layout, start_decode
 
     engine, model = trainer.engine, trainer.model
@@ -350,6 +350,7 @@ def profile_decode(trainer, prompts, params, seeds, n: int = 4) -> dict:
         stack.enter_context(generation_mode(model, layout.attention))
         pre = prefill(model, engine.tokenizer, prompts, G)
         step = start_decode(model, pre, layout, G, T)
+        stack.enter_context(decode_mode())  # the loop's mode (inference_mode), as HFEngine._decode enters it here
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
         active = torch.arange(pre.logits.shape[0])
         state = {"logits": pre.logits, "pos": pre.prompt_mask.sum(-1).repeat_interleave(G, 0)}
