@@ -427,8 +427,9 @@ def run_worker(kind: str, spec: dict, log) -> dict:
         PYTHONWARNINGS="ignore",
         TRANSFORMERS_VERBOSITY="error",
     )
-    from floor_ops import machine_rate  # the machine's speed spells (floor_ops.machine_rate): one library's run in a
-    # fast spell and the other's in a slow one moves their ratio by up to ~1.45x on a shared VM
+    # the machine's speed just before and after (floor_ops.machine_rate): one library's run in a fast spell and the
+    # other's in a slow one moves their ratio by up to ~1.5x on a shared VM
+    from floor_ops import machine_rate, rates_text
 
     rate = machine_rate(THREADS)
     before, busy = load_average(), busy_processes()
@@ -465,8 +466,8 @@ def run_worker(kind: str, spec: dict, log) -> dict:
         raise RuntimeError(f"{kind} worker failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
     rec = json.loads(lines[-1][7:])
     rec.update(load_before=before, load_after=load_average(), busy_before=busy, wall=wall, rates=[rate, machine_rate(THREADS)])
-    rates = "{:.0f}->{:.0f} GFLOP/s".format(*rec["rates"])
-    log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}  rate {rates}" + (f"  BUSY: {busy}" if busy else ""))
+    busy_text = f"  BUSY: {busy}" if busy else ""
+    log(f"  {kind:5s} wall {wall:6.1f}s  load {before:.2f}->{rec['load_after']:.2f}  {rates_text(rec['rates'])}{busy_text}")
     if "precision" in rec:
         log(f"        {rec['precision']}")
     return rec

@@ -273,7 +273,7 @@ def retimed_floor(rec: dict, again: dict) -> dict:
     second = {tuple(k): s for k, s in again["seconds"]}
     steps = floor_ops.counts_from_json(rec["counts"])
     best = {k: min(s, second.get(k, s)) for k, s in first.items()}
-    timings = [floor_ops.step_floor(steps, t)["total"]["seconds"] for t in (first, {**first, **second})]
+    timings = [floor_ops.step_floor(steps, t)["total"]["seconds"] for t in (first, second)]  # the same products
     return {**rec, "floor": floor_ops.step_floor(steps, best), "seconds": _seconds_to_json(best), "timings": timings}
 
 
@@ -298,8 +298,8 @@ def run_worker(script: str, kind: str, spec: dict, src: Path, log) -> dict:
     rec["rates"] = [rate, floor_ops.machine_rate(spec["threads"])]  # GFLOP/s just before and just after the process
     if "src" in rec and Path(rec["src"]).parent.resolve() != src.resolve():
         raise RuntimeError(f"the {kind} worker ran rlvr from {rec['src']}, not from {src}")
-    rates = "{:.0f}->{:.0f} GFLOP/s".format(*rec["rates"])
-    log(f"  {kind:6s} {src}: wall {rec['wall']:6.1f}s  load {load:.2f}->{rec['load'][1]:.2f}  rate {rates}  {rec.get('precision', '')}")
+    rates = floor_ops.rates_text(rec["rates"])
+    log(f"  {kind:6s} {src}: wall {rec['wall']:6.1f}s  load {load:.2f}->{rec['load'][1]:.2f}  {rates}  {rec.get('precision', '')}")
     return rec
 
 

@@ -155,7 +155,7 @@ RATE_SIZE = 1024  # the machine-rate probe's product: [1024, 1024] x [1024, 1024
 def machine_rate(threads: int, seconds: float = 1.0) -> float:
     """GFLOP/s of one fixed fp32 product run back to back for `seconds` on `threads` threads: how fast the machine
     runs at that moment. A shared host moves between speed regimes: on an Intel Xeon VM (2 threads) one product ran
-    at 209-218 GFLOP/s for ten seconds, then 266-272, in spells of ~10 s, and every time measured in a spell moves
+    at 209-218 GFLOP/s, then 266-272, in spells of ~10 s, and every time measured in a spell moves
     with it. floor.py takes the rate just before and after each process it runs, so a multiple that compares a run
     in one regime with a floor timed in another shows as such."""
     torch.set_num_threads(threads)
@@ -167,6 +167,11 @@ def machine_rate(threads: int, seconds: float = 1.0) -> float:
         a @ b
         calls += 1
     return product_flops(n, n, n) * calls / elapsed / 1e9
+
+
+def rates_text(rates: list[float]) -> str:
+    """A worker's [before, after] machine_rate for its log line."""
+    return "rate {:.0f}->{:.0f} GFLOP/s".format(*rates)
 
 
 def floor_of(steps: list[Counter], seconds: dict) -> dict:

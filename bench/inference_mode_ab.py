@@ -1,6 +1,6 @@
 """The hf engine's decode loop under torch.inference_mode against no_grad alone, in one process per config:
 
-    cd bench && python inference_mode_ab.py A B V --reps 6 --out results/inference_mode_intel.md
+    cd bench && python inference_mode_ab.py A B V L --reps 6 --out results/inference_mode_intel.md
 
 bench/generation_ab.py's A/B (one training step, then its generation again under each way in turn); the tokens and
 log-probs must be the same bits."""
