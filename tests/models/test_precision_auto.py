@@ -195,6 +195,28 @@ def test_cpus_of_one_name_with_other_features_are_other_machines(make_trainer, c
     assert ask() == {"v": 2}
 
 
+def test_measuring_on_a_cold_cache_leaves_the_runs_random_numbers_as_they_were(tmp_path, monkeypatch):
+    """The machine's probes (fp32 packing, the decode attention's way) time random data: on a machine measuring for
+    the first time they draw it, yet the run's own draws after them are those of a run that read the answers back
+    (Clip-Cov's tokens once differed between the two)."""
+    from rlvr.models import packed_linears
+    from rlvr.rollout.engines.hf import decode_attention
+
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    monkeypatch.setattr(decode_attention, "_CHOICES", {})
+    torch.manual_seed(3)
+    expected = torch.rand(5)
+    for _ in ("cold", "warm"):
+        torch.manual_seed(3)
+        packed_linears.fp32_packs(64, 96, 8)
+        decode_attention.decode_attention_way(2, 4, 4, 2, 8, 12, 16, torch.float32, shared=None)
+        assert torch.equal(torch.rand(5), expected)
+        assert {p.name for p in tmp_path.iterdir()} == {"packing.json", "decode_attention.json"}  # measured (cold), then read
+        monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})  # a new process on this machine
+        monkeypatch.setattr(decode_attention, "_CHOICES", {})
+
+
 @pytest.mark.parametrize("bail_ratio", [0.0, math.inf])
 def test_real_timing_of_the_tiny_model_leaves_the_run_as_it_was(tiny_model_dir, monkeypatch, bail_ratio):
     """Both estimates come out positive; with bf16 judged too slow on the matmul probe (ratio 0) it

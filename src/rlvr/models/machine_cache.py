@@ -99,12 +99,15 @@ def write_cache(path: Path, cache: dict) -> None:
 
 def measured_once(name: str, shape: dict, measure: Callable[[], dict]) -> dict:
     """The entry for `shape` on this machine in `name`.json beside the precision cache: read from the file, or
-    `measure()`d now and written there."""
+    `measure()`d now and written there. A measurement draws its random data from a fork of torch's generator: a run
+    takes the same random numbers whether the file held the answer or not (the draws a run makes after it, such as
+    Clip-Cov's tokens, once differed between a first run on a machine and the next)."""
     path = precision_cache_path().with_name(f"{name}.json")
     key = json.dumps({"cpu": cpu_identity(), "torch": torch.__version__, "threads": torch.get_num_threads()} | shape, sort_keys=True)
     entry = read_cache(path).get(key)
     if not isinstance(entry, dict):
-        entry = measure()
+        with torch.random.fork_rng(devices=[]):
+            entry = measure()
         write_cache(path, {**read_cache(path), key: entry})
     return entry
 
