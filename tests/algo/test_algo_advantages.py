@@ -66,11 +66,12 @@ def ref_combine(rewards, weights, G, mode, scale, ddof, eps=1e-8):
         return ref_advantages(torch.tensor(tot, dtype=D), G, scale, ddof, eps)
     cols = [ref_advantages(torch.tensor([row[k] for row in rows], dtype=D), G, scale, ddof, eps).tolist() for k in range(K)]
     s = [sum(weights[k] * cols[k][i] for k in range(K)) for i in range(len(rows))]
+    scored = [i for i, row in enumerate(rows) if not all(math.isnan(v) for v in row)]  # a completion no function scored: 0
     if scale == "none":
-        return torch.tensor(s, dtype=D)
-    m = sum(s) / len(s)
-    sd = math.sqrt(sum((v - m) ** 2 for v in s) / max(len(s) - ddof, 1))
-    return torch.tensor([(v - m) / (sd + eps) for v in s], dtype=D)
+        return torch.tensor([s[i] if i in scored else 0.0 for i in range(len(rows))], dtype=D)
+    m = sum(s[i] for i in scored) / len(scored)
+    sd = math.sqrt(sum((s[i] - m) ** 2 for i in scored) / max(len(scored) - ddof, 1))
+    return torch.tensor([(s[i] - m) / (sd + eps) if i in scored else 0.0 for i in range(len(rows))], dtype=D)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

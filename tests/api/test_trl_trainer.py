@@ -310,6 +310,20 @@ def test_eval_dataset_is_scored_with_trls_eval_sampling():
     assert sum("eval_reward" in h for h in trainer.state.log_history) == 3  # steps 1, 2 and the explicit call
 
 
+def test_evaluate_scores_the_eval_dataset_with_evaluation_off_in_training(capsys):
+    """TRL's default eval_strategy="no": no evaluation while training, but a script's trainer.evaluate() still scores
+    the eval_dataset (and no note calls it unused)."""
+    args = GRPOConfig(output_dir="ev_no", num_generations_eval=4, **FAST)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward_len, args=args, train_dataset=prompts(), eval_dataset=prompts(4))
+    assert (trainer.cfg.eval.every, trainer.cfg.eval.before_after) == (0, False)
+    trainer.train()
+    assert "eval.data" not in capsys.readouterr().out
+    assert not any("eval_reward" in h for h in trainer.state.log_history)
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward"] == metrics["eval_avg@4"] and -20 <= metrics["eval_reward"] <= -12  # <= 8 characters
+    assert sum("eval_reward" in h for h in trainer.state.log_history) == 1
+
+
 def test_a_loaded_model_object_is_trained_in_place():
     import torch
     from transformers import AutoModelForCausalLM

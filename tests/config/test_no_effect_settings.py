@@ -16,6 +16,8 @@ def _notes(*overrides: str) -> list[str]:
     return [w for w in check_config(load_config(None, list(overrides))) if "has no effect" in w]
 
 
+EVAL_OFF = "has no effect: evaluation is off in training (eval.before_after=false, eval.every=0); only `rlvr eval RUN` reads it"
+
 CASES = [
     (
         ["data.path=rows.jsonl", "data.digits=3", "data.operators=*", "data.eval_size=50"],
@@ -58,10 +60,10 @@ CASES = [
     (
         ["eval_before_after=false", "eval.data=held.jsonl", "eval.reward=math", "eval.size=20", "data.eval_size=100"],
         [
-            "eval.data=held.jsonl has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
-            "eval.reward=math has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
-            "eval.size=20 has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
-            "data.eval_size=100 has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
+            f"eval.data=held.jsonl {EVAL_OFF}",
+            f"eval.reward=math {EVAL_OFF}",
+            f"eval.size=20 {EVAL_OFF}",
+            f"data.eval_size=100 {EVAL_OFF}",
         ],
     ),
     (
@@ -190,7 +192,7 @@ def test_rlvr_train_prints_each_unused_setting_and_trains(tmp_path, tiny_model_d
     for note in (
         f"[note] data.digits=3 has no effect: it configures a built-in task, and data.path={rows} trains on a dataset",
         "[note] model.lora.alpha=32.0 has no effect: LoRA is off (model.lora.r=0)",
-        "[note] eval.data=held.jsonl has no effect: evaluation is off (eval.before_after=false, eval.every=0)",
+        f"[note] eval.data=held.jsonl {EVAL_OFF}",
     ):
         assert note in proc.stdout, (note, proc.stdout[-3000:])
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1

@@ -108,16 +108,17 @@ def _normalize_then_sum(
     """GDPO: each reward normalised in its own group, the weighted sum of those advantages, then
     batch-wise normalisation of the sum (its std over the whole batch) so that the advantage's
     range does not grow with the number of reward functions. With scale="none" only centring
-    is done at either stage (Dr. GRPO's choice carried over)."""
+    is done at either stage (Dr. GRPO's choice carried over). A completion no function scored
+    (all NaN) is left out of the batch's mean and std, as out of its group's, and gets 0 (TRL)."""
     per_fn = torch.stack(
         [group_advantages(rewards[:, k], group_size, scale=scale, ddof=ddof, eps=eps) for k in range(rewards.shape[1])],
         dim=-1,
-    )  # [B x G, K]
-    total = (per_fn * weights).sum(dim=-1)  # [B x G]
+    )  # [B x G, K] 0 where a function did not score
+    total = (per_fn * weights).sum(dim=-1).masked_fill(rewards.isnan().all(dim=-1), float("nan"))  # [B x G]
     if scale == "none":
-        return total
-    centred = total - total.mean()  # already ~0: every group-normalised column has group mean 0
-    return centred / (_nan_std(total.reshape(1, -1), ddof).reshape(()) + eps)
+        return total.nan_to_num(0.0)
+    centred = total - total.nanmean()  # already ~0: every group-normalised column has group mean 0
+    return (centred / (_nan_std(total.reshape(1, -1), ddof).reshape(()) + eps)).nan_to_num(0.0)
 
 
 class RewardAggregation(Protocol):

@@ -210,7 +210,7 @@ RULES: dict[str, Rule] = {
             "off_policy_mask_threshold",
         )
     },
-    "scale_rewards": M("algo.scale_rewards (True: group, False: none)"),
+    "scale_rewards": M("algo.scale_rewards (True: group, False: none; with normalize_then_sum always group, as TRL divides there)"),
     "reward_weights": M("rewards.N.weight, one per reward function"),
     "multi_objective_aggregation": M("algo.reward_aggregation"),
     "sync_ref_model": R("the reference model (beta > 0) stays the initial policy"),

@@ -200,6 +200,9 @@ def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     scale = args.scale_rewards
     s["algo.scale_rewards"] = "group" if scale is True else "none" if scale is False else scale
     s["algo.reward_aggregation"] = args.multi_objective_aggregation
+    if args.multi_objective_aggregation == "normalize_then_sum":  # TRL divides by the stds there whatever scale_rewards says
+        s["algo.scale_rewards"] = "group"
+    s["algo.std_ddof"], s["algo.std_eps"] = 1, 1e-4  # TRL's advantages: (r - mean) / (nanstd + 1e-4), nanstd with Bessel's correction
     if args.beta:
         s["algo.kl_bias_correction"] = bool(args.use_bias_correction_kl)
     turns = args.max_tool_calling_iterations

@@ -200,6 +200,8 @@ class GRPOTrainer:
                 raise
             self._trainer, self._deferred = None, e  # decided by train(resume_from_checkpoint=...)
         self.resumed = resume
+        if self._trainer is not None and self.eval_dataset is not None:  # read by evaluate() even with evaluation off in training
+            self._trainer.warnings = [w for w in self._trainer.warnings if not w.startswith(("eval.data=", "eval.reward="))]
         for note in self.notes:
             print(f"[note] {note}")
         self.notes = []

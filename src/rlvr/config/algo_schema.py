@@ -32,6 +32,8 @@ class AlgoConfig:
     """Advantage scaling: group (divide by the group's std), batch, or none."""
     std_ddof: int = 0
     """Degrees of freedom of that std: 0 (population, the seeds' table) or 1 (TRL's torch.std)."""
+    std_eps: float = 1e-8
+    """Added to that std before dividing: the seeds' 1e-8 (TRL adds 1e-4)."""
     reward_aggregation: str = "sum_then_normalize"
     """Several rewards: sum_then_normalize (weighted sum, then normalise) or normalize_then_sum."""
     mask_truncated_completions: bool = False

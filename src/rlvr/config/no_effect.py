@@ -66,7 +66,7 @@ def _data(cfg: Config) -> list[str]:
 def _eval(cfg: Config) -> list[str]:
     e = cfg.eval
     if not (e.before_after or e.every > 0):
-        off = "evaluation is off (eval.before_after=false, eval.every=0)"
+        off = "evaluation is off in training (eval.before_after=false, eval.every=0); only `rlvr eval RUN` reads it"
         return _say("eval.", e, _EVAL_FIELDS, off) + (_say("data.", cfg.data, ("eval_size",), off) if cfg.data.builtin_task else [])
     if e.data is None:
         unused = ("split", "subset", "prompt_column", "size") + (() if cfg.data.builtin_task else ("reward",))
@@ -122,7 +122,7 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         )
         out += _say("algo.", a, ("sampler_correction_cap",), why)
     if a.scale_rewards == "none":
-        out += _say("algo.", a, ("std_ddof",), "algo.scale_rewards=none divides by no standard deviation")
+        out += _say("algo.", a, ("std_ddof", "std_eps"), "algo.scale_rewards=none divides by no standard deviation")
     if cfg.logging.completions_every == 0:
         out += _say("logging.", cfg.logging, ("num_completions",), "logging.completions_every=0 logs no completions")
     return out

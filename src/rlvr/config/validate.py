@@ -241,6 +241,8 @@ def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice: 
         errors.append(f"`algo.beta` must be >= 0, got {a.beta}")
     if a.std_ddof not in (0, 1):
         errors.append(f"`algo.std_ddof` must be 0 or 1, got {a.std_ddof}")
+    if not a.std_eps >= 0:
+        errors.append(f"`algo.std_eps` must be >= 0, got {a.std_eps}")
     if not 0 < a.top_entropy_quantile <= 1:
         errors.append(f"`algo.top_entropy_quantile` must be in (0, 1], got {a.top_entropy_quantile}")
     _validate_objectives(cfg, errors, warnings)

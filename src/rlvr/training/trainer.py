@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -166,8 +167,7 @@ class Trainer:
         self._phase("update")
         t_collect = time.perf_counter() - t0
         # 2 advantages
-        advantages = self.advantages(batch)
-        t1 = time.perf_counter()
+        advantages, t1 = self.advantages(batch), time.perf_counter()
         # 3 update
         result = self.update(batch, advantages)
         t_train = time.perf_counter() - t1
@@ -177,14 +177,8 @@ class Trainer:
     def advantages(self, batch: Batch) -> torch.Tensor:
         """[N] group-relative advantages of the whole batch (every rank computes the same)."""
         a = self.cfg.algo
-        return algo.combine_rewards(
-            batch.rewards,
-            batch.reward_weights,
-            batch.episodes.group_size,
-            mode=a.reward_aggregation,
-            scale=a.scale_rewards,
-            ddof=a.std_ddof,
-        )
+        how: dict[str, Any] = {"mode": a.reward_aggregation, "scale": a.scale_rewards, "ddof": a.std_ddof, "eps": a.std_eps}
+        return algo.combine_rewards(batch.rewards, batch.reward_weights, batch.episodes.group_size, **how)
 
     def update(self, batch: Batch, advantages: torch.Tensor) -> UpdateResult:
         """mu epochs over this rank's share of each minibatch, the sampler given the new weights, the counters moved on."""
@@ -221,6 +215,9 @@ class Trainer:
         """The held-out score (greedy; accuracy for a 0/1 verifier), on rank 0 (None on the others, and
         without a held-out set). Every rank must call it: under FSDP2 they all take part in gathering
         the full weights, then wait while rank 0 generates."""
+        if self.held_out is None and self.cfg.eval.data is not None:  # evaluation off in training: a script's call (TRL's API)
+            self.held_out = held_out_for(self.cfg, self.task)
+            self.eval_reward = self.held_out.runner(columns_the_rollout_adds(self.cfg, None)) if self.held_out is not None else None
         if self.held_out is None:
             return None
         assert self.eval_reward is not None, "made with the held-out set"
