@@ -199,7 +199,8 @@ def _eval_parser(sub) -> None:
         "--reward",
         help="what scores each completion: a built-in reward (math, ...) or file.py:function (TRL's signature); "
         "the score is its mean. Default: the task's verifier; for --data the run's eval.reward or first "
-        "reward, else an environment's get_reward(); needed with --data otherwise",
+        "reward, else an environment's get_reward(); needed with --data otherwise. `all`: a run's reward functions, "
+        "weighted and summed (TRL's eval_reward)",
     )
     ev.add_argument("--prompt-column", help="--data: the column holding the prompt (default: the run's, else prompt)")
     ev.add_argument("--split", help="--data as a datasets dataset: the split (default: test)")

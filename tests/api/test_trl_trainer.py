@@ -305,8 +305,10 @@ def test_eval_dataset_is_scored_with_trls_eval_sampling():
     e = trainer.cfg.eval
     assert (e.every, e.samples, e.temperature, e.before_after) == (1, 4, 1.0, False)
     trainer.train()
+    assert e.reward == "all"  # TRL's eval_reward: the reward functions' weighted sum
     metrics = trainer.evaluate()
-    assert set(metrics) >= {"eval_reward", "eval_avg@4"} and metrics["eval_reward"] == metrics["eval_avg@4"]
+    assert set(metrics) >= {"eval_reward", "eval_avg@4", "eval_reward_std", "eval_rewards/reward_len/mean", "eval_rewards/reward_len/std"}
+    assert metrics["eval_reward"] == metrics["eval_avg@4"] == metrics["eval_rewards/reward_len/mean"]
     assert sum("eval_reward" in h for h in trainer.state.log_history) == 3  # steps 1, 2 and the explicit call
 
 

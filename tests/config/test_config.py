@@ -46,11 +46,17 @@ def test_unknown_yaml_key(tmp_path):
         ("algo.loss_type=dapoo", "algo.loss_type.*did you mean 'dapo'"),
         ("optim.micro_batch_size=-1", "optim.micro_batch_size` must be >= 0"),
         ("optim.compile=of", "optim.compile.*did you mean 'off'"),
+        ("algo.std_eps=-1e-4", "algo.std_eps` must be >= 0, got -0.0001"),
     ],
 )
 def test_validation_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         check_config(load_config(None, [override]))
+
+
+def test_eval_reward_all_needs_reward_functions():
+    with pytest.raises(ConfigError, match=r"`eval.reward`=all sums the training's reward functions \(rewards.\*\), and rewards is empty"):
+        check_config(load_config(None, ["eval.reward=all", "rewards=[]", "tools.environment=guess_number"]))
 
 
 def test_on_and_off_unquoted_are_the_strings(tmp_path):

@@ -87,3 +87,63 @@ def test_a_reward_that_is_not_0_1_gets_no_pass_at_k(rlvr_cli, tiny_model_dir, tm
     assert not re.search(r"^\s+pass@", proc.stdout, re.M)
     assert "[note] no pass@k: the reward 'length' is not 0/1 on every episode" in proc.stdout
     assert re.search(r"avg@2 -?[\d.]+$", proc.stdout.strip())
+
+
+def _odd_only_length(completions, answer, **kwargs):  # None for even answers: not applicable there
+    return [None if int(a) % 2 == 0 else -len(c) / 10 for c, a in zip(completions, answer)]
+
+
+def _grader_down(completions, **kwargs):
+    raise ValueError("grader down")
+
+
+def test_weighted_evaluation_is_trls_eval_reward():
+    """eval.reward=all: the mean over episodes of the functions' weighted sum (None and failed calls left out of the
+    sum, an episode nothing scored out of the mean), TRL's eval_reward, with each function's mean and std."""
+    import torch
+
+    from rlvr.training.evaluation import evaluate_weighted
+
+    tok = load_tokenizer(resolve_model_path("tiny"))[0]
+    model = load_model(resolve_model_path("tiny")).eval()
+    task = get_task("arithmetic", seed=0, eval_size=10)
+    rows = task.eval_rows()
+    correct = RewardFn("correct", load_reward_fn(task.reward), 1.0)
+    reward = RewardRunner([correct, RewardFn("odd_length", _odd_only_length, 0.5)])
+    source = SingleTurnSource(make_engine("hf", model, tok), tok, SamplingParams(n=2, temperature=1.0, max_new_tokens=6))
+    outcome = evaluate_weighted(source, rows, reward, batch_size=4)
+    r = score(reward, rows, source.rollout(rows, list(range(len(rows))))).double()  # [20, 2]
+    assert r[:, 1].isnan().sum() == 2 * sum(int(x["answer"]) % 2 == 0 for x in rows) > 0
+    total = r[:, 0] + 0.5 * r[:, 1].nan_to_num(0.0)
+    assert outcome.score == pytest.approx(float(total.mean()), abs=1e-12)
+    odd = r[:, 1][~r[:, 1].isnan()]
+    m = outcome.metrics()
+    assert m["eval/rewards/odd_length/mean"] == pytest.approx(float(odd.mean()), abs=1e-12)
+    assert m["eval/rewards/odd_length/std"] == pytest.approx(float(odd.std()), abs=1e-12)  # Bessel, as TRL's nanstd
+    assert m["eval/reward_std"] == pytest.approx(float(total.std()), abs=1e-12)
+    assert m["eval/avg@2"] == pytest.approx(outcome.score, abs=1e-12) and outcome.failed == 0
+    # a function failing on every call is left out of every sum; the other still scores
+    failing = RewardRunner([correct, RewardFn("flaky", _grader_down, 1.0)])
+    outcome = evaluate_weighted(source, rows, failing)
+    assert outcome.failed == 2 * len(rows) and "grader down" in (outcome.first_error or "")
+    assert outcome.score == pytest.approx(float(r[:, 0].mean()), abs=1e-12) and "left out of the sums" in outcome.failure_note()
+    assert torch.isnan(torch.tensor(outcome.metrics()["eval/rewards/flaky/mean"]))
+
+
+def test_training_with_eval_reward_all_logs_the_weighted_sum_and_each_function(make_trainer):
+    t = make_trainer(
+        "model.path=tiny",  # the bundled model: it gets some right
+        "steps=1",
+        "eval.reward=all",
+        "eval.before_after=true",
+        "data.eval_size=20",
+        "rollout.max_new_tokens=6",
+        "rewards=[{fn: arithmetic, weight: 1.0, name: right}, {fn: arithmetic, weight: 0.5, name: half}]",
+        run="weighted",
+    )
+    t.train()
+    summary = json.loads((t.output_dir / "summary.json").read_text())
+    assert summary["eval_label"] == "mean weighted reward"
+    right = summary["eval_after_rewards/right/mean"]
+    assert 0 < right < 1 and summary["eval_after_rewards/half/mean"] == right
+    assert summary["eval_after"] == pytest.approx(1.5 * right, abs=1e-12)

@@ -133,7 +133,6 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     from rlvr.rollout import SamplingParams, make_engine
     from rlvr.rollout.sources import make_source
     from rlvr.training import eval_command as ec
-    from rlvr.training.evaluation import evaluate as evaluate_source
 
     target = ec.locate(model)
     cfg = ec.eval_config(target, args)
@@ -161,7 +160,7 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     )
     if not quiet:
         print(f"[note] {ec.describe(cfg, target)}", flush=True)
-    outcome = evaluate_source(source, held.rows, runner, column=held.column)  # EvaluationError: never a score
+    outcome = held.evaluate(source, runner)  # EvaluationError: never a score
     how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else f"temperature {temperature:g}"
     intervals = {
         name: value

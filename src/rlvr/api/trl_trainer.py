@@ -136,8 +136,8 @@ class GRPOTrainer:
                 errors.append("eval_dataset: a dict of several datasets (rlvr evaluates one held-out set)")
             data = next(iter(data.values()), None)
         s: dict[str, Any] = {"eval.data": self._register(data, "eval_dataset")}
-        if rewards:  # the first reward function scores the held-out set (without any: the environment's get_reward)
-            s["eval.reward"] = rewards[0]["fn"]
+        if rewards:  # TRL's eval_reward: the reward functions' weighted sum (without any: the environment's get_reward)
+            s["eval.reward"] = "all"
         return s
 
     def _training_rows(self, errors: list[str]) -> int | None:

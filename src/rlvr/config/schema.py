@@ -122,7 +122,8 @@ class EvalConfig:
     reward: str | None = None
     """The reward whose mean over the held-out rows is the held-out number (accuracy for a 0/1 verifier): a built-in
     name, `module:function` or `file.py:function`. Unset: the built-in task's verifier, else rewards.0.fn, else (rewards: []
-    with tools.environment) the environment's get_reward()."""
+    with tools.environment) the environment's get_reward(). `all`: the training's reward functions weighted and summed
+    (TRL's eval_reward), each function's mean and std logged beside it (eval/rewards/<fn>/mean)."""
     size: int = 0
     """Evaluate only the first N rows of `eval.data` (0: all of them). Built-in tasks: data.eval_size."""
     samples: int = 1

@@ -208,6 +208,8 @@ def _validate_eval(cfg: Config, errors: list[str], warnings: list[str]) -> None:
         errors.append(f"`eval.temperature` must be positive to sample eval.samples={e.samples} episodes per row, got {e.temperature}")
     if e.data is not None and e.reward is None and not cfg.rewards and cfg.tools.environment is None:
         errors.append("`eval.data` is set but nothing scores it: set eval.reward (e.g. eval.reward=math)")
+    if e.reward == "all" and not cfg.rewards:
+        errors.append("`eval.reward`=all sums the training's reward functions (rewards.*), and rewards is empty")
     has_held_out = e.data is not None or cfg.data.builtin_task is not None
     if not has_held_out and e.every:
         errors.append(

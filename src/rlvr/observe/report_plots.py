@@ -86,12 +86,12 @@ class Plotter:
             styles = ["-", "--", ":", "-."]
             for i, n in enumerate(r.reward_names):
                 self.line(b, r, f"rewards/{n}/mean", self.label(r, n), styles[i % 4])
-        a.set_title("reward: mean ± mean within-group std")
+        a.set_title("reward: mean ± std over the batch")
         b.set_title("mean of each reward function")
         for ax in (a, b):
             ax.set_xlabel("step")
         self.save(
-            fig, "reward", "Reward", "Weighted total reward per step (band: ± the mean within-group std), and each reward function's mean."
+            fig, "reward", "Reward", "Weighted total reward per step (band: ± its std over the batch), and each reward function's mean."
         )
 
     def accuracy(self):

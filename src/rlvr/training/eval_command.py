@@ -23,7 +23,7 @@ import yaml
 from rlvr.config import Config, ConfigError, load_config
 from rlvr.tasks import TASKS, Task, get_task
 from rlvr.training.checkpoint import latest_checkpoint, old_run_overrides
-from rlvr.training.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out
+from rlvr.training.evaluation import HeldOut, dataset_held_out, held_out_for, task_held_out, weighing_all
 from rlvr.training.setup import check_config
 
 # flag -> the tools.* key it sets (`rlvr eval --help` names both)
@@ -225,7 +225,7 @@ def _dataset(args, cfg: Config, target: Target) -> HeldOut:
             "--reward my.py:correct (or an environment whose get_reward() scores: --environment file.py:Class)"
         )
     prompt_column = args.prompt_column or (cfg.data.prompt_column if target.config is not None else "prompt")
-    return dataset_held_out(
+    held = dataset_held_out(
         args.data,
         reward=reward,
         prompt_column=prompt_column,
@@ -235,6 +235,7 @@ def _dataset(args, cfg: Config, target: Target) -> HeldOut:
         environment=cfg.tools.environment,
         scorer="agent" if reward is None and cfg.rollout.agent else None,  # the reward the agent returns
     )
+    return weighing_all(held, cfg)  # --reward all: the run's own rewards, weighted
 
 
 def max_new_tokens(args, cfg: Config, target: Target, task: Task | None, room: int | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from rlvr.algo.pass_at_k import majority_correct, mean_interval, pass_at_k, powers_of_two_up_to
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, RewardConfig
 from rlvr.data import load_rows
 from rlvr.data.checks import check_reward_columns
 from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
@@ -33,6 +33,9 @@ class EvaluationError(RuntimeError):
     """A held-out evaluation that produced no score: its reward failed on every row."""
 
 
+ALL_REWARDS = "all"  # eval.reward: the training's reward functions, weighted and summed (TRL's eval_reward)
+
+
 @dataclass
 class HeldOut:
     """A held-out set: its rows and the reward whose mean over them is the held-out number."""
@@ -42,21 +45,30 @@ class HeldOut:
     reward: str | None  # reward spec (built-in name, module:function, file.py:function); None: the environment's get_reward()
     label: str  # what the number is: `accuracy` (a task's 0/1 verifier) or `mean <reward>`
     environment: str | None = None  # with reward None: the class name of the environment whose get_reward() scores
+    weighted: list[RewardConfig] | None = None  # eval.reward=all: the training's rewards (reward is then ALL_REWARDS)
 
     @property
     def column(self) -> str | None:
-        """The reward column the score is the mean of: None for the runner's (only) function, else the environment's."""
+        """The reward column the score is the mean of: None for the runner's function(s), else the environment's."""
         return self.environment if self.reward is None else None
 
     def runner(self, provided: frozenset[str] | None = frozenset()) -> RewardRunner:
-        """The reward as a one-function runner (loading it here names a missing file or function); no
-        function when the environment scores. `provided`: columns the rollout adds (check_reward_columns)."""
+        """The reward as a one-function runner (loading it here names a missing file or function), the training's
+        weighted functions (eval.reward=all), or no function when the environment scores. `provided`: columns the
+        rollout adds (check_reward_columns)."""
         if self.reward is None:
             return RewardRunner([])
-        fn = load_reward_fn(self.reward)
-        runner = RewardRunner([RewardFn(getattr(fn, "__name__", self.reward), fn, 1.0)])
+        if self.weighted is not None:
+            runner = RewardRunner.from_config(self.weighted)
+        else:
+            fn = load_reward_fn(self.reward)
+            runner = RewardRunner([RewardFn(getattr(fn, "__name__", self.reward), fn, 1.0)])
         check_reward_columns(runner.fns, self.rows[0], provided)
         return runner
+
+    def evaluate(self, source: RolloutSource, runner: RewardRunner) -> EvalOutcome:
+        """`evaluate` of these rows with the runner `runner()` made."""
+        return evaluate(source, self.rows, runner, column=self.column, weighted=self.weighted is not None)
 
     def summary(self, before: float | None, after: float) -> dict:
         """summary.json's held-out numbers: before (kept in the checkpoints, so a resumed run has it) and after."""
@@ -117,11 +129,13 @@ def _mean_of(reward: str) -> str:
 
 def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
     """The held-out set a training config describes: `eval.data`, else the built-in task's split, else none.
-    `eval.data` is scored by eval.reward, else rewards.0.fn, else (rewards: []) the environment's get_reward()."""
+    `eval.data` is scored by eval.reward, else rewards.0.fn, else (rewards: []) the environment's get_reward();
+    eval.reward=all: by the training's rewards, weighted and summed."""
     e = cfg.eval
+    held = None
     if e.data is not None:
         reward = e.reward or (cfg.rewards[0].fn if cfg.rewards else None)
-        return dataset_held_out(
+        held = dataset_held_out(
             e.data,
             reward=reward,
             prompt_column=e.prompt_column or cfg.data.prompt_column,
@@ -131,7 +145,18 @@ def held_out_for(cfg: Config, task: Task | None) -> HeldOut | None:
             environment=cfg.tools.environment,
             what="eval.data",
         )
-    return task_held_out(task, e.reward) if task is not None else None
+    elif task is not None:
+        held = task_held_out(task, e.reward)
+    return held if held is None else weighing_all(held, cfg)
+
+
+def weighing_all(held: HeldOut, cfg: Config) -> HeldOut:
+    """The held-out set scored by the training's reward functions, weighted and summed, where its reward is `all`."""
+    if held.reward == ALL_REWARDS:
+        if not cfg.rewards:
+            raise ConfigError("eval.reward=all sums the training's reward functions (rewards.*), and rewards is empty: name a reward")
+        held.weighted, held.label = list(cfg.rewards), "mean weighted reward"
+    return held
 
 
 @dataclass
@@ -147,16 +172,21 @@ class EvalOutcome:
     pass_at: dict[int, Interval] = field(default_factory=dict)  # k -> pass@k (a 0/1 reward and samples > 1)
     maj: Interval | None = None  # maj@samples, when the reward can compare answers (its `extract_answer`)
     avg: Interval | None = None  # avg@samples with its interval (samples > 1)
+    by_function: dict[str, float] = field(default_factory=dict)  # weighted: reward_std, rewards/<fn>/mean and /std (TRL's)
 
     def failure_note(self) -> str:
         """`the reward 'x' failed on 2 of 5 held-out rows (counted as 0): ValueError: ...`."""
         first = f"; its first error: {self.first_error}" if self.first_error else ""
         what = "rows" if self.samples == 1 else "episodes"
+        if self.by_function:  # weighted: a failed call is left out of the sum, as a None is
+            return f"reward calls failed {self.failed} times on {self.rows * self.samples} held-out {what} (left out of the sums){first}"
         return f"the reward {self.reward!r} failed on {self.failed} of {self.rows * self.samples} held-out {what} (counted as 0){first}"
 
     def metrics(self) -> dict[str, float]:
-        """eval/pass@k (each k), eval/avg@n, eval/maj@n: the numbers of a sampled evaluation ({} for one sample per row)."""
-        out = {f"eval/pass@{k}": v.mean for k, v in self.pass_at.items()}
+        """eval/pass@k (each k), eval/avg@n, eval/maj@n: the numbers of a sampled evaluation ({} for one sample per row);
+        weighted: eval/reward_std and eval/rewards/<fn>/mean and /std."""
+        out = {f"eval/{k}": v for k, v in self.by_function.items()}
+        out.update({f"eval/pass@{k}": v.mean for k, v in self.pass_at.items()})
         if self.avg is not None:
             out[f"eval/avg@{self.samples}"] = self.avg.mean
         if self.maj is not None:
@@ -176,13 +206,22 @@ class Interval(NamedTuple):
 
 
 def evaluate(
-    source: RolloutSource, rows: list[dict], reward: RewardRunner, *, column: str | None = None, batch_size: int = 128
+    source: RolloutSource,
+    rows: list[dict],
+    reward: RewardRunner,
+    *,
+    column: str | None = None,
+    weighted: bool = False,
+    batch_size: int = 128,
 ) -> EvalOutcome:
     """Mean of one reward over the source's episodes of `rows` (greedy with one per row, or source.group_size samples
     per row: then also pass@k for a 0/1 reward, and maj@n when the reward can compare answers: a reward function with an
     `extract_answer(completion) -> str | None` attribute, equal strings being the same answer): accuracy for 0/1
     verifiers. `column`: the reward column to average (an environment's); None: the runner's first function. Row i
-    is seeded i. Raises EvaluationError when the reward failed on every episode."""
+    is seeded i. Raises EvaluationError when the reward failed on every episode. `weighted`: the mean of the runner's
+    weighted sum instead (`evaluate_weighted`)."""
+    if weighted:
+        return evaluate_weighted(source, rows, reward, batch_size=batch_size)
     n, values, answers = source.group_size, [], []
     failed, name = 0, column
     extract = getattr(reward.fns[0].fn, "extract_answer", None) if reward.fns and column is None else None
@@ -209,6 +248,41 @@ def evaluate(
             f"its first error: {first or 'unknown'}"
         )
     return outcome
+
+
+def evaluate_weighted(source: RolloutSource, rows: list[dict], reward: RewardRunner, *, batch_size: int = 128) -> EvalOutcome:
+    """TRL's eval_reward: the mean over the episodes of the reward functions' weighted sum (a None, or a failed call,
+    left out of its episode's sum; an episode no function scored left out of the mean), with the sum's std and each
+    function's mean and std over the episodes it scored (`by_function`, TRL's names); pass@k and avg@n as `evaluate`
+    gives them, where every episode was scored. EvaluationError when no episode was."""
+    n, totals, scored, failed, first = source.group_size, [], [], 0, None
+    names: list[str] = []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        episodes = source.rollout(chunk, list(range(i, i + len(chunk))))
+        rewards = score(reward, chunk, episodes).double()  # [N, K]
+        names, weights = reward_columns(reward, episodes)
+        totals.append((rewards * weights.to(rewards)).nansum(-1).masked_fill(rewards.isnan().all(-1), float("nan")))
+        scored.append(rewards)
+        failed += sum(reward.last_errors.values())
+        first = first or next((e for e in reward.first_error.values() if e), None)
+    total, by_fn = torch.cat(totals), torch.cat(scored)  # [rows x n], [rows x n, K]
+    what = f"weighted sum of {', '.join(names)}"
+    if bool(total.isnan().all()):
+        raise EvaluationError(f"no held-out score: no reward function scored any of the {len(rows)} rows ({what}); first error: {first}")
+    spread = {"reward_std": _nan_std(total)}
+    for k, name in enumerate(names):
+        spread.update({f"rewards/{name}/mean": float(by_fn[:, k].nanmean()), f"rewards/{name}/std": _nan_std(by_fn[:, k])})
+    outcome = EvalOutcome(float(total.nanmean()), len(rows), failed, what, first, n, by_function=spread)
+    if n > 1 and not bool(total.isnan().any()):
+        _sampled_numbers(outcome, total.view(-1, n), [])
+    return outcome
+
+
+def _nan_std(x: torch.Tensor) -> float:
+    """The std with Bessel's correction over the non-NaN values (TRL's nanstd; 0 for one value, NaN for none)."""
+    valid = x[~x.isnan()]
+    return float(valid.std()) if valid.numel() > 1 else 0.0 if valid.numel() else float("nan")
 
 
 def _failures(reward: RewardRunner, name: str, episodes) -> int:

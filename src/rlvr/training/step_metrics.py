@@ -59,20 +59,25 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
 
 
 def reward_metrics(rewards: torch.Tensor, weights: torch.Tensor, names: list[str], group_size: int) -> dict:
-    """TRL's reward statistics of [N, K] rewards (N group-major, NaN: not applicable) with weights [K]."""
+    """TRL 1.16's reward statistics of [N, K] rewards (N group-major, NaN: not applicable) with weights [K]: `reward`
+    and `reward_std` over the completions some function scored (the std with Bessel's correction, over the whole
+    batch; 0 for fewer than two), `rewards/<fn>/mean` and `/std` over the completions that function scored."""
     total = (rewards * weights).nansum(-1)  # [N]
-    grouped = total.view(-1, group_size)  # [groups, G]
-    m = {
-        "reward": float(total.mean()),
-        "reward_std": float(grouped.std(-1, correction=0).mean()),
-        **identical_groups(grouped),
-    }
+    scored = total[~rewards.isnan().all(-1)]  # a completion no function scored counts nowhere
+    m = {"reward": _mean(scored), "reward_std": _std(scored), **identical_groups(total.view(-1, group_size))}
     for k, name in enumerate(names):
         col = rewards[:, k]
         valid = col[~col.isnan()]
-        m[f"rewards/{name}/mean"] = float(valid.mean()) if valid.numel() else float("nan")
-        m[f"rewards/{name}/std"] = float(valid.std(correction=0)) if valid.numel() else float("nan")
+        m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = _mean(valid), _std(valid)
     return m
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+def _std(x: torch.Tensor) -> float:
+    return float(x.std()) if x.numel() > 1 else 0.0 if x.numel() else float("nan")
 
 
 def identical_groups(grouped: torch.Tensor) -> dict:

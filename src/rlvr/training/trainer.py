@@ -34,7 +34,7 @@ from rlvr.rollout.sources import make_source
 from rlvr.training.batch_plan import BatchPlan
 from rlvr.training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from rlvr.training.collect import Batch, Collector
-from rlvr.training.evaluation import EvaluationError, evaluate, held_out_for
+from rlvr.training.evaluation import EvaluationError, held_out_for
 from rlvr.training.hooks import NoHooks, RunHooks
 from rlvr.training.minibatches import this_ranks_minibatches
 from rlvr.training.reward_health import RewardHealth
@@ -228,7 +228,7 @@ class Trainer:
         with full_weights_for_generation(self.dist, self.model):
             if self.dist.is_main:
                 try:
-                    outcome = evaluate(greedy, self.held_out.rows, self.eval_reward, column=self.held_out.column)
+                    outcome = self.held_out.evaluate(greedy, self.eval_reward)
                 except EvaluationError as e:  # a failure is never a score: stop rather than record 0
                     error = str(e)
         if self.dist.max(float(error is not None), what="held-out evaluation"):
@@ -379,7 +379,7 @@ class Trainer:
         score = self.evaluate()
         if score is not None:
             assert self.held_out is not None, "a score: there is a held-out set"
-            sampled = "".join(f", {k.removeprefix('eval/')} {v:.3f}" for k, v in (self.eval_metrics or {}).items())
+            sampled = "".join(f", {k.removeprefix('eval/')} {v:.3f}" for k, v in (self.eval_metrics or {}).items() if "std" not in k)
             log.info(f"held-out {self.held_out.label} {when}: {score:.3f}{sampled}")
             self.hooks.evaluated(self, {"eval/reward": score, **(self.eval_metrics or {})})
             if self.eval_failures:
