@@ -51,6 +51,7 @@ MAPPED = {
     "num_generations_eval": (2, "eval.samples", 2),
     "max_completion_length": (64, "rollout.max_new_tokens", 64),
     "shuffle_dataset": (False, "data.shuffle", False),
+    "chat_template_kwargs": ({"enable_thinking": False}, "data.chat_template_kwargs", {"enable_thinking": False}),
     "generation_batch_size": (32, "rollout.prompts_per_step", 4),
     "steps_per_generation": (4, "optim.steps_per_generation", 4),
     "temperature": (0.7, "rollout.temperature", 0.7),

@@ -383,3 +383,40 @@ def test_algorithms_doc_describes_the_lora_reference():
     kl = text[text.index("## 7. KL penalty") : text.index("## 8.")]
     assert "Not yet implemented" not in kl
     assert "adapter disabled" in kl
+
+
+def test_chat_template_kwargs_reach_every_prompt_rendering(make_trainer, tiny_model_dir, tmp_path):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs) are variables of the chat template at every rendering:
+    the training prompts and the held-out ones; the run's tokenizer files stay as they were."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from rlvr.models.loading import with_template_kwargs
+    from rlvr.models.tokenizer import CHAT_TEMPLATE
+
+    model = tmp_path / "thinking"
+    shutil.copytree(tiny_model_dir, model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}{{ 'no!' }}{% endif %}"
+    tok.save_pretrained(model)
+    kwargs = "data.chat_template_kwargs={enable_thinking: false}"
+    t = make_trainer(f"model.path={model}", kwargs, "data.eval_size=3", "eval_before_after=true")
+    seen, real = [], t.engine.generate
+
+    def generate(prompts, params, seeds):
+        seen.extend(prompts)
+        return real(prompts, params, seeds)
+
+    t.engine.generate = generate
+    t.train_step()
+    t.evaluate()
+    assert len(seen) == t.cfg.rollout.prompts_per_step + 3 and all(p.endswith("<|assistant|>no!") for p in seen), seen[:2]
+    assert (
+        not AutoTokenizer.from_pretrained(model).apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False).endswith("no!")
+    )
+    # a call's own value wins, and the tokenizer given is not changed
+    wrapped = with_template_kwargs(tok, {"enable_thinking": False})
+    messages = [{"role": "user", "content": "1+1="}]
+    assert wrapped.apply_chat_template(messages, tokenize=False, enable_thinking=True) == tok.apply_chat_template(messages, tokenize=False)
+    assert not tok.apply_chat_template(messages, tokenize=False).endswith("no!")

@@ -129,7 +129,7 @@ def _tags(tags: Mapping[str, str] | Sequence[str] | None) -> list[str] | None:
 
 def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResult:
     """`rlvr eval MODEL` with its options (an EvalOptions): the config, the held-out set, the model, the score."""
-    from rlvr.models.loading import load_model, load_tokenizer, resolve_existing
+    from rlvr.models.loading import load_model, load_tokenizer, resolve_existing, with_template_kwargs
     from rlvr.rollout import SamplingParams, make_engine
     from rlvr.rollout.sources import make_source
     from rlvr.training import eval_command as ec
@@ -142,7 +142,7 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     resolve_existing(target.model, what="rlvr eval MODEL")
     device, precision = ec.device_and_precision(cfg, target)
     m = cfg.model
-    tok, _ = load_tokenizer(target.model, m.trust_remote_code)
+    tok = with_template_kwargs(load_tokenizer(target.model, m.trust_remote_code)[0], cfg.data.chat_template_kwargs)
     loaded = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
     context = getattr(loaded.config, "max_position_embeddings", None)
     room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model

@@ -171,7 +171,7 @@ RULES: dict[str, Rule] = {
     "top_k": M("rollout.top_k"),
     "min_p": R("sampling takes temperature, top_p and top_k"),
     "generation_kwargs": R("sampling takes temperature, top_p and top_k"),
-    "chat_template_kwargs": R("prompts are rendered with the tokenizer's chat template as it is"),
+    "chat_template_kwargs": M("data.chat_template_kwargs"),
     "repetition_penalty": R("sampling takes temperature, top_p and top_k"),
     "cache_implementation": R("the hf engine manages its own KV cache"),
     "use_vllm": M("rollout.engine=vllm (colocate), or rollout.servers (server)"),

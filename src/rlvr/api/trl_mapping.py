@@ -89,6 +89,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
         "rollout.max_new_tokens": args.max_completion_length,
         **{f"rollout.{k}": getattr(args, k) for k in ("temperature", "top_p", "top_k")},
         "data.shuffle": bool(args.shuffle_dataset) and args.train_sampling_strategy != "sequential",
+        "data.chat_template_kwargs": dict(args.chat_template_kwargs or {}),
     }
     steps_per_epoch = math.ceil(rows / b.prompts_per_step) if rows else None
     if args.max_steps is not None and args.max_steps > 0:

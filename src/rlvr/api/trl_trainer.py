@@ -155,7 +155,7 @@ class GRPOTrainer:
         """max_completion_length, or less where the model's context leaves less after the longest prompt (TRL's
         generation would run past the context; rlvr refuses a budget that does not fit, so it is lowered, with a note)."""
         from rlvr.data import render_prompt
-        from rlvr.models.loading import load_tokenizer
+        from rlvr.models.loading import load_tokenizer, with_template_kwargs
 
         config = getattr(model, "config", None)
         if config is None:
@@ -172,6 +172,7 @@ class GRPOTrainer:
         if not context or data is None or context >= 4 * max_new_tokens:  # long contexts: the usual case, nothing to measure
             return max_new_tokens
         tok = self._processing_class or load_tokenizer(model if isinstance(model, str) else self._register(model, "model"))[0]
+        tok = with_template_kwargs(tok, self.args.chat_template_kwargs or {})
         prompts = data["prompt"] if hasattr(data, "column_names") else [r["prompt"] for r in data]
         longest = max((len(tok(render_prompt(p, tok), add_special_tokens=False)["input_ids"]) for p in prompts), default=0)
         room = context - longest

@@ -5,6 +5,7 @@ values are properties (or resolved once in rlvr.training.batch_plan)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlvr.config.algo_schema import AlgoConfig as AlgoConfig  # the `algo` section, in its own file (many settings)
 
@@ -88,6 +89,9 @@ class DataConfig:
     """Column holding the prompt: plain text, or a list of chat messages."""
     system_prompt: str | None = None
     """Optional system message placed before every prompt."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the tokenizer's chat template on every rendering (prompts, tool turns, agents'
+    conversations), e.g. `{enable_thinking: false}` for Qwen3: TRL's chat_template_kwargs."""
     digits: int = 2
     """arithmetic: digits per operand."""
     operators: str = "+-"

@@ -57,7 +57,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "repetition_penalty": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
     "generation_kwargs": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p, rollout.top_k and rollout.ignore_eos only"),
     "cache_implementation": TrlName(_G, None, "the hf engine manages its own KV cache"),
-    "chat_template_kwargs": TrlName(_G, None, "prompts are rendered with the tokenizer's chat template as it is"),
+    "chat_template_kwargs": TrlName(_G, "data.chat_template_kwargs"),
     "max_prompt_length": TrlName(_G, None, "(gone from TRL 1.x too) prompts are never cut; shorten them in the data"),
     "shuffle_dataset": TrlName(_G, "data.shuffle"),
     "remove_unused_columns": TrlName(_G, None, "every column of a row always reaches the reward functions"),

@@ -295,6 +295,9 @@ def _validate_run(cfg: Config, errors: list[str], choice: Choice, tasks: Collect
                 f"`data.task`={cfg.data.task} and `data.path`={cfg.data.path} are both set: remove data.task (or set it "
                 "to null) to train on data.path, or remove data.path to train on the built-in task"
             )
+    kwargs = cfg.data.chat_template_kwargs
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        errors.append(f"`data.chat_template_kwargs` must map variable names to values, e.g. {{enable_thinking: false}}; got {kwargs!r}")
     lg = cfg.logging
     for name in lg.report_to:
         choice("logging.report_to", name, ["tensorboard", "wandb", "trackio", "none"])

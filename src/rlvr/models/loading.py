@@ -58,6 +58,22 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, gguf_file: str | 
     return tok, notes
 
 
+def with_template_kwargs(tokenizer, kwargs: dict):
+    """The tokenizer (a shallow copy: a caller's own object is left as it was) whose apply_chat_template passes
+    `kwargs` (data.chat_template_kwargs) on every call that does not give them itself, so that prompts, tool turns
+    and agents' conversations all render with them, as TRL renders each with its chat_template_kwargs."""
+    if not kwargs:
+        return tokenizer
+    tokenizer = copy.copy(tokenizer)
+    plain = tokenizer.apply_chat_template
+
+    def apply_chat_template(*args, **given):
+        return plain(*args, **{**kwargs, **given})
+
+    tokenizer.apply_chat_template = apply_chat_template
+    return tokenizer
+
+
 def _live_tokenizer(spec: str):
     obj = _live(spec, "model.tokenizer")
     if hasattr(obj, "convert_tokens_to_ids"):

@@ -24,7 +24,7 @@ from rlvr import algo
 from rlvr.config import Config, ConfigError, batch_split_errors, to_dict
 from rlvr.data.checks import check_reward_columns
 from rlvr.dist import Dist, full_weights_for_generation, wrap
-from rlvr.models.loading import load_tokenizer
+from rlvr.models.loading import load_tokenizer, with_template_kwargs
 from rlvr.models.policy import load_policy
 from rlvr.observe.console import NullLogger, RunLogger
 from rlvr.rewards import RewardRunner
@@ -114,7 +114,8 @@ class Trainer:
     def _load_model(self, first_row: dict) -> None:
         """Tokenizer, policy (and reference), the batch plan, the precision, the parallel wrapper and the engine."""
         cfg = self.cfg
-        self.tokenizer, notes = load_tokenizer(cfg.model.tokenizer or cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
+        tokenizer, notes = load_tokenizer(cfg.model.tokenizer or cfg.model.path, cfg.model.trust_remote_code, cfg.model.gguf_file)
+        self.tokenizer = with_template_kwargs(tokenizer, cfg.data.chat_template_kwargs)
         # beta = 0: no reference model exists at all (memory); the KL term is never computed.
         # LoRA: the reference is the same weights with the adapter disabled (no copy).
         self.policy = load_policy(cfg.model, self.device, beta=cfg.algo.beta)
