@@ -420,3 +420,17 @@ def test_chat_template_kwargs_reach_every_prompt_rendering(make_trainer, tiny_mo
     messages = [{"role": "user", "content": "1+1="}]
     assert wrapped.apply_chat_template(messages, tokenize=False, enable_thinking=True) == tok.apply_chat_template(messages, tokenize=False)
     assert not tok.apply_chat_template(messages, tokenize=False).endswith("no!")
+
+
+def test_completion_lengths_as_trl_logs_them(make_trainer):
+    """completions/*_length over every completion, *_terminated_length over those that ended by themselves (TRL 1.16:
+    0 when none did), counted in the model's own tokens."""
+    t = make_trainer("rollout.max_new_tokens=6", "rollout.temperature=1.5")
+    m = t.train_step()
+    e = t.last_step.batch.episodes
+    lengths, truncated = e.loss_mask.sum(-1).double(), e.truncated.bool()
+    ended = lengths[~truncated]
+    assert 0 < truncated.sum() < len(truncated), "the scenario should have both kinds"
+    assert (m["completions/mean_length"], m["completions/max_length"]) == (float(lengths.mean()), float(lengths.max()))
+    assert m["completions/mean_terminated_length"] == pytest.approx(float(ended.mean()), abs=1e-6)
+    assert (m["completions/min_terminated_length"], m["completions/max_terminated_length"]) == (float(ended.min()), float(ended.max()))

@@ -33,6 +33,8 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
     generated = batch.rewards if batch.generated_rewards is None else batch.generated_rewards
     m = reward_metrics(generated, batch.reward_weights, batch.reward_names, r.group_size)
     total = (batch.rewards * batch.reward_weights).nansum(-1)  # [N] the trained batch's
+    ended = lengths[~r.truncated.bool().to(lengths.device)]  # those that stopped by themselves (EOS, a stop string)
+    ended = ended if ended.numel() else torch.zeros(1)  # none: TRL logs 0
     m.update(
         {
             "distinct_completions": distinct_share(r.texts, r.group_size),
@@ -40,6 +42,9 @@ def batch_metrics(batch, advantages: torch.Tensor) -> dict:
             "completions/min_length": float(lengths.min()),
             "completions/max_length": float(lengths.max()),
             "completions/clipped_ratio": float(r.truncated.float().mean()),
+            "completions/mean_terminated_length": float(ended.mean()),
+            "completions/min_terminated_length": float(ended.min()),
+            "completions/max_terminated_length": float(ended.max()),
             **_reward_by_ending(total, r.truncated.bool().to(total.device)),  # rewards on the CPU, episodes on the model's device
             "advantages/abs_mean": float(advantages.abs().mean()),
         }
