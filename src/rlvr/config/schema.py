@@ -224,8 +224,9 @@ class RolloutConfig:
     compile: str = "off"
     """`on`: the hf engine's single-turn decode step of Llama-family models runs its layers under torch.compile on the
     CPU (one graph per KV layout for the whole run; products from the same packed weights, only the elementwise
-    work rounds differently). 0.94-1.19x the speed of eager bf16 generation on 9-76M models, about 1.0x in fp32,
-    after 22-58 s of compiling at the first step (bench/results/floor_decode_compile.md): off by default."""
+    work rounds differently). 0.79-1.19x the speed of eager bf16 generation on 9-76M models (1.00x and 0.79x on an
+    AMX Xeon), about 1.0x in fp32, after 22-58 s of compiling at the first step (bench/results/floor_decode_compile.md,
+    floor_decode_compile_amx.md): off by default."""
 
     @property
     def completions_per_step(self) -> int:
