@@ -189,7 +189,7 @@ def held_out(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
         operators=_pick(args.operators, d.operators, own, "+-"),
         eval_size=args.n or (d.eval_size if own else 500),
     )
-    return task_held_out(task, args.reward or (cfg.eval.reward if own else None)), task
+    return weighing_all(task_held_out(task, args.reward or (cfg.eval.reward if own else None)), cfg), task
 
 
 def _runs_own(args, cfg: Config, target: Target) -> tuple[HeldOut, Task | None]:
