@@ -309,7 +309,7 @@ def test_eval_dataset_is_scored_with_trls_eval_sampling():
     metrics = trainer.evaluate()
     assert set(metrics) >= {"eval_reward", "eval_avg@4", "eval_reward_std", "eval_rewards/reward_len/mean", "eval_rewards/reward_len/std"}
     assert metrics["eval_reward"] == metrics["eval_avg@4"] == metrics["eval_rewards/reward_len/mean"]
-    assert sum("eval_reward" in h for h in trainer.state.log_history) == 3  # steps 1, 2 and the explicit call
+    assert [h["step"] for h in trainer.state.log_history if "eval_reward" in h] == [1, 2, 2]  # steps 1, 2 and the explicit call
 
 
 def test_evaluate_scores_the_eval_dataset_with_evaluation_off_in_training(capsys):

@@ -99,6 +99,7 @@ class CallbackHooks:
         self.call("on_log", trainer, logs=logs)
 
     def evaluated(self, trainer, metrics: dict) -> None:
+        self._counters(trainer)  # evaluating after an update: the optimizer steps it made count, as in transformers
         named = {"eval_" + k.removeprefix("eval/"): v for k, v in metrics.items()}
         self.state.log_history.append({**named, "epoch": self.state.epoch, "step": self.state.global_step})
         self.call("on_evaluate", trainer, metrics=named)
