@@ -51,6 +51,8 @@ MAPPED = {
     "num_generations_eval": (2, "eval.samples", 2),
     "max_completion_length": (64, "rollout.max_new_tokens", 64),
     "shuffle_dataset": (False, "data.shuffle", False),
+    "adam_epsilon": (1e-6, "optim.eps", 1e-6),
+    "disable_dropout": (True, "model.disable_dropout", True),
     "chat_template_kwargs": ({"enable_thinking": False}, "data.chat_template_kwargs", {"enable_thinking": False}),
     "generation_batch_size": (32, "rollout.prompts_per_step", 4),
     "steps_per_generation": (4, "optim.steps_per_generation", 4),

@@ -434,3 +434,8 @@ def test_completion_lengths_as_trl_logs_them(make_trainer):
     assert (m["completions/mean_length"], m["completions/max_length"]) == (float(lengths.mean()), float(lengths.max()))
     assert m["completions/mean_terminated_length"] == pytest.approx(float(ended.mean()), abs=1e-6)
     assert (m["completions/min_terminated_length"], m["completions/max_terminated_length"]) == (float(ended.min()), float(ended.max()))
+
+
+def test_optim_eps_is_adamws_epsilon(make_trainer):
+    t = make_trainer("optim.eps=1e-6")
+    assert [g["eps"] for g in t.optimizer.param_groups] == [1e-6]

@@ -48,7 +48,7 @@ RULES: dict[str, Rule] = {
     "weight_decay": M("optim.weight_decay"),
     "adam_beta1": M("optim.beta1"),
     "adam_beta2": M("optim.beta2"),
-    "adam_epsilon": R("AdamW's epsilon is torch's default, 1e-8"),
+    "adam_epsilon": M("optim.eps"),
     "optim_target_modules": R("one optimizer over every trainable parameter"),
     "gradient_accumulation_steps": M(f"the {_BATCH}; rlvr accumulates micro-batches of per_device_train_batch_size"),
     "average_tokens_across_devices": R("rlvr always normalises the loss over every rank's tokens (False is not available)"),
@@ -155,7 +155,7 @@ RULES: dict[str, Rule] = {
     "model_init_kwargs": M("model.dtype from dtype/torch_dtype, model.trust_remote_code; attn_implementation noted; others refused"),
     "trust_remote_code": M("model.trust_remote_code"),
     "router_aux_loss_coef": R("no MoE auxiliary loss is added"),
-    "disable_dropout": R("the model's own dropout applies (0 in most chat models' config.json)"),
+    "disable_dropout": M("model.disable_dropout"),
     "cast_lm_head_to_fp32": R("the output head runs in the model's dtype (or under autocast)"),
     # GRPOConfig: generation
     "num_generations": M("rollout.group_size"),

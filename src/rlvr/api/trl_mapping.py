@@ -157,13 +157,14 @@ def _optimizer(args: GRPOConfig, b: Batches, total_steps: int, errors: list[str]
         "optim.weight_decay": args.weight_decay,
         "optim.beta1": args.adam_beta1,
         "optim.beta2": args.adam_beta2,
+        "optim.eps": args.adam_epsilon,
         "optim.max_grad_norm": args.max_grad_norm,
         **({"optim.compile": "on"} if args.torch_compile else {}),
     }
 
 
 def _model_and_devices(args: GRPOConfig, errors: list[str]) -> dict[str, Any]:
-    s: dict[str, Any] = {"model.trust_remote_code": bool(args.trust_remote_code)}
+    s: dict[str, Any] = {"model.trust_remote_code": bool(args.trust_remote_code), "model.disable_dropout": bool(args.disable_dropout)}
     kwargs = dict(args.model_init_kwargs or {})
     dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None

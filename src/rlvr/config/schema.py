@@ -51,6 +51,9 @@ class ModelConfig:
     """The tokenizer (TRL's processing_class): a folder or hub id; unset: `path`'s own."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass: less memory, about a third more compute."""
+    disable_dropout: bool = False
+    """Dropout off in the policy, its reference and LoRA's adapters: every dropout module's probability and every
+    `*dropout` number of the model's config and attention set to 0 (TRL's disable_dropout)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / QLoRA adapters (through peft); off while lora.r = 0."""
     autocast: str = "auto"
@@ -275,6 +278,8 @@ class OptimConfig:
     """AdamW beta1."""
     beta2: float = 0.99
     """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon (TRL's adam_epsilon)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 disables)."""
     lr_schedule: str = "constant"

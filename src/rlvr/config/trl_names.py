@@ -101,9 +101,7 @@ TRL_NAMES: dict[str, TrlName] = {
     # GRPOConfig: the model
     "model_init_kwargs": TrlName(_G, None, "the loading options are model.dtype, model.trust_remote_code and model.gguf_file"),
     "trust_remote_code": TrlName(_G, "model.trust_remote_code"),
-    "disable_dropout": TrlName(
-        _G, None, "the model's own dropout applies (0 in most chat models' config.json); LoRA's is model.lora.dropout"
-    ),
+    "disable_dropout": TrlName(_G, "model.disable_dropout"),
     "cast_lm_head_to_fp32": TrlName(_G, None, "the output head runs in model.dtype (or under model.autocast)"),
     "router_aux_loss_coef": TrlName(_G, None, "no MoE auxiliary loss is added"),
     "ds3_gather_for_generation": TrlName(_G, None, "no DeepSpeed; dist.strategy=fsdp shards a model that does not fit one device"),
@@ -129,7 +127,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "max_grad_norm": TrlName(_T, "optim.max_grad_norm"),
     "adam_beta1": TrlName(_T, "optim.beta1"),
     "adam_beta2": TrlName(_T, "optim.beta2"),
-    "adam_epsilon": TrlName(_T, None, "AdamW's epsilon is torch's default, 1e-8"),
+    "adam_epsilon": TrlName(_T, "optim.eps"),
     "optim": TrlName(_T, None, "the optimizer is always AdamW; rlvr's `optim` section holds its settings (optim.lr, optim.beta1, ...)"),
     "per_device_train_batch_size": TrlName(
         _T,

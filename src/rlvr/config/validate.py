@@ -263,6 +263,8 @@ def _validate_optim(cfg: Config, errors: list[str], choice: Choice) -> None:
         errors.append(f"`optim.lr` must be positive, got {o.lr}")
     if o.max_grad_norm < 0:
         errors.append(f"`optim.max_grad_norm` must be >= 0, got {o.max_grad_norm}")
+    if not o.eps >= 0:
+        errors.append(f"`optim.eps` must be >= 0, got {o.eps}")
     if o.micro_batch_size < 0:
         errors.append(f"`optim.micro_batch_size` must be >= 0, got {o.micro_batch_size}")
     if o.steps_per_generation < 1:

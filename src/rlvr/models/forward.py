@@ -52,6 +52,25 @@ def uses_dropout(model) -> bool:
     return any(k.endswith(("dropout", "pdrop")) and type(v) in (int, float) and v > 0 for k, v in settings.items())
 
 
+def disable_dropout(model) -> None:
+    """Dropout off for good (model.disable_dropout, TRL's disable_dropout): every dropout module's p, every module's
+    float `attention_dropout` (transformers' attention reads it, not a module) and every `*dropout` / `*pdrop` number
+    of the config (sub-configs too) set to 0, so that `uses_dropout` is False."""
+    for m in model.modules():
+        if isinstance(m, _DROPOUT_MODULES):
+            m.p = 0.0
+        if type(getattr(m, "attention_dropout", None)) is float:
+            m.attention_dropout = 0.0
+    configs = [getattr(model, "config", None)]
+    while configs:
+        config = configs.pop()
+        for key, value in vars(config).items() if config is not None and hasattr(config, "to_dict") else ():
+            if key.endswith(("dropout", "pdrop")) and type(value) in (int, float) and value > 0:
+                setattr(config, key, 0.0)
+            elif hasattr(value, "to_dict"):
+                configs.append(value)
+
+
 @contextlib.contextmanager
 def eval_mode(model):
     """The model in eval mode (no dropout) inside the block, in the mode it had after it."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from rlvr.models.forward import disable_dropout
 from rlvr.models.loading import ModelError, frozen_copy, load_model
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
             else BitsAndBytesConfig(load_in_8bit=True)
         )
     model = load_model(mcfg.path, mcfg.dtype, device, mcfg.trust_remote_code, gguf_file=mcfg.gguf_file, quantization_config=quant)
+    if mcfg.disable_dropout:  # before the reference is copied from it
+        disable_dropout(model)
     if mcfg.gradient_checkpointing:
         # Non-reentrant: works with frozen inputs (LoRA), DDP and FSDP2; only active in train().
         if hasattr(model, "activation_checkpointing_enable"):  # the name in transformers >= 5.2x
@@ -114,6 +117,8 @@ def load_policy(mcfg, device: torch.device, *, beta: float) -> Policy:
     with warnings.catch_warnings():  # peft 0.21 asks transformers 5's model for its old checkpointing name, every run
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         wrapped = peft.get_peft_model(model, config)
+    if mcfg.disable_dropout:  # the adapters' own dropout too
+        disable_dropout(wrapped)
     # the same modules, adapters injected, base weights frozen (peft types it a Module: it is the model passed in)
     base = cast("PreTrainedModel", wrapped.get_base_model())
     base.train()

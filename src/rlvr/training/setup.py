@@ -159,7 +159,8 @@ def make_optimizer(model, cfg: Config) -> tuple[torch.optim.Optimizer, torch.opt
     fused = bool(params) and all(
         type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
     )
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay, fused=True if fused else None)
+    betas, fused_or_not = (o.beta1, o.beta2), True if fused else None
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=betas, eps=o.eps, weight_decay=o.weight_decay, fused=fused_or_not)
     schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
