@@ -59,6 +59,7 @@ MAPPED = {
     "temperature": (0.7, "rollout.temperature", 0.7),
     "top_p": (0.9, "rollout.top_p", 0.9),
     "top_k": (20, "rollout.top_k", 20),
+    "min_p": (0.1, "rollout.min_p", 0.1),
     "use_vllm": (True, "rollout.engine", "vllm"),
     "vllm_mode": ("server", None, None),
     "vllm_enable_sleep_mode": (True, None, None),

@@ -243,3 +243,31 @@ def test_top_k_from_the_heaviest_blocks_is_topks_mask():
         drop = outside_top_k(logits, k)
         assert drop is not None and torch.equal(drop, logits < torch.topk(logits, k, dim=-1).values[:, -1:])
         assert bool(((~drop).sum(-1) >= k).all())
+
+
+@pytest.mark.parametrize("scale", [2, 30])
+def test_min_p_keeps_what_transformers_min_p_warper_keeps(scale):
+    """rollout.min_p (TRL's min_p) after top-k and top-p, as transformers' generate orders its warpers: the tokens of
+    a float64 loop over the weights transformers' MinPLogitsWarper leaves, the log-prob of that distribution, and the
+    entropy still the whole row's."""
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randn(64, 3000, generator=g) * scale
+    u = torch.rand(64, generator=g)
+    u[:2] = torch.tensor([0.0, 1 - 2**-24])
+    cut = 0
+    for temperature, top_k, top_p, min_p in [(1.0, 0, 1.0, 0.1), (0.7, 0, 1.0, 0.02), (1.0, 40, 1.0, 0.3), (1.2, 0, 0.9, 0.05)]:
+        token, logp, entropy = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        x = MinPLogitsWarper(min_p)(None, filter_logits(logits.double() / temperature, top_k, top_p))
+        logq = x.masked_fill(x - x.amax(-1, keepdim=True) <= CUT, float("-inf")).log_softmax(-1)
+        expected = []
+        for row, v in zip(logq.exp().tolist(), u.tolist()):
+            target, acc = v * sum(row), 0.0
+            expected.append(next(i for i, p in enumerate(row) if (acc := acc + p) > target))
+        assert torch.equal(token, torch.tensor(expected)), (temperature, top_k, top_p, min_p)
+        cut += int(((x > float("-inf")).sum(-1) < (filter_logits(logits / temperature, top_k, top_p) > float("-inf")).sum(-1)).sum())
+        torch.testing.assert_close(logp.double(), logq.gather(-1, token[:, None]).squeeze(-1), rtol=0, atol=1e-5)
+        full = (logits / temperature).double().log_softmax(-1)
+        torch.testing.assert_close(entropy.double(), -(full.exp() * full).sum(-1), rtol=0, atol=1e-5)
+    assert cut > 64  # rows min-p cut tokens from

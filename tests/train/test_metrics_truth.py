@@ -16,6 +16,7 @@ import dataclasses
 import json
 
 import pytest
+import math
 import torch
 
 from rlvr import algo
@@ -439,3 +440,23 @@ def test_completion_lengths_as_trl_logs_them(make_trainer):
 def test_optim_eps_is_adamws_epsilon(make_trainer):
     t = make_trainer("optim.eps=1e-6")
     assert [g["eps"] for g in t.optimizer.param_groups] == [1e-6]
+
+
+def test_min_p_samples_only_tokens_near_the_most_probable(make_trainer):
+    """rollout.min_p: every sampled token had at least min_p x the most probable token's probability under the
+    policy that sampled it at the sampling temperature (the bundled model, checked by a forward of its own); the
+    sampler then is not the policy, so the old log-probs come from a forward."""
+    from rlvr.models.forward import logits_plain
+
+    min_p = 0.3
+    t = make_trainer("model.path=tiny", f"rollout.min_p={min_p}", "rollout.temperature=2.0", "rollout.max_new_tokens=6", "steps=1")
+    assert not t.updater.sampler_is_policy
+    e = t.collector.collect(t.state).episodes
+    ids = torch.cat([e.prompt_ids, e.completion_ids], 1)
+    attn = torch.cat([e.prompt_mask, e.attention_mask], 1)
+    C = e.completion_ids.shape[1]
+    with torch.no_grad():
+        logp = (logits_plain(t.model, ids, attn, C)[:, :C].float() / 2.0).log_softmax(-1)  # [N, C, V]
+    chosen = logp.gather(-1, e.completion_ids[..., None]).squeeze(-1)
+    ratio = (chosen - logp.amax(-1))[e.loss_mask.bool()]  # log(p / p_max) of each sampled token
+    assert ratio.numel() > 40 and bool((ratio >= math.log(min_p) - 1e-4).all()), float(ratio.min())

@@ -88,6 +88,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
         "optim.micro_batch_size": int(args.per_device_train_batch_size),
         "rollout.max_new_tokens": args.max_completion_length,
         **{f"rollout.{k}": getattr(args, k) for k in ("temperature", "top_p", "top_k")},
+        "rollout.min_p": args.min_p or 0.0,  # TRL's None: off
         "data.shuffle": bool(args.shuffle_dataset) and args.train_sampling_strategy != "sequential",
         "data.chat_template_kwargs": dict(args.chat_template_kwargs or {}),
     }

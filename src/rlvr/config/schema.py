@@ -195,6 +195,8 @@ class RolloutConfig:
     """Nucleus sampling threshold (1.0 disables)."""
     top_k: int = 0
     """Top-k sampling (0 disables)."""
+    min_p: float = 0.0
+    """Min-p sampling: tokens less probable than min_p x the most probable one are not drawn (0 disables)."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
     servers: list[str] = field(default_factory=list)

@@ -53,9 +53,9 @@ TRL_NAMES: dict[str, TrlName] = {
         _G, "optim.steps_per_generation", "counted in optimizer steps: TRL's value / gradient_accumulation_steps"
     ),
     "num_generations_eval": TrlName(_G, "eval.samples", "sampled at eval.temperature (1: greedy); adds eval/pass@k, maj@k, avg@k"),
-    "min_p": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
-    "repetition_penalty": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p and rollout.top_k only"),
-    "generation_kwargs": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p, rollout.top_k and rollout.ignore_eos only"),
+    "min_p": TrlName(_G, "rollout.min_p"),
+    "repetition_penalty": TrlName(_G, None, "sampling takes rollout.temperature, rollout.top_p, rollout.top_k and rollout.min_p only"),
+    "generation_kwargs": TrlName(_G, None, "sampling takes rollout.temperature, top_p, top_k, min_p and ignore_eos only"),
     "cache_implementation": TrlName(_G, None, "the hf engine manages its own KV cache"),
     "chat_template_kwargs": TrlName(_G, "data.chat_template_kwargs"),
     "max_prompt_length": TrlName(_G, None, "(gone from TRL 1.x too) prompts are never cut; shorten them in the data"),

@@ -31,6 +31,8 @@ def validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice
         errors.append(f"`rollout.top_p` must be in (0, 1], got {r.top_p}")
     if r.top_k < 0:
         errors.append(f"`rollout.top_k` must be >= 0, got {r.top_k}")
+    if not 0 <= r.min_p <= 1:
+        errors.append(f"`rollout.min_p` must be in [0, 1], got {r.min_p}")
     choice("rollout.engine", r.engine, engines)
     choice("rollout.compile", r.compile, ["on", "off"])
     if r.compile == "on" and r.engine == "vllm":

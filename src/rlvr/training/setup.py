@@ -171,7 +171,13 @@ def training_sampling(cfg: Config):
 
     r = cfg.rollout
     return SamplingParams(
-        n=r.group_size, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens, ignore_eos=r.ignore_eos
+        n=r.group_size,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        max_new_tokens=r.max_new_tokens,
+        ignore_eos=r.ignore_eos,
     )
 
 

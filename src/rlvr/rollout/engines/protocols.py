@@ -26,6 +26,7 @@ class SamplingParams:
     top_k: int = 0  # 0 disables
     max_new_tokens: int = 16
     ignore_eos: bool = False  # fixed-length generation (benchmarks)
+    min_p: float = 0.0  # 0 disables: tokens below min_p x the most probable one's probability are not drawn
 
 
 @dataclass

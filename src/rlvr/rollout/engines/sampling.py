@@ -156,6 +156,7 @@ def sample_tokens(
     temperature: float,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
     entropy: bool = True,
     overwrite: bool = False,
 ):
@@ -165,7 +166,7 @@ def sample_tokens(
     chosen, and one random number per row instead of one per row and vocabulary entry (the exponential
     race drew 49152 per row on SmolLM2: a fifth of its decode). Returns (token [n], its log-prob [n],
     entropy [n] or None where not asked for): the entropy of the whole distribution at this temperature (before
-    top-k/top-p), by the training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
+    top-k/top-p/min-p), by the training forward's formula (algo.token_logprobs: log Z - sum(e s) / Z, e = exp(s), s = x - max x).
     Z (of the log-prob, and of the entropy without top-k/top-p) is the total the draw measured u against: float64
     sums of fp32 sums of CDF_BLOCK weights, rounded to fp32.
     One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
@@ -175,9 +176,9 @@ def sample_tokens(
     rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
     if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
         chunks = zip(logits.split(rows), uniforms.split(rows))
-        parts = [_sample_rows(x, u, temperature, top_k, top_p, entropy, overwrite) for x, u in chunks]
+        parts = [_sample_rows(x, u, temperature, (top_k, top_p, min_p), entropy, overwrite) for x, u in chunks]
         return tuple(None if t[0] is None else torch.cat(t) for t in zip(*parts))
-    return _sample_rows(logits, uniforms, temperature, top_k, top_p, entropy, overwrite)
+    return _sample_rows(logits, uniforms, temperature, (top_k, top_p, min_p), entropy, overwrite)
 
 
 IN_PLACE = True  # False: the logits left whole even where the caller allows overwriting, and the shifted logits clamped
@@ -188,21 +189,26 @@ SAMPLE_CHUNK = 1 << 22  # logits per chunk of sample_tokens (16 MB in fp32): gli
 
 
 def _sample_rows(
-    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_k: int, top_p: float, with_entropy: bool, overwrite: bool
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: float, filters: tuple[int, float, float], with_entropy: bool, overwrite: bool
 ):
-    """sample_tokens for one chunk of rows."""
+    """sample_tokens for one chunk of rows; filters: (top_k, top_p, min_p)."""
+    top_k, top_p, min_p = filters
     overwrite = overwrite and IN_PLACE
     # at temperature 1, s = logits - max without a copy of the logits first (a pass over [n, V] saved)
     scaled = logits if temperature == 1.0 else logits.div_(temperature) if overwrite else logits / temperature  # [n, V]
     drop = outside_top_k(scaled, top_k)  # [n, V] or None, on the logits before they are shifted (their own ties)
     s, e = _shifted_exp(scaled, in_place=overwrite or scaled is not logits)  # [n, V], [n, V]
     # the whole distribution's Z and sum(e s) for the entropy, before a filter masks e in place
-    whole = _entropy_terms(e, s) if with_entropy and (drop is not None or top_p < 1.0) else None
+    whole = _entropy_terms(e, s) if with_entropy and (drop is not None or top_p < 1.0 or min_p > 0) else None
     # the distribution the token is drawn from: the kept tokens' weights are e's own (the row's most probable token is
     # kept, so the kept logits' max is the row's), the bits a second exp of the filtered logits gave
     kept_e = e if drop is None else e.masked_fill_(drop, 0.0)
     if top_p < 1.0:  # the nucleus of what top-k keeps, from the same weights
         kept_e = kept_e.masked_fill_(nucleus_outside(s, kept_e, top_p), 0.0)
+    # min-p after top-k and top-p, as transformers' warpers run: p_j < min_p x p_max, i.e. e_j < min_p (the most
+    # probable token's weight is exp(0) = 1, and it is kept)
+    if min_p > 0:
+        kept_e = kept_e.masked_fill_(kept_e < min_p, 0.0)
     token, kept_total = inverse_cdf(kept_e, uniforms, with_total=True)  # [n], [n] float64
     # [n, 1] Z: the draw's own running total, rounded to fp32 (no pass over [n, V] for it)
     kept_z = kept_total.float()[:, None] if Z_FROM_DRAW else kept_e.sum(-1, keepdim=True)

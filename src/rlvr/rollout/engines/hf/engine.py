@@ -171,6 +171,5 @@ class HFEngine:
             token = logits.argmax(-1)
             return token, torch.zeros_like(token, dtype=torch.float32), None
         uniforms = torch.cat([torch.rand(G, generator=g, device=logits.device) for g in gens])  # [B x G]
-        return sample_tokens(  # the logits are this step's own, read by nothing after: sampled in place
-            logits, uniforms[active], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, overwrite=True
-        )
+        u, p = uniforms[active], params  # the logits are this step's own, read by nothing after: sampled in place
+        return sample_tokens(logits, u, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, overwrite=True)

@@ -214,6 +214,6 @@ def _sample(
     u = uniforms[index, draws[index]]  # [n]
     draws[index] += 1
     token, logp, _ = sample_tokens(  # x is a copy of the rows' logits: sampled in place
-        x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, entropy=False, overwrite=True
+        x, u, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p, entropy=False, overwrite=True
     )
     return dict(zip(rows, zip(token.tolist(), logp.tolist())))

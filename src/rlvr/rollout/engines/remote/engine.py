@@ -101,6 +101,7 @@ class RemoteEngine:
             params.top_k,
             params.ignore_eos,
             entropy=params.temperature > 0,
+            min_p=params.min_p,
         )
         samples, versions = self.pool.generate(request)
         rows = [s for per in samples for s in per]
@@ -149,6 +150,7 @@ class RemoteEngine:
                     params.top_k,
                     params.ignore_eos,
                     list(driver.stop_strings),
+                    min_p=params.min_p,
                 )
                 samples, versions = self.pool.generate(request)
                 for r, per, v in zip(rows, samples, versions):

@@ -45,6 +45,7 @@ class GenerateRequest:
     ignore_eos: bool = False
     stop_strings: list[str] = field(default_factory=list)  # a sample also ends when its text reaches one
     entropy: bool = False  # also return each sampled token's distribution entropy (when the engine has it)
+    min_p: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +68,7 @@ class GenerateRequest:
             self.ignore_eos,
             list(self.stop_strings),
             self.entropy,
+            self.min_p,
         )
 
 
