@@ -120,6 +120,23 @@ def test_vllm_logprobs_match_the_trainers_to_fp32(trainer, temperature):
     assert gap.max() < 1e-4, f"max |logp gap| {gap.max():.2e}"
 
 
+def test_min_p_draws_only_tokens_near_the_most_probable(trainer):
+    """rollout.min_p reaches vLLM: each sampled token has at least min_p x the most probable token's probability at
+    the sampling temperature, by the trainer's own forward."""
+    import math
+
+    from rlvr.models.forward import logits_plain
+
+    min_p, T = 0.3, 2.0
+    r = trainer.engine.generate(PROMPTS, SamplingParams(n=G, temperature=T, max_new_tokens=8, min_p=min_p), seeds=[1, 2, 3, 4])
+    ids, attn = torch.cat([r.prompt_ids, r.completion_ids], 1), torch.cat([r.prompt_mask, r.completion_mask], 1)
+    C = r.completion_ids.shape[1]
+    with torch.no_grad():
+        logp = (logits_plain(trainer.model, ids, attn, C)[:, :C].float() / T).log_softmax(-1)
+    ratio = (logp.gather(-1, r.completion_ids[..., None]).squeeze(-1) - logp.amax(-1))[r.completion_mask.bool()]
+    assert ratio.numel() > 20 and bool((ratio >= math.log(min_p) - 1e-3).all()), float(ratio.min())
+
+
 def test_weights_are_synced_after_each_update(make):
     """After train_step the sampler generates from the updated weights: its log-probs match the
     trainer's new forward, and no longer the old weights'."""

@@ -151,6 +151,27 @@ def test_generate_returns_the_sampled_ids_their_logprobs_and_the_version(client,
     assert (ours[m] - theirs[m]).abs().max() < TOL
 
 
+def test_min_p_reaches_the_server(client, trainer):
+    """A request's min_p is vLLM's: each sampled token has at least min_p x the most probable token's probability,
+    by the trainer's own forward at the sampling temperature."""
+    import math
+
+    from rlvr.models.forward import logits_plain
+
+    min_p, T = 0.3, 2.0
+    req = request(trainer, temperature=T, min_p=min_p)
+    r = client.generate(req)
+    rows = [(req.prompt_ids[i], s) for i, per in enumerate(r.samples) for s in per]
+    prompt, prompt_mask = pad_rows([p for p, _ in rows], 0, left=True)
+    comp, comp_mask = pad_rows([s.ids for _, s in rows], 0, min_width=1)
+    C = comp.shape[1]
+    with torch.no_grad():
+        logits = logits_plain(trainer.model, torch.cat([prompt, comp], 1), torch.cat([prompt_mask, comp_mask], 1), C)
+    logp = (logits[:, :C].float() / T).log_softmax(-1)
+    ratio = (logp.gather(-1, comp[..., None]).squeeze(-1) - logp.amax(-1))[comp_mask.bool()]
+    assert ratio.numel() > 20 and bool((ratio >= math.log(min_p) - 1e-3).all()), float(ratio.min())
+
+
 def test_a_stop_string_ends_the_sample_at_the_token_that_completes_it(client, trainer):
     free = client.generate(request(trainer, n=1, max_tokens=[12, 12, 12]))
     ids = free.samples[0][0].ids
