@@ -60,6 +60,7 @@ MAPPED = {
     "top_p": (0.9, "rollout.top_p", 0.9),
     "top_k": (20, "rollout.top_k", 20),
     "min_p": (0.1, "rollout.min_p", 0.1),
+    "repetition_penalty": (1.2, "rollout.repetition_penalty", 1.2),
     "use_vllm": (True, "rollout.engine", "vllm"),
     "vllm_mode": ("server", None, None),
     "vllm_enable_sleep_mode": (True, None, None),

@@ -47,11 +47,19 @@ def test_unknown_yaml_key(tmp_path):
         ("optim.micro_batch_size=-1", "optim.micro_batch_size` must be >= 0"),
         ("optim.compile=of", "optim.compile.*did you mean 'off'"),
         ("algo.std_eps=-1e-4", "algo.std_eps` must be >= 0, got -0.0001"),
+        ("rollout.min_p=1.5", "rollout.min_p` must be in \\[0, 1\\], got 1.5"),
+        ("rollout.repetition_penalty=0", "rollout.repetition_penalty` must be positive \\(1: off\\), got 0"),
+        ("optim.eps=-1", "optim.eps` must be >= 0, got -1"),
     ],
 )
 def test_validation_names_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         check_config(load_config(None, [override]))
+
+
+def test_repetition_penalty_is_single_turn_in_the_trainers_process():
+    with pytest.raises(ConfigError, match="rollout.repetition_penalty` applies to single-turn generation"):
+        check_config(load_config(None, ["rollout.repetition_penalty=1.2", "rollout.servers=[http://127.0.0.1:8000]"]))
 
 
 def test_eval_reward_all_needs_reward_functions():

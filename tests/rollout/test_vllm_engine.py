@@ -137,6 +137,28 @@ def test_min_p_draws_only_tokens_near_the_most_probable(trainer):
     assert ratio.numel() > 20 and bool((ratio >= math.log(min_p) - 1e-3).all()), float(ratio.min())
 
 
+def test_repetition_penalty_reaches_vllm(trainer):
+    """rollout.repetition_penalty reaches vLLM: with the same seeds the draws change, and each sampled token's
+    log-prob is transformers' RepetitionPenaltyLogitsProcessor's over the row's tokens so far (the trainer's forward)."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    params = SamplingParams(n=G, temperature=1.0, max_new_tokens=8)
+    plain = trainer.engine.generate(PROMPTS, params, seeds=[1, 2, 3, 4])
+    r = trainer.engine.generate(PROMPTS, SamplingParams(n=G, temperature=1.0, max_new_tokens=8, repetition_penalty=1.8), seeds=[1, 2, 3, 4])
+    assert r.texts != plain.texts
+    processor, gaps = RepetitionPenaltyLogitsProcessor(1.8), []
+    for row in range(len(r.texts)):
+        prompt = r.prompt_ids[row][r.prompt_mask[row].bool()]
+        completion = r.completion_ids[row][r.completion_mask[row].bool()]
+        ids = torch.cat([prompt, completion])[None]
+        with torch.no_grad():
+            logits = trainer.model(ids).logits[0, len(prompt) - 1 : -1].float()
+        for t, token in enumerate(completion.tolist()):
+            expected = processor(ids[:, : len(prompt) + t], logits[t : t + 1].clone()).log_softmax(-1)[0, token]
+            gaps.append(abs(float(r.sampling_logprobs[row, t]) - float(expected)))
+    assert len(gaps) > 20 and max(gaps) < 1e-3, max(gaps)
+
+
 def test_weights_are_synced_after_each_update(make):
     """After train_step the sampler generates from the updated weights: its log-probs match the
     trainer's new forward, and no longer the old weights'."""

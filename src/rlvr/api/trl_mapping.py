@@ -89,6 +89,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
         "rollout.max_new_tokens": args.max_completion_length,
         **{f"rollout.{k}": getattr(args, k) for k in ("temperature", "top_p", "top_k")},
         "rollout.min_p": args.min_p or 0.0,  # TRL's None: off
+        "rollout.repetition_penalty": args.repetition_penalty,
         "data.shuffle": bool(args.shuffle_dataset) and args.train_sampling_strategy != "sequential",
         "data.chat_template_kwargs": dict(args.chat_template_kwargs or {}),
     }

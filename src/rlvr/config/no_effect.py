@@ -95,7 +95,7 @@ def _model_and_rollout(cfg: Config) -> list[str]:
             f"it configures the vllm engine, and rollout.engine={r.engine}",
         )
     if r.temperature == 0:
-        out += _say("rollout.", r, ("top_p", "top_k", "min_p"), "rollout.temperature=0 decodes greedily")
+        out += _say("rollout.", r, ("top_p", "top_k", "min_p", "repetition_penalty"), "rollout.temperature=0 decodes greedily")
     return out
 
 

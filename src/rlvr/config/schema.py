@@ -197,6 +197,10 @@ class RolloutConfig:
     """Top-k sampling (0 disables)."""
     min_p: float = 0.0
     """Min-p sampling: tokens less probable than min_p x the most probable one are not drawn (0 disables)."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages the tokens already in the prompt or the completion so far: their logit divided by it where
+    positive, multiplied where negative, before the temperature (transformers' and vLLM's; 1 disables). Single-turn,
+    with the in-process hf engine or the colocated vLLM."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
     servers: list[str] = field(default_factory=list)
@@ -236,6 +240,12 @@ class RolloutConfig:
     @property
     def completions_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    @property
+    def reshapes_distribution(self) -> bool:
+        """The sampler draws from other than the model's distribution at the temperature (top-k, top-p, min-p, a
+        repetition penalty): its log-probs are not the policy's."""
+        return self.top_k != 0 or self.top_p < 1.0 or self.min_p > 0 or self.repetition_penalty != 1
 
 
 @dataclass

@@ -176,6 +176,7 @@ def training_sampling(cfg: Config):
         top_p=r.top_p,
         top_k=r.top_k,
         min_p=r.min_p,
+        repetition_penalty=r.repetition_penalty,
         max_new_tokens=r.max_new_tokens,
         ignore_eos=r.ignore_eos,
     )

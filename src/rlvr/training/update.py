@@ -70,7 +70,7 @@ class Updater:
         self.max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         self.dropout = uses_dropout(self.model)  # then old log-probs need a forward of their own (prepare)
         # the sampler is the trained model, its distribution unfiltered: its log-probs are the policy's
-        self.sampler_is_policy = sampler_is_trainer(cfg) and cfg.rollout.top_k == 0 and cfg.rollout.top_p == 1.0 and cfg.rollout.min_p == 0
+        self.sampler_is_policy = sampler_is_trainer(cfg) and not cfg.rollout.reshapes_distribution
         self.compiled = CompiledForward(device) if plan.compiled_forward else None  # the training forward only
         self.compile_clock = CompileClock()
         # algo.adaptive_entropy: the controller's state (resumed from checkpoints by the trainer) and this step's window

@@ -27,6 +27,7 @@ class SamplingParams:
     max_new_tokens: int = 16
     ignore_eos: bool = False  # fixed-length generation (benchmarks)
     min_p: float = 0.0  # 0 disables: tokens below min_p x the most probable one's probability are not drawn
+    repetition_penalty: float = 1.0  # 1 disables: seen tokens' logits / it (positive) or x it (negative), before temperature
 
 
 @dataclass

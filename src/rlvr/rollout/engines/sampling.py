@@ -149,6 +149,20 @@ def _edge_tokens(depth: torch.Tensor, edge: torch.Tensor) -> tuple[torch.Tensor,
     return b_rows[which[0]], cols[which]
 
 
+def seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int, V: int) -> torch.Tensor:
+    """[B x G, V] bool: the tokens of each prompt [B, P] (not its padding), a row for each of its G completions;
+    the decode marks each sampled token in its row (the repetition penalty's tokens so far)."""
+    seen = torch.zeros(prompt_ids.shape[0], V, dtype=torch.uint8, device=prompt_ids.device)
+    seen.scatter_reduce_(1, prompt_ids, prompt_mask.to(torch.uint8), reduce="amax")  # a pad id that is also a real token: 1
+    return seen.bool().repeat_interleave(G, 0)
+
+
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' RepetitionPenaltyLogitsProcessor (and vLLM's): the logits [n, V] of the tokens seen [n, V] divided by
+    the penalty where positive, multiplied where negative; the rest as they were."""
+    return torch.where(seen, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     uniforms: torch.Tensor,

@@ -24,7 +24,7 @@ from rlvr.rollout.engines.hf.lean_decode import lean_decoder_for
 from rlvr.rollout.engines.hf.shared_prefix import shared_prefix_attention, supports_shared_prefix
 from rlvr.rollout.engines.hf.steps import LeanStep, TransformersStep, choose_layout, start_decode
 from rlvr.rollout.engines.protocols import Generation, SamplingParams
-from rlvr.rollout.engines.sampling import sample_tokens
+from rlvr.rollout.engines.sampling import penalize_repetition, sample_tokens, seen_tokens
 from rlvr.rollout.engines.turns import Trace, TurnDriver
 
 AttentionInterface.register("rlvr_sdpa", sdpa_cache_dtype)
@@ -83,7 +83,9 @@ class HFEngine:
             pre = prefill(self.model, self.tokenizer, prompts, G)
             step = start_decode(self.model, pre, layout, G, T)
             gens = [torch.Generator(device=pre.prompt_ids.device).manual_seed(int(s)) for s in seeds]
-            completion, logprobs, entropies = self._decode(step, pre.logits, pre.prompt_mask.sum(-1).repeat_interleave(G, 0), params, gens)
+            seen = seen_tokens(pre.prompt_ids, pre.prompt_mask, G, pre.logits.shape[-1]) if params.repetition_penalty != 1 else None
+            next_pos = pre.prompt_mask.sum(-1).repeat_interleave(G, 0)
+            completion, logprobs, entropies = self._decode(step, pre.logits, next_pos, params, gens, seen)
         return self._generation(pre.prompt_ids, pre.prompt_mask, completion, logprobs, entropies, params)
 
     @torch.no_grad()
@@ -104,10 +106,11 @@ class HFEngine:
         with self._mode("rlvr_episode"):
             return decode_episodes(model, self.tokenizer, prompts, params, seeds, driver, cache_dtype=cache_dtype, lower=lower, lean=lean)
 
-    def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens):
+    def _decode(self, step: TransformersStep | LeanStep, logits, next_pos, params: SamplingParams, gens, seen=None):
         """Sample up to T tokens per row: (completion ids, their log-probs, entropies or None), each [N, T].
         Finished rows keep their shape until a quarter of the rows still decoding have finished,
-        then leave the batch together: a few compactions per decode, not one per token."""
+        then leave the batch together: a few compactions per decode, not one per token. `seen` [N, V] bool: the
+        tokens each row holds so far, for the repetition penalty (None without one)."""
         N, T, G, device = logits.shape[0], params.max_new_tokens, params.n, logits.device
         completion = torch.full((N, T), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((N, T), dtype=torch.float32, device=device)
@@ -117,7 +120,11 @@ class HFEngine:
         eos = self.tokenizer.eos_token_id
         with decode_mode():  # the outputs above stay normal tensors: training reads them
             for t in range(T):
+                if seen is not None:
+                    logits = penalize_repetition(logits, seen[active], params.repetition_penalty)
                 token, logp, entropy = self._sample(logits, params, gens, active, G)
+                if seen is not None:
+                    seen[active, token] = True
                 completion[active, t] = token
                 logprobs[active, t] = logp
                 if entropies is not None:
