@@ -61,6 +61,7 @@ MAPPED = {
     "top_k": (20, "rollout.top_k", 20),
     "min_p": (0.1, "rollout.min_p", 0.1),
     "repetition_penalty": (1.2, "rollout.repetition_penalty", 1.2),
+    "generation_kwargs": ({"top_k": 7, "repetition_penalty": 1.1}, "rollout.top_k", 7),
     "use_vllm": (True, "rollout.engine", "vllm"),
     "vllm_mode": ("server", None, None),
     "vllm_enable_sleep_mode": (True, None, None),
@@ -205,3 +206,10 @@ def test_batch_arithmetic_is_trls():
         mapped(gradient_accumulation_steps=3, steps_per_generation=4)
     with pytest.raises(ConfigError, match="num_generations=3 must divide the generation batch"):
         mapped(num_generations=3)
+
+
+def test_generation_kwargs_win_over_the_fields_and_other_keys_are_refused_by_name():
+    got, _ = mapped(top_p=0.9, generation_kwargs={"top_p": 0.8, "min_p": 0.05})
+    assert (got["rollout.top_p"], got["rollout.min_p"]) == (0.8, 0.05)  # TRL: generation_kwargs override the fields
+    with pytest.raises(ConfigError, match=r"generation_kwargs\['do_sample'\]=False: rlvr samples with temperature, top_p"):
+        mapped(generation_kwargs={"do_sample": False})

@@ -170,7 +170,7 @@ RULES: dict[str, Rule] = {
     "top_p": M("rollout.top_p"),
     "top_k": M("rollout.top_k"),
     "min_p": M("rollout.min_p"),
-    "generation_kwargs": R("sampling takes temperature, top_p, top_k, min_p and repetition_penalty"),
+    "generation_kwargs": M("rollout.<key> for temperature, top_p, top_k, min_p, repetition_penalty (over the fields); others refused"),
     "chat_template_kwargs": M("data.chat_template_kwargs"),
     "repetition_penalty": M("rollout.repetition_penalty"),
     "cache_implementation": R("the hf engine manages its own KV cache"),

@@ -92,6 +92,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
         "rollout.repetition_penalty": args.repetition_penalty,
         "data.shuffle": bool(args.shuffle_dataset) and args.train_sampling_strategy != "sequential",
         "data.chat_template_kwargs": dict(args.chat_template_kwargs or {}),
+        **_generation_kwargs(args, errors),
     }
     steps_per_epoch = math.ceil(rows / b.prompts_per_step) if rows else None
     if args.max_steps is not None and args.max_steps > 0:
@@ -133,6 +134,21 @@ def _refusals(args: GRPOConfig, errors: list[str]) -> list[str]:
         else:
             notes.append(f"GRPOConfig {name}={value!r} changes nothing in rlvr: {rule.what}")
     return notes
+
+
+SAMPLING_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # rollout.<key>
+
+
+def _generation_kwargs(args: GRPOConfig, errors: list[str]) -> dict[str, Any]:
+    """TRL's generation_kwargs override its sampling fields: the keys rlvr samples with become rollout.<key>, any
+    other is an error naming it."""
+    out: dict[str, Any] = {}
+    for key, value in (args.generation_kwargs or {}).items():
+        if key in SAMPLING_KWARGS:
+            out[f"rollout.{key}"] = 0.0 if key == "min_p" and value is None else value
+        else:
+            errors.append(f"generation_kwargs[{key!r}]={value!r}: rlvr samples with {', '.join(SAMPLING_KWARGS)}, max_completion_length")
+    return out
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -55,7 +55,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "num_generations_eval": TrlName(_G, "eval.samples", "sampled at eval.temperature (1: greedy); adds eval/pass@k, maj@k, avg@k"),
     "min_p": TrlName(_G, "rollout.min_p"),
     "repetition_penalty": TrlName(_G, "rollout.repetition_penalty"),
-    "generation_kwargs": TrlName(_G, None, "rollout.temperature, top_p, top_k, min_p, repetition_penalty and ignore_eos only"),
+    "generation_kwargs": TrlName(_G, None, "its keys temperature, top_p, top_k, min_p, repetition_penalty are rollout.<key>"),
     "cache_implementation": TrlName(_G, None, "the hf engine manages its own KV cache"),
     "chat_template_kwargs": TrlName(_G, "data.chat_template_kwargs"),
     "max_prompt_length": TrlName(_G, None, "(gone from TRL 1.x too) prompts are never cut; shorten them in the data"),
