@@ -58,7 +58,7 @@ def test_validation_names_the_field(override, message):
 
 
 def test_repetition_penalty_is_single_turn_in_the_trainers_process():
-    with pytest.raises(ConfigError, match="rollout.repetition_penalty` applies to single-turn generation"):
+    with pytest.raises(ConfigError, match="rollout.repetition_penalty` applies to generation"):
         check_config(load_config(None, ["rollout.repetition_penalty=1.2", "rollout.servers=[http://127.0.0.1:8000]"]))
 
 

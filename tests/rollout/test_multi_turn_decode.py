@@ -228,10 +228,10 @@ def test_each_rows_random_numbers_are_its_own_generators_drawn_one_per_sample(ti
     taken: dict[int, list[int]] = {}  # row -> the table column each of its samples took
     sample = episode_decode._sample
 
-    def recorded(logits, rows, params, uniforms, draws):
+    def recorded(logits, rows, params, uniforms, draws, seen):
         for r in rows:
             taken.setdefault(r, []).append(int(draws[r]))
-        return sample(logits, rows, params, uniforms, draws)
+        return sample(logits, rows, params, uniforms, draws, seen)
 
     monkeypatch.setattr(episode_decode, "_sample", recorded)
     params = SamplingParams(n=6, temperature=1.0, max_new_tokens=30)

@@ -37,3 +37,41 @@ def test_sampled_log_probs_are_transformers_penalized_distribution(penalty, temp
             assert abs(float(gen.sampling_logprobs[r, t]) - float(expected)) < 1e-4, (r, t)
             checked += 1
     assert checked > 20
+
+
+def test_multi_turn_episodes_penalize_every_token_so_far_the_tools_too():
+    """guess_number with the bundled tiny-tools model: each sampled token's log-prob is the processor's over the
+    episode's ids so far, the tools' results included (as transformers reads a whole conversation's ids)."""
+    from rlvr.rollout.engines.hf import HFEngine
+    from rlvr.rollout.sources.multi_turn import MultiTurnSource, make_format
+    from rlvr.tasks import guess_number as gn
+    from rlvr.tasks.guess_number import GuessNumber
+    from rlvr.tools import EnvironmentFactory, ToolRunner
+
+    tok = load_tokenizer("tiny-tools")[0]
+    model = load_model("tiny-tools").eval()
+    env = EnvironmentFactory(GuessNumber)
+    tags = {"tags": {}, "result_tags": ("<result>", "</result>"), "describe": False}  # as tiny-tools learnt them
+    fmt = make_format("tags", tok, tool_names=env.names, schemas=env.schemas, **tags)
+    penalty, temperature = 1.3, 1.0
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=120, repetition_penalty=penalty)
+    runner = ToolRunner(timeout_s=30)
+    source = MultiTurnSource(HFEngine(model, tok), tok, params, fmt=fmt, environment=env, runner=runner, max_turns=3)
+    with runner:
+        e = source.rollout([gn.row(t) for t in (7, 22)], [5, 6])
+    processor, checked, external = RepetitionPenaltyLogitsProcessor(penalty), 0, 0
+    for r in range(e.completion_ids.shape[0]):
+        prompt = e.prompt_ids[r][e.prompt_mask[r].bool()]
+        n = int(e.attention_mask[r].sum())
+        ids = torch.cat([prompt, e.completion_ids[r, :n]])[None]
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        for t in range(n):
+            if not e.loss_mask[r, t]:
+                external += 1
+                continue
+            scores = processor(ids[:, : len(prompt) + t], logits[t : t + 1].clone())
+            expected = (scores / temperature).log_softmax(-1)[0, int(e.completion_ids[r, t])]
+            assert abs(float(e.sampling_logprobs[r, t]) - float(expected)) < 1e-4, (r, t)
+            checked += 1
+    assert checked > 40 and external > 10  # model tokens after tool results were checked

@@ -199,8 +199,8 @@ class RolloutConfig:
     """Min-p sampling: tokens less probable than min_p x the most probable one are not drawn (0 disables)."""
     repetition_penalty: float = 1.0
     """> 1 discourages the tokens already in the prompt or the completion so far: their logit divided by it where
-    positive, multiplied where negative, before the temperature (transformers' and vLLM's; 1 disables). Single-turn,
-    with the in-process hf engine or the colocated vLLM."""
+    positive, multiplied where negative, before the temperature (transformers' and vLLM's; 1 disables); in multi-turn
+    episodes the tools' tokens count too. With the in-process hf engine or the colocated vLLM."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
     servers: list[str] = field(default_factory=list)

@@ -267,6 +267,7 @@ class VLLMEngine:
             top_p=params.top_p,
             top_k=params.top_k,
             min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
             max_tokens=budget,
             ignore_eos=params.ignore_eos,
             stop_token_ids=([] if params.ignore_eos else self.stop_ids) + candidates,

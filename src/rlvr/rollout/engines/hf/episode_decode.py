@@ -29,7 +29,7 @@ from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, decode_mode, padding_bias, prefill
 from rlvr.rollout.engines.hf.lean_decode import LeanDecoder
 from rlvr.rollout.engines.protocols import SamplingParams
-from rlvr.rollout.engines.sampling import row_seed, sample_tokens
+from rlvr.rollout.engines.sampling import penalize_repetition, row_seed, sample_tokens, seen_tokens
 from rlvr.rollout.engines.turns import (
     DONE,
     FORCE,
@@ -84,10 +84,12 @@ def decode_episodes(
     draws = torch.zeros(N, dtype=torch.long, device=device)  # samples each row has drawn
     traces = [Trace() for _ in range(N)]
     stop, eos = StopMatcher(tokenizer, driver.stop_strings), eos_ids(model, tokenizer)
+    seen = seen_tokens(pre.prompt_ids, pre.prompt_mask, G, logits.shape[-1]) if params.repetition_penalty != 1 else None
     with decode_mode():  # what leaves the loop is Python (the traces' tokens and log-probs)
         while (runnable := _rows_to_run(traces, driver, T)) is not None:
-            sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, uniforms, draws)
+            sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, uniforms, draws, seen)
             feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
+            _mark_fed(seen, feed, chunks)
             if chunks:
                 _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
             if feed:
@@ -103,6 +105,14 @@ def decode_episodes(
                     logits[rows] = out.logits[:, -1].float()
                 lengths[rows] += 1
     return pre.prompt_ids, pre.prompt_mask, traces
+
+
+def _mark_fed(seen: torch.Tensor | None, feed: list[tuple[int, int]], chunks: list[tuple[int, list[int]]]) -> None:
+    """The repetition penalty's tokens so far (seen [N, V], None without one): each row's prompt, then every token it
+    feeds, sampled or external (a tool's result), as transformers' processor reads a whole episode's ids."""
+    if seen is not None:
+        for r, ids in [*((r, [t]) for r, t in feed), *chunks]:
+            seen[r, ids] = True
 
 
 def _take_tokens(traces: list[Trace], runnable: list[int], sampled: dict, T: int, **take) -> tuple[list, list]:
@@ -200,14 +210,21 @@ def _row_uniforms(seeds: Sequence[int], G: int, T: int, device: torch.device) ->
 
 
 def _sample(
-    logits: torch.Tensor, rows: list[int], params: SamplingParams, uniforms: torch.Tensor | None, draws: torch.Tensor
+    logits: torch.Tensor,
+    rows: list[int],
+    params: SamplingParams,
+    uniforms: torch.Tensor | None,
+    draws: torch.Tensor,
+    seen: torch.Tensor | None = None,
 ) -> dict[int, tuple[int, float]]:
     """(token, its log-prob) for each of `rows`, from their logits (logits [N, V]), together; each row takes its next
     random number (uniforms [N, T]; draws [N]: how many each row took before; inverse-CDF:
-    rlvr.rollout.engines.sampling.sample_tokens)."""
+    rlvr.rollout.engines.sampling.sample_tokens). `seen` [N, V]: each row's tokens so far, for the repetition penalty."""
     if not rows:
         return {}
     x = logits[rows]  # [n, V]
+    if seen is not None:
+        x = penalize_repetition(x, seen[rows], params.repetition_penalty)
     if uniforms is None:  # temperature 0: greedy
         return {r: (t, 0.0) for r, t in zip(rows, x.argmax(-1).tolist())}
     index = torch.tensor(rows, device=x.device)
