@@ -57,9 +57,9 @@ def test_validation_names_the_field(override, message):
         check_config(load_config(None, [override]))
 
 
-def test_repetition_penalty_is_single_turn_in_the_trainers_process():
-    with pytest.raises(ConfigError, match="rollout.repetition_penalty` applies to generation"):
-        check_config(load_config(None, ["rollout.repetition_penalty=1.2", "rollout.servers=[http://127.0.0.1:8000]"]))
+def test_repetition_penalty_is_rlvrs_own_generations():
+    with pytest.raises(ConfigError, match="rollout.repetition_penalty` applies to rlvr's own generation"):
+        check_config(load_config(None, ["rollout.repetition_penalty=1.2", "rollout.function=my.py:rollout"]))
 
 
 def test_eval_reward_all_needs_reward_functions():

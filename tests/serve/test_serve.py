@@ -47,14 +47,15 @@ def _ids(tok, prompts):
     return [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
 
-@pytest.mark.parametrize("min_p", [0.0, 0.2])
-def test_generate_is_the_in_process_engine(server, local, min_p):
+@pytest.mark.parametrize("min_p, penalty", [(0.0, 1.0), (0.2, 1.0), (0.0, 1.5)])
+def test_generate_is_the_in_process_engine(server, local, min_p, penalty):
     model, tok = local
-    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, min_p=min_p)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, min_p=min_p, repetition_penalty=penalty)
     torch.set_num_threads(1)
     gen = HFEngine(model, tok).generate(PROMPTS, params, [5, 6, 7])
     client = RlvrServerClient(server.url)
-    result = client.generate(GenerateRequest(_ids(tok, PROMPTS), 3, [5, 6, 7], [6, 6, 6], entropy=True, min_p=min_p))
+    request = GenerateRequest(_ids(tok, PROMPTS), 3, [5, 6, 7], [6, 6, 6], entropy=True, min_p=min_p, repetition_penalty=penalty)
+    result = client.generate(request)
     assert result.version == 0 and len(result.samples) == 3
     for r, s in enumerate(x for per in result.samples for x in per):
         keep = gen.completion_mask[r].bool()

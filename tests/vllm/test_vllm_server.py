@@ -172,6 +172,25 @@ def test_min_p_reaches_the_server(client, trainer):
     assert ratio.numel() > 20 and bool((ratio >= math.log(min_p) - 1e-3).all()), float(ratio.min())
 
 
+def test_repetition_penalty_reaches_the_server(client, trainer):
+    """A request's repetition_penalty is vLLM's: each sampled log-prob is transformers' RepetitionPenaltyLogitsProcessor's
+    over the sample's tokens so far, by the trainer's own forward."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    req = request(trainer, repetition_penalty=1.8)
+    r = client.generate(req)
+    processor, gaps = RepetitionPenaltyLogitsProcessor(1.8), []
+    for i, per in enumerate(r.samples):
+        for s in per:
+            ids = torch.tensor(req.prompt_ids[i] + s.ids)[None]
+            with torch.no_grad():
+                logits = trainer.model(ids).logits[0].float()
+            for t, (token, lp) in enumerate(zip(s.ids, s.logprobs)):
+                at = len(req.prompt_ids[i]) + t
+                gaps.append(abs(lp - float(processor(ids[:, :at], logits[at - 1 : at].clone()).log_softmax(-1)[0, token])))
+    assert len(gaps) > 20 and max(gaps) < 1e-3, max(gaps)
+
+
 def test_a_stop_string_ends_the_sample_at_the_token_that_completes_it(client, trainer):
     free = client.generate(request(trainer, n=1, max_tokens=[12, 12, 12]))
     ids = free.samples[0][0].ids

@@ -200,7 +200,7 @@ class RolloutConfig:
     repetition_penalty: float = 1.0
     """> 1 discourages the tokens already in the prompt or the completion so far: their logit divided by it where
     positive, multiplied where negative, before the temperature (transformers' and vLLM's; 1 disables); in multi-turn
-    episodes the tools' tokens count too. With the in-process hf engine or the colocated vLLM."""
+    episodes the tools' tokens count too. Not with agents or rollout functions (they sample their own way)."""
     ignore_eos: bool = False
     """Keep generating past EOS: every completion is max_new_tokens long (benchmarks, fixed-cost steps)."""
     servers: list[str] = field(default_factory=list)

@@ -35,10 +35,10 @@ def validate_rollout(cfg: Config, errors: list[str], warnings: list[str], choice
         errors.append(f"`rollout.min_p` must be in [0, 1], got {r.min_p}")
     if not r.repetition_penalty > 0:
         errors.append(f"`rollout.repetition_penalty` must be positive (1: off), got {r.repetition_penalty}")
-    elif r.repetition_penalty != 1 and (r.agent or r.function or r.servers or r.max_staleness):
+    elif r.repetition_penalty != 1 and (r.agent or r.function):
         errors.append(
-            "`rollout.repetition_penalty` applies to generation in the trainer's process (the hf engine or the colocated "
-            "vLLM); not with agents, rollout functions or generation servers yet"
+            "`rollout.repetition_penalty` applies to rlvr's own generation (the hf engine, vLLM, generation servers); an agent "
+            "or a rollout function samples its own way"
         )
     choice("rollout.engine", r.engine, engines)
     choice("rollout.compile", r.compile, ["on", "off"])

@@ -99,7 +99,7 @@ class HFBackend:
                 return GenerateResult(self._turns(req), self.version)
 
     def _params(self, req: GenerateRequest, max_tokens: int) -> SamplingParams:
-        return SamplingParams(req.n, req.temperature, req.top_p, req.top_k, max_tokens, req.ignore_eos, req.min_p)
+        return SamplingParams(req.n, req.temperature, req.top_p, req.top_k, max_tokens, req.ignore_eos, req.min_p, req.repetition_penalty)
 
     def _completions(self, req: GenerateRequest) -> list[list[Sample]]:
         gen = self.engine.generate(req.prompt_ids, self._params(req, req.max_tokens[0]), req.seeds)  # type: ignore[arg-type]

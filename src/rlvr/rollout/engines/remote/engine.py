@@ -102,6 +102,7 @@ class RemoteEngine:
             params.ignore_eos,
             entropy=params.temperature > 0,
             min_p=params.min_p,
+            repetition_penalty=params.repetition_penalty,
         )
         samples, versions = self.pool.generate(request)
         rows = [s for per in samples for s in per]
@@ -151,6 +152,7 @@ class RemoteEngine:
                     params.ignore_eos,
                     list(driver.stop_strings),
                     min_p=params.min_p,
+                    repetition_penalty=params.repetition_penalty,
                 )
                 samples, versions = self.pool.generate(request)
                 for r, per, v in zip(rows, samples, versions):

@@ -46,6 +46,7 @@ class GenerateRequest:
     stop_strings: list[str] = field(default_factory=list)  # a sample also ends when its text reaches one
     entropy: bool = False  # also return each sampled token's distribution entropy (when the engine has it)
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # over each sample's tokens so far: its prompt (which holds a turn's episode so far), then its own
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +70,7 @@ class GenerateRequest:
             list(self.stop_strings),
             self.entropy,
             self.min_p,
+            self.repetition_penalty,
         )
 
 

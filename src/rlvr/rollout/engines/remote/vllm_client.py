@@ -130,6 +130,7 @@ class VLLMServerClient:
             "top_p": request.top_p,
             "top_k": request.top_k,
             "min_p": request.min_p,
+            "repetition_penalty": request.repetition_penalty,
             "max_tokens": request.max_tokens[i],
             "ignore_eos": request.ignore_eos,
             "seed": None if greedy else int(request.seeds[i]) % SEED_RANGE,  # prompt i's noise from seeds[i] alone
