@@ -167,8 +167,8 @@ def test_weights_are_synced_after_each_update(make):
     before = t.engine.generate(PROMPTS, sp, seeds=[1, 2, 3, 4])
     old_logp = trainer_logprobs(t, before)
     m = t.train_step()
-    assert "sampler/is_weight_mean" in m and abs(m["sampler/is_weight_mean"] - 1) < 1e-3
-    assert m["sampler/logp_gap_max"] < 1e-3
+    assert "sampling/importance_sampling_ratio/mean" in m and abs(m["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
+    assert m["sampling/sampling_logp_difference/max"] < 1e-3
     after = t.engine.generate(PROMPTS, sp, seeds=[1, 2, 3, 4])
     new_logp = trainer_logprobs(t, after)
     assert (new_logp - after.sampling_logprobs).abs().max() < 1e-4
@@ -198,7 +198,7 @@ def test_rlvr_train_with_vllm_end_to_end(make, tmp_path):
     t.train()
     assert (tmp_path / "e2e" / "final" / "model.safetensors").exists()
     lines = (tmp_path / "e2e" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and '"sampler/is_weight_mean"' in lines[-1]
+    assert len(lines) == 3 and '"sampling/importance_sampling_ratio/mean"' in lines[-1]
 
 
 def test_sleep_mode_order_of_calls(make, monkeypatch):

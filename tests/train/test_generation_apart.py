@@ -71,7 +71,7 @@ def test_auto_sampler_correction_is_on_through_servers(make_trainer, servers, de
     assert applied_sampler_correction(t.cfg) == "token_truncate"
     t.train()
     m = _metrics(t)[0]  # the hf server samples with the trainer's code: its log-probs differ only by forward vs decode numerics
-    assert abs(m["sampler/is_weight_mean"] - 1) < 1e-4 and m["sampler/logp_gap_max"] < 1e-4
+    assert abs(m["sampling/importance_sampling_ratio/mean"] - 1) < 1e-4 and m["sampling/sampling_logp_difference/max"] < 1e-4
 
 
 @pytest.mark.parametrize("k", [1, 2])

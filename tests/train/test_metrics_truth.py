@@ -349,7 +349,7 @@ def test_old_logprobs_are_the_policy_without_dropout(make_trainer, dropout_model
     for _, old in spy:  # both passes: the generating policy without dropout
         torch.testing.assert_close(old[mask], expected_old[mask], rtol=0, atol=1e-6)
     assert (spy[0][0] - spy[0][1])[mask].abs().max() > 1e-3  # pass 1's ratio carries the dropout noise
-    assert m["sampler/logp_gap_mean"] < 1e-5  # the sampler and the old log-probs agree
+    assert m["sampling/sampling_logp_difference/mean"] < 1e-5  # the sampler and the old log-probs agree
 
 
 def test_reference_logprobs_without_dropout(make_trainer, dropout_model_dir):

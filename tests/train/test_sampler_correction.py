@@ -64,9 +64,9 @@ def test_hf_engine_sampling_logprobs_match_the_trainer(make_trainer, tmp_path):
     t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "rollout.max_new_tokens=8")
     assert t.cfg.algo.sampler_correction == "auto" and applied_sampler_correction(t.cfg) == "none"
     m = t.train_step()
-    assert 0 <= m["sampler/logp_gap_max"] < 1e-4
-    assert m["sampler/logp_gap_mean"] < 1e-5
-    assert "sampler/is_weight_mean" not in m
+    assert 0 <= m["sampling/sampling_logp_difference/max"] < 1e-4
+    assert m["sampling/sampling_logp_difference/mean"] < 1e-5
+    assert "sampling/importance_sampling_ratio/mean" not in m
 
 
 @pytest.mark.parametrize("mode, cap, factor", [("token_truncate", 3.0, 2.0), ("token_truncate", 1.5, 1.5), ("token_mask", 1.5, 0.0)])
@@ -89,5 +89,8 @@ def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_pat
         metrics[name] = t.updater(ep, adv).metrics
         grads[name] = torch.cat([p.grad.flatten() for p in t.model.parameters()])
     torch.testing.assert_close(grads["corrected"], factor * grads["plain"], rtol=1e-4, atol=1e-7)
-    assert metrics["plain"]["sampler/logp_gap_mean"] == pytest.approx(math.log(2.0), abs=1e-5)
-    assert metrics["corrected"]["sampler/is_weight_mean"] == pytest.approx(factor, abs=1e-4)
+    assert metrics["plain"]["sampling/sampling_logp_difference/mean"] == pytest.approx(math.log(2.0), abs=1e-5)
+    corrected = metrics["corrected"]
+    assert corrected["sampling/importance_sampling_ratio/mean"] == pytest.approx(factor, abs=1e-4)
+    assert corrected["sampling/importance_sampling_ratio/min"] == pytest.approx(factor, abs=1e-4)  # every weight the same
+    assert corrected["sampling/importance_sampling_ratio/max"] == pytest.approx(factor, abs=1e-4)

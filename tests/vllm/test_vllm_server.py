@@ -333,9 +333,9 @@ def test_the_trainer_trains_through_the_vllm_server(server, make_trainer, monkey
     samples = [json.loads(x) for x in (t.output_dir / "samples.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
-        assert m["staleness/max"] <= k and m["weight_sync/bytes"] > 0 and "sampler/is_weight_mean" in m  # corrected
+        assert m["staleness/max"] <= k and m["weight_sync/bytes"] > 0 and "sampling/importance_sampling_ratio/mean" in m  # corrected
         if k == 0:  # vLLM's log-probs of its samples vs the trainer's, same weights: kernels only (k = 1: older weights too)
-            assert m["sampler/logp_gap_max"] < TOL
+            assert m["sampling/sampling_logp_difference/max"] < TOL
         versions = [s["weight_version"] for s in samples if s["step"] == m["step"]]
         assert versions and all(m["step"] - 1 - k <= v <= m["step"] - 1 for v in versions)
     if k == 0:

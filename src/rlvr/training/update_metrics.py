@@ -23,6 +23,7 @@ class MetricSums:
         self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens, summed over the optimizer steps
         self.fractions: list[torch.Tensor] = []  # [3] (low, high, region) per micro-batch that can clip, for min/max
         self.gap_max = z()
+        self.is_range = torch.tensor([math.inf, -math.inf], dtype=torch.float64, device=device)  # the weights' min, max
         self.step_loss = z()  # the loss of the optimizer step being accumulated (its micro-batches')
         self.losses: list[float] = []  # per optimizer step, on the host (they decide whether a step is applied)
         self.grad_norms: list[float] = []
@@ -54,6 +55,10 @@ class MetricSums:
         self.tokens_first += m.sum().double()
         if is_w is not None:
             self.is_weight += (is_w * m).sum().double()
+            off = ~(m.bool() & torch.ones_like(is_w, dtype=torch.bool))  # [n, C] not a loss token (a sequence's weight: each)
+            w = is_w.expand_as(off).double()  # no host sync: an empty micro-batch gives inf / -inf, which min / max keep
+            low, high = w.masked_fill(off, math.inf).min(), w.masked_fill(off, -math.inf).max()
+            self.is_range = torch.stack([torch.minimum(self.is_range[0], low), torch.maximum(self.is_range[1], high)])
 
     def metrics(self, minibatches: list, dist, *, beta: float, correction: str) -> dict:
         """The update's metrics over every rank. `minibatches`: the MinibatchInputs the epochs ran (their
@@ -86,10 +91,15 @@ class MetricSums:
             metrics["entropy/trained"] = ent / tokens
         if beta > 0:
             metrics["kl"] = kl / max(tokens, 1.0)
-        metrics["sampler/logp_gap_mean"] = gap / tokens_first
-        metrics["sampler/logp_gap_max"] = dist.max(host[11], what="metrics")
+        # TRL's names (it logs them with vLLM's correction): |log p_old - log p_sampler| over the first epoch's loss tokens,
+        # and the correction's weights there
+        metrics["sampling/sampling_logp_difference/mean"] = gap / tokens_first
+        metrics["sampling/sampling_logp_difference/max"] = dist.max(host[11], what="metrics")
         if correction != "none":
-            metrics["sampler/is_weight_mean"] = isw / tokens_first
+            low, high = self.is_range.tolist()
+            metrics["sampling/importance_sampling_ratio/mean"] = isw / tokens_first
+            metrics["sampling/importance_sampling_ratio/min"] = _finite_or_zero(dist.min(low, what="metrics"))
+            metrics["sampling/importance_sampling_ratio/max"] = _finite_or_zero(dist.max(high, what="metrics"))
         return metrics
 
 
