@@ -27,6 +27,7 @@ from rlvr.rewards import RewardFn, RewardRunner, load_reward_fn
 from rlvr.rollout.episodes import RolloutSource
 from rlvr.tasks import Task
 from rlvr.training.collect import reward_columns, score
+from rlvr.training.step_metrics import reward_metrics
 
 
 class EvaluationError(RuntimeError):
@@ -225,10 +226,7 @@ def evaluate(
     n, values, answers = source.group_size, [], []
     failed, name = 0, column
     extract = getattr(reward.fns[0].fn, "extract_answer", None) if reward.fns and column is None else None
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        episodes = source.rollout(chunk, list(range(i, i + len(chunk))))
-        rewards = score(reward, chunk, episodes)
+    for episodes, rewards in _scored_chunks(source, rows, reward, batch_size):
         names, _ = reward_columns(reward, episodes)
         name = column or names[0]
         if name not in names:
@@ -255,34 +253,31 @@ def evaluate_weighted(source: RolloutSource, rows: list[dict], reward: RewardRun
     left out of its episode's sum; an episode no function scored left out of the mean), with the sum's std and each
     function's mean and std over the episodes it scored (`by_function`, TRL's names); pass@k and avg@n as `evaluate`
     gives them, where every episode was scored. EvaluationError when no episode was."""
-    n, totals, scored, failed, first = source.group_size, [], [], 0, None
-    names: list[str] = []
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i : i + batch_size]
-        episodes = source.rollout(chunk, list(range(i, i + len(chunk))))
-        rewards = score(reward, chunk, episodes).double()  # [N, K]
+    n, scored, failed, first = source.group_size, [], 0, None
+    for episodes, rewards in _scored_chunks(source, rows, reward, batch_size):
         names, weights = reward_columns(reward, episodes)
-        totals.append((rewards * weights.to(rewards)).nansum(-1).masked_fill(rewards.isnan().all(-1), float("nan")))
-        scored.append(rewards)
+        scored.append(rewards.double())  # [N, K]
         failed += sum(reward.last_errors.values())
         first = first or next((e for e in reward.first_error.values() if e), None)
-    total, by_fn = torch.cat(totals), torch.cat(scored)  # [rows x n], [rows x n, K]
+    by_fn = torch.cat(scored)  # [rows x n, K]
+    total = (by_fn * weights.to(by_fn)).nansum(-1).masked_fill(by_fn.isnan().all(-1), float("nan"))  # [rows x n]
     what = f"weighted sum of {', '.join(names)}"
     if bool(total.isnan().all()):
         raise EvaluationError(f"no held-out score: no reward function scored any of the {len(rows)} rows ({what}); first error: {first}")
-    spread = {"reward_std": _nan_std(total)}
-    for k, name in enumerate(names):
-        spread.update({f"rewards/{name}/mean": float(by_fn[:, k].nanmean()), f"rewards/{name}/std": _nan_std(by_fn[:, k])})
-    outcome = EvalOutcome(float(total.nanmean()), len(rows), failed, what, first, n, by_function=spread)
+    stats = reward_metrics(by_fn, weights.to(by_fn), names, n)  # the training step's, TRL's
+    spread = {k: v for k, v in stats.items() if k == "reward_std" or k.startswith("rewards/")}
+    outcome = EvalOutcome(stats["reward"], len(rows), failed, what, first, n, by_function=spread)
     if n > 1 and not bool(total.isnan().any()):
         _sampled_numbers(outcome, total.view(-1, n), [])
     return outcome
 
 
-def _nan_std(x: torch.Tensor) -> float:
-    """The std with Bessel's correction over the non-NaN values (TRL's nanstd; 0 for one value, NaN for none)."""
-    valid = x[~x.isnan()]
-    return float(valid.std()) if valid.numel() > 1 else 0.0 if valid.numel() else float("nan")
+def _scored_chunks(source: RolloutSource, rows: list[dict], reward: RewardRunner, batch_size: int):
+    """(episodes, their rewards [N, K]) of `rows` in chunks of batch_size rows, row i seeded i."""
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i : i + batch_size]
+        episodes = source.rollout(chunk, list(range(i, i + len(chunk))))
+        yield episodes, score(reward, chunk, episodes)
 
 
 def _failures(reward: RewardRunner, name: str, episodes) -> int:

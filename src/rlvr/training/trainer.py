@@ -34,7 +34,7 @@ from rlvr.rollout.sources import make_source
 from rlvr.training.batch_plan import BatchPlan
 from rlvr.training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from rlvr.training.collect import Batch, Collector
-from rlvr.training.evaluation import EvaluationError, held_out_for
+from rlvr.training.evaluation import EvaluationError, HeldOut, held_out_for
 from rlvr.training.hooks import NoHooks, RunHooks
 from rlvr.training.minibatches import this_ranks_minibatches
 from rlvr.training.reward_health import RewardHealth
@@ -107,9 +107,12 @@ class Trainer:
         first_row = self.stream.take(1)[0]
         check_reward_columns(self.rewards.fns, first_row, columns_the_rollout_adds(cfg, source))
         self.stream.position = 0
-        self.held_out = held_out_for(cfg, self.task) if cfg.eval.before_after or cfg.eval.every else None
-        self.eval_reward = self.held_out.runner(columns_the_rollout_adds(cfg, None)) if self.held_out is not None else None
+        self.held_out, self.eval_reward = self._held_out() if cfg.eval.before_after or cfg.eval.every else (None, None)
         return first_row
+
+    def _held_out(self) -> tuple[HeldOut | None, RewardRunner | None]:
+        held = held_out_for(self.cfg, self.task)
+        return held, held.runner(columns_the_rollout_adds(self.cfg, None)) if held is not None else None
 
     def _load_model(self, first_row: dict) -> None:
         """Tokenizer, policy (and reference), the batch plan, the precision, the parallel wrapper and the engine."""
@@ -217,8 +220,7 @@ class Trainer:
         without a held-out set). Every rank must call it: under FSDP2 they all take part in gathering
         the full weights, then wait while rank 0 generates."""
         if self.held_out is None and self.cfg.eval.data is not None:  # evaluation off in training: a script's call (TRL's API)
-            self.held_out = held_out_for(self.cfg, self.task)
-            self.eval_reward = self.held_out.runner(columns_the_rollout_adds(self.cfg, None)) if self.held_out is not None else None
+            self.held_out, self.eval_reward = self._held_out()
         if self.held_out is None:
             return None
         assert self.eval_reward is not None, "made with the held-out set"

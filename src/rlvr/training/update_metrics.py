@@ -65,9 +65,8 @@ class MetricSums:
         normalisers and the sampled-token entropy known before the epochs)."""
         fr = torch.stack(self.fractions).tolist() if self.fractions else []
         sampled = sum(s.sampled_entropy for s in minibatches) + self.sampled_entropy
-        host = torch.stack(
-            [self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, *self.clipped, *sampled, self.gap_max]
-        ).tolist()
+        sums = [self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, *self.clipped, *sampled]
+        host = torch.stack([*sums, self.gap_max, *self.is_range]).tolist()  # the one trip to the host
         tokens, tokens_first, ent, kl, gap, isw, low, high, region, s_ent, s_tokens = dist.sum(*host[:11], what="metrics")
         # clip fractions: over each optimizer step's whole minibatch (skipped rows: ratio 1, never clipped), averaged
         # over the optimizer steps run (minibatch after minibatch, epoch after epoch)
@@ -96,10 +95,9 @@ class MetricSums:
         metrics["sampling/sampling_logp_difference/mean"] = gap / tokens_first
         metrics["sampling/sampling_logp_difference/max"] = dist.max(host[11], what="metrics")
         if correction != "none":
-            low, high = self.is_range.tolist()
             metrics["sampling/importance_sampling_ratio/mean"] = isw / tokens_first
-            metrics["sampling/importance_sampling_ratio/min"] = _finite_or_zero(dist.min(low, what="metrics"))
-            metrics["sampling/importance_sampling_ratio/max"] = _finite_or_zero(dist.max(high, what="metrics"))
+            metrics["sampling/importance_sampling_ratio/min"] = _finite_or_zero(dist.min(host[12], what="metrics"))
+            metrics["sampling/importance_sampling_ratio/max"] = _finite_or_zero(dist.max(host[13], what="metrics"))
         return metrics
 
 
