@@ -262,10 +262,8 @@ def test_cli_run_with_no_signal_logs_the_true_entropy(rlvr_cli, tiny_model_dir, 
 # held-out evaluation and the arithmetic split
 
 
-def test_held_out_evaluation_uses_the_system_prompt(make_trainer):
-    from rlvr.data import render_prompt
-
-    t = make_trainer("data.system_prompt=Answer with the number only.", "data.eval_size=6", "eval_before_after=true")
+def prompts_generated(t) -> list[str]:
+    """The prompts the trainer's engine is asked to generate from, from now on, in order (its generate wrapped)."""
     seen, real = [], t.engine.generate
 
     def generate(prompts, params, seeds):
@@ -273,6 +271,14 @@ def test_held_out_evaluation_uses_the_system_prompt(make_trainer):
         return real(prompts, params, seeds)
 
     t.engine.generate = generate
+    return seen
+
+
+def test_held_out_evaluation_uses_the_system_prompt(make_trainer):
+    from rlvr.data import render_prompt
+
+    t = make_trainer("data.system_prompt=Answer with the number only.", "data.eval_size=6", "eval_before_after=true")
+    seen = prompts_generated(t)
     t.evaluate()
     expected = [render_prompt(r["prompt"], t.tokenizer, "Answer with the number only.") for r in t.task.eval_rows()]
     assert seen == expected and "Answer with the number only." in seen[0]
@@ -403,13 +409,7 @@ def test_chat_template_kwargs_reach_every_prompt_rendering(make_trainer, tiny_mo
     tok.save_pretrained(model)
     kwargs = "data.chat_template_kwargs={enable_thinking: false}"
     t = make_trainer(f"model.path={model}", kwargs, "data.eval_size=3", "eval_before_after=true")
-    seen, real = [], t.engine.generate
-
-    def generate(prompts, params, seeds):
-        seen.extend(prompts)
-        return real(prompts, params, seeds)
-
-    t.engine.generate = generate
+    seen = prompts_generated(t)
     t.train_step()
     t.evaluate()
     assert len(seen) == t.cfg.rollout.prompts_per_step + 3 and all(p.endswith("<|assistant|>no!") for p in seen), seen[:2]
