@@ -1,9 +1,12 @@
 """TRL 1.16.0's GRPO reward arithmetic, transcribed line by line for rlvr's tests to compare with: trainer/utils.py
 (nanstd) and trainer/grpo_trainer.py (GRPOTrainer._generate_and_score_completions: the advantages, from
-`unscorable_mask` to `nan_to_num`, and the reward statistics it logs). Variable names are TRL's. Also rewards to
+`unscorable_mask` to `nan_to_num`, the reward statistics it logs, and vLLM's importance-sampling ratio with its
+statistics). Variable names are TRL's. Also rewards to
 compare them on (`rewards_with_gaps`)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -78,3 +81,29 @@ def trl_reward_metrics(rewards_per_func, reward_weights, names):
     out["reward"] = torch.nanmean(rewards).item()
     out["reward_std"] = trl_nanstd(rewards).item()
     return out
+
+
+def trl_importance_sampling(old_per_token_logps, sampling_per_token_logps, mask, mode, clip_min, clip_max):
+    """The ratio multiplying the per-token loss ([B, T] or, sequence modes, [B, 1]) and its logged min / mean / max."""
+    per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask
+    per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)
+    sequence_level_is = mode in ["sequence_mask", "sequence_truncate"]
+    if sequence_level_is:
+        per_sequence_logps_diff = per_token_logps_diff.sum(dim=-1, keepdim=True)
+        logps_diff = per_sequence_logps_diff
+    else:
+        logps_diff = per_token_logps_diff
+    vllm_importance_sampling_ratio = torch.exp(logps_diff)
+    if mode in ["sequence_truncate", "token_truncate"]:
+        vllm_importance_sampling_ratio = torch.clamp(vllm_importance_sampling_ratio, min=clip_min, max=clip_max)
+    elif mode in ["sequence_mask", "token_mask"]:
+        min_val = clip_min if clip_min is not None else -math.inf
+        max_val = clip_max if clip_max is not None else math.inf
+        invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (vllm_importance_sampling_ratio > max_val)
+        vllm_importance_sampling_ratio = vllm_importance_sampling_ratio.masked_fill(invalid_mis_mask, value=0.0)
+    if sequence_level_is:
+        flat_is_ratio = vllm_importance_sampling_ratio.flatten()
+    else:
+        flat_is_ratio = vllm_importance_sampling_ratio[mask.bool()]
+    stats = (torch.min(flat_is_ratio), torch.mean(flat_is_ratio), torch.max(flat_is_ratio))
+    return vllm_importance_sampling_ratio, stats

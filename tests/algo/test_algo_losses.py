@@ -216,7 +216,7 @@ def test_every_registry_entry_is_documented():
     assert set(algo.LOSS_TYPES) == {*LOSS_TYPES, "cispo", "sapo", "vespo", "luspo"}  # TRL 1.16's loss_type values
     assert {o for o, _ in algo.LOSS_TYPES.values()} == set(algo.OBJECTIVES)  # every objective is reachable
     assert {a for _, a in algo.LOSS_TYPES.values()} == set(algo.LOSS_AGGREGATIONS)
-    assert set(algo.SAMPLER_CORRECTIONS) == {"token_truncate", "token_mask"}
+    assert set(algo.SAMPLER_CORRECTIONS) == {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}  # TRL's modes
 
 
 def test_the_queries_follow_the_declared_properties():

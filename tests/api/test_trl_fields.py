@@ -83,6 +83,7 @@ MAPPED = {
     "vllm_importance_sampling_mode": ("token_truncate", None, None),
     "vllm_importance_sampling_clip_max": (2.0, None, None),
     "vllm_importance_sampling_cap": (2.0, None, None),
+    "vllm_importance_sampling_clip_min": (0.5, None, None),
     "use_bias_correction_kl": (False, None, None),  # with beta > 0 (below)
     "log_completions": (True, "logging.completions_every", 10),
     "num_completions_to_print": (3, "logging.num_completions", 3),
@@ -111,6 +112,7 @@ WITH = {  # fields that act only together with another
     "vllm_importance_sampling_mode": ({"use_vllm": True}, "algo.sampler_correction", "token_truncate"),
     "vllm_importance_sampling_clip_max": ({"use_vllm": True}, "algo.sampler_correction_cap", 2.0),
     "vllm_importance_sampling_cap": ({"use_vllm": True}, "algo.sampler_correction_cap", 2.0),
+    "vllm_importance_sampling_clip_min": ({"use_vllm": True}, "algo.sampler_correction_min", 0.5),
     "use_bias_correction_kl": ({"beta": 0.1}, "algo.kl_bias_correction", False),
     "max_tool_calling_iterations": ({}, "tools.max_turns", 3),
 }

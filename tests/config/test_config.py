@@ -130,3 +130,18 @@ def test_kl_cov_asks_to_turn_off_the_default_clip_cov():
     with pytest.raises(ConfigError, match=r"Clip-Cov is on by default, at 0.02: KL-Cov needs algo.clip_cov_ratio=0"):
         check_config(load_config(None, ["algo.kl_cov_ratio=2e-4"]))
     check_config(load_config(None, ["algo.kl_cov_ratio=2e-4", "algo.clip_cov_ratio=0"]))
+
+
+def test_sampler_correction_bounds_and_modes():
+    """TRL's four importance-sampling modes and its lower bound; the bounds checked, vespo kept to per-token weights."""
+    vllm = ["rollout.engine=vllm"]
+    for mode in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        check_config(load_config(None, [*vllm, f"algo.sampler_correction={mode}", "algo.sampler_correction_min=0.5"]))
+    check_config(load_config(None, [*vllm, "algo.sampler_correction_cap=.inf"]))  # TRL's clip_max=None
+    with pytest.raises(ConfigError) as e:
+        check_config(load_config(None, [*vllm, "algo.sampler_correction_min=3.0", "algo.sampler_correction_cap=3.0"]))
+    assert "`algo.sampler_correction_min` must be in [0, algo.sampler_correction_cap) or null, got 3.0" in str(e.value)
+    with pytest.raises(ConfigError, match="algo.sampler_correction=sequence_mask gives one per completion; use token_truncate"):
+        check_config(load_config(None, [*vllm, "algo.loss_type=vespo", "algo.sampler_correction=sequence_mask"]))
+    with pytest.raises(ConfigError, match=r"`algo.sampler_correction` must be one of .*got 'sequence'"):
+        check_config(load_config(None, [*vllm, "algo.sampler_correction=sequence"]))

@@ -94,6 +94,7 @@ CASES = [
             "algo.kl_estimator=k1",
             "algo.max_resample_rounds=8",
             "algo.sampler_correction_cap=5",
+            "algo.sampler_correction_min=0.5",
             "algo.scale_rewards=none",
             "algo.std_ddof=1",
         ],
@@ -101,6 +102,8 @@ CASES = [
             "algo.kl_estimator=k1 has no effect: there is no KL term (algo.beta=0)",
             "algo.max_resample_rounds=8 has no effect: algo.dynamic_sampling is off",
             "algo.sampler_correction_cap=5.0 has no effect: algo.sampler_correction=auto corrects nothing with rollout.engine=hf "
+            "(its sampler is the trained model)",
+            "algo.sampler_correction_min=0.5 has no effect: algo.sampler_correction=auto corrects nothing with rollout.engine=hf "
             "(its sampler is the trained model)",
             "algo.std_ddof=1 has no effect: algo.scale_rewards=none divides by no standard deviation",
         ],

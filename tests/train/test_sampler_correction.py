@@ -69,10 +69,20 @@ def test_hf_engine_sampling_logprobs_match_the_trainer(make_trainer, tmp_path):
     assert "sampling/importance_sampling_ratio/mean" not in m
 
 
-@pytest.mark.parametrize("mode, cap, factor", [("token_truncate", 3.0, 2.0), ("token_truncate", 1.5, 1.5), ("token_mask", 1.5, 0.0)])
+@pytest.mark.parametrize(
+    "mode, cap, factor",
+    [
+        ("token_truncate", 3.0, 2.0),
+        ("token_truncate", 1.5, 1.5),
+        ("token_mask", 1.5, 0.0),
+        ("sequence_truncate", 3.0, 2.0),
+        ("sequence_truncate", 1.5, 1.5),
+        ("sequence_mask", 1.5, 0.0),
+    ],
+)
 def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_path, mode, cap, factor):
-    """A sampler that reported every token as half as likely as the trainer finds it: weights 2,
-    so the gradient doubles (capped at 1.5: x1.5; masked beyond 1.5: zero)."""
+    """A sampler that reported every token (sequence modes: every completion) as half as likely as the trainer finds
+    it: weights 2, so the gradient doubles (capped at 1.5: x1.5; masked beyond 1.5: zero)."""
     from test_trainer_variants import CHECKSUM, advantages_of, reward_file  # the trainer tests' helpers
 
     grads, metrics = {}, {}
@@ -83,14 +93,74 @@ def test_trainer_scales_the_policy_gradient_by_the_weights(make_trainer, tmp_pat
         t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), "optim.max_grad_norm=0", *overrides, run=name)
         batch = t.collector.collect(t.state)
         ep = batch.episodes
-        ep.sampling_logprobs = ep.sampling_logprobs - math.log(2.0) * ep.loss_mask
+        per_token = ep.loss_mask / ep.loss_mask.sum(-1, keepdim=True).clamp(min=1) if mode.startswith("sequence") else ep.loss_mask
+        ep.sampling_logprobs = ep.sampling_logprobs - math.log(2.0) * per_token
         adv = advantages_of(t, batch)
         assert adv.abs().max() > 0
         metrics[name] = t.updater(ep, adv).metrics
         grads[name] = torch.cat([p.grad.flatten() for p in t.model.parameters()])
     torch.testing.assert_close(grads["corrected"], factor * grads["plain"], rtol=1e-4, atol=1e-7)
-    assert metrics["plain"]["sampling/sampling_logp_difference/mean"] == pytest.approx(math.log(2.0), abs=1e-5)
+    if not mode.startswith("sequence"):
+        assert metrics["plain"]["sampling/sampling_logp_difference/mean"] == pytest.approx(math.log(2.0), abs=1e-5)
     corrected = metrics["corrected"]
     assert corrected["sampling/importance_sampling_ratio/mean"] == pytest.approx(factor, abs=1e-4)
     assert corrected["sampling/importance_sampling_ratio/min"] == pytest.approx(factor, abs=1e-4)  # every weight the same
     assert corrected["sampling/importance_sampling_ratio/max"] == pytest.approx(factor, abs=1e-4)
+
+
+def test_sequence_weights_are_averaged_over_completions(make_trainer, tmp_path):
+    """TRL logs a sequence mode's weights per completion: their mean over the trained completions, not over tokens."""
+    from test_trainer_variants import CHECKSUM, advantages_of, reward_file  # the trainer tests' helpers
+
+    overrides = ("algo.sampler_correction=sequence_truncate", "algo.sampler_correction_cap=10", "rollout.max_new_tokens=12")
+    t = make_trainer(reward_file(tmp_path, CHECKSUM, "checksum"), *overrides)
+    batch = t.collector.collect(t.state)
+    ep = batch.episodes
+    lengths = ep.loss_mask.sum(-1)  # [N]
+    weights = 1.5 + 0.5 * (torch.arange(len(lengths)) % 7).double()  # [N] the sampler's ratio per completion
+    ep.sampling_logprobs = ep.sampling_logprobs - (weights.log() / lengths.clamp(min=1)).unsqueeze(-1).float() * ep.loss_mask
+    adv = advantages_of(t, batch)
+    trained = (adv != 0) & (lengths > 0)
+    assert trained.any() and lengths[trained].unique().numel() > 1  # a token-weighted mean would differ
+    m = t.updater(ep, adv).metrics
+    assert m["sampling/importance_sampling_ratio/mean"] == pytest.approx(float(weights[trained].mean()), rel=1e-4)
+    assert m["sampling/importance_sampling_ratio/min"] == pytest.approx(float(weights[trained].min()), rel=1e-4)
+    assert m["sampling/importance_sampling_ratio/max"] == pytest.approx(float(weights[trained].max()), rel=1e-4)
+
+
+def test_sequence_weights_by_hand():
+    """One weight per completion: the product of its tokens' ratios, bounded as a whole (TRL's sequence_* modes)."""
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.3], [0.4, 0.4, 0.4]], dtype=torch.float64))
+    samp = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.3, 0.1, 0.9], [0.8, 0.4, 0.1]], dtype=torch.float64))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0]], dtype=torch.float64)
+    # products over the mask: 2 x 0.5 x 9 = 9; 1 x 3 = 3; 0.5 x 1 = 0.5
+    w = sampler_correction(old, samp, mask, "sequence_truncate", cap=4.0)
+    torch.testing.assert_close(w, torch.tensor([[4.0], [3.0], [0.5]], dtype=torch.float64), rtol=1e-12, atol=0)
+    w = sampler_correction(old, samp, mask, "sequence_truncate", cap=4.0, low=0.8)
+    torch.testing.assert_close(w, torch.tensor([[4.0], [3.0], [0.8]], dtype=torch.float64), rtol=1e-12, atol=0)
+    w = sampler_correction(old, samp, mask, "sequence_mask", cap=4.0, low=0.8)
+    torch.testing.assert_close(w, torch.tensor([[0.0], [3.0], [0.0]], dtype=torch.float64), rtol=1e-12, atol=0)
+    w = sampler_correction(old, samp, mask, "token_mask", cap=math.inf, low=0.8)  # per token: [[2, 0, 9], [1, 3, -]]
+    torch.testing.assert_close(w[:2], torch.tensor([[2, 0, 9], [1, 3, 0]], dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("clip_min, clip_max", [(None, 3.0), (0.5, 3.0), (0.9, None), (None, 1.2)])
+def test_weights_are_trls(mode, clip_min, clip_max):
+    """Every mode and bound against TRL 1.16's code (tests/_trl_grpo.py): the weights where the loss reads them, and the
+    statistics it logs; a token the sampler did not score (NaN) counts as agreeing, as there."""
+    from _trl_grpo import trl_importance_sampling
+
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    samp = old + torch.randn(6, 9, generator=g, dtype=torch.float64) * 0.6
+    samp[3, :3] -= 0.5  # a completion whose weight passes 3
+    samp[1, 2] = samp[4, 0] = float("nan")
+    lengths = torch.tensor([9, 5, 1, 7, 3, 8])
+    mask = (torch.arange(9) < lengths[:, None]).to(torch.float64)
+    expected, (lo, mean, hi) = trl_importance_sampling(old, samp, mask, mode, clip_min, clip_max)
+    w = sampler_correction(old, samp, mask, mode, cap=math.inf if clip_max is None else clip_max, low=clip_min)
+    torch.testing.assert_close(w * mask, expected * mask, rtol=1e-12, atol=0)  # the loss reads the weights on the mask
+    assert w.shape == expected.shape
+    unbounded, _ = trl_importance_sampling(old, samp, mask, mode, None, math.inf)
+    assert not torch.equal(expected * mask, unbounded * mask)  # the bounds bind in these draws

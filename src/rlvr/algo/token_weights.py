@@ -2,11 +2,15 @@
 
 high_entropy_mask   w_it = 1[H_it >= quantile_{1-q}(H over the batch's tokens)]   (Beyond the 80/20 rule:
                     train only on the high-entropy "forking" tokens)
-sampler_correction  w_it = f(p_trainer_old(y_it) / p_sampler(y_it)), detached, one of SAMPLER_CORRECTIONS:
-                        token_truncate  min(w, cap)              truncated importance sampling ("TIS")
-                        token_mask      w if w <= cap, else 0     masked importance sampling ("MIS")
+sampler_correction  w_it = f(p_trainer_old(y_it) / p_sampler(y_it)), detached, one of SAMPLER_CORRECTIONS
+                    (bounds [low, cap], low optional):
+                        token_truncate     clamp(w_it, low, cap)              truncated importance sampling ("TIS")
+                        token_mask         w_it inside [low, cap], else 0     masked importance sampling ("MIS")
+                        sequence_truncate  clamp(W_i, low, cap) on every token of completion i,
+                        sequence_mask      W_i inside [low, cap], else 0,     W_i = prod_t w_it over its tokens
                     so the update is unbiased for the trainer's policy although the tokens came from
-                    the sampler's (e.g. vLLM's) slightly different distribution
+                    the sampler's (e.g. vLLM's) slightly different distribution (TRL's
+                    vllm_importance_sampling_mode; its default is sequence_mask)
 mask_truncated      m_it = 0 on completions that hit the length limit without EOS
 off_policy_sequence_mask
                     w_i = 0 on a completion with A_i < 0 whose mean log-ratio of the sampler to the current
@@ -36,22 +40,43 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: f
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)  # [N, L]
 
 
-def _token_truncate(log_w: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated importance sampling (TIS): min(w, cap), w = exp(log_w). [N, L] -> [N, L]."""
-    return torch.exp(log_w).clamp(max=cap)
+def _clamp(w: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    return w.clamp(min=low, max=cap)
 
 
-def _token_mask(log_w: torch.Tensor, cap: float) -> torch.Tensor:
-    """Masked importance sampling (MIS): w where w <= cap, else 0, w = exp(log_w). [N, L] -> [N, L]."""
-    w = torch.exp(log_w)  # [N, L]
-    return torch.where(w <= cap, w, torch.zeros_like(w))
+def _zero_outside(w: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    outside = w > cap if low is None else (w > cap) | (w < low)
+    return w.masked_fill(outside, 0.0)
+
+
+def _token_truncate(log_w: torch.Tensor, mask: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS): each token's w clamped to [low, cap]. [N, L] -> [N, L], 0 off the mask."""
+    return _clamp(torch.exp(log_w), low, cap) * mask
+
+
+def _token_mask(log_w: torch.Tensor, mask: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    """Masked importance sampling (MIS): each token's w where it lies in [low, cap], else 0. [N, L] -> [N, L]."""
+    return _zero_outside(torch.exp(log_w), low, cap) * mask
+
+
+def _sequence_truncate(log_w: torch.Tensor, mask: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    """One weight per completion, the product of its tokens' w, clamped to [low, cap]. [N, L] -> [N, 1]."""
+    return _clamp(torch.exp(log_w.sum(-1, keepdim=True)), low, cap)
+
+
+def _sequence_mask(log_w: torch.Tensor, mask: torch.Tensor, low: float | None, cap: float) -> torch.Tensor:
+    """One weight per completion, the product of its tokens' w, where it lies in [low, cap], else 0. [N, L] -> [N, 1]."""
+    return _zero_outside(torch.exp(log_w.sum(-1, keepdim=True)), low, cap)
 
 
 # How to correct for the sampler and the trainer computing slightly different probabilities for
-# the same tokens; keyed by the values of `algo.sampler_correction` (besides auto / none).
-SAMPLER_CORRECTIONS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+# the same tokens; keyed by the values of `algo.sampler_correction` (besides auto / none). Each takes the masked
+# log-ratios log w [N, L], the mask and the bounds.
+SAMPLER_CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, float | None, float], torch.Tensor]] = {
     "token_truncate": _token_truncate,
     "token_mask": _token_mask,
+    "sequence_truncate": _sequence_truncate,
+    "sequence_mask": _sequence_mask,
 }
 
 
@@ -61,14 +86,15 @@ def sampler_correction(
     mask: torch.Tensor,  # [N, L]
     mode: str,
     cap: float,
-) -> torch.Tensor:
-    """Per-token importance weights [N, L] (no gradient, 0 off the mask) that multiply the
-    policy-gradient term, so the update is unbiased for the trainer's policy although the tokens
-    came from the sampler's slightly different distribution. Pass them as `token_weights`."""
+    low: float | None = None,
+) -> torch.Tensor:  # [N, L] token modes (0 off the mask); [N, 1] sequence modes
+    """Importance weights (no gradient) that multiply the policy-gradient term, so the update is unbiased for the
+    trainer's policy although the tokens came from the sampler's slightly different distribution. Pass them as
+    `sampler_weights`. A token the sampler gave no log-prob (NaN) counts as agreeing (log-ratio 0), as in TRL."""
     if mode not in SAMPLER_CORRECTIONS:
         raise ValueError(f"sampler correction must be one of {sorted(SAMPLER_CORRECTIONS)}, got {mode!r}")
-    log_w = (old_logp.detach() - sampling_logp).masked_fill(mask == 0, 0.0)  # [N, L]
-    return SAMPLER_CORRECTIONS[mode](log_w, cap) * mask  # [N, L]
+    log_w = torch.nan_to_num((old_logp.detach() - sampling_logp).masked_fill(mask == 0, 0.0), nan=0.0)  # [N, L]
+    return SAMPLER_CORRECTIONS[mode](log_w, mask, low, cap)
 
 
 def mask_truncated(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:

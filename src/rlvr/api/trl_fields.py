@@ -223,9 +223,9 @@ RULES: dict[str, Rule] = {
     "entropy_target": M("algo.entropy_target: same meaning and value"),
     "max_tool_calling_iterations": M("tools.max_turns = N + 1 (rlvr counts model turns)"),
     "vllm_importance_sampling_correction": M("algo.sampler_correction (False: none)"),
-    "vllm_importance_sampling_mode": M("algo.sampler_correction: token_truncate, token_mask (sequence_* modes refused)"),
-    "vllm_importance_sampling_clip_max": M("algo.sampler_correction_cap"),
-    "vllm_importance_sampling_clip_min": R("the correction has an upper cap only"),
+    "vllm_importance_sampling_mode": M("algo.sampler_correction (the same four modes)"),
+    "vllm_importance_sampling_clip_max": M("algo.sampler_correction_cap (None: .inf)"),
+    "vllm_importance_sampling_clip_min": M("algo.sampler_correction_min"),
     "use_bias_correction_kl": M("algo.kl_bias_correction (on by default, as in TRL)"),
     # GRPOConfig: logging
     "log_completions": M("logging.completions_every = logging_steps (False: 0); the table goes to samples.jsonl"),

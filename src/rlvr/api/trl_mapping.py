@@ -107,7 +107,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
     s.update(_optimizer(args, b, total, errors))
     s.update(_model_and_devices(args, errors))
     s.update(_algo(args, has_tools))
-    s.update(_generation_engine(args, errors, notes))
+    s.update(_generation_engine(args))
     s.update(_logging(args, b, errors))
     save = _interval(str(args.save_strategy), args.save_steps, b, total, steps_per_epoch)
     if args.save_strategy == "best":
@@ -231,7 +231,7 @@ def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     return s
 
 
-def _generation_engine(args: GRPOConfig, errors: list[str], notes: list[str]) -> dict[str, Any]:
+def _generation_engine(args: GRPOConfig) -> dict[str, Any]:
     if not args.use_vllm:
         return {}
     s: dict[str, Any] = {}
@@ -244,15 +244,11 @@ def _generation_engine(args: GRPOConfig, errors: list[str], notes: list[str]) ->
         s["rollout.vllm.gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
         s["rollout.vllm.max_model_len"] = args.vllm_max_model_length
         s["rollout.vllm.sleep"] = bool(args.vllm_enable_sleep_mode)
-    mode = args.vllm_importance_sampling_mode
-    if not args.vllm_importance_sampling_correction:
-        s["algo.sampler_correction"] = "none"
-    else:
-        token_mode = "token_mask" if mode.endswith("mask") else "token_truncate"
-        if mode.startswith("sequence"):
-            notes.append(f"vllm_importance_sampling_mode={mode!r}: rlvr corrects per token, as {token_mode}")
-        s["algo.sampler_correction"] = token_mode
-    s["algo.sampler_correction_cap"] = args.vllm_importance_sampling_cap or args.vllm_importance_sampling_clip_max
+    # TRL's modes are rlvr's (an unknown one fails validation by name); its clip_max=None bounds nothing from above
+    s["algo.sampler_correction"] = args.vllm_importance_sampling_mode if args.vllm_importance_sampling_correction else "none"
+    cap = args.vllm_importance_sampling_cap or args.vllm_importance_sampling_clip_max
+    s["algo.sampler_correction_cap"] = math.inf if cap is None else cap
+    s["algo.sampler_correction_min"] = args.vllm_importance_sampling_clip_min
     return s
 
 

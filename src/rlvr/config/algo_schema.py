@@ -46,11 +46,15 @@ class AlgoConfig:
     max_resample_rounds: int = 4
     """Dynamic sampling: most extra generation rounds per step before training on what there is."""
     sampler_correction: str = "auto"
-    """Importance weights for the sampler and trainer computing slightly different probabilities:
-    token_truncate (TIS, min(w, cap)), token_mask (MIS, w if w <= cap else 0), none, or auto
-    (token_truncate with the vllm engine; none with hf, whose sampler is the trained model itself)."""
+    """Importance weights for the sampler and trainer computing slightly different probabilities, w = p_trainer /
+    p_sampler: token_truncate (TIS: each token's w clamped to [min, cap]), token_mask (MIS: w outside [min, cap] set
+    to 0), sequence_truncate / sequence_mask (the same with one weight per completion, the product of its tokens' w:
+    TRL's default mode), none, or auto (token_truncate with the vllm engine, servers or rollout.max_staleness > 0;
+    none with the in-process hf engine, whose sampler is the trained model itself)."""
     sampler_correction_cap: float = 3.0
-    """The cap of those importance weights."""
+    """The upper bound of those importance weights (TRL's vllm_importance_sampling_clip_max; .inf: none)."""
+    sampler_correction_min: float | None = None
+    """Their lower bound (TRL's vllm_importance_sampling_clip_min); null: none."""
     sapo_temperature_pos: float = 1.0
     """loss_type=sapo: temperature of the soft gate for completions with positive advantage."""
     sapo_temperature_neg: float = 1.05

@@ -120,7 +120,7 @@ def _algo_and_logging(cfg: Config) -> list[str]:
             else f"algo.sampler_correction=auto corrects nothing with rollout.engine={cfg.rollout.engine} "
             "(its sampler is the trained model)"
         )
-        out += _say("algo.", a, ("sampler_correction_cap",), why)
+        out += _say("algo.", a, ("sampler_correction_cap", "sampler_correction_min"), why)
     if a.scale_rewards == "none":
         out += _say("algo.", a, ("std_ddof", "std_eps"), "algo.scale_rewards=none divides by no standard deviation")
     if cfg.logging.completions_every == 0:

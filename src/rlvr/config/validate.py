@@ -156,6 +156,11 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
             "algo.loss_type=vespo forms its own sequence weight: algo.importance_sampling_level=sequence only changes "
             "the KL bias correction's ratio; TRL expects token"
         )
+    if a.loss_type == "vespo" and a.sampler_correction.startswith("sequence"):
+        errors.append(
+            f"algo.loss_type=vespo folds each token's sampler-correction weight into its own: algo.sampler_correction="
+            f"{a.sampler_correction} gives one per completion; use token_truncate or token_mask (TRL refuses it too)"
+        )
     if a.kl_bias_correction and a.beta == 0:
         warnings.append("algo.kl_bias_correction=true has no effect without a KL term (algo.beta=0)")
 
@@ -227,8 +232,10 @@ def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice: 
     """algo.*: the registered names, the clipping and sampling hyperparameters, the objectives' own."""
     a = cfg.algo
     choice("algo.sampler_correction", a.sampler_correction, ["auto", "none", *choices["algo.sampler_correction"]])
-    if a.sampler_correction_cap <= 1:
+    if not a.sampler_correction_cap > 1:
         errors.append(f"`algo.sampler_correction_cap` must be > 1, got {a.sampler_correction_cap}")
+    if a.sampler_correction_min is not None and not 0 <= a.sampler_correction_min < a.sampler_correction_cap:
+        errors.append(f"`algo.sampler_correction_min` must be in [0, algo.sampler_correction_cap) or null, got {a.sampler_correction_min}")
     for key in ("algo.loss_type", "algo.importance_sampling_level", "algo.kl_estimator", "algo.scale_rewards", "algo.reward_aggregation"):
         choice(key, getattr(a, key.split(".", 1)[1]), choices[key])
     if not 0 < a.epsilon < 1:

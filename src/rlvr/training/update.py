@@ -137,7 +137,7 @@ class Updater:
         entropy = out.entropy.detach()  # out.entropy keeps its gradient for the entropy bonus
         selection, w, is_w = self.token_weights(minibatch, rows, C, entropy, m, old, first)
         if first is not None and micro_batch.weight:
-            sums.add_sampler_gap(old, e.sampling_logprobs[rows, :C], m, is_w)
+            sums.add_sampler_gap(old, e.sampling_logprobs[rows, :C], m, is_w, per_sequence=self.correction.startswith("sequence"))
             if minibatch.entropy_from_first_epoch:
                 sums.add_sampled_entropy(entropy, e.loss_mask[rows, :C])
         ref = None if minibatch.ref_logp is None else minibatch.ref_logp[rows, :C]
@@ -183,9 +183,8 @@ class Updater:
             w = clip if w is None else w * clip
         is_w = None
         if self.correction != "none":  # the sampler's probabilities differ from the trainer's (vLLM)
-            is_w = algo.sampler_correction(
-                old_logp, minibatch.episodes.sampling_logprobs[rows, :C], m, self.correction, a.sampler_correction_cap
-            )
+            sampling_logp = minibatch.episodes.sampling_logprobs[rows, :C]
+            is_w = algo.sampler_correction(old_logp, sampling_logp, m, self.correction, a.sampler_correction_cap, a.sampler_correction_min)
         return selected, w, is_w
 
     def optimizer_step(self, sums: MetricSums, *, has_rows: bool) -> bool:

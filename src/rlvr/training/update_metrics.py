@@ -18,7 +18,8 @@ class MetricSums:
 
     def __init__(self, device):
         z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
-        self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight = z(), z(), z(), z(), z(), z()
+        self.tokens, self.tokens_first, self.entropy, self.kl, self.gap = z(), z(), z(), z(), z()
+        self.is_weight, self.is_count = z(), z()  # the correction's weights summed, and how many: tokens or completions
         self.sampled_entropy = torch.zeros(2, dtype=torch.float64, device=device)  # entropy sum, tokens (the first epoch's forward)
         self.clipped = [z(), z(), z()]  # low, high, region: fraction x tokens, summed over the optimizer steps
         self.fractions: list[torch.Tensor] = []  # [3] (low, high, region) per micro-batch that can clip, for min/max
@@ -46,15 +47,22 @@ class MetricSums:
         sampled = sampled.double()
         self.sampled_entropy += torch.stack([(entropy.double() * sampled).sum(), sampled.sum()])
 
-    def add_sampler_gap(self, old_logp, sampling_logp, m, is_w) -> None:
-        """How far the sampler's log-probs are from the trainer's (first epoch only)."""
+    def add_sampler_gap(self, old_logp, sampling_logp, m, is_w, *, per_sequence: bool = False) -> None:
+        """How far the sampler's log-probs are from the trainer's (first epoch only); is_w: the correction's weights,
+        [n, C] or (per_sequence) [n, 1]."""
         gap = (old_logp - sampling_logp).abs() * m
         self.gap += gap.sum().double()
         if gap.numel():
             self.gap_max = torch.maximum(self.gap_max, gap.max().double())
         self.tokens_first += m.sum().double()
         if is_w is not None:
-            self.is_weight += (is_w * m).sum().double()
+            if per_sequence:  # one weight per completion: their mean over completions, as TRL's
+                trained = m.sum(-1, keepdim=True) > 0  # [n, 1]
+                self.is_weight += (is_w * trained).sum().double()
+                self.is_count += trained.sum().double()
+            else:
+                self.is_weight += (is_w * m).sum().double()
+                self.is_count += m.sum().double()
             off = ~(m.bool() & torch.ones_like(is_w, dtype=torch.bool))  # [n, C] not a loss token (a sequence's weight: each)
             w = is_w.expand_as(off).double()  # no host sync: an empty micro-batch gives inf / -inf, which min / max keep
             low, high = w.masked_fill(off, math.inf).min(), w.masked_fill(off, -math.inf).max()
@@ -65,9 +73,9 @@ class MetricSums:
         normalisers and the sampled-token entropy known before the epochs)."""
         fr = torch.stack(self.fractions).tolist() if self.fractions else []
         sampled = sum(s.sampled_entropy for s in minibatches) + self.sampled_entropy
-        sums = [self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, *self.clipped, *sampled]
+        sums = [self.tokens, self.tokens_first, self.entropy, self.kl, self.gap, self.is_weight, self.is_count, *self.clipped, *sampled]
         host = torch.stack([*sums, self.gap_max, *self.is_range]).tolist()  # the one trip to the host
-        tokens, tokens_first, ent, kl, gap, isw, low, high, region, s_ent, s_tokens = dist.sum(*host[:11], what="metrics")
+        tokens, tokens_first, ent, kl, gap, isw, is_count, low, high, region, s_ent, s_tokens = dist.sum(*host[:12], what="metrics")
         # clip fractions: over each optimizer step's whole minibatch (skipped rows: ratio 1, never clipped), averaged
         # over the optimizer steps run (minibatch after minibatch, epoch after epoch)
         steps_run = itertools.islice(itertools.cycle(minibatches), len(self.losses))
@@ -93,11 +101,11 @@ class MetricSums:
         # TRL's names (it logs them with vLLM's correction): |log p_old - log p_sampler| over the first epoch's loss tokens,
         # and the correction's weights there
         metrics["sampling/sampling_logp_difference/mean"] = gap / tokens_first
-        metrics["sampling/sampling_logp_difference/max"] = dist.max(host[11], what="metrics")
-        if correction != "none":
-            metrics["sampling/importance_sampling_ratio/mean"] = isw / tokens_first
-            metrics["sampling/importance_sampling_ratio/min"] = _finite_or_zero(dist.min(host[12], what="metrics"))
-            metrics["sampling/importance_sampling_ratio/max"] = _finite_or_zero(dist.max(host[13], what="metrics"))
+        metrics["sampling/sampling_logp_difference/max"] = dist.max(host[12], what="metrics")
+        if correction != "none":  # per token, or per completion (sequence_* modes)
+            metrics["sampling/importance_sampling_ratio/mean"] = isw / max(is_count, 1.0)
+            metrics["sampling/importance_sampling_ratio/min"] = _finite_or_zero(dist.min(host[13], what="metrics"))
+            metrics["sampling/importance_sampling_ratio/max"] = _finite_or_zero(dist.max(host[14], what="metrics"))
         return metrics
 
 
