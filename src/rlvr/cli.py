@@ -223,7 +223,12 @@ def _eval_parser(sub) -> None:
         "(k = 1, 2, 4, ... for a 0/1 verifier), maj@k (when the verifier compares answers) and avg@k, with 95%% intervals",
     )
     ev.add_argument(
-        "--temperature", type=float, help="eval.temperature: the sampling temperature with --samples > 1 (default: the run's, else 1.0)"
+        "--temperature",
+        type=float,
+        help=(
+            "eval.temperature: the sampling temperature with --samples > 1 (default: the run's, else 1.0), "
+            "through a run's rollout.top_p, top_k, min_p and repetition_penalty"
+        ),
     )
     ev.add_argument(
         "--system-prompt", help="system message before every prompt (default: the run's data.system_prompt, else none; '' for none)"

@@ -68,6 +68,20 @@ def test_training_logs_pass_at_k(make_trainer):
     assert (t.output_dir / "report" / "pass_at_k.png").stat().st_size > 10_000 and "Held-out pass@k" in page
 
 
+def test_sampled_evaluation_samples_through_the_trainings_filters(make_trainer):
+    """eval.samples > 1 samples through rollout.top_k (and top_p, min_p, repetition_penalty), as TRL's evaluation:
+    with top_k=1 every sample is the greedy completion, so pass@4 is pass@1 is the greedy accuracy (at temperature 1
+    without the filter the tiny model's samples differ: pass@4 > pass@1, test_rlvr_eval_samples_prints_...)."""
+    common = (f"model.path={resolve_model_path('tiny')}", "data.eval_size=24", "eval.every=1")  # the bundled model solves some
+    greedy = make_trainer(*common, run="greedy").evaluate()
+    t = make_trainer(*common, "eval.samples=4", "eval.temperature=1.0", "rollout.top_k=1", run="top_k")
+    assert t.evaluate() == pytest.approx(greedy, abs=1e-12) and 0 < greedy < 1
+    assert t.eval_metrics["eval/pass@1"] == pytest.approx(t.eval_metrics["eval/pass@4"], abs=1e-12)
+    free = make_trainer(*common, "eval.samples=4", "eval.temperature=1.0", run="free")
+    free.evaluate()
+    assert free.eval_metrics["eval/pass@4"] > free.eval_metrics["eval/pass@1"]  # the filter is what made them equal
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

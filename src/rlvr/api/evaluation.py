@@ -28,7 +28,7 @@ class EvalResult:
     rows: int  # problems (a task) or rows (a dataset) evaluated
     samples: int  # episodes per row
     name: str  # the task's name, or the dataset as given
-    how: str  # `greedy`, `temperature 1`, or the agent's sampling
+    how: str  # `greedy`, `temperature 1` (and the sampling filters on: `, top_p 0.9`), or the agent's sampling
     pass_at: dict[int, float] = field(default_factory=dict)  # k -> pass@k (a 0/1 reward and samples > 1)
     maj: float | None = None  # maj@samples, when the reward can compare answers
     avg: float | None = None  # avg@samples (samples > 1)
@@ -130,9 +130,10 @@ def _tags(tags: Mapping[str, str] | Sequence[str] | None) -> list[str] | None:
 def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResult:
     """`rlvr eval MODEL` with its options (an EvalOptions): the config, the held-out set, the model, the score."""
     from rlvr.models.loading import load_model, load_tokenizer, resolve_existing, with_template_kwargs
-    from rlvr.rollout import SamplingParams, make_engine
+    from rlvr.rollout import make_engine
     from rlvr.rollout.sources import make_source
     from rlvr.training import eval_command as ec
+    from rlvr.training.setup import held_out_sampling
 
     target = ec.locate(model)
     cfg = ec.eval_config(target, args)
@@ -146,8 +147,7 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     loaded = load_model(target.model, m.dtype, device, m.trust_remote_code).eval()
     context = getattr(loaded.config, "max_position_embeddings", None)
     room = ec.room_after_prompts(held.rows, tok, cfg.data.system_prompt, context)  # a default length fits the model
-    k, temperature = cfg.eval.samples, cfg.eval.temperature if cfg.eval.samples > 1 else 0.0
-    sampling = SamplingParams(n=k, temperature=temperature, max_new_tokens=ec.max_new_tokens(args, cfg, target, task, room))
+    sampling = held_out_sampling(cfg, ec.max_new_tokens(args, cfg, target, task, room))
     # a run's prompts are checked against the context as its trainer checked them; any other model's are not (as before)
     source = make_source(
         cfg,
@@ -161,7 +161,8 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
     if not quiet:
         print(f"[note] {ec.describe(cfg, target)}", flush=True)
     outcome = held.evaluate(source, runner)  # EvaluationError: never a score
-    how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else f"temperature {temperature:g}"
+    k = sampling.n
+    how = "the agent's sampling" if cfg.rollout.agent else "greedy" if k == 1 else _sampling_words(sampling)
     intervals = {
         name: value
         for name, value in [*((f"pass@{j}", v) for j, v in outcome.pass_at.items()), (f"maj@{k}", outcome.maj), (f"avg@{k}", outcome.avg)]
@@ -183,3 +184,10 @@ def evaluate_options(model: str, args: Any, *, quiet: bool = False) -> EvalResul
         what="problems" if task is not None else "rows",
         outcome=outcome,
     )
+
+
+def _sampling_words(sampling) -> str:
+    """`temperature 0.8, top_p 0.9`: the temperature and each sampling filter that is on."""
+    on = [("top_p", sampling.top_p, 1.0), ("top_k", sampling.top_k, 0), ("min_p", sampling.min_p, 0.0)]
+    on.append(("repetition_penalty", sampling.repetition_penalty, 1.0))
+    return ", ".join([f"temperature {sampling.temperature:g}", *(f"{name} {value:g}" for name, value, off in on if value != off)])

@@ -159,7 +159,9 @@ RULES: dict[str, Rule] = {
     "cast_lm_head_to_fp32": R("the output head runs in the model's dtype (or under autocast)"),
     # GRPOConfig: generation
     "num_generations": M("rollout.group_size"),
-    "num_generations_eval": M("eval.samples at eval.temperature=temperature (None: num_generations, as TRL)"),
+    "num_generations_eval": M(
+        "eval.samples at eval.temperature=temperature, with training's top_p/top_k/min_p/repetition_penalty (None: num_generations)"
+    ),
     "max_completion_length": M("rollout.max_new_tokens"),
     "ds3_gather_for_generation": N("no DeepSpeed"),
     "shuffle_dataset": M("data.shuffle"),

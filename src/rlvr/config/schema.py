@@ -138,7 +138,8 @@ class EvalConfig:
     eval/pass@k (k = 1, 2, 4, ... up to samples; a 0/1 verifier), eval/maj@samples (a verifier that compares answers)
     and eval/avg@samples, whose mean is then the held-out number."""
     temperature: float = 1.0
-    """The sampling temperature of eval.samples > 1."""
+    """The sampling temperature of eval.samples > 1, which samples through the training's rollout.top_p, top_k, min_p
+    and repetition_penalty as well (TRL's evaluation samples with its training's settings); greedy (samples: 1) uses none."""
 
 
 @dataclass

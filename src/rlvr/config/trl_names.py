@@ -52,7 +52,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "steps_per_generation": TrlName(
         _G, "optim.steps_per_generation", "counted in optimizer steps: TRL's value / gradient_accumulation_steps"
     ),
-    "num_generations_eval": TrlName(_G, "eval.samples", "sampled at eval.temperature (1: greedy); adds eval/pass@k, maj@k, avg@k"),
+    "num_generations_eval": TrlName(
+        _G, "eval.samples", "sampled at eval.temperature through rollout's filters (1: greedy); adds eval/pass@k, maj@k, avg@k"
+    ),
     "min_p": TrlName(_G, "rollout.min_p"),
     "repetition_penalty": TrlName(_G, "rollout.repetition_penalty"),
     "generation_kwargs": TrlName(_G, None, "its keys temperature, top_p, top_k, min_p, repetition_penalty are rollout.<key>"),

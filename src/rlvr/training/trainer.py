@@ -42,7 +42,7 @@ from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, s
 from rlvr.training.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside
 from rlvr.training.run_folder import truncate_jsonl, write_atomically
 from rlvr.training.setup import check_config, columns_the_rollout_adds, make_optimizer, prompt_tokens, run_device, run_precision
-from rlvr.training.setup import plan_warnings, schedule_change, training_prompts, training_sampling
+from rlvr.training.setup import held_out_sampling, plan_warnings, schedule_change, training_prompts, training_sampling
 from rlvr.training.state import Checkpointer, TrainState
 from rlvr.training.servers import GenerationApart, uses_servers
 from rlvr.training.step_metrics import StepRecord, batch_metrics, log_completions, step_times
@@ -224,14 +224,12 @@ class Trainer:
         if self.held_out is None:
             return None
         assert self.eval_reward is not None, "made with the held-out set"
-        e = self.cfg.eval  # greedy, or eval.samples episodes per row at eval.temperature
-        t = e.temperature if e.samples > 1 else 0.0
-        greedy = self._source(SamplingParams(n=e.samples, temperature=t, max_new_tokens=self.cfg.rollout.max_new_tokens))
+        source = self._source(held_out_sampling(self.cfg, self.cfg.rollout.max_new_tokens))
         outcome, error = None, None
         with full_weights_for_generation(self.dist, self.model):
             if self.dist.is_main:
                 try:
-                    outcome = self.held_out.evaluate(greedy, self.eval_reward)
+                    outcome = self.held_out.evaluate(source, self.eval_reward)
                 except EvaluationError as e:  # a failure is never a score: stop rather than record 0
                     error = str(e)
         if self.dist.max(float(error is not None), what="held-out evaluation"):
