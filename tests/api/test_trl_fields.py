@@ -84,6 +84,9 @@ MAPPED = {
     "vllm_importance_sampling_clip_max": (2.0, None, None),
     "vllm_importance_sampling_cap": (2.0, None, None),
     "vllm_importance_sampling_clip_min": (0.5, None, None),
+    "sync_ref_model": (True, None, None),
+    "ref_model_mixup_alpha": (0.5, None, None),
+    "ref_model_sync_steps": (64, None, None),
     "use_bias_correction_kl": (False, None, None),  # with beta > 0 (below)
     "log_completions": (True, "logging.completions_every", 10),
     "num_completions_to_print": (3, "logging.num_completions", 3),
@@ -113,6 +116,9 @@ WITH = {  # fields that act only together with another
     "vllm_importance_sampling_clip_max": ({"use_vllm": True}, "algo.sampler_correction_cap", 2.0),
     "vllm_importance_sampling_cap": ({"use_vllm": True}, "algo.sampler_correction_cap", 2.0),
     "vllm_importance_sampling_clip_min": ({"use_vllm": True}, "algo.sampler_correction_min", 0.5),
+    "sync_ref_model": ({"beta": 0.1}, "algo.ref_sync_steps", 512),
+    "ref_model_mixup_alpha": ({"beta": 0.1, "sync_ref_model": True}, "algo.ref_sync_alpha", 0.5),
+    "ref_model_sync_steps": ({"beta": 0.1, "sync_ref_model": True}, "algo.ref_sync_steps", 64),
     "use_bias_correction_kl": ({"beta": 0.1}, "algo.kl_bias_correction", False),
     "max_tool_calling_iterations": ({}, "tools.max_turns", 3),
 }
@@ -215,3 +221,11 @@ def test_generation_kwargs_win_over_the_fields_and_other_keys_are_refused_by_nam
     assert (got["rollout.top_p"], got["rollout.min_p"]) == (0.8, 0.05)  # TRL: generation_kwargs override the fields
     with pytest.raises(ConfigError, match=r"generation_kwargs\['do_sample'\]=False: rlvr samples with temperature, top_p"):
         mapped(generation_kwargs={"do_sample": False})
+
+
+def test_sync_ref_model_needs_beta_and_its_steps_alone_change_nothing():
+    with pytest.raises(ConfigError, match=r"sync_ref_model=True: with beta=0.0 there is no reference model to synchronise"):
+        mapped(sync_ref_model=True)
+    got, notes = mapped(ref_model_sync_steps=8, beta=0.1)
+    assert got["algo.ref_sync_steps"] == 0
+    assert "GRPOConfig ref_model_sync_steps=8 changes nothing in rlvr: used only with sync_ref_model" in notes

@@ -77,8 +77,13 @@ TRAINING_ARGUMENTS = (
         ("use_vllm=true", "unknown config key `use_vllm` in the command line: TRL's `use_vllm` is rlvr's `rollout.engine=vllm`"),
         (
             "sync_ref_model=true",
-            "unknown config key `sync_ref_model` in the command line: TRL's `sync_ref_model` has no rlvr equivalent: "
-            "the reference model (algo.beta > 0) stays the initial policy",
+            "unknown config key `sync_ref_model` in the command line: TRL's `sync_ref_model` is rlvr's `algo.ref_sync_steps` "
+            "(sync_ref_model=True, ref_model_sync_steps=N is algo.ref_sync_steps=N)",
+        ),
+        (
+            "vllm_tensor_parallel_size=2",
+            "unknown config key `vllm_tensor_parallel_size` in the command line: TRL's `vllm_tensor_parallel_size` has no rlvr "
+            "equivalent: each rank's vLLM holds the whole model (tensor parallel size 1)",
         ),
         (
             "model_init_kwargs.torch_dtype=bfloat16",

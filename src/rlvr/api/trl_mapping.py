@@ -108,6 +108,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
     s.update(_model_and_devices(args, errors))
     s.update(_algo(args, has_tools))
     s.update(_generation_engine(args))
+    s.update(_reference_sync(args, errors, notes))
     s.update(_logging(args, b, errors))
     save = _interval(str(args.save_strategy), args.save_steps, b, total, steps_per_epoch)
     if args.save_strategy == "best":
@@ -229,6 +230,17 @@ def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     if has_tools:  # TRL's None: no limit but the completion length (each turn takes at least one token)
         s["tools.max_turns"] = turns + 1 if turns is not None else args.max_completion_length + 1
     return s
+
+
+def _reference_sync(args: GRPOConfig, errors: list[str], notes: list[str]) -> dict[str, Any]:
+    """TRL's SyncRefModelCallback: every ref_model_sync_steps optimizer steps (its global_step) the reference mixes in
+    the policy, ref = alpha x policy + (1 - alpha) x ref."""
+    if args.sync_ref_model and not args.beta:
+        errors.append("sync_ref_model=True: with beta=0.0 there is no reference model to synchronise (TRL refuses it too)")
+    if not args.sync_ref_model and args.ref_model_sync_steps != trl_defaults()["ref_model_sync_steps"]:
+        notes.append(f"GRPOConfig ref_model_sync_steps={args.ref_model_sync_steps} changes nothing in rlvr: used only with sync_ref_model")
+    steps = args.ref_model_sync_steps if args.sync_ref_model else 0
+    return {"algo.ref_sync_steps": steps, "algo.ref_sync_alpha": args.ref_model_mixup_alpha}
 
 
 def _generation_engine(args: GRPOConfig) -> dict[str, Any]:

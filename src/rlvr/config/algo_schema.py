@@ -23,6 +23,12 @@ class AlgoConfig:
     """mu: optimisation passes over each batch of completions."""
     beta: float = 0.0
     """KL penalty coefficient; 0 loads no reference model at all."""
+    ref_sync_steps: int = 0
+    """Every N optimizer steps the reference moves toward the policy, ref = alpha x policy + (1 - alpha) x ref
+    (TR-DPO's soft update; TRL's sync_ref_model with ref_model_sync_steps); saved with each checkpoint. 0: the
+    reference stays the initial policy. Full fine-tunes only (with LoRA the reference is the base model itself)."""
+    ref_sync_alpha: float = 0.6
+    """alpha of that update (TRL's ref_model_mixup_alpha); 1 copies the policy."""
     kl_estimator: str = "k3"
     """KL estimator: k1, k2 or k3."""
     kl_bias_correction: bool = False

@@ -103,7 +103,9 @@ def _algo_and_logging(cfg: Config) -> list[str]:
     a = cfg.algo
     out = []
     if a.beta == 0:
-        out += _say("algo.", a, ("kl_estimator",), "there is no KL term (algo.beta=0)")
+        out += _say("algo.", a, ("kl_estimator", "ref_sync_steps", "ref_sync_alpha"), "there is no KL term (algo.beta=0)")
+    elif a.ref_sync_steps == 0:
+        out += _say("algo.", a, ("ref_sync_alpha",), "algo.ref_sync_steps=0 keeps the reference at the initial policy")
     if not a.dynamic_sampling:
         out += _say("algo.", a, ("max_resample_rounds",), "algo.dynamic_sampling is off")
     if a.clip_cov_ratio == 0:

@@ -165,6 +165,23 @@ def _validate_objectives(cfg: Config, errors: list[str], warnings: list[str]) ->
         warnings.append("algo.kl_bias_correction=true has no effect without a KL term (algo.beta=0)")
 
 
+def _validate_ref_sync(cfg: Config, errors: list[str]) -> None:
+    """algo.ref_sync_steps: the frozen reference copy moves toward the policy (a full fine-tune on one process or DDP)."""
+    a = cfg.algo
+    if a.ref_sync_steps < 0:
+        errors.append(f"`algo.ref_sync_steps` must be >= 0 (0: the reference stays the initial policy), got {a.ref_sync_steps}")
+    if not 0 < a.ref_sync_alpha <= 1:
+        errors.append(f"`algo.ref_sync_alpha` must be in (0, 1], got {a.ref_sync_alpha}")
+    if a.ref_sync_steps > 0 and a.beta > 0:
+        if cfg.model.lora.r > 0:
+            errors.append(
+                "`algo.ref_sync_steps` moves a frozen copy of the model; with LoRA (model.lora.r > 0) the reference is the base "
+                "model with the adapter off, which training never changes (TRL refuses sync_ref_model with PEFT too): set it to 0"
+            )
+        if cfg.dist.strategy == "fsdp" and cfg.nproc > 1:
+            errors.append("`algo.ref_sync_steps` is not implemented with dist.strategy=fsdp (the policy is sharded): use ddp")
+
+
 def _validate_tools(cfg: Config, errors: list[str], choice: Choice) -> None:
     t = cfg.tools
     choice("tools.format", t.format, ["auto", "tags", "chat_template"])
@@ -248,6 +265,7 @@ def _validate_algo(cfg: Config, errors: list[str], warnings: list[str], choice: 
         errors.append(f"`algo.num_iterations` must be >= 1, got {a.num_iterations}")
     if a.beta < 0:
         errors.append(f"`algo.beta` must be >= 0, got {a.beta}")
+    _validate_ref_sync(cfg, errors)
     if a.std_ddof not in (0, 1):
         errors.append(f"`algo.std_ddof` must be 0 or 1, got {a.std_ddof}")
     if not a.std_eps >= 0:

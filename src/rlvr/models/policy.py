@@ -40,6 +40,14 @@ class Policy:
         else:
             yield self.ref_model
 
+    @torch.no_grad()
+    def sync_reference(self, alpha: float) -> None:
+        """ref = alpha x policy + (1 - alpha) x ref, parameter by parameter (TR-DPO's soft update, in TRL's order of
+        operations: ref x (1 - alpha) + policy x alpha). Full fine-tunes only: the frozen copy moves."""
+        assert self.ref_model is not None, "validation: algo.ref_sync_steps needs algo.beta > 0 and no LoRA"
+        for ref, param in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
+            ref.mul_(1.0 - alpha).add_(param.to(ref.dtype), alpha=alpha)
+
     def save(self, path: Path, state_dict: dict | None = None) -> None:
         """The trained weights: the adapter (adapter_model.safetensors + adapter_config.json) with
         LoRA, the whole model otherwise. `state_dict`: FSDP2's gathered full weights."""

@@ -46,10 +46,20 @@ def _fsync_tree(path: Path) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, *, model, tokenizer, trainer_state: dict, config: dict, keep: int = 2, state_dict: dict | None = None
+    root: Path,
+    step: int,
+    *,
+    model,
+    tokenizer,
+    trainer_state: dict,
+    config: dict,
+    keep: int = 2,
+    state_dict: dict | None = None,
+    reference=None,
 ) -> Path:
     """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
-    `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model."""
+    `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model.
+    `reference`: a reference model that moved during training (algo.ref_sync_steps), written to reference/."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
@@ -58,6 +68,8 @@ def save_checkpoint(
     tmp.mkdir()
     model.save_pretrained(tmp) if state_dict is None else model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
+    if reference is not None:  # in a folder of its own: the checkpoint's own *.safetensors are the policy's weights
+        save_reference(tmp, reference)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     (tmp / COMPLETE_MARKER).write_text(str(step))
@@ -120,6 +132,27 @@ def read_weights(path: Path) -> dict:
     return weights
 
 
+def save_reference(path: Path, reference) -> None:
+    """The reference model's weights in checkpoint `path` (reference/model.safetensors; tied weights once)."""
+    from safetensors.torch import save_model
+
+    (path / REFERENCE).parent.mkdir()
+    save_model(reference, str(path / REFERENCE))
+
+
+def load_reference(path: Path, reference) -> bool:
+    """The reference weights checkpoint `path` holds, into `reference` in place; False when it holds none (saved by a
+    run whose reference never moved)."""
+    from safetensors.torch import load_model
+
+    if not (path / REFERENCE).exists():
+        return False
+    missing, unexpected = load_model(reference, str(path / REFERENCE), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"resume: {path / REFERENCE} does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return True
+
+
 def load_weights(path: Path, model) -> None:
     """Load a checkpoint's safetensors into `model` in place (tied weights re-tied)."""
     weights = read_weights(path)
@@ -129,6 +162,8 @@ def load_weights(path: Path, model) -> None:
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
 
+
+REFERENCE = "reference/model.safetensors"  # a checkpoint's moved reference (algo.ref_sync_steps)
 
 # Settings that may change between a run and its resumption: they do not change the math.
 RESUMABLE_CHANGES = {

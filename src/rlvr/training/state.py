@@ -14,6 +14,7 @@ from rlvr.dist import full_model_state, full_optimizer_state, load_full_model_st
 from rlvr.training.checkpoint import (
     complete_saved_config,
     latest_checkpoint,
+    load_reference,
     load_trainer_state,
     load_weights,
     math_changes,
@@ -44,6 +45,11 @@ class Checkpointer:
         self.root, self.cfg = Path(output_dir) / "checkpoints", cfg
         self.policy, self.optimizer, self.scheduler = policy, optimizer, scheduler
         self.stream, self.tokenizer, self.dist = stream, tokenizer, dist
+
+    @property
+    def _reference_moves(self) -> bool:
+        """The frozen reference moves toward the policy (algo.ref_sync_steps): checkpoints keep it."""
+        return self.policy.ref_model is not None and self.cfg.algo.ref_sync_steps > 0
 
     def save_unless_saved(self, state: TrainState) -> Path:
         """The checkpoint of the steps done so far: the newest one when it is of this step already, else a new one."""
@@ -79,6 +85,7 @@ class Checkpointer:
             config=to_dict(self.cfg),
             keep=self.cfg.checkpoint.keep,
             state_dict=full,
+            reference=self.policy.ref_model if self._reference_moves else None,
         )
         self.dist.barrier("checkpoint")
         return path
@@ -111,6 +118,8 @@ class Checkpointer:
         else:
             policy.load_adapter_weights(path) if policy.peft is not None else load_weights(path, model)
             self.optimizer.load_state_dict(saved["optimizer"])
+        if self._reference_moves:  # else the initial policy (a checkpoint of a run whose reference stayed, resumed with --force)
+            load_reference(path, self.policy.ref_model)
         self.scheduler.load_state_dict(saved["scheduler"])
         self.stream.load_state_dict(saved["data"])
         set_rng_state(saved["rng"])

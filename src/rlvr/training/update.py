@@ -201,7 +201,10 @@ class Updater:
             self.optimizer.zero_grad(set_to_none=True)  # a non-finite step must not touch weights or optimizer state
             return False
         self.optimizer.step()
-        self.scheduler.step()
+        self.scheduler.step()  # its count is the optimizer steps applied, over a resumed run's segments too
+        sync = self.cfg.algo.ref_sync_steps if self.cfg.algo.beta > 0 else 0
+        if sync and self.scheduler.last_epoch % sync == 0:  # TR-DPO / TRL's sync_ref_model
+            self.policy.sync_reference(self.cfg.algo.ref_sync_alpha)
         return True
 
     # ------------------------------------------------------------------ before the loop
