@@ -120,6 +120,14 @@ CASES = [
         ["algo.epsilon_high=0.28 has no effect: algo.loss_type=sapo does not use it (used by: grpo, bnpo, dr_grpo, dapo, cispo, luspo)"],
     ),
     (
+        ["optim.min_lr_rate=0.1", "optim.warmup_from_zero=true", "algo.ref_sync_steps=4"],
+        [
+            "algo.ref_sync_steps=4 has no effect: there is no KL term (algo.beta=0)",
+            "optim.min_lr_rate=0.1 has no effect: only the cosine schedule ends above 0, and optim.lr_schedule=constant",
+            "optim.warmup_from_zero=True has no effect: there is no warm-up (optim.warmup_steps=0)",
+        ],
+    ),
+    (
         ["logging.completions_every=0", "logging.num_completions=4"],
         ["logging.num_completions=4 has no effect: logging.completions_every=0 logs no completions"],
     ),

@@ -17,7 +17,13 @@ from rlvr.api.trl_config import GRPOConfig, trl_defaults
 from rlvr.api.trl_fields import RULES
 from rlvr.config import ConfigError
 
-SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+SCHEDULES = {
+    "linear": "linear",
+    "cosine": "cosine",
+    "cosine_with_min_lr": "cosine",  # with optim.min_lr_rate from lr_scheduler_kwargs
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+}
 ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")
 DASHBOARDS = ("tensorboard", "wandb", "trackio")
 
@@ -172,7 +178,9 @@ def _optimizer(args: GRPOConfig, b: Batches, total_steps: int, errors: list[str]
     return {
         "optim.lr": args.learning_rate,
         "optim.lr_schedule": SCHEDULES.get(schedule, "constant"),
+        "optim.min_lr_rate": _min_lr_rate(args, schedule, errors),
         "optim.warmup_steps": int(warmup),
+        "optim.warmup_from_zero": warmup > 0,  # transformers' schedules: the first update at rate 0
         "optim.weight_decay": args.weight_decay,
         "optim.beta1": args.adam_beta1,
         "optim.beta2": args.adam_beta2,
@@ -180,6 +188,23 @@ def _optimizer(args: GRPOConfig, b: Batches, total_steps: int, errors: list[str]
         "optim.max_grad_norm": args.max_grad_norm,
         **({"optim.compile": "on"} if args.torch_compile else {}),
     }
+
+
+def _min_lr_rate(args: GRPOConfig, schedule: str, errors: list[str]) -> float:
+    """transformers' cosine_with_min_lr reads min_lr_rate, or min_lr (absolute), from lr_scheduler_kwargs; every other
+    schedule here takes none (cosine's num_cycles only at its default, half a cosine)."""
+    kwargs = dict(args.lr_scheduler_kwargs or {})
+    if schedule == "cosine" and kwargs.get("num_cycles", 0.5) == 0.5:
+        kwargs.pop("num_cycles", None)
+    rate = 0.0
+    if schedule == "cosine_with_min_lr":
+        if ("min_lr" in kwargs) == ("min_lr_rate" in kwargs):
+            errors.append(f"lr_scheduler_kwargs={kwargs!r}: cosine_with_min_lr takes one of min_lr_rate or min_lr (as transformers)")
+        rate = kwargs.pop("min_lr_rate") if "min_lr_rate" in kwargs else kwargs.pop("min_lr", 0.0) / args.learning_rate
+        kwargs.pop("min_lr", None)
+    if kwargs:
+        errors.append(f"lr_scheduler_kwargs={kwargs!r}: rlvr's schedules take min_lr_rate or min_lr with cosine_with_min_lr only")
+    return float(rate)
 
 
 def _model_and_devices(args: GRPOConfig, errors: list[str]) -> dict[str, Any]:

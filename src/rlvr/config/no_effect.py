@@ -125,6 +125,11 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         out += _say("algo.", a, ("sampler_correction_cap", "sampler_correction_min"), why)
     if a.scale_rewards == "none":
         out += _say("algo.", a, ("std_ddof", "std_eps"), "algo.scale_rewards=none divides by no standard deviation")
+    o = cfg.optim
+    if o.lr_schedule != "cosine":
+        out += _say("optim.", o, ("min_lr_rate",), f"only the cosine schedule ends above 0, and optim.lr_schedule={o.lr_schedule}")
+    if o.warmup_steps == 0:
+        out += _say("optim.", o, ("warmup_from_zero",), "there is no warm-up (optim.warmup_steps=0)")
     if cfg.logging.completions_every == 0:
         out += _say("logging.", cfg.logging, ("num_completions",), "logging.completions_every=0 logs no completions")
     return out

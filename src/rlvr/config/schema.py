@@ -296,9 +296,14 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 disables)."""
     lr_schedule: str = "constant"
-    """constant, linear (decay to 0) or cosine, after warmup."""
+    """constant, linear (decay to 0) or cosine (down to optim.min_lr_rate x optim.lr), after warmup."""
+    min_lr_rate: float = 0.0
+    """cosine: the rate it ends at, as a share of optim.lr (transformers' cosine_with_min_lr, e.g. 0.1)."""
     warmup_steps: int = 0
     """Linear warm-up, in optimizer updates."""
+    warmup_from_zero: bool = False
+    """The warm-up's first update at rate 0, update u at u / warmup_steps, as transformers' schedules (TRL's); false:
+    update u at (u + 1) / warmup_steps, so that no update is wasted."""
     micro_batch_size: int = 0
     """Completions per forward/backward (gradient accumulation); 0, or more than an update has (per rank): all of them at once."""
     steps_per_generation: int = 1

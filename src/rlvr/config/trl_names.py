@@ -120,7 +120,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "lr_scheduler_type": TrlName(
         _T, "optim.lr_schedule", "constant, linear or cosine; rlvr's default is constant, TrainingArguments' linear"
     ),
-    "lr_scheduler_kwargs": TrlName(_T, None, "the schedules take optim.warmup_steps only"),
+    "lr_scheduler_kwargs": TrlName(_T, "optim.min_lr_rate", "cosine_with_min_lr's min_lr_rate (lr_schedule=cosine)"),
     "warmup_steps": TrlName(_T, "optim.warmup_steps", "a whole number of optimizer updates (no fraction-of-training form)"),
     "warmup_ratio": TrlName(
         _T4, "optim.warmup_steps", "in optimizer updates: ratio x steps x algo.num_iterations x optim.steps_per_generation"

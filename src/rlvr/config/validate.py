@@ -281,6 +281,8 @@ def _validate_optim(cfg: Config, errors: list[str], choice: Choice) -> None:
     """optim.*, and the precision and device the optimizer steps run in."""
     o = cfg.optim
     choice("optim.lr_schedule", o.lr_schedule, ["constant", "linear", "cosine"])
+    if not 0 <= o.min_lr_rate <= 1:
+        errors.append(f"`optim.min_lr_rate` must be in [0, 1] (a share of optim.lr), got {o.min_lr_rate}")
     choice("model.dtype", cfg.model.dtype, ["float32", "bfloat16", "float16"])
     choice("model.autocast", cfg.model.autocast, ["auto", "bf16", "none"])
     choice("device", cfg.device, ["auto", "cpu", "cuda"])

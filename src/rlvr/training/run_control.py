@@ -100,15 +100,19 @@ def _detach_from_closed_terminal(fds: list[int]) -> None:
     os.close(devnull)
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
+def lr_lambda(schedule: str, warmup: int, total: int, *, min_lr_rate: float = 0.0, warmup_from_zero: bool = False):
+    """The learning rate of optimizer update `update` (0, 1, ...) as a share of optim.lr: a linear warm-up over
+    `warmup` updates (update u at (u + 1) / warmup, or at u / warmup from 0 as transformers' schedules), then
+    constant, linear to 0, or cosine down to min_lr_rate at update `total` (transformers' cosine_with_min_lr)."""
+
     def f(update: int) -> float:
         if warmup and update < warmup:
-            return (update + 1) / warmup
+            return (update if warmup_from_zero else update + 1) / warmup
         progress = min(1.0, (update - warmup) / max(1, total - warmup))
         if schedule == "linear":
             return 1.0 - progress
         if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
+            return 0.5 * (1.0 + math.cos(math.pi * progress)) * (1 - min_lr_rate) + min_lr_rate
         return 1.0
 
     return f

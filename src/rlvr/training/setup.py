@@ -161,7 +161,8 @@ def make_optimizer(model, cfg: Config) -> tuple[torch.optim.Optimizer, torch.opt
     )
     betas, fused_or_not = (o.beta1, o.beta2), True if fused else None
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=betas, eps=o.eps, weight_decay=o.weight_decay, fused=fused_or_not)
-    schedule = lr_lambda(o.lr_schedule, o.warmup_steps, cfg.steps * cfg.algo.num_iterations * o.steps_per_generation)
+    total = cfg.steps * cfg.algo.num_iterations * o.steps_per_generation
+    schedule = lr_lambda(o.lr_schedule, o.warmup_steps, total, min_lr_rate=o.min_lr_rate, warmup_from_zero=o.warmup_from_zero)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
