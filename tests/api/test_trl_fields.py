@@ -85,6 +85,9 @@ MAPPED = {
     "vllm_importance_sampling_cap": (2.0, None, None),
     "vllm_importance_sampling_clip_min": (0.5, None, None),
     "sync_ref_model": (True, None, None),
+    "metric_for_best_model": ("reward", None, None),
+    "greater_is_better": (False, None, None),
+    "load_best_model_at_end": (True, None, None),
     "ref_model_mixup_alpha": (0.5, None, None),
     "ref_model_sync_steps": (64, None, None),
     "use_bias_correction_kl": (False, None, None),  # with beta > 0 (below)
@@ -117,6 +120,9 @@ WITH = {  # fields that act only together with another
     "vllm_importance_sampling_cap": ({"use_vllm": True}, "algo.sampler_correction_cap", 2.0),
     "vllm_importance_sampling_clip_min": ({"use_vllm": True}, "algo.sampler_correction_min", 0.5),
     "sync_ref_model": ({"beta": 0.1}, "algo.ref_sync_steps", 512),
+    "metric_for_best_model": ({}, "checkpoint.best_metric", "eval/reward"),
+    "greater_is_better": ({"metric_for_best_model": "eval_reward"}, "checkpoint.greater_is_better", False),
+    "load_best_model_at_end": ({"metric_for_best_model": "reward"}, "checkpoint.load_best_at_end", True),
     "ref_model_mixup_alpha": ({"beta": 0.1, "sync_ref_model": True}, "algo.ref_sync_alpha", 0.5),
     "ref_model_sync_steps": ({"beta": 0.1, "sync_ref_model": True}, "algo.ref_sync_steps", 64),
     "use_bias_correction_kl": ({"beta": 0.1}, "algo.kl_bias_correction", False),
@@ -232,3 +238,18 @@ def test_sync_ref_model_needs_beta_and_its_steps_alone_change_nothing():
     got, notes = mapped(ref_model_sync_steps=8, beta=0.1)
     assert got["algo.ref_sync_steps"] == 0
     assert "GRPOConfig ref_model_sync_steps=8 changes nothing in rlvr: used only with sync_ref_model" in notes
+
+
+def test_best_model_fields_need_a_metric_rlvrs_evaluation_computes():
+    for fields in ({"load_best_model_at_end": True}, {"save_strategy": "best"}):
+        with pytest.raises(ConfigError, match=r"needs metric_for_best_model: TRL's default, the evaluation loss, is not computed"):
+            mapped(**fields)
+    got, _ = mapped(save_strategy="best", metric_for_best_model="eval_rewards/len/mean")
+    assert (got["checkpoint.every"], got["checkpoint.best_metric"], got["checkpoint.greater_is_better"]) == (
+        0,
+        "eval/rewards/len/mean",
+        True,
+    )
+    assert mapped(metric_for_best_model="kl_loss")[0]["checkpoint.greater_is_better"] is False  # transformers' default for a loss
+    _, notes = mapped(greater_is_better=False)
+    assert "GRPOConfig greater_is_better=False changes nothing in rlvr: used only with metric_for_best_model" in notes

@@ -312,6 +312,31 @@ def test_eval_dataset_is_scored_with_trls_eval_sampling():
     assert [h["step"] for h in trainer.state.log_history if "eval_reward" in h] == [1, 2, 2]  # steps 1, 2 and the explicit call
 
 
+def test_save_strategy_best_keeps_and_loads_the_best_evaluation():
+    """save_strategy="best" with metric_for_best_model and load_best_model_at_end, as transformers: a checkpoint at
+    each new best eval_reward, the state's best_* fields, and final/ (what save_model writes too) the best model."""
+    import torch
+    from safetensors.torch import load_file
+
+    fields = dict(FAST, max_steps=4, learning_rate=3e-3, logging_steps=1, max_completion_length=16)
+    args = GRPOConfig(output_dir="best", eval_strategy="steps", eval_steps=1, num_generations_eval=2, save_strategy="best", **fields)
+    args.metric_for_best_model, args.load_best_model_at_end = "eval_reward", True
+
+    def right(prompts, completions, **kwargs):  # a + a = 2a: the bundled model gets some right, training moves it
+        return [float(c.strip().startswith(str(2 * int(p.split("+")[0])))) for p, c in zip(prompts, completions)]
+
+    data = Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(20, 60)])
+    trainer = GRPOTrainer(model="tiny", reward_funcs=right, args=args, train_dataset=data, eval_dataset=data.select(range(8)))
+    trainer.train()
+    scores = [h["eval_reward"] for h in trainer.state.log_history if "eval_reward" in h]
+    assert len(scores) == 4 and len(set(scores)) > 1 and trainer.state.best_metric == max(scores)
+    assert trainer.state.best_global_step == scores.index(max(scores)) + 1  # one optimizer step per rlvr step here
+    best = Path(trainer.state.best_model_checkpoint)
+    assert best.name == f"step-{trainer.state.best_global_step:07d}" and (best / "model.safetensors").exists()
+    final, kept = load_file("best/final/model.safetensors"), load_file(str(best / "model.safetensors"))
+    assert all(torch.equal(final[k], kept[k]) for k in kept)
+
+
 def test_evaluate_scores_the_eval_dataset_with_evaluation_off_in_training(capsys):
     """TRL's default eval_strategy="no": no evaluation while training, but a script's trainer.evaluate() still scores
     the eval_dataset (and no note calls it unused)."""

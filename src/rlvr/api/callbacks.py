@@ -57,6 +57,10 @@ class CallbackHooks:
         self.state.global_step = trainer.state.step * self.updates_per_step
         self.state.epoch = trainer.stream.epoch
         self.state.is_world_process_zero = self.state.is_local_process_zero = trainer.dist.is_main
+        if (best := trainer.state.best_step) is not None:  # checkpoint.best_metric (TRL's metric_for_best_model)
+            self.state.best_metric, self.state.best_global_step = trainer.state.best_value, best * self.updates_per_step
+            path = trainer.checkpointer.best_checkpoint(trainer.state)
+            self.state.best_model_checkpoint = None if path is None else str(path)
 
     # RunHooks
 

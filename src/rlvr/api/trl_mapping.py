@@ -116,10 +116,7 @@ def settings(args: GRPOConfig, *, world_size: int, rows: int | None, has_eval: b
     s.update(_generation_engine(args))
     s.update(_reference_sync(args, errors, notes))
     s.update(_logging(args, b, errors))
-    save = _interval(str(args.save_strategy), args.save_steps, b, total, steps_per_epoch)
-    if args.save_strategy == "best":
-        errors.append("save_strategy='best': rlvr keeps no best model (final/ is the last step's; checkpoints/ the earlier)")
-    s.update({"checkpoint.every": save, "checkpoint.keep": args.save_total_limit or 0})
+    s.update(_checkpoints(args, b, total, steps_per_epoch, errors, notes))
     every = _interval(str(args.eval_strategy), args.eval_steps or args.logging_steps, b, total, steps_per_epoch)
     s.update({"eval.before_after": has_eval and bool(args.eval_on_start), "eval.every": every if has_eval else 0})
     if has_eval:  # TRL samples num_generations_eval completions per prompt at the training temperature
@@ -255,6 +252,30 @@ def _algo(args: GRPOConfig, has_tools: bool) -> dict[str, Any]:
     if has_tools:  # TRL's None: no limit but the completion length (each turn takes at least one token)
         s["tools.max_turns"] = turns + 1 if turns is not None else args.max_completion_length + 1
     return s
+
+
+def _checkpoints(args: GRPOConfig, b: Batches, total: int, steps_per_epoch: int | None, errors: list[str], notes: list[str]) -> dict:
+    """save_strategy / save_steps / save_total_limit, and the best checkpoint: metric_for_best_model (TRL's eval_<name>
+    is rlvr's eval/<name>), greater_is_better, load_best_model_at_end, save_strategy=best (a checkpoint at each new best)."""
+    best = str(getattr(args.save_strategy, "value", args.save_strategy)) == "best"
+    every = 0 if best else _interval(str(args.save_strategy), args.save_steps, b, total, steps_per_epoch)
+    s: dict[str, Any] = {"checkpoint.every": every, "checkpoint.keep": args.save_total_limit or 0}
+    metric = args.metric_for_best_model
+    if metric is None:
+        if best or args.load_best_model_at_end:
+            errors.append(
+                f"{'save_strategy=best' if best else 'load_best_model_at_end=True'} needs metric_for_best_model: TRL's default, the "
+                "evaluation loss, is not computed by rlvr's held-out evaluation; e.g. metric_for_best_model='reward' (eval_reward)"
+            )
+        if args.greater_is_better is not None:
+            notes.append(
+                f"GRPOConfig greater_is_better={args.greater_is_better} changes nothing in rlvr: used only with metric_for_best_model"
+            )
+        return s
+    name = metric.removeprefix("eval_")
+    greater = args.greater_is_better if args.greater_is_better is not None else not name.endswith("loss")  # transformers' default
+    s.update({"checkpoint.best_metric": f"eval/{name}", "checkpoint.greater_is_better": bool(greater)})
+    return {**s, "checkpoint.load_best_at_end": bool(args.load_best_model_at_end)}
 
 
 def _reference_sync(args: GRPOConfig, errors: list[str], notes: list[str]) -> dict[str, Any]:

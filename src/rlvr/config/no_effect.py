@@ -125,6 +125,8 @@ def _algo_and_logging(cfg: Config) -> list[str]:
         out += _say("algo.", a, ("sampler_correction_cap", "sampler_correction_min"), why)
     if a.scale_rewards == "none":
         out += _say("algo.", a, ("std_ddof", "std_eps"), "algo.scale_rewards=none divides by no standard deviation")
+    if cfg.checkpoint.best_metric is None:
+        out += _say("checkpoint.", cfg.checkpoint, ("greater_is_better",), "checkpoint.best_metric is not set")
     o = cfg.optim
     if o.lr_schedule != "cosine":
         out += _say("optim.", o, ("min_lr_rate",), f"only the cosine schedule ends above 0, and optim.lr_schedule={o.lr_schedule}")

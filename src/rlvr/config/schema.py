@@ -148,7 +148,14 @@ class CheckpointConfig:
     """Checkpoint every N steps (0: none between). The end of a run and a stop by SIGINT, SIGTERM or SIGHUP are checkpointed
     in any case, so a finished run continues with `--resume RUN steps=M`."""
     keep: int = 2
-    """Checkpoints kept on disk; older ones are deleted (0: keep every one)."""
+    """Checkpoints kept on disk; older ones are deleted (0: keep every one) but the best one (checkpoint.best_metric)."""
+    best_metric: str | None = None
+    """A held-out metric (eval/reward, eval/pass@4, ...; needs eval.every > 0): each evaluation that improves on it checkpoints
+    its step, which checkpoint.keep never deletes; summary.json names it (TRL's metric_for_best_model)."""
+    greater_is_better: bool = True
+    """Whether a larger checkpoint.best_metric is better."""
+    load_best_at_end: bool = False
+    """final/ gets the best checkpoint's weights (the last step's stay in the newest checkpoint, which --resume reads)."""
 
 
 @dataclass

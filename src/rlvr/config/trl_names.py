@@ -172,7 +172,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "data_seed": TrlName(_T, None, "`seed` also draws the data order"),
     "push_to_hub": TrlName(_T, None, _NO_HUB),
     "hub_model_id": TrlName(_T, None, _NO_HUB),
-    "load_best_model_at_end": TrlName(_T, None, "final/ is the last step's model; checkpoints/ keep earlier ones"),
+    "load_best_model_at_end": TrlName(_T, "checkpoint.load_best_at_end", "final/ gets the best checkpoint's weights"),
+    "metric_for_best_model": TrlName(_T, "checkpoint.best_metric", "a held-out metric: eval/reward, eval/pass@4, ..."),
+    "greater_is_better": TrlName(_T, "checkpoint.greater_is_better"),
     # GRPOTrainer's arguments
     "model": TrlName(_R, "model.path", "rlvr's `model` is a section: the model itself is model.path"),
     "reward_funcs": TrlName(_R, "rewards", "a list of entries with fn (and weight), e.g. rewards: [math, my.py:fn]"),

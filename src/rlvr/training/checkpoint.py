@@ -54,12 +54,14 @@ def save_checkpoint(
     trainer_state: dict,
     config: dict,
     keep: int = 2,
+    protect: int | None = None,
     state_dict: dict | None = None,
     reference=None,
 ) -> Path:
     """`state_dict`: the model's full weights when its parameters are FSDP2 shards (gathered by
     `rlvr.dist.full_model_state`); written exactly as `model.save_pretrained` writes an unsharded model.
-    `reference`: a reference model that moved during training (algo.ref_sync_steps), written to reference/."""
+    `reference`: a reference model that moved during training (algo.ref_sync_steps), written to reference/.
+    `keep`: how many of the newest checkpoints stay (0: all), besides step `protect`'s (the best one)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}"
@@ -85,7 +87,8 @@ def save_checkpoint(
     _fsync_tree(root)
     shutil.rmtree(old, ignore_errors=True)
     for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if protect is None or old.name != f"step-{protect:07d}":
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

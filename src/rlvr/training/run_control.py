@@ -8,8 +8,12 @@ import random
 import signal
 import threading
 
+from pathlib import Path
+
 import numpy as np
 import torch
+
+from rlvr.training.checkpoint import latest_checkpoint
 
 
 class TrainingError(RuntimeError):
@@ -116,6 +120,18 @@ def lr_lambda(schedule: str, warmup: int, total: int, *, min_lr_rate: float = 0.
         return 1.0
 
     return f
+
+
+def say_bad_step(state, max_bad_steps: int, checkpoints: Path, log) -> None:
+    """A step whose loss or gradient was not finite (its update skipped): say so, and stop the run with a
+    TrainingError after `max_bad_steps` of them in a row, naming the last good checkpoint."""
+    log.info(f"[warning] step {state.step}: non-finite loss or gradient, update skipped ({state.skipped_steps} so far)")
+    if state.bad_steps_in_a_row >= max_bad_steps:
+        last = latest_checkpoint(checkpoints)
+        raise TrainingError(
+            f"{state.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient (max_bad_steps={max_bad_steps}); "
+            f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
+        )
 
 
 def seed_everything(seed: int) -> None:

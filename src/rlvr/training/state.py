@@ -12,6 +12,7 @@ import yaml
 from rlvr.config import ConfigError, to_dict
 from rlvr.dist import full_model_state, full_optimizer_state, load_full_model_state, load_full_optimizer_state
 from rlvr.training.checkpoint import (
+    COMPLETE_MARKER,
     complete_saved_config,
     latest_checkpoint,
     load_reference,
@@ -35,6 +36,8 @@ class TrainState:
     train_seconds: float = 0.0  # wall time of the steps done, over every segment of a resumed run
     eval_before: float | None = None  # the held-out score before training (summary.json reports it after a resume too)
     entropy_control: dict | None = None  # algo.adaptive_entropy: algo.EntropyControl's fields
+    best_value: float | None = None  # checkpoint.best_metric's best value so far, and the step it was measured after
+    best_step: int | None = None
     bad_steps_in_a_row: int = 0  # not saved: a checkpoint is never written right after a bad step
 
 
@@ -84,11 +87,28 @@ class Checkpointer:
             trainer_state=saved,
             config=to_dict(self.cfg),
             keep=self.cfg.checkpoint.keep,
+            protect=state.best_step,  # the best checkpoint (checkpoint.best_metric) outlives checkpoint.keep
             state_dict=full,
             reference=self.policy.ref_model if self._reference_moves else None,
         )
         self.dist.barrier("checkpoint")
         return path
+
+    def best_checkpoint(self, state: TrainState) -> Path | None:
+        """The checkpoint of checkpoint.best_metric's best step, when it was written (not after a bad step)."""
+        path = None if state.best_step is None else self.root / f"step-{state.best_step:07d}"
+        return path if path is not None and (path / COMPLETE_MARKER).exists() else None
+
+    def load_model_weights(self, path: Path) -> None:
+        """Checkpoint `path`'s weights (the adapter with LoRA) into the policy, on every rank."""
+        policy, model = self.policy, self.policy.model
+        if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
+            if policy.peft is not None:
+                load_full_model_state(self.dist, policy.peft, policy.adapter_state_by_name(path), strict=False)
+            else:
+                load_full_model_state(self.dist, model, read_weights(path))
+        else:
+            policy.load_adapter_weights(path) if policy.peft is not None else load_weights(path, model)
 
     def resume(self, where: str, *, force: bool) -> tuple[TrainState, Path] | None:
         """Load the checkpoint `where` names (`auto`: the newest) into the optimizer, scheduler,
@@ -108,15 +128,10 @@ class Checkpointer:
                 "or pass --force to resume anyway"
             )
         saved = load_trainer_state(path)
-        policy, model = self.policy, self.policy.model
-        if self.dist.strategy == "fsdp":  # every rank reads the whole files and keeps its shard
-            if policy.peft is not None:
-                load_full_model_state(self.dist, policy.peft, policy.adapter_state_by_name(path), strict=False)
-            else:
-                load_full_model_state(self.dist, model, read_weights(path))
-            load_full_optimizer_state(self.dist, model, self.optimizer, saved["optimizer"])
+        self.load_model_weights(path)
+        if self.dist.strategy == "fsdp":
+            load_full_optimizer_state(self.dist, self.policy.model, self.optimizer, saved["optimizer"])
         else:
-            policy.load_adapter_weights(path) if policy.peft is not None else load_weights(path, model)
             self.optimizer.load_state_dict(saved["optimizer"])
         if self._reference_moves:  # else the initial policy (a checkpoint of a run whose reference stayed, resumed with --force)
             load_reference(path, self.policy.ref_model)
@@ -130,5 +145,10 @@ class Checkpointer:
             train_seconds=saved.get("train_seconds", 0.0),
             eval_before=saved.get("eval_before"),
             entropy_control=saved.get("entropy_control"),
+            best_value=saved.get("best_value"),
+            best_step=saved.get("best_step"),
         )
+        c, was = self.cfg.checkpoint, saved_cfg.get("checkpoint") or {}
+        if (was.get("best_metric"), was.get("greater_is_better", True)) != (c.best_metric, c.greater_is_better):
+            state.best_value = state.best_step = None  # another measure of "best": the comparison starts over
         return state, path

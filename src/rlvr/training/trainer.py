@@ -31,6 +31,7 @@ from rlvr.rewards import RewardRunner
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.engines.remote.pool import NoServersLeft
 from rlvr.rollout.sources import make_source
+from rlvr.training import best
 from rlvr.training.batch_plan import BatchPlan
 from rlvr.training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from rlvr.training.collect import Batch, Collector
@@ -38,7 +39,7 @@ from rlvr.training.evaluation import EvaluationError, HeldOut, held_out_for
 from rlvr.training.hooks import NoHooks, RunHooks
 from rlvr.training.minibatches import this_ranks_minibatches
 from rlvr.training.reward_health import RewardHealth
-from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, seed_everything
+from rlvr.training.run_control import AbandonStep, StopRequest, TrainingError, say_bad_step, seed_everything
 from rlvr.training.run_folder import holds_a_run, open_output_dir, keep_before_resume, save_final, set_aside
 from rlvr.training.run_folder import truncate_jsonl, write_atomically
 from rlvr.training.setup import check_config, columns_the_rollout_adds, make_optimizer, prompt_tokens, run_device, run_precision
@@ -320,22 +321,24 @@ class Trainer:
         try:
             if (score := self._evaluate_and_say(f"at step {step}", log)) is not None:
                 metrics.update({"eval/reward": score, **(self.eval_metrics or {})})
+                best.improves(cfg, self.state, metrics)  # a new best: its step is checkpointed (_checkpoint_when_due)
         except AbandonStep:
             log.info(f"[stop] step {step}: evaluation abandoned; the step itself is kept")
         return time.time() - t_eval
 
     def _checkpoint_when_due(self, log) -> str:
         """After a logged step: stop on a failing reward or too many bad steps, stop on a signal (all ranks
-        together), else checkpoint every `checkpoint.every` steps. "stop" or "next"."""
+        together), else checkpoint every `checkpoint.every` steps and at a new best evaluation. "stop" or "next"."""
         cfg, state = self.cfg, self.state
         assert self.stop is not None, "train() runs this"
         self.reward_health.check(self.output_dir / "checkpoints")  # a reward failing on every sample: stop, naming it
         if state.bad_steps_in_a_row:
-            self._after_bad_step(log)
+            say_bad_step(self.state, self.cfg.max_bad_steps, self.output_dir / "checkpoints", log)
             return "next"  # never checkpoint right after a bad step
         if self.dist.max(float(self.stop.requested is not None), what="stop request"):  # all ranks stop together
             return "stop"
-        if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and state.step < cfg.steps and self.reward_health.may_checkpoint:
+        due = cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 or state.best_step == state.step
+        if due and state.step < cfg.steps and self.reward_health.may_checkpoint:
             self._phase("checkpoint")
             self.save_checkpoint()
         return "next"
@@ -352,13 +355,16 @@ class Trainer:
 
     def _finish(self, log, summary: dict) -> None:
         """The end of the run, each part a resumable state: the end checkpoint (so `--resume ... steps=N` continues
-        from here), final/ swapped in whole, the held-out score, then summary.json, whose `steps` marks the run finished."""
+        from here), final/ swapped in whole (the best checkpoint's weights with checkpoint.load_best_at_end), the held-out
+        score, then summary.json, whose `steps` marks the run finished."""
         cfg, state, out = self.cfg, self.state, self.output_dir
         newest = latest_checkpoint(out / "checkpoints")
         if self.reward_health.may_checkpoint and (newest is None or newest.name != f"step-{state.step:07d}"):
             self.save_checkpoint()
         summary["steps"] = state.step
-        summary["train_seconds"] = state.train_seconds  # every segment of a resumed run
+        summary.update({"train_seconds": state.train_seconds, **best.summary(cfg, state)})  # over every segment of a resumed run
+        if cfg.checkpoint.load_best_at_end and (best_path := self.checkpointer.best_checkpoint(state)) is not None:
+            self.checkpointer.load_model_weights(best_path)  # final/ and the evaluation after training: the best step's model
         save_final(self.output_dir, self.policy, self.tokenizer, self.dist, merged=self.cfg.model.lora.save_merged)
         if cfg.eval.before_after and (after := self._evaluate_and_say("after training", log)) is not None:
             assert self.held_out is not None, "a score: there is a held-out set"
@@ -386,13 +392,3 @@ class Trainer:
             if self.eval_failures:
                 log.info(f"[warning] held-out evaluation {when}: {self.eval_failures}")
         return score
-
-    def _after_bad_step(self, log) -> None:
-        s = self.state
-        log.info(f"[warning] step {s.step}: non-finite loss or gradient, update skipped ({s.skipped_steps} so far)")
-        if s.bad_steps_in_a_row >= self.cfg.max_bad_steps:
-            last = latest_checkpoint(self.output_dir / "checkpoints")
-            raise TrainingError(
-                f"{s.bad_steps_in_a_row} steps in a row had a non-finite loss or gradient (max_bad_steps={self.cfg.max_bad_steps}); "
-                f"stopping. Last good checkpoint: {last or 'none'}. Lower optim.lr or check the rewards."
-            )
