@@ -120,7 +120,7 @@ RULES: dict[str, Rule] = {
     "restore_callback_states_from_checkpoint": N("callbacks are the script's; their state is not checkpointed"),
     "full_determinism": N("rlvr seeds every generator from `seed`; deterministic algorithms are torch's setting"),
     "seed": M("seed"),
-    "data_seed": R("`seed` also draws the data order"),
+    "data_seed": N("`seed` draws the data order, as in TRL, whose GRPO sampler (RepeatSampler) reads `seed`, not data_seed"),
     "use_cpu": M("device=cpu"),
     "accelerator_config": R("no accelerate: rlvr's own process group (torchrun) and DDP/FSDP2"),
     "parallelism_config": R("no accelerate: rlvr's own process group (torchrun) and DDP/FSDP2"),
