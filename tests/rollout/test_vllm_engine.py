@@ -177,6 +177,15 @@ def test_weights_are_synced_after_each_update(make):
     assert (old_logp[same] - after.sampling_logprobs[same]).abs().max() > 1e-3
 
 
+def test_trls_default_sequence_mask_weighs_each_completion_as_one(make):
+    """TRL's default correction (a GRPOConfig with use_vllm gets it): one weight per completion, the product of its
+    tokens' ratios; vLLM agrees with the trainer to ~1e-4 a token, so every completion keeps a weight near 1."""
+    t = make("algo.sampler_correction=sequence_mask", "algo.sampler_correction_min=0.5", run="sequence")
+    m = t.train_step()
+    assert abs(m["sampling/importance_sampling_ratio/mean"] - 1) < 1e-2
+    assert 0.98 < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] < 1.02
+
+
 def test_lora_adapter_is_synced_without_merging(make):
     pytest.importorskip("peft")
     t = make("model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.05", run="lora")
