@@ -135,6 +135,21 @@ def test_logged_learning_rate_is_the_one_the_update_used(make_trainer, mu):
         assert m["learning_rate"] == pytest.approx(lr * sum(u + 1 for u in range(n * mu, (n + 1) * mu)) / (mu * warmup), rel=1e-12)
 
 
+def test_a_resume_with_more_steps_follows_the_new_schedule_from_its_next_update(make_trainer, tmp_path):
+    """steps=4 resumed as steps=6 under a cosine schedule: the warning says from which step the rates follow the
+    6-step schedule, and that step's update uses it (the optimizer's saved rate is the 4-step schedule's)."""
+    from rlvr.training.run_control import lr_lambda
+
+    lr, common = 1e-3, ("optim.lr=1e-3", "optim.lr_schedule=cosine", "optim.warmup_steps=2", "optim.min_lr_rate=0.1")
+    make_trainer(*common, "steps=4", run="sched").train()
+    t = make_trainer(*common, "steps=6", "resume=auto", run="sched")
+    assert any("optim.lr_schedule=cosine was laid out for 4 steps; from step 5 it follows the one for steps=6" in w for w in t.warnings)
+    rates = [t.train_step()["learning_rate"] for _ in range(2)]
+    new = lr_lambda("cosine", 2, 6, min_lr_rate=0.1)
+    assert rates == pytest.approx([lr * new(4), lr * new(5)], rel=1e-12)
+    assert lr * lr_lambda("cosine", 2, 4, min_lr_rate=0.1)(4) == pytest.approx(1e-4)  # what step 5 used before: the old end
+
+
 # ---------------------------------------------------------------------------------------------
 # dynamic sampling: the generated and the kept view
 

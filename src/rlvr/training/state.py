@@ -136,6 +136,10 @@ class Checkpointer:
         if self._reference_moves:  # else the initial policy (a checkpoint of a run whose reference stayed, resumed with --force)
             load_reference(path, self.policy.ref_model)
         self.scheduler.load_state_dict(saved["scheduler"])
+        # the next update's rate from this run's schedule, which `steps` may have changed (the optimizer's state holds the
+        # old schedule's); with the same schedule the very value the scheduler computed (a resume is bit for bit)
+        for group, base, rate in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * rate(self.scheduler.last_epoch)
         self.stream.load_state_dict(saved["data"])
         set_rng_state(saved["rng"])
         state = TrainState(
