@@ -129,8 +129,10 @@ DYNAMIC = ["algo.loss_type=grpo", "algo.dynamic_sampling=true", "algo.max_resamp
             "algo.entropy_coef=0.01",
             "algo.off_policy_mask_threshold=0.5",
         ],
+        # DDP: each rank moves its own reference copy after every optimizer step; step 2's KL reads the moved one
+        ["optim.micro_batch_size=4", "algo.beta=0.04", "algo.ref_sync_steps=1", "algo.ref_sync_alpha=0.5"],
     ],
-    ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl", "minibatches-cispo-entropy-opsm"],
+    ids=["dapo-batchstd-accum", "grpo-dynamic-kl", "fsdp-accum-kl", "fsdp-lora-dynamic-kl", "minibatches-cispo-entropy-opsm", "ddp-ref-sync"],
 )
 def test_two_gloo_ranks_equal_one_process(tmp_path, base_overrides, parity_reward, extra):
     # Clip-Cov (the default) draws its tokens among each rank's rows, not in one draw: off, so the ranks compute one loss
