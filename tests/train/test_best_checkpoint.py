@@ -6,6 +6,7 @@ comparing with the best before it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -69,9 +70,28 @@ def test_a_resumed_run_compares_with_the_best_before_it(make_trainer, tmp_path):
 
 
 def test_a_metric_the_evaluation_does_not_log_stops_the_run_naming_those_it_does(make_trainer):
-    t = make_trainer(*BEST, "steps=2", "checkpoint.best_metric=eval/pass@4")  # greedy evaluation: no pass@k
-    with pytest.raises(TrainingError, match=r"checkpoint.best_metric=eval/pass@4 is not among this run's held-out metrics: eval/reward"):
+    t = make_trainer(*BEST, "steps=2", "eval.reward=all", "checkpoint.best_metric=eval/rewards/nosuch/mean")
+    with pytest.raises(
+        TrainingError, match=r"best_metric=eval/rewards/nosuch/mean is not among this run's held-out metrics: eval/reward, "
+    ):
         t.train()
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["checkpoint.best_metric=eval/pass@4"], "is logged only for K = 1, 2, 4, ... up to eval.samples > 1 (eval.samples=1)"),
+        (["checkpoint.best_metric=eval/pass@3", "eval.samples=4"], "is logged only for K = 1, 2, 4, ... up to eval.samples > 1"),
+        (["checkpoint.best_metric=eval/avg@8", "eval.samples=4"], "is logged only at N = eval.samples > 1 (eval.samples=4)"),
+        (["checkpoint.best_metric=eval/maj@k", "eval.samples=4"], "is logged only as pass@K, avg@N or maj@N with numbers"),
+        (["checkpoint.best_metric=eval/reward_std"], "is logged only with eval.reward=all"),
+        (["checkpoint.best_metric=eval/rewards/correct/mean"], "is logged only with eval.reward=all"),
+    ],
+)
+def test_a_metric_this_evaluation_cannot_log_is_refused_before_the_run(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_config(load_config(None, ["eval.every=1", *overrides]))
+    check_config(load_config(None, ["eval.every=1", "eval.samples=4", "checkpoint.best_metric=eval/pass@4"]))
 
 
 def test_settings_are_checked_and_unused_ones_noted():

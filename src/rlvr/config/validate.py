@@ -255,8 +255,25 @@ def _validate_best_checkpoint(cfg: Config, errors: list[str]) -> None:
             )
         if cfg.eval.every <= 0:
             errors.append(f"`checkpoint.best_metric`={name} needs evaluations during training: set eval.every > 0")
+        if (needs := _what_logs(name, cfg)) is not None:
+            errors.append(f"`checkpoint.best_metric`={name} is logged only {needs}")
     if c.load_best_at_end and c.best_metric is None:
         errors.append("`checkpoint.load_best_at_end` needs checkpoint.best_metric: the held-out metric that picks the best checkpoint")
+
+
+def _what_logs(name: str, cfg: Config) -> str | None:
+    """What the evaluation needs to log held-out metric `name` that this config lacks (None: nothing it can tell)."""
+    e, metric = cfg.eval, name.removeprefix("eval/")
+    k = metric.split("@", 1)[1] if "@" in metric else ""
+    if metric.split("@")[0] in ("pass", "avg", "maj") and not k.isdigit():
+        return "as pass@K, avg@N or maj@N with numbers"
+    if metric.startswith("pass@") and not (1 < e.samples and int(k) <= e.samples and int(k) & (int(k) - 1) == 0):
+        return f"for K = 1, 2, 4, ... up to eval.samples > 1 (eval.samples={e.samples})"
+    if metric.split("@")[0] in ("avg", "maj") and not (e.samples > 1 and int(k) == e.samples):
+        return f"at N = eval.samples > 1 (eval.samples={e.samples})"
+    if (metric == "reward_std" or metric.startswith("rewards/")) and e.reward != "all":
+        return "with eval.reward=all (the training's rewards weighted and summed, each function's mean and std beside)"
+    return None
 
 
 def _kl_and_temperature_warnings(cfg: Config, warnings: list[str], force: bool) -> None:
