@@ -187,20 +187,15 @@ def held_out_sampling(cfg: Config, max_new_tokens: int):
     """The held-out evaluation's sampling: greedy with eval.samples=1 (the model's own choice, no filter or penalty);
     else eval.samples episodes per row at eval.temperature through the training's top_p, top_k, min_p and
     repetition_penalty (rollout.*), as TRL's evaluation samples with its training's settings."""
+    import dataclasses
+
     from rlvr.rollout import SamplingParams
 
-    e, r = cfg.eval, cfg.rollout
+    e = cfg.eval
     if e.samples == 1:
         return SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
-    return SamplingParams(
-        n=e.samples,
-        temperature=e.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        repetition_penalty=r.repetition_penalty,
-        max_new_tokens=max_new_tokens,
-    )
+    sampled = dict(n=e.samples, temperature=e.temperature, max_new_tokens=max_new_tokens, ignore_eos=False)
+    return dataclasses.replace(training_sampling(cfg), **sampled)
 
 
 def schedule_change(cfg: Config, resumed_from, step: int) -> list[str]:
