@@ -105,7 +105,8 @@ def _validate_ref_sync(cfg: Config, errors: list[str]) -> None:
         if cfg.model.lora.r > 0:
             errors.append(
                 "`algo.ref_sync_steps` moves a frozen copy of the model; with LoRA (model.lora.r > 0) the reference is the base "
-                "model with the adapter off, which training never changes (TRL refuses sync_ref_model with PEFT too): set it to 0"
+                "model with the adapter off, which training never changes (TRL refuses sync_ref_model with PEFT too): set it to 0 "
+                "(in a GRPOConfig: sync_ref_model=False)"
             )
         if cfg.dist.strategy == "fsdp" and cfg.nproc > 1:
             errors.append("`algo.ref_sync_steps` is not implemented with dist.strategy=fsdp (the policy is sharded): use ddp")
