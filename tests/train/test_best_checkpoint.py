@@ -82,6 +82,7 @@ def test_a_metric_the_evaluation_does_not_log_stops_the_run_naming_those_it_does
     [
         (["checkpoint.best_metric=eval/pass@4"], "is logged only for K = 1, 2, 4, ... up to eval.samples > 1 (eval.samples=1)"),
         (["checkpoint.best_metric=eval/pass@3", "eval.samples=4"], "is logged only for K = 1, 2, 4, ... up to eval.samples > 1"),
+        (["checkpoint.best_metric=eval/pass@0", "eval.samples=4"], "is logged only for K = 1, 2, 4, ... up to eval.samples > 1"),
         (["checkpoint.best_metric=eval/avg@8", "eval.samples=4"], "is logged only at N = eval.samples > 1 (eval.samples=4)"),
         (["checkpoint.best_metric=eval/maj@k", "eval.samples=4"], "is logged only as pass@K, avg@N or maj@N with numbers"),
         (["checkpoint.best_metric=eval/reward_std"], "is logged only with eval.reward=all"),

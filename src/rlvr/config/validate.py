@@ -267,7 +267,7 @@ def _what_logs(name: str, cfg: Config) -> str | None:
     k = metric.split("@", 1)[1] if "@" in metric else ""
     if metric.split("@")[0] in ("pass", "avg", "maj") and not k.isdigit():
         return "as pass@K, avg@N or maj@N with numbers"
-    if metric.startswith("pass@") and not (1 < e.samples and int(k) <= e.samples and int(k) & (int(k) - 1) == 0):
+    if metric.startswith("pass@") and not (1 < e.samples and 1 <= int(k) <= e.samples and int(k) & (int(k) - 1) == 0):
         return f"for K = 1, 2, 4, ... up to eval.samples > 1 (eval.samples={e.samples})"
     if metric.split("@")[0] in ("avg", "maj") and not (e.samples > 1 and int(k) == e.samples):
         return f"at N = eval.samples > 1 (eval.samples={e.samples})"
