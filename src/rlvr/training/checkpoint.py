@@ -45,6 +45,11 @@ def _fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_path(root: Path, step: int) -> Path:
+    """Where the checkpoint of step `step` lives under `root` (checkpoints/step-0000012)."""
+    return root / f"step-{step:07d}"
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -63,7 +68,7 @@ def save_checkpoint(
     `reference`: a reference model that moved during training (algo.ref_sync_steps), written to reference/.
     `keep`: how many of the newest checkpoints stay (0: all), besides step `protect`'s (the best one)."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:07d}"
+    final = checkpoint_path(root, step)
     tmp = root / f".tmp-step-{step:07d}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -87,7 +92,7 @@ def save_checkpoint(
     _fsync_tree(root)
     shutil.rmtree(old, ignore_errors=True)
     for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
-        if protect is None or old.name != f"step-{protect:07d}":
+        if protect is None or old != checkpoint_path(root, protect):
             shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -13,6 +13,7 @@ from rlvr.config import ConfigError, to_dict
 from rlvr.dist import full_model_state, full_optimizer_state, load_full_model_state, load_full_optimizer_state
 from rlvr.training.checkpoint import (
     COMPLETE_MARKER,
+    checkpoint_path,
     complete_saved_config,
     latest_checkpoint,
     load_reference,
@@ -57,13 +58,13 @@ class Checkpointer:
     def save_unless_saved(self, state: TrainState) -> Path:
         """The checkpoint of the steps done so far: the newest one when it is of this step already, else a new one."""
         newest = latest_checkpoint(self.root)
-        return newest if newest is not None and newest.name == f"step-{state.step:07d}" else self.save(state)
+        return newest if newest == checkpoint_path(self.root, state.step) else self.save(state)
 
     def save(self, state: TrainState) -> Path:
         """Rank 0 writes; every rank resumes from what it wrote. FSDP2: every rank first helps
         gather the full weights and optimizer state onto rank 0, which writes them exactly as one
         process would (a checkpoint resumes under any strategy and number of ranks)."""
-        path = self.root / f"step-{state.step:07d}"
+        path = checkpoint_path(self.root, state.step)
         model = self.policy.peft or self.policy.model  # what save_pretrained writes: the adapter with LoRA
         full = full_model_state(self.dist, model)  # FSDP2: collectives; None otherwise
         full_optim = full_optimizer_state(self.dist, self.policy.model, self.optimizer)
@@ -96,7 +97,7 @@ class Checkpointer:
 
     def best_checkpoint(self, state: TrainState) -> Path | None:
         """The checkpoint of checkpoint.best_metric's best step, when it was written (not after a bad step)."""
-        path = None if state.best_step is None else self.root / f"step-{state.best_step:07d}"
+        path = None if state.best_step is None else checkpoint_path(self.root, state.best_step)
         return path if path is not None and (path / COMPLETE_MARKER).exists() else None
 
     def load_model_weights(self, path: Path) -> None:

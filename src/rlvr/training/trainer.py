@@ -33,7 +33,7 @@ from rlvr.rollout.engines.remote.pool import NoServersLeft
 from rlvr.rollout.sources import make_source
 from rlvr.training import best
 from rlvr.training.batch_plan import BatchPlan
-from rlvr.training.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from rlvr.training.checkpoint import checkpoint_path, latest_checkpoint, rng_state, set_rng_state
 from rlvr.training.collect import Batch, Collector
 from rlvr.training.evaluation import EvaluationError, HeldOut, held_out_for
 from rlvr.training.hooks import NoHooks, RunHooks
@@ -359,7 +359,7 @@ class Trainer:
         score, then summary.json, whose `steps` marks the run finished."""
         cfg, state, out = self.cfg, self.state, self.output_dir
         newest = latest_checkpoint(out / "checkpoints")
-        if self.reward_health.may_checkpoint and (newest is None or newest.name != f"step-{state.step:07d}"):
+        if self.reward_health.may_checkpoint and newest != checkpoint_path(out / "checkpoints", state.step):
             self.save_checkpoint()
         summary["steps"] = state.step
         summary.update({"train_seconds": state.train_seconds, **best.summary(cfg, state)})  # over every segment of a resumed run
