@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import rlvr.rollout.engines.hf.decode_attention as decode_attention_module
+import rlvr.rollout.engines.hf.native_attention as native_attention
+from rlvr.models import native_build
 from rlvr.rollout.engines.hf.decode_attention import SOFTMAX_MIN_KEYS, AttentionWay, _softmax, decode_attention, decode_attention_way
 
 
@@ -70,9 +72,9 @@ def test_the_way_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkey
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
     timed = []
 
-    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers, repeated_flash):
+    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers, repeated_flash, native):
         timed.append((B, G, P, T, layouts, lower, layers, repeated_flash))
-        return {"shared": layouts[-1] and P >= 96, "flash": P >= 256, "lower": lower is not None and P < 64}
+        return {"shared": layouts[-1] and P >= 96, "flash": P >= 256, "lower": lower is not None and P < 64, "native": native}
 
     monkeypatch.setattr(decode_attention_module, "_time_ways", timing)
     f32, bf16 = torch.float32, torch.bfloat16
@@ -108,23 +110,52 @@ def test_the_way_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkey
     assert key["repeated_flash"] == 1 and next(k for k, e in entries if k["lower"] == "bfloat16")["repeated_flash"] == 0
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("shared", [True, False, None], ids=["shared", "repeated", "either"])
-def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared):
+def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared, native):
+    """Every way timed on this machine (the C kernel's where the caller runs it), and the choice made by the rules."""
     monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
-    way = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float32, shared=shared, lower=torch.bfloat16, layers=3)
-    ((_, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
+    assert native_attention.available(), native_build.why_not(native_attention.SOURCE)  # a compiler: CI's machines have one
+    way = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float32, shared=shared, lower=torch.bfloat16, layers=3, native=native)
+    ((key, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
+    assert json.loads(key).get("native") == (1 if native else None)  # answers timed without the kernel are not read for it
     layouts = {True: ["shared"], False: ["repeated"], None: ["repeated", "shared"]}[shared]
     names = [f"{layout}{way}_s" for layout in layouts for way in ("", "_lower", "_flash")]
+    if native:
+        names += [f"{layout}{way}_s" for layout in layouts for way in ("_native", "_lower_native")]
+        names += ["shared_native_flash_s"] if "shared" in layouts else []
     assert sorted(n for n in entry if n.endswith("_s")) == sorted(names) and all(0 < entry[n] < 0.1 for n in names)
     rules = decode_attention_module
-    # the fp32 way of the least time, the kernel's handicapped by FLASH_AT_MOST; bf16 at LOWER_AT_MOST of that
+    # the fp32 way of the least time, the flash kernel's handicapped by FLASH_AT_MOST; bf16 at LOWER_AT_MOST of that
     exact = {n: entry[n] / (rules.FLASH_AT_MOST if "flash" in n else 1) for n in names if "lower" not in n}
     best = min(exact, key=exact.__getitem__)
     lowered = min((n for n in names if "lower" in n), key=entry.__getitem__)
     chosen = lowered if entry[lowered] <= rules.LOWER_AT_MOST * entry[best] else best
-    expected = AttentionWay(torch.bfloat16 if "lower" in chosen else torch.float32, "flash" in chosen, chosen.startswith("shared"))
-    assert way == expected and (entry["shared"], entry["flash"], entry["lower"]) == (expected.shared, expected.flash, "lower" in chosen)
+    expected = AttentionWay(torch.bfloat16 if "lower" in chosen else torch.float32, "flash" in chosen, chosen.startswith("shared"), "native" in chosen)
+    assert way == expected
+    assert (entry["shared"], entry["flash"], entry["lower"], entry["native"]) == (expected.shared, expected.flash, "lower" in chosen, expected.native)
+
+
+def test_the_kernel_is_not_timed_where_it_cannot_run(tmp_path, monkeypatch):
+    """Buffers other than fp32 (a float64 model), or no kernel on this machine (RLVR_NATIVE=off here): the torch ways."""
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
+    f64 = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float64, shared=False, layers=1, native=True)
+    assert not f64.native and f64.dtype == torch.float64
+    monkeypatch.setenv("RLVR_NATIVE", "off")
+    native_build.load.cache_clear()
+    native_attention._kernels.cache_clear()
+    try:
+        assert not native_attention.available() and native_build.why_not(native_attention.SOURCE) == "RLVR_NATIVE=off"
+        way = decode_attention_way(2, 4, 4, 2, 16, 40, 16, torch.float32, shared=True, layers=1, native=True)
+        assert not way.native
+    finally:
+        native_build.load.cache_clear()
+        native_attention._kernels.cache_clear()
+    entries = json.loads((tmp_path / "decode_attention.json").read_text())
+    assert len(entries) == 2 and all("native" not in json.loads(k) and not e["native"] for k, e in entries.items())
+    assert not [n for e in entries.values() for n in e if "native" in n and n.endswith("_s")]  # no kernel way timed
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "repeated"])

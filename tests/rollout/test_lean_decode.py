@@ -81,12 +81,22 @@ def _same(lean, plain):
 def count_lean_steps(monkeypatch):
     calls = []
     step = LeanDecoder.step
-    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append((a[2].prefix_keys is not None, a[2].flash)) or step(self, *a))
+    monkeypatch.setattr(
+        LeanDecoder, "step", lambda self, *a: calls.append((a[2].prefix_keys is not None, a[2].flash, a[2].native)) or step(self, *a)
+    )
     return calls
 
 
+LAYOUTS = ["repeated", "shared", "shared-flash", "repeated-native", "shared-native", "shared-flash-native"]
+
+
+def _way(layout: str, dtype: torch.dtype) -> AttentionWay:
+    """The way `layout` names ("native": the rows' own slots through the C kernel), in buffers of `dtype`."""
+    return AttentionWay(dtype, "flash" in layout, layout.startswith("shared"), "native" in layout)
+
+
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
-@pytest.mark.parametrize("layout", ["repeated", "shared", "shared-flash"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(
     "ignore_eos, drop, temperature",
     [(True, 0.0, 1.0), (False, 0.01, 1.0), (False, 0.25, 0.0)],
@@ -95,16 +105,15 @@ def count_lean_steps(monkeypatch):
 def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperature, monkeypatch, count_lean_steps):
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
-    # the fp32 buffers' way, through the flash kernel or not: not what this machine measures
-    monkeypatch.setattr(
-        lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash", layout != "repeated")
-    )
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
+    # the fp32 buffers' way, through the flash kernel or the C kernel or not: not what this machine measures
+    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: _way(layout, a[7]))
     params = SamplingParams(n=6, temperature=temperature, max_new_tokens=20, ignore_eos=ignore_eos)
     plain = _generate(model, tok, params, static_cache=False, drop_finished_fraction=drop)
     assert not count_lean_steps
     lean = _generate(model, tok, params, drop_finished_fraction=drop)
-    assert count_lean_steps and set(count_lean_steps) == {(layout != "repeated", layout == "shared-flash")}  # in the layout asked
+    way = _way(layout, torch.float32)
+    assert count_lean_steps and set(count_lean_steps) == {(way.shared, way.flash, way.native)}  # in the way asked
     assert (plain.prompt_mask == 0).any()  # left padding of different widths
     if not ignore_eos and temperature > 0:
         assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 2  # rows ended early (and left the batch: drop 0.01)
@@ -112,17 +121,15 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-@pytest.mark.parametrize("layout", ["repeated", "shared", "shared-flash"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("grow", [0, 3])
 def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, monkeypatch):
     """Whole buffers (kv_buffers.GROW slots at a time, the unwritten ones masked) and buffers of every slot read
     sliced (GROW 0) both draw the plain path's tokens; the buffers hold exactly the slots grown so far."""
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
-    monkeypatch.setattr(
-        lean_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(a[7], layout == "shared-flash", layout != "repeated")
-    )
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
+    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: _way(layout, a[7]))
     monkeypatch.setattr(kv_buffers, "GROW", grow)
     lengths = []  # (slots written before the step, the buffers' slots in the step's attention)
     attention_args = lean_decode.DecodeState.attention_args
@@ -137,7 +144,7 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
     lean = _generate(model, tok, params, drop_finished_fraction=0.01)
     _same(lean, plain)
     base = lengths[0][0]  # the prompt's slots (repeated layout), else 0
-    assert base == (lean.prompt_ids.shape[1] if layout == "repeated" else 0)
+    assert base == (lean.prompt_ids.shape[1] if layout.startswith("repeated") else 0)
     for written, slots in lengths:
         own = written - base + 1  # the rows' own slots this step reads
         assert slots - base == (20 if grow == 0 else min(20, -(-own // grow) * grow)), (written, slots)
@@ -145,32 +152,33 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa"])
-@pytest.mark.parametrize("layout", ["repeated", "shared"])
+@pytest.mark.parametrize("layout", ["repeated", "shared", "repeated-native", "shared-native"])
 def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
     """Under bf16 autocast the decode keeps its KV buffers in fp32 or, where this machine timed it faster, in bf16
     (decode_attention.decode_attention_way, asked with lower=bf16 only here). Each step's log-probs stay as close to
     the float64 model's (its lean decode in float64, at the steps whose tokens so far are the same in all three greedy
-    decodes) with bf16 buffers as with fp32 ones, within 1e-2 more: autocast's bf16 products are the larger rounding."""
+    decodes) with bf16 buffers as with fp32 ones, within 1e-2 more: autocast's bf16 products are the larger rounding.
+    So too through the C kernel (native: fp32 and bf16 buffers; the float64 decode runs the products)."""
     torch.set_num_threads(1)
     tok, model = _model(kind)
-    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout == "repeated" else 0)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
     asked, buffers, logits = [], [], []
     attention_args, step = lean_decode.DecodeState.attention_args, LeanDecoder.step
-    recording = lambda st, i, sc: buffers.append(st.own_keys[i].dtype) or attention_args(st, i, sc)  # noqa: E731
+    recording = lambda st, i, sc: buffers.append((st.own_keys[i].dtype, st.native)) or attention_args(st, i, sc)  # noqa: E731
     monkeypatch.setattr(lean_decode.DecodeState, "attention_args", recording)
     monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: logits.append(step(self, *a).log_softmax(-1)) or logits[-1])
     params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12, ignore_eos=True)
     runs = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        way = AttentionWay(dtype, False, layout == "shared")
+        way = _way(layout if dtype != torch.float64 else layout.removesuffix("-native"), dtype)
         choosing = lambda *a, way=way, **kw: asked.append((a[7], kw["lower"], kw["shared"])) or way  # noqa: E731
         monkeypatch.setattr(lean_decode, "decode_attention_way", choosing)
         buffers.clear()
         logits.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != torch.float64):
             runs[dtype] = (_generate(model.to(torch.float64 if dtype == torch.float64 else torch.float32), tok, params), torch.cat(logits))
-        assert set(buffers) == {dtype}
-    asks = None if layout == "shared" else False  # short prompts: the shared layout's choice is timed against the repeated one
+        assert set(buffers) == {(dtype, way.native)}
+    asks = None if layout.startswith("shared") else False  # short prompts: the shared layout's choice is timed against the repeated one
     assert asked[:2] == [(torch.float32, torch.bfloat16, asks)] * 2  # fp32 is the step's dtype, bf16 the lower one
     assert asked[2] == (torch.float64, None, asks)
     tokens = {dtype: gen.completion_ids for dtype, (gen, _) in runs.items()}

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
+from rlvr.rollout.engines.hf.native_attention import available as native_available
+from rlvr.rollout.engines.hf.native_attention import native_attention
 
 FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the explicit products' time
 # bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
@@ -65,15 +67,21 @@ def decode_attention(
     whole: bool = False,  # the buffers are read whole, their slots after t masked (by bias, or own_bias when shared)
     *,
     flash: bool = False,  # through SDPA's flash kernel (both parts in the shared layout; module docstring)
+    native: bool = False,  # the row's own slots through the C kernel (native_attention.py); the shared prompt as `flash` says
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype
-    (repeated layout) or q's (shared: the merge). Buffers in a lower precision than q (bf16 under bf16 autocast): the
+    (repeated layout) or q's (shared: the merge; native: fp32). Buffers in a lower precision than q (bf16 under bf16 autocast): the
     products in theirs, the scores and softmax in q's (fp32).
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
     by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
     own_k.select(2, t).copy_(k)
     own_v.select(2, t).copy_(v)
+    if native:  # slots 0..t only, whole buffers or not; fp32 out (the next product casts it as it casts fp32)
+        qn = q.to(torch.float32).view(n, Hkv, -1, D)
+        if prefix_k is None:
+            return native_attention(qn, own_k, own_v, scale, bias, t + 1)[0].view(n, -1)
+        return _merged_with_prefix(qn, *native_attention(qn, own_k, own_v, scale, None, t + 1), prefix_k, prefix_v, bias, rows, group_size, scale, flash)
     keys, values = (own_k, own_v) if whole else (own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1))
     qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
@@ -81,9 +89,16 @@ def decode_attention(
         out, _ = (_flash if flash else attend)(qr, keys, values, scale, bias if whole else bias.narrow(-1, 0, t + 1))
         return out.reshape(n, Hkv * rep * D)
     assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
-    B, G = prefix_k.shape[0], group_size
     own = _flash if flash else attend_with_lse
     o_own, lse_own = own(qr, keys, values, scale, own_bias)  # lse [n, Hkv, rep]
+    return _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, group_size, scale, flash)
+
+
+def _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, G: int, scale: float, flash: bool) -> torch.Tensor:
+    """The shared layout: the prompt part of the attention (a group's queries together, through the flash kernel or
+    the explicit products) merged with the rows' own part (o_own [n, Hkv, rep, D], lse_own [n, Hkv, rep]), [n, Hq x D]."""
+    n, Hkv, rep, D = qr.shape
+    B = prefix_k.shape[0]
     # every row still decoding: rows is 0..n-1 (compaction keeps their order), so the rows are their groups' places as
     # they are; eager only, where it saves four ops a layer; the compiled step keeps one graph whether rows have left or not
     every_row = n == B * G and not torch.compiler.is_compiling()
@@ -156,19 +171,23 @@ class AttentionWay(NamedTuple):
     dtype: torch.dtype  # the KV buffers' dtype, in which the two products run (the scores and softmax in fp32 or wider)
     flash: bool  # the shared layout through SDPA's flash kernel (in the buffers' own dtype)
     shared: bool  # the prompt's keys/values once per group (else repeated into every row's buffer)
+    native: bool = False  # the rows' own slots through the C kernel (native_attention.py; fp32 sums from either dtype)
 
 
 def decode_attention_way(
     groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype: torch.dtype,
-    *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1, repeated_flash: bool = True,
+    *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1, repeated_flash: bool = True, native: bool = False,
 ) -> AttentionWay:  # fmt: skip
     """The fastest way on this machine at these shapes (prompt length and new-token capacity rounded up to a power of
     two, or to a multiple of 16 where both layouts are timed; `layers` of them read in turn), timed once, then read
     back: the layout `shared` asks for (None: whichever of the two is faster), buffers in `dtype` through the explicit
     products or the flash kernel (the repeated layout's only with `repeated_flash`: a caller that runs it), or buffers
     in `lower` (bf16 under bf16 autocast) through the explicit products where they take at most LOWER_AT_MOST of the
-    best `dtype` way's time. Nothing to choose (repeated layout, no `lower`, no `repeated_flash`): `dtype`, explicit."""
-    if shared is False and lower is None and not repeated_flash:
+    best `dtype` way's time; with `native` (a caller that runs it: the eager step) the rows' own slots through the C
+    kernel too, in either dtype, where it builds here and the buffers are fp32 (native_attention.py). Nothing to choose
+    (repeated layout, no `lower`, no `repeated_flash`, no kernel): `dtype`, explicit."""
+    native = native and dtype == torch.float32 and native_available()
+    if shared is False and lower is None and not repeated_flash and not native:
         return AttentionWay(dtype, False, False)
     # the prompt's length to a multiple of 16 where both layouts are timed (the repeated layout's time grows with it, so
     # a power of two would favour the shared one up to twice the length), else to a power of two; the capacity to one
@@ -180,22 +199,25 @@ def decode_attention_way(
     name = lambda d: str(d).removeprefix("torch.") if d is not None else "none"  # noqa: E731
     layout = {True: "shared", False: "repeated", None: "either"}[shared]
     shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=4)
-    shape |= dict(repeated_flash=int(repeated_flash))
+    shape |= dict(repeated_flash=int(repeated_flash)) | (dict(native=1) if native else {})  # native: its ways timed too
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         layouts = (False, True) if shared is None else (shared,)
-        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash)  # noqa: E731
+        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash, native)  # noqa: E731
         entry = measured_once("decode_attention", shape, timing)
         way_dtype = lower if entry.get("lower") and lower is not None else dtype
-        _CHOICES[local] = AttentionWay(way_dtype, bool(entry.get("flash")), bool(entry.get("shared", shared)))
+        chosen = (bool(entry.get("flash")), bool(entry.get("shared", shared)), bool(entry.get("native")) and native)
+        _CHOICES[local] = AttentionWay(way_dtype, *chosen)
     return _CHOICES[local]
 
 
 def _time_ways(
-    B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int, repeated_flash: bool
-) -> dict:
+    B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int,
+    repeated_flash: bool, native: bool,
+) -> dict:  # fmt: skip
     """Seconds per call of decode_attention each way on random data of these shapes, from whole buffers of T // 2
-    own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"shared": .., "flash": .., "lower": ..}.
+    own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"shared": .., "flash": .., "lower": ..,
+    "native": ..}.
     Each call reads the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that,
     as in the decode, where the layers' caches outgrow the CPU's caches they are read from memory."""
     n, own = B * G, max(T // 2, 1)
@@ -203,7 +225,7 @@ def _time_ways(
 
     made: dict[tuple, list] = {}  # (layout, dtype): decode_attention's arguments for each copy (flash shares them)
 
-    def way(shared: bool, buffer_dtype, flash: bool):
+    def way(shared: bool, buffer_dtype, flash: bool, native: bool):
         if (shared, buffer_dtype) not in made:
             slots = own if shared else P + own  # repeated: the prompt's slots first
             per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
@@ -219,7 +241,7 @@ def _time_ways(
                 (q, k, v, *buffers[i], slots - 1, bias, D**-0.5, *prefix[i], rows, G, own_bias, True) for i in range(copies)
             ]
         calls, turn = made[shared, buffer_dtype], iter(range(2**62))
-        return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash)
+        return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash, native=native)
 
     ways: dict[str, tuple[AttentionWay, float]] = {}  # name: (the way, the share of its time it is chosen at)
     for shared in layouts:
@@ -229,8 +251,14 @@ def _time_ways(
             ways[f"{name}_flash_s"] = (AttentionWay(dtype, True, shared), FLASH_AT_MOST)
         if lower is not None:  # bf16 where it takes at most LOWER_AT_MOST of the best fp32 way's time
             ways[f"{name}_lower_s"] = (AttentionWay(lower, False, shared), LOWER_AT_MOST)
+        if native:  # the C kernel for the own slots: the explicit products' math, read once; a shared prompt either way
+            ways[f"{name}_native_s"] = (AttentionWay(dtype, False, shared, True), 1.0)
+            if shared:
+                ways[f"{name}_native_flash_s"] = (AttentionWay(dtype, True, shared, True), FLASH_AT_MOST)
+            if lower is not None:  # (the flash kernel takes no bf16 buffers with fp32 queries)
+                ways[f"{name}_lower_native_s"] = (AttentionWay(lower, False, shared, True), LOWER_AT_MOST)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        calls = [way(w.shared, w.dtype, w.flash) for w, _ in ways.values()]
+        calls = [way(w.shared, w.dtype, w.flash, w.native) for w, _ in ways.values()]
         entry = dict(zip(ways, fastest_times(calls)))
     # the fp32 way of the least time over its share, then a bf16 one if it takes at most LOWER_AT_MOST of that one's time
     fastest = min((n for n, (w, _) in ways.items() if w.dtype == dtype), key=lambda n: entry[n] / ways[n][1])
@@ -238,4 +266,4 @@ def _time_ways(
         lowered = min((n for n, (w, _) in ways.items() if w.dtype != dtype), key=lambda n: entry[n])
         fastest = lowered if entry[lowered] <= LOWER_AT_MOST * entry[fastest] else fastest
     best = ways[fastest][0]
-    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype}
+    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype, "native": best.native}

@@ -137,6 +137,7 @@ class DecodeState:
     prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
     flash: bool = False  # on the CPU: attention through SDPA's flash kernel (decode_attention.py)
+    native: bool = False  # on the CPU: the rows' own slots through the C kernel (native_attention.py)
     # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, kv_buffers.GROW at a time up to `slots`,
     # and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
     # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
@@ -220,7 +221,8 @@ class LeanDecoder:
             shared = True
         way = AttentionWay(dtype, False, bool(shared))
         if device.type == "cpu":
-            way = decode_attention_way(B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=len(cache.layers))
+            layers = len(cache.layers)
+            way = decode_attention_way(B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=layers, native=whole)
         shared = way.shared
         keys = [layer.keys.to(way.dtype) for layer in cache.layers]
         values = [layer.values.to(way.dtype) for layer in cache.layers]
@@ -230,13 +232,13 @@ class LeanDecoder:
             own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
             own_bias = torch.full((1, 1, 1, size), float("-inf"), dtype=bias.dtype, device=device) if whole else None
             slots = capacity if whole else 0
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, way.flash, slots=slots, own_bias=own_bias)
+            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, way.flash, way.native, slots=slots, own_bias=own_bias)
 
         bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # own slots: -inf until written, or read sliced
         own_k = [kv_buffers.prompt_per_row(k, G, size) for k in keys]  # [N, Hkv, P + size, D], the prompt first
         own_v = [kv_buffers.prompt_per_row(v, G, size) for v in values]
         slots = P + capacity if whole else 0
-        return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, flash=way.flash, slots=slots)
+        return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, flash=way.flash, native=way.native, slots=slots)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
@@ -247,7 +249,7 @@ class LeanDecoder:
             own_k, own_v = state.own_keys[i], state.own_values[i]
             if q.device.type == "cpu":  # the write and the attention as one call (decode_attention.py)
                 with torch.autocast("cpu", enabled=False):
-                    return decode_attention(q, k, v, *state.attention_args(i, scale), flash=state.flash)
+                    return decode_attention(q, k, v, *state.attention_args(i, scale), flash=state.flash, native=state.native)
             own_k[:, :, t] = k
             own_v[:, :, t] = v
             return self._attend_on_device(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)

@@ -1,0 +1,112 @@
+"""C kernels shipped as source, built once per machine with the system's C compiler and loaded with ctypes.
+
+A kernel file (plain C, no torch headers, OpenMP for its threads) compiles in about a second. It is built with
+-march=native into the folder of the machine caches (~/.cache/rlvr/native/, RLVR_PRECISION_CACHE's folder), under
+a name that digests the source, the compiler, the CPU (machine_cache.cpu_identity) and torch's version, so a copied
+home folder or a new compiler builds again; written to a temporary name and renamed into place, so processes
+building at once (ranks of one run) each load a whole file. Its OpenMP runtime is torch's own libgomp (linked
+with torch's lib folder as its run path: a library of that name already loaded is the one used), so the kernel's
+threads are torch's and the two never hold two thread pools.
+
+Where it cannot build (no compiler, not Linux, a torch whose OpenMP runtime is not libgomp, RLVR_NATIVE=off) `load`
+returns None and `why_not` says why: callers keep their torch path. Nothing here is needed for a correct run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from rlvr.models.machine_cache import cpu_identity, precision_cache_path
+
+OFF_ENV = "RLVR_NATIVE"  # "off" (or 0 / false / no): no kernel is built or loaded
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120
+_WHY_NOT: dict[Path, str] = {}
+
+
+def torch_lib_dir() -> Path:
+    return Path(torch.__file__).resolve().parent / "lib"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def why_not(source: Path) -> str | None:
+    """Why `load(source)` gave None in this process (None when it loaded, or was not asked)."""
+    return _WHY_NOT.get(Path(source))
+
+
+@functools.cache
+def load(source: Path) -> ctypes.CDLL | None:
+    """The kernel file `source` built for this machine (once; later runs load the built file), or None (why_not)."""
+    source = Path(source)
+    reason = _unavailable()
+    if reason is None:
+        cc = _compiler()
+        assert cc is not None  # _unavailable checked
+        text = source.read_bytes()
+        digest = hashlib.sha256(b"\0".join([text, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_identity().encode(), torch.__version__.encode()]))
+        built = precision_cache_path().parent / "native" / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+        for attempt in range(2):  # a file left broken (a full disk) is built again once
+            if not built.exists() or attempt:
+                reason = _build(cc, source, built)
+                if reason is not None:
+                    break
+            try:
+                return ctypes.CDLL(str(built))
+            except OSError as e:
+                reason = f"{built} did not load: {e}"
+    _WHY_NOT[source] = str(reason)
+    return None
+
+
+def _unavailable() -> str | None:
+    if os.environ.get(OFF_ENV, "").strip().lower() in ("off", "0", "false", "no"):
+        return f"{OFF_ENV}={os.environ[OFF_ENV]}"
+    if not sys.platform.startswith("linux"):
+        return f"native kernels are built on Linux only (this is {sys.platform})"
+    if not (torch_lib_dir() / "libgomp.so.1").exists():
+        return f"torch's OpenMP runtime is not libgomp ({torch_lib_dir()} has no libgomp.so.1)"
+    if _compiler() is None:
+        return "no C compiler (cc, gcc or $CC) on the PATH"
+    return None
+
+
+def _build(cc: str, source: Path, built: Path) -> str | None:
+    """Compile `source` into `built` (renamed into place); None, or why it failed."""
+    lib = torch_lib_dir()
+    try:
+        built.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create {built.parent}: {e}"
+    tmp = built.with_name(f"{built.name}.{os.getpid()}.tmp")
+    cmd = [cc, *FLAGS, str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{' '.join(cmd)} failed: {e}"
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return f"{' '.join(cmd)} exited {done.returncode}: {(done.stderr or done.stdout).strip()[-2000:]}"
+    os.replace(tmp, built)
+    return None

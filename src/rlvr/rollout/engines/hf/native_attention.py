@@ -1,0 +1,67 @@
+"""The lean decode's attention over its KV buffers as one C kernel (native_attention.c), where it builds.
+
+softmax(q k^T x scale + bias) v and each query's log-sum-exp, for the few queries of each (row, kv head) over slots
+0..length-1 of the row's buffers, reading each key and value once (fp32 buffers, or bf16 widened to fp32) and skipping
+the slots masked -inf. The eager step's two batched products read the buffers whole at about half the memory's rate;
+decode_attention_way times this beside them and keeps the faster (decode_attention.py). Built once per machine by
+rlvr.models.native_build; `available()` is False where it cannot be (then the decode keeps its torch ways).
+tests/rollout/test_native_attention.py checks it against the explicit products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from rlvr.models import native_build
+
+SOURCE = Path(__file__).with_name("native_attention.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGS = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+
+
+@functools.cache
+def _kernels() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+    lib = native_build.load(SOURCE)
+    if lib is None:
+        return None
+    kernels = {torch.float32: lib.rlvr_attend_f32, torch.bfloat16: lib.rlvr_attend_bf16}
+    for fn in kernels.values():
+        fn.argtypes, fn.restype = _ARGS, None
+    return kernels
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded in this process (native_build.why_not(SOURCE) says why not)."""
+    return _kernels() is not None
+
+
+def native_attention(
+    q: torch.Tensor,  # [n, Hkv, R, D] fp32: the R query heads that read each kv head
+    k: torch.Tensor,  # [n, Hkv, S, D] fp32 or bf16, D contiguous (any strides above it)
+    v: torch.Tensor,  # [n, Hkv, S, D] as k
+    scale: float,
+    bias: torch.Tensor | None,  # [n or 1, 1, 1, S] fp32, 0 or -inf (a -inf slot is not read), or None
+    length: int,  # slots 0..length-1 are read
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output [n, Hkv, R, D] and each query's log-sum-exp [n, Hkv, R], fp32, on the CPU."""
+    kernels = _kernels()
+    assert kernels is not None, f"the native attention kernel did not build: {native_build.why_not(SOURCE)}"
+    n, H, R, D = q.shape
+    assert q.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in kernels, (q.dtype, k.dtype, v.dtype)
+    assert k.shape[:2] == v.shape[:2] == (n, H) and k.shape[-1] == v.shape[-1] == D and 0 < length <= min(k.shape[2], v.shape[2])
+    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.device.type == "cpu"
+    q = q.contiguous()
+    out, lse = q.new_empty(n, H, R, D), q.new_empty(n, H, R)
+    bias_ptr, bias_stride = None, 0
+    if bias is not None:
+        assert bias.dtype == torch.float32 and bias.shape[-1] >= length and bias.stride(-1) == 1 and bias.shape[0] in (1, n)
+        bias_ptr, bias_stride = bias.data_ptr(), bias.stride(0) if bias.shape[0] > 1 else 0
+    kernels[k.dtype](
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), *k.stride()[:3], *v.stride()[:3], bias_ptr, bias_stride,
+        out.data_ptr(), lse.data_ptr(), n, H, R, D, length, scale, torch.get_num_threads(),
+    )  # fmt: skip
+    return out, lse

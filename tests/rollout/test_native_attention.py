@@ -1,0 +1,107 @@
+"""The decode's C attention kernel (rlvr.rollout.engines.hf.native_attention) and its build (rlvr.models.native_build):
+the float64 attention's output and log-sum-exp to float rounding, from fp32 buffers and from bf16 ones (widened
+exactly), over strided buffers, left padding, a mask shared by every row or none, and only the slots asked for; the
+same bits at any thread count; built once per machine into the cache folder, and None with the compiler's words where
+it does not build."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import rlvr.rollout.engines.hf.native_attention as native_attention
+from rlvr.models import native_build
+
+
+def _truth(q, k, v, scale, bias, length):
+    """float64 attention over slots 0..length-1: output [n, H, R, D] and log-sum-exp [n, H, R]."""
+    keys, values = k[:, :, :length].double(), v[:, :, :length].double()
+    s = torch.einsum("nhrd,nhsd->nhrs", q.double(), keys) * scale
+    if bias is not None:
+        s = s + bias[..., :length].double()
+    return torch.einsum("nhrs,nhsd->nhrd", s.softmax(-1), values), s.logsumexp(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("R, D", [(1, 64), (3, 40), (8, 19), (2, 128), (4, 8)])
+@pytest.mark.parametrize("mask", ["rows", "shared", "none"])
+def test_the_kernel_is_the_float64_attention(dtype, R, D, mask):
+    assert native_attention.available(), native_build.why_not(native_attention.SOURCE)  # a compiler: CI's machines have one
+    torch.manual_seed(R * D)
+    n, H, S, length = 6, 3, 23, 17
+    q = torch.randn(n, H, R, D) * 2
+    # buffers as the decode holds them after a compaction or a grow: rows and slots strided, the last dim contiguous
+    k = (torch.randn(2 * n, H, S + 5, D) * 2).to(dtype)[::2, :, 2 : S + 2]
+    v = torch.randn(n, H + 1, S, D).to(dtype)[:, 1:]
+    bias = None
+    if mask == "rows":  # left padding of several widths, slots after `length` masked too (not read either way)
+        bias = torch.zeros(n, 1, 1, S)
+        for row in range(n):
+            bias[row, ..., : row % 4] = float("-inf")
+        bias[..., length:] = float("-inf")
+    elif mask == "shared":
+        bias = torch.zeros(1, 1, 1, S)
+        bias[..., :2] = float("-inf")
+    out, lse = native_attention.native_attention(q, k, v, D**-0.5, bias, length)
+    truth, truth_lse = _truth(q, k, v, D**-0.5, bias, length)  # the bf16 buffers as they are: widening is exact
+    assert out.dtype == lse.dtype == torch.float32 and out.shape == (n, H, R, D) and lse.shape == (n, H, R)
+    torch.testing.assert_close(out.double(), truth, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(lse.double(), truth_lse, rtol=1e-6, atol=2e-6)
+
+
+def test_slots_after_the_length_and_masked_slots_are_not_read():
+    """NaN in every slot the kernel must not read (after `length`, or masked -inf) leaves the output finite and equal."""
+    torch.manual_seed(0)
+    n, H, R, S, D, length = 4, 2, 2, 12, 16, 7
+    q, k, v = torch.randn(n, H, R, D), torch.randn(n, H, S, D), torch.randn(n, H, S, D)
+    bias = torch.zeros(n, 1, 1, S)
+    bias[0, ..., :3] = float("-inf")
+    clean = native_attention.native_attention(q, k, v, 0.25, bias, length)
+    k[:, :, length:], v[:, :, length:] = float("nan"), float("nan")
+    k[0, :, :3], v[0, :, :3] = float("nan"), float("nan")
+    dirty = native_attention.native_attention(q, k, v, 0.25, bias, length)
+    assert torch.equal(clean[0], dirty[0]) and torch.equal(clean[1], dirty[1])
+
+
+def test_the_same_bits_at_any_thread_count():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(8, 4, 2, 32), torch.randn(8, 4, 40, 32), torch.randn(8, 4, 40, 32)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(native_attention.native_attention(q, k, v, 0.2, None, 33))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs[1:])
+
+
+def _load_in_a_new_process(cache: str, cc: str | None = None) -> str:
+    """A new process's native_build.load of the kernel: 'loaded', or why_not's words."""
+    env = dict(os.environ, RLVR_PRECISION_CACHE=cache, PYTHONPATH=os.pathsep.join(sys.path))
+    if cc is not None:
+        env["CC"] = cc
+    code = (
+        "from rlvr.models import native_build; from rlvr.rollout.engines.hf.native_attention import SOURCE; "
+        "print('loaded' if native_build.load(SOURCE) is not None else native_build.why_not(SOURCE))"
+    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_built_once_per_machine_into_the_cache_folder(tmp_path):
+    cache = str(tmp_path / "precision.json")
+    assert _load_in_a_new_process(cache) == "loaded"
+    (built,) = (tmp_path / "native").glob("native_attention-*.so")
+    stamp = built.stat().st_mtime_ns
+    assert _load_in_a_new_process(cache) == "loaded" and built.stat().st_mtime_ns == stamp  # read back, not built again
+    assert [p.name for p in (tmp_path / "native").iterdir()] == [built.name]  # no temporary file left
+
+
+def test_a_failed_build_says_why_and_leaves_no_file(tmp_path):
+    """A compiler that fails (here `false`): None, the command and its exit status; the decode keeps its torch ways."""
+    words = _load_in_a_new_process(str(tmp_path / "precision.json"), cc="false")
+    assert "false" in words and "exited 1" in words and "native_attention.c" in words, words
+    assert not (tmp_path / "native").exists() or not any((tmp_path / "native").iterdir())
