@@ -25,7 +25,7 @@ def _truth(q, k, v, scale, bias, length):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("R, D", [(1, 64), (3, 40), (8, 19), (2, 128), (4, 8)])
+@pytest.mark.parametrize("R, D", [(1, 64), (3, 40), (8, 19), (2, 128), (4, 8), (20, 16)])  # 20: past the registers (MAX_R)
 @pytest.mark.parametrize("mask", ["rows", "shared", "none"])
 def test_the_kernel_is_the_float64_attention(dtype, R, D, mask):
     assert native_attention.available(), native_build.why_not(native_attention.SOURCE)  # a compiler: CI's machines have one

@@ -41,7 +41,7 @@ static inline float widen_bf16(const uint16_t *p, int64_t i) {
    bias [n or 1, S] floats (row stride bias_stride, 0 for one row shared by all) or NULL; out [n, H, R, D] and
    lse [n, H, R] floats, contiguous; slots 0..L-1 read; threads: torch's thread count */
 #define DEFINE_ATTEND(NAME, T, DOT, WIDEN)                                                                              \
-    void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
+    static void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
               int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
               int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
         _Pragma("omp parallel num_threads(threads)") {                                                                  \
@@ -83,5 +83,125 @@ static inline float widen_bf16(const uint16_t *p, int64_t i) {
 
 DEFINE_DOT(dot_f32, float, widen_f32)
 DEFINE_DOT(dot_bf16, uint16_t, widen_bf16)
-DEFINE_ATTEND(rlvr_attend_f32, float, dot_f32, widen_f32)
-DEFINE_ATTEND(rlvr_attend_bf16, uint16_t, dot_bf16, widen_bf16)
+DEFINE_ATTEND(generic_f32, float, dot_f32, widen_f32)
+DEFINE_ATTEND(generic_bf16, uint16_t, dot_bf16, widen_bf16)
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The same with AVX-512: 16 floats a vector, the last one masked (any D); the softmax's exp by a polynomial
+   (about 1 ulp; a score 127 below the row's largest weighs exactly 0, as -inf does). */
+#include <immintrin.h>
+
+#define MAX_R 16     /* query heads per kv head, and */
+#define MAX_CHUNKS 16 /* vectors of 16 per head (D up to 256) whose sums are held at once; more: the generic loop */
+#define AHEAD 4       /* rows ahead of the one read that are prefetched */
+
+static inline void prefetch_row(const void *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
+}
+
+static inline __m512 load_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-127.f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+#define DEFINE_AVX512(NAME, T, LOAD, GENERIC)                                                                           \
+    void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
+              int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
+              int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
+        if (R > MAX_R || D > 16 * MAX_CHUNKS) {                                                                         \
+            GENERIC(q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads); \
+            return;                                                                                                     \
+        }                                                                                                               \
+        const int64_t chunks = (D + 15) / 16;                                                                           \
+        const __mmask16 tail = (__mmask16)((1u << (D - (chunks - 1) * 16)) - 1u);                                      \
+        const int64_t Lp = (L + 15) / 16 * 16; /* scores padded to whole vectors, the padding -inf */                  \
+        _Pragma("omp parallel num_threads(threads)") {                                                                  \
+            float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * Lp));                                        \
+            _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
+                int64_t row = b / H, h = b % H;                                                                         \
+                const float *qb = q + b * R * D;                                                                        \
+                const T *kb = k + row * ks0 + h * ks1, *vb = v + row * vs0 + h * vs1;                                   \
+                const float *bb = bias ? bias + row * bias_stride : NULL;                                               \
+                float *ob = out + b * R * D;                                                                            \
+                for (int64_t s = 0; s < L; ++s) { /* the scores: each key row read once for the R queries */           \
+                    float add = bb ? bb[s] : 0.f;                                                                       \
+                    if (isinf(add) && add < 0) {                                                                        \
+                        for (int64_t r = 0; r < R; ++r) scores[r * Lp + s] = add;                                       \
+                        continue;                                                                                       \
+                    }                                                                                                   \
+                    if (s + AHEAD < L) prefetch_row(kb + (s + AHEAD) * ks2, D * (int64_t)sizeof(T));                     \
+                    __m512 acc[MAX_R];                                                                                  \
+                    for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                       \
+                    for (int64_t c = 0; c < chunks; ++c) {                                                              \
+                        __mmask16 m = c == chunks - 1 ? tail : (__mmask16)0xFFFF;                                       \
+                        __m512 kv = LOAD(kb + s * ks2 + c * 16, m);                                                     \
+                        for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(load_f32(qb + r * D + c * 16, m), kv, acc[r]); \
+                    }                                                                                                   \
+                    for (int64_t r = 0; r < R; ++r) scores[r * Lp + s] = _mm512_reduce_add_ps(acc[r]) * scale + add;   \
+                }                                                                                                       \
+                for (int64_t r = 0; r < R; ++r) { /* softmax, log-sum-exp */                                            \
+                    float *sr = scores + r * Lp;                                                                        \
+                    for (int64_t s = L; s < Lp; ++s) sr[s] = -INFINITY;                                                 \
+                    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();                                  \
+                    for (int64_t s = 0; s < Lp; s += 16) top = _mm512_max_ps(top, _mm512_load_ps(sr + s));              \
+                    float t = _mm512_reduce_max_ps(top);                                                                \
+                    __m512 tv = _mm512_set1_ps(t);                                                                      \
+                    for (int64_t s = 0; s < Lp; s += 16) {                                                              \
+                        __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sr + s), tv));                                   \
+                        _mm512_store_ps(sr + s, e);                                                                     \
+                        sum = _mm512_add_ps(sum, e);                                                                    \
+                    }                                                                                                   \
+                    float total = _mm512_reduce_add_ps(sum);                                                            \
+                    __m512 inv = _mm512_set1_ps(1.f / total);                                                           \
+                    for (int64_t s = 0; s < Lp; s += 16) _mm512_store_ps(sr + s, _mm512_mul_ps(_mm512_load_ps(sr + s), inv)); \
+                    lse[b * R + r] = t + logf(total);                                                                   \
+                }                                                                                                       \
+                __m512 acc[MAX_R * MAX_CHUNKS]; /* the output: each value row read once, in slot order */                \
+                for (int64_t i = 0; i < R * chunks; ++i) acc[i] = _mm512_setzero_ps();                                  \
+                for (int64_t s = 0; s < L; ++s) {                                                                       \
+                    if (bb && isinf(bb[s]) && bb[s] < 0) continue;                                                      \
+                    const T *vs = vb + s * vs2;                                                                         \
+                    if (s + AHEAD < L) prefetch_row(vs + AHEAD * vs2, D * (int64_t)sizeof(T));                           \
+                    for (int64_t c = 0; c < chunks; ++c) {                                                              \
+                        __m512 vv = LOAD(vs + c * 16, c == chunks - 1 ? tail : (__mmask16)0xFFFF);                      \
+                        for (int64_t r = 0; r < R; ++r)                                                                 \
+                            acc[r * chunks + c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[r * Lp + s]), vv, acc[r * chunks + c]); \
+                    }                                                                                                   \
+                }                                                                                                       \
+                for (int64_t r = 0; r < R; ++r)                                                                         \
+                    for (int64_t c = 0; c < chunks; ++c)                                                                \
+                        _mm512_mask_storeu_ps(ob + r * D + c * 16, c == chunks - 1 ? tail : (__mmask16)0xFFFF, acc[r * chunks + c]); \
+            }                                                                                                           \
+            free(scores);                                                                                               \
+        }                                                                                                               \
+    }
+
+DEFINE_AVX512(rlvr_attend_f32, float, load_f32, generic_f32)
+DEFINE_AVX512(rlvr_attend_bf16, uint16_t, load_bf16, generic_bf16)
+#else
+#define FORWARD(NAME, T, GENERIC)                                                                                       \
+    void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
+              int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
+              int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
+        GENERIC(q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads);     \
+    }
+FORWARD(rlvr_attend_f32, float, generic_f32)
+FORWARD(rlvr_attend_bf16, uint16_t, generic_bf16)
+#endif

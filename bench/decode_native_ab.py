@@ -1,0 +1,60 @@
+"""The lean decode's attention with and without the C kernel (rollout.engines.hf.native_attention), each as this
+machine's timing chooses it (decode_attention.decode_attention_way with native=False / True), whole generations in
+one process per config, alternating which goes first:
+
+    python bench/decode_native_ab.py B,J,L,F 6 --out results/decode_native_ab_amx.md    # from bench/
+
+Per config: each way's seconds, the ratio of medians, the ways chosen, and how close the two generations are (the
+kernel sums in another order, and may choose other buffers: the same tokens in most rows, log-probs to float rounding
+before a row's first different token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import rlvr.rollout.engines.hf.decode_attention as da
+import rlvr.rollout.engines.hf.lean_decode as ld
+from _report import result_head
+from generation_ab import generation_ab
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("configs")
+    ap.add_argument("reps", type=int, nargs="?", default=6)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    measured = ld.decode_attention_way
+    ways = {
+        "torch ways": lambda: setattr(ld, "decode_attention_way", lambda *a, **kw: measured(*a, **{**kw, "native": False})),
+        "with the kernel": lambda: setattr(ld, "decode_attention_way", measured),
+    }
+    lines = result_head(
+        "The decode's attention through the C kernel, generation A/B",
+        "python bench/decode_native_ab.py " + " ".join(sys.argv[1:]),
+        f"one process per config, the same generation {args.reps} times per way, alternating which goes first.",
+        ["config", "precision", "torch ways s", "with the kernel s", "kernel / torch (medians)", "ways chosen", "same tokens (rows)", "max |d logp| before"],
+    )
+    fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    for name in args.configs.split(","):
+        da._CHOICES.clear()
+        trainer, outputs, seconds = generation_ab(name, ways, args.reps)
+        ratio = statistics.median(seconds["with the kernel"]) / statistics.median(seconds["torch ways"])
+        chosen = "; ".join(f"{'native ' if w.native else ''}{'flash ' if w.flash else ''}{'shared' if w.shared else 'repeated'} {str(w.dtype)[6:]}" for w in da._CHOICES.values())
+        a, b = outputs["torch ways"][0], outputs["with the kernel"][0]
+        same = (a.completion_ids == b.completion_ids).all(-1)
+        before = ((a.completion_ids != b.completion_ids).cumsum(-1) == 0) & a.completion_mask.bool() & b.completion_mask.bool()
+        diff = float((a.sampling_logprobs - b.sampling_logprobs)[before].abs().max())
+        row = [name, trainer.precision.name, fmt(seconds["torch ways"]), fmt(seconds["with the kernel"]), f"{ratio:.3f}", chosen]
+        lines.append("| " + " | ".join([*row, f"{int(same.sum())} of {same.numel()}", f"{diff:.1e}"]) + " |")
+        print(lines[-1], flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join([*lines, ""]))
+
+
+if __name__ == "__main__":
+    main()
