@@ -37,14 +37,26 @@ def main() -> None:
         "The decode's attention through the C kernel, generation A/B",
         "python bench/decode_native_ab.py " + " ".join(sys.argv[1:]),
         f"one process per config, the same generation {args.reps} times per way, alternating which goes first.",
-        ["config", "precision", "torch ways s", "with the kernel s", "kernel / torch (medians)", "ways chosen", "same tokens (rows)", "max |d logp| before"],
+        [
+            "config",
+            "precision",
+            "torch ways s",
+            "with the kernel s",
+            "kernel / torch (medians)",
+            "ways chosen",
+            "same tokens (rows)",
+            "max |d logp| before",
+        ],
     )
     fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)  # noqa: E731
     for name in args.configs.split(","):
         da._CHOICES.clear()
         trainer, outputs, seconds = generation_ab(name, ways, args.reps)
         ratio = statistics.median(seconds["with the kernel"]) / statistics.median(seconds["torch ways"])
-        chosen = "; ".join(f"{'native ' if w.native else ''}{'flash ' if w.flash else ''}{'shared' if w.shared else 'repeated'} {str(w.dtype)[6:]}" for w in da._CHOICES.values())
+        chosen = "; ".join(
+            f"{'native ' if w.native else ''}{'flash ' if w.flash else ''}{'shared' if w.shared else 'repeated'} {str(w.dtype)[6:]}"
+            for w in da._CHOICES.values()
+        )
         a, b = outputs["torch ways"][0], outputs["with the kernel"][0]
         same = (a.completion_ids == b.completion_ids).all(-1)
         before = ((a.completion_ids != b.completion_ids).cumsum(-1) == 0) & a.completion_mask.bool() & b.completion_mask.bool()

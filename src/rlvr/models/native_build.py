@@ -65,7 +65,11 @@ def load(source: Path) -> ctypes.CDLL | None:
         cc = _compiler()
         assert cc is not None  # _unavailable checked
         text = source.read_bytes()
-        digest = hashlib.sha256(b"\0".join([text, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_identity().encode(), torch.__version__.encode()]))
+        digest = hashlib.sha256(
+            b"\0".join(
+                [text, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_identity().encode(), torch.__version__.encode()]
+            )
+        )
         built = precision_cache_path().parent / "native" / f"{source.stem}-{digest.hexdigest()[:16]}.so"
         for attempt in range(2):  # a file left broken (a full disk) is built again once
             if not built.exists() or attempt:

@@ -28,6 +28,12 @@ the precision cache (rlvr.models.machine_cache), so later runs there choose the 
 (rollout.engines.hf.steps.SHARED_PREFIX_TIMED_MAX) the same timing also picks the layout: a row reading its own copy
 of a short prompt in one part can beat the group's shared copy read in a second part and merged
 (bench/results/decode_layout_amd.md).
+
+Where it builds (a C compiler, Linux, torch's libgomp: rlvr.models.native_build), the same timing also runs the rows' own
+slots through a C kernel (`native`, native_attention.py): one pass over slots 0..t of each row's keys and values, fp32
+or bf16 widened to fp32, the slots not yet written not read at all. The batched products read bf16 buffers slower than
+fp32 ones; the kernel reads them at close to the memory's rate, so bf16 buffers pay where the products' did not. The
+shared layout's prompt part (a group's many queries: products) stays as `flash` says.
 """
 
 from __future__ import annotations
@@ -45,11 +51,11 @@ FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the 
 # bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
 # the keys and the scores to bf16 (as the training forward's autocast does), so they must gain clearly
 LOWER_AT_MOST = 0.9
-# the same through the C kernel, which rounds only the keys and values (its scores and sums stay fp32): its log-probs
-# moved less from the fp32 buffers' (mean distance to the training forward's log-probs +1-4 % in the repeated layout,
-# +11-18 % shared, where the prompt part still runs the products; the products in bf16 +10-26 %: bench/results/
-# decode_kv_closeness.md), so it must gain less
-LOWER_NATIVE_AT_MOST = 0.95
+# the repeated layout's bf16 buffers through the C kernel, which rounds only the keys and values (its scores and sums
+# stay fp32): its log-probs moved little from the fp32 buffers' (mean distance to a forward's log-probs +1-4 %, against
+# +10-26 % for the products in bf16: bench/results/decode_kv_closeness.md), so it runs wherever it is faster. The
+# shared layout's prompt part still runs the products in bf16 (+11-18 %): LOWER_AT_MOST there.
+LOWER_NATIVE_AT_MOST = 1.0
 SOFTMAX_MIN_KEYS = 16  # _softmax pads its scores to at least this many keys on the CPU
 TIMED_BYTES = 2**26  # the most the timing's copies of the buffers take (decode_attention_way)
 _CHOICES: dict[tuple, "AttentionWay"] = {}  # this process's answers of decode_attention_way
@@ -86,7 +92,9 @@ def decode_attention(
         qn = q.to(torch.float32).view(n, Hkv, -1, D)
         if prefix_k is None:
             return native_attention(qn, own_k, own_v, scale, bias, t + 1)[0].view(n, -1)
-        return _merged_with_prefix(qn, *native_attention(qn, own_k, own_v, scale, None, t + 1), prefix_k, prefix_v, bias, rows, group_size, scale, flash)
+        return _merged_with_prefix(
+            qn, *native_attention(qn, own_k, own_v, scale, None, t + 1), prefix_k, prefix_v, bias, rows, group_size, scale, flash
+        )
     keys, values = (own_k, own_v) if whole else (own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1))
     qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
@@ -208,7 +216,9 @@ def decode_attention_way(
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         layouts = (False, True) if shared is None else (shared,)
-        timing = lambda: _time_ways(groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash, native)  # noqa: E731
+        timing = lambda: _time_ways(
+            groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash, native
+        )  # noqa: E731
         entry = measured_once("decode_attention", shape, timing)
         way_dtype = lower if entry.get("lower") and lower is not None else dtype
         chosen = (bool(entry.get("flash")), bool(entry.get("shared", shared)), bool(entry.get("native")) and native)
@@ -248,7 +258,23 @@ def _time_ways(
         calls, turn = made[shared, buffer_dtype], iter(range(2**62))
         return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash, native=native)
 
-    ways: dict[str, tuple[AttentionWay, float]] = {}  # name: (the way, the share of its time it is chosen at)
+    ways = _ways(dtype, layouts, lower, repeated_flash, native)
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
+        calls = [way(w.shared, w.dtype, w.flash, w.native) for w, _ in ways.values()]
+        entry = dict(zip(ways, fastest_times(calls)))
+    # the fp32 way of the least time over its share (a flash way's FLASH_AT_MOST), then the bf16 one of the least time over
+    # its share (LOWER_AT_MOST, the kernel's LOWER_NATIVE_AT_MOST) if it takes at most that share of the fp32 way's time
+    fastest = min((n for n, (w, _) in ways.items() if w.dtype == dtype), key=lambda n: entry[n] / ways[n][1])
+    if lower is not None:  # the bf16 way that gains most by its share, if it takes at most that share of the fp32 one's time
+        lowered = min((n for n, (w, _) in ways.items() if w.dtype != dtype), key=lambda n: entry[n] / ways[n][1])
+        fastest = lowered if entry[lowered] <= ways[lowered][1] * entry[fastest] else fastest
+    best = ways[fastest][0]
+    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype, "native": best.native}
+
+
+def _ways(dtype, layouts: tuple[bool, ...], lower, repeated_flash: bool, native: bool) -> dict[str, tuple[AttentionWay, float]]:
+    """The ways _time_ways times, by name: (the way, the share of its time it is chosen at)."""
+    ways: dict[str, tuple[AttentionWay, float]] = {}
     for shared in layouts:
         name = "shared" if shared else "repeated"
         ways[f"{name}_s"] = (AttentionWay(dtype, False, shared), 1.0)
@@ -261,15 +287,8 @@ def _time_ways(
             if shared:
                 ways[f"{name}_native_flash_s"] = (AttentionWay(dtype, True, shared, True), FLASH_AT_MOST)
             if lower is not None:  # (the flash kernel takes no bf16 buffers with fp32 queries)
-                ways[f"{name}_lower_native_s"] = (AttentionWay(lower, False, shared, True), LOWER_NATIVE_AT_MOST)
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        calls = [way(w.shared, w.dtype, w.flash, w.native) for w, _ in ways.values()]
-        entry = dict(zip(ways, fastest_times(calls)))
-    # the fp32 way of the least time over its share (a flash way's FLASH_AT_MOST), then the bf16 one of the least time over
-    # its share (LOWER_AT_MOST, the kernel's LOWER_NATIVE_AT_MOST) if it takes at most that share of the fp32 way's time
-    fastest = min((n for n, (w, _) in ways.items() if w.dtype == dtype), key=lambda n: entry[n] / ways[n][1])
-    if lower is not None:  # the bf16 way that gains most by its share, if it takes at most that share of the fp32 one's time
-        lowered = min((n for n, (w, _) in ways.items() if w.dtype != dtype), key=lambda n: entry[n] / ways[n][1])
-        fastest = lowered if entry[lowered] <= ways[lowered][1] * entry[fastest] else fastest
-    best = ways[fastest][0]
-    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype, "native": best.native}
+                ways[f"{name}_lower_native_s"] = (
+                    AttentionWay(lower, False, shared, True),
+                    LOWER_AT_MOST if shared else LOWER_NATIVE_AT_MOST,
+                )
+    return ways

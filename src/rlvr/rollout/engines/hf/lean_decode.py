@@ -222,7 +222,9 @@ class LeanDecoder:
         way = AttentionWay(dtype, False, bool(shared))
         if device.type == "cpu":
             layers = len(cache.layers)
-            way = decode_attention_way(B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=layers, native=whole)
+            way = decode_attention_way(
+                B, G, self.q_heads, Hkv, D, P, capacity, dtype, shared=shared, lower=lower, layers=layers, native=whole
+            )
         shared = way.shared
         keys = [layer.keys.to(way.dtype) for layer in cache.layers]
         values = [layer.values.to(way.dtype) for layer in cache.layers]

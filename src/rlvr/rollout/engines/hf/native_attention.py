@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,11 +21,12 @@ from rlvr.models import native_build
 
 SOURCE = Path(__file__).with_name("native_attention.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+# q, k, v, k's strides (row, head, slot), v's, bias, its row stride, out, lse, n, H, R, D, length, scale, threads
+_ARGS: list = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
 
 
 @functools.cache
-def _kernels() -> dict[torch.dtype, ctypes._CFuncPtr] | None:
+def _kernels() -> dict[torch.dtype, Any] | None:
     lib = native_build.load(SOURCE)
     if lib is None:
         return None
