@@ -100,8 +100,26 @@ def test_built_once_per_machine_into_the_cache_folder(tmp_path):
     assert [p.name for p in (tmp_path / "native").iterdir()] == [built.name]  # no temporary file left
 
 
+GCC_VERSION = "cc (Debian 12.2.0-14) 12.2.0\\nCopyright (C) 2022 Free Software Foundation, Inc."  # the first two lines
+
+
+def _compiler(tmp_path, version: str, compiles: bool) -> str:
+    """A stand-in compiler: prints `version` for --version, else fails (or hands the call to gcc)."""
+    script = tmp_path / "cc"
+    run = 'exec gcc "$@"' if compiles else 'echo "cc: error: no room on the device" >&2; exit 1'
+    script.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then printf "{version}\\n"; exit 0; fi\n{run}\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 def test_a_failed_build_says_why_and_leaves_no_file(tmp_path):
-    """A compiler that fails (here `false`): None, the command and its exit status; the decode keeps its torch ways."""
-    words = _load_in_a_new_process(str(tmp_path / "precision.json"), cc="false")
-    assert "false" in words and "exited 1" in words and "native_attention.c" in words, words
+    """A compile that fails: None, with the command, its exit status and its words; the decode keeps its torch ways."""
+    words = _load_in_a_new_process(str(tmp_path / "precision.json"), cc=_compiler(tmp_path, GCC_VERSION, compiles=False))
+    assert "exited 1" in words and "no room on the device" in words and "native_attention.c" in words, words
     assert not (tmp_path / "native").exists() or not any((tmp_path / "native").iterdir())
+
+
+def test_only_gcc_builds_it(tmp_path):
+    """Another compiler's -fopenmp would link its own OpenMP runtime beside torch's libgomp: not built."""
+    words = _load_in_a_new_process(str(tmp_path / "precision.json"), cc=_compiler(tmp_path, "clang version 18.1.3", compiles=True))
+    assert "is not GCC" in words and "clang version 18.1.3" in words, words

@@ -8,7 +8,8 @@ building at once (ranks of one run) each load a whole file. Its OpenMP runtime i
 with torch's lib folder as its run path: a library of that name already loaded is the one used), so the kernel's
 threads are torch's and the two never hold two thread pools.
 
-Where it cannot build (no compiler, not Linux, a torch whose OpenMP runtime is not libgomp, RLVR_NATIVE=off) `load`
+Where it cannot build (no compiler, a compiler other than GCC, not Linux, a torch whose OpenMP runtime is not libgomp,
+RLVR_NATIVE=off) `load`
 returns None and `why_not` says why: callers keep their torch path. Nothing here is needed for a correct run.
 """
 
@@ -21,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -45,8 +47,9 @@ def _compiler() -> str | None:
 
 
 def _compiler_version(cc: str) -> str:
+    """`cc --version`'s text ("" where it gives none)."""
     try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.split("\n")[0]
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -91,8 +94,13 @@ def _unavailable() -> str | None:
         return f"native kernels are built on Linux only (this is {sys.platform})"
     if not (torch_lib_dir() / "libgomp.so.1").exists():
         return f"torch's OpenMP runtime is not libgomp ({torch_lib_dir()} has no libgomp.so.1)"
-    if _compiler() is None:
+    cc = _compiler()
+    if cc is None:
         return "no C compiler (cc, gcc or $CC) on the PATH"
+    version = _compiler_version(cc)
+    if "free software foundation" not in version.lower() or "clang" in version.lower():  # GCC's --version names its copyright holder
+        first = version.split("\n")[0] or "no --version"
+        return f"{cc} is not GCC ({first}): its -fopenmp would link another OpenMP runtime than torch's libgomp"
     return None
 
 
@@ -103,7 +111,7 @@ def _build(cc: str, source: Path, built: Path) -> str | None:
         built.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return f"cannot create {built.parent}: {e}"
-    tmp = built.with_name(f"{built.name}.{os.getpid()}.tmp")
+    tmp = built.with_name(f"{built.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     cmd = [cc, *FLAGS, str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
