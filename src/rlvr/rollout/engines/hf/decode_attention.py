@@ -52,9 +52,9 @@ FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the 
 # the keys and the scores to bf16 (as the training forward's autocast does), so they must gain clearly
 LOWER_AT_MOST = 0.9
 # the repeated layout's bf16 buffers through the C kernel, which rounds only the keys and values (its scores and sums
-# stay fp32): its log-probs moved little from the fp32 buffers' (mean distance to a forward's log-probs +1-4 %, against
-# +10-26 % for the products in bf16: bench/results/decode_kv_closeness.md), so it runs wherever it is faster. The
-# shared layout's prompt part still runs the products in bf16 (+11-18 %): LOWER_AT_MOST there.
+# stay fp32): its log-probs lay as near a forward's as the fp32 buffers' (mean distance 0.99-1.04x theirs, against
+# 1.10-1.26x for the products in bf16: bench/results/decode_kv_closeness.md), so it runs wherever it is faster. The
+# shared layout's prompt part still runs the products in bf16 (1.13-1.19x): LOWER_AT_MOST there.
 LOWER_NATIVE_AT_MOST = 1.0
 SOFTMAX_MIN_KEYS = 16  # _softmax pads its scores to at least this many keys on the CPU
 TIMED_BYTES = 2**26  # the most the timing's copies of the buffers take (decode_attention_way)
