@@ -37,21 +37,30 @@ static inline float widen_bf16(const uint16_t *p, int64_t i) {
         return tail + (acc[0] + acc[2]) + (acc[1] + acc[3]);                                       \
     }
 
+/* the kernels' arguments (described below) and a call passing them on */
+#define ATTEND_ARGS(T)                                                                                                 \
+    const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,           \
+        int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H, int64_t R, \
+        int64_t D, int64_t L, float scale, int threads
+#define ATTEND_CALL q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads
+
+/* item b = (row, head h)'s queries qb, keys kb, values vb, bias bb (or NULL) and output ob */
+#define ITEM(T)                                                                                                        \
+    int64_t row = b / H, h = b % H;                                                                                    \
+    const float *qb = q + b * R * D;                                                                                   \
+    const T *kb = k + row * ks0 + h * ks1, *vb = v + row * vs0 + h * vs1;                                              \
+    const float *bb = bias ? bias + row * bias_stride : NULL;                                                          \
+    float *ob = out + b * R * D;
+
 /* q [n, H, R, D] floats, contiguous; k, v [n, H, S, D] with strides (row, head, slot) in elements and D contiguous;
    bias [n or 1, S] floats (row stride bias_stride, 0 for one row shared by all) or NULL; out [n, H, R, D] and
    lse [n, H, R] floats, contiguous; slots 0..L-1 read; threads: torch's thread count */
 #define DEFINE_ATTEND(NAME, T, DOT, WIDEN)                                                                              \
-    static void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
-              int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
-              int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
+    static void NAME(ATTEND_ARGS(T)) {                                                                               \
         _Pragma("omp parallel num_threads(threads)") {                                                                  \
             float *scores = malloc(sizeof(float) * (size_t)(R * (L > 0 ? L : 1)));                                      \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
-                int64_t row = b / H, h = b % H;                                                                         \
-                const float *qb = q + b * R * D;                                                                        \
-                const T *kb = k + row * ks0 + h * ks1, *vb = v + row * vs0 + h * vs1;                                   \
-                const float *bb = bias ? bias + row * bias_stride : NULL;                                               \
-                float *ob = out + b * R * D;                                                                            \
+                ITEM(T)                                                                                                 \
                 for (int64_t s = 0; s < L; ++s) {                                                                       \
                     float add = bb ? bb[s] : 0.f;                                                                       \
                     for (int64_t r = 0; r < R; ++r)                                                                     \
@@ -122,11 +131,9 @@ static inline __m512 exp512(__m512 x) {
 }
 
 #define DEFINE_AVX512(NAME, T, LOAD, GENERIC)                                                                           \
-    void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
-              int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
-              int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
+    void NAME(ATTEND_ARGS(T)) {                                                                                      \
         if (R > MAX_R || D > 16 * MAX_CHUNKS) {                                                                         \
-            GENERIC(q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads); \
+            GENERIC(ATTEND_CALL); \
             return;                                                                                                     \
         }                                                                                                               \
         const int64_t chunks = (D + 15) / 16;                                                                           \
@@ -135,11 +142,7 @@ static inline __m512 exp512(__m512 x) {
         _Pragma("omp parallel num_threads(threads)") {                                                                  \
             float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * Lp));                                        \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
-                int64_t row = b / H, h = b % H;                                                                         \
-                const float *qb = q + b * R * D;                                                                        \
-                const T *kb = k + row * ks0 + h * ks1, *vb = v + row * vs0 + h * vs1;                                   \
-                const float *bb = bias ? bias + row * bias_stride : NULL;                                               \
-                float *ob = out + b * R * D;                                                                            \
+                ITEM(T)                                                                                                 \
                 for (int64_t s = 0; s < L; ++s) { /* the scores: each key row read once for the R queries */           \
                     float add = bb ? bb[s] : 0.f;                                                                       \
                     if (isinf(add) && add < 0) {                                                                        \
@@ -197,10 +200,8 @@ DEFINE_AVX512(rlvr_attend_f32, float, load_f32, generic_f32)
 DEFINE_AVX512(rlvr_attend_bf16, uint16_t, load_bf16, generic_bf16)
 #else
 #define FORWARD(NAME, T, GENERIC)                                                                                       \
-    void NAME(const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,  \
-              int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H,       \
-              int64_t R, int64_t D, int64_t L, float scale, int threads) {                                              \
-        GENERIC(q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads);     \
+    void NAME(ATTEND_ARGS(T)) {                                                                                      \
+        GENERIC(ATTEND_CALL);     \
     }
 FORWARD(rlvr_attend_f32, float, generic_f32)
 FORWARD(rlvr_attend_bf16, uint16_t, generic_bf16)
