@@ -590,3 +590,33 @@ def test_decode_loops_run_in_inference_mode_and_hand_back_normal_tensors(lean, m
             ids, mask, traces[on] = HFEngine(model, tok).generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5"]))
             assert modes and set(modes) == {on} and not ids.is_inference() and not mask.is_inference()
         assert [(t.ids, t.loss, t.logps) for t in traces[True]] == [(t.ids, t.loss, t.logps) for t in traces[False]]
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3"])
+@pytest.mark.parametrize("layout", ["repeated-native", "shared-native"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_native_rotation_and_write_give_torchs_bits(kind, layout, autocast, monkeypatch):
+    """Where the attention runs through the C kernel, the rotation of q and k and the write of k and v run through one C
+    pass too (native_rotary.py): the same tokens, log-probs and entropies bit for bit as torch's rotate and copies, from
+    fp32 products or autocast's bf16 ones (fused q/k/v where they fuse) into fp32 or bf16 buffers."""
+    import rlvr.rollout.engines.hf.native_rotary as native_rotary
+
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
+    buffers = torch.bfloat16 if autocast else torch.float32
+    monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: _way(layout, buffers))
+    passes = []
+    rotate_and_write = native_rotary.rotate_and_write
+    monkeypatch.setattr(native_rotary, "rotate_and_write", lambda *a: passes.append(a[5].dtype) or rotate_and_write(*a))
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, ignore_eos=True)
+    runs = {}
+    for native in (True, False):
+        monkeypatch.setattr(native_rotary, "available", lambda native=native: native)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            runs[native] = _generate(model, tok, params)
+        assert bool(passes) == native and set(passes) <= {buffers}
+        passes.clear()
+    assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
+    assert torch.equal(runs[True].sampling_logprobs, runs[False].sampling_logprobs)
+    assert torch.equal(runs[True].sampling_entropy, runs[False].sampling_entropy)

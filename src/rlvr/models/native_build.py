@@ -30,7 +30,9 @@ import torch
 from rlvr.models.machine_cache import cpu_identity, precision_cache_path
 
 OFF_ENV = "RLVR_NATIVE"  # "off" (or 0 / false / no): no kernel is built or loaded
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
+# -ffp-contract=off: a kernel computes the products and sums it writes, none fused into one multiply-add (GCC fuses
+# them by default), so a kernel that must give torch's elementwise bits can (native_rotary.c); intrinsics still fuse
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
 _WHY_NOT: dict[Path, str] = {}
 

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
+from rlvr.models.norm_rotary import rotate
+from rlvr.rollout.engines.hf import native_rotary
 from rlvr.rollout.engines.hf.native_attention import available as native_available
 from rlvr.rollout.engines.hf.native_attention import native_attention
 
@@ -62,8 +64,8 @@ _CHOICES: dict[tuple, "AttentionWay"] = {}  # this process's answers of decode_a
 
 
 def decode_attention(
-    q: torch.Tensor,  # [n, Hq, D] the new token's queries (rotated)
-    k: torch.Tensor,  # [n, Hkv, D] its keys (rotated), written at slot t
+    q: torch.Tensor,  # [n, Hq, D] the new token's queries (rotated, or not yet where `rotary` is given)
+    k: torch.Tensor,  # [n, Hkv, D] its keys (as q), written at slot t
     v: torch.Tensor,  # [n, Hkv, D]
     own_k: torch.Tensor,  # [n, Hkv, S, D] the rows' buffers (repeated layout: prompt in the first slots)
     own_v: torch.Tensor,  # [n, Hkv, S, D]
@@ -79,6 +81,8 @@ def decode_attention(
     *,
     flash: bool = False,  # through SDPA's flash kernel (both parts in the shared layout; module docstring)
     native: bool = False,  # the row's own slots through the C kernel (native_attention.py); the shared prompt as `flash` says
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin_signed) [n, 1, D]: q and k rotated here (native:
+    # with the write, in one C pass: native_rotary.py)
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype
     (repeated layout) or q's (shared: the merge; native: fp32). Buffers in a lower precision than q (bf16 under bf16 autocast): the
@@ -86,8 +90,13 @@ def decode_attention(
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
     by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
-    own_k.select(2, t).copy_(k)
-    own_v.select(2, t).copy_(v)
+    if rotary is not None and native and native_rotary.fits(q, k, v, own_k, own_v) and native_rotary.available():
+        q = native_rotary.rotate_and_write(q, k, v, *rotary, own_k, own_v, t)  # fp32
+    else:
+        if rotary is not None:
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
+        own_k.select(2, t).copy_(k)
+        own_v.select(2, t).copy_(v)
     if native:  # slots 0..t only, whole buffers or not; fp32 out (the next product casts it as it casts fp32)
         qn = q.to(torch.float32).view(n, Hkv, -1, D)
         if prefix_k is None:

@@ -247,11 +247,13 @@ class LeanDecoder:
         state.open_slot()
         t = state.written
 
-        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
+        def attend(i: int, q, k, v, scale: float, rotary) -> torch.Tensor:  # every row writes slot t, then reads slots 0..t
             own_k, own_v = state.own_keys[i], state.own_values[i]
-            if q.device.type == "cpu":  # the write and the attention as one call (decode_attention.py)
+            if q.device.type == "cpu":  # the rotation, the write and the attention as one call (decode_attention.py)
                 with torch.autocast("cpu", enabled=False):
-                    return decode_attention(q, k, v, *state.attention_args(i, scale), flash=state.flash, native=state.native)
+                    args = state.attention_args(i, scale)
+                    return decode_attention(q, k, v, *args, flash=state.flash, native=state.native, rotary=rotary)
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
             own_k[:, :, t] = k
             own_v[:, :, t] = v
             return self._attend_on_device(q, own_k[:, :, : t + 1], own_v[:, :, : t + 1], i, state, scale)
@@ -272,7 +274,8 @@ class LeanDecoder:
         after each row's last token: a chunk's other tokens go through no lm_head."""
         n, K = tokens.shape[0], 1 if tokens.dim() == 1 else tokens.shape[1]
 
-        def attend(i: int, q, k, v, scale: float) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
+        def attend(i: int, q, k, v, scale: float, rotary) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
             layer = cast(EpisodeLayer, state.cache.layers[i])
             keys, values = layer.update(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
             q = q.view(n, K, *q.shape[1:]).transpose(1, 2)  # [n, Hq, K, D]
@@ -283,8 +286,8 @@ class LeanDecoder:
         return self._forward(tokens.reshape(-1), positions.reshape(-1), attend, keep)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """The layers for n new tokens; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale) stores k, v and returns the
-        attention output [n, Hq x D]. Logits of the tokens `keep` (all when None)."""
+        """The layers for n new tokens; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale, (cos, sin_signed)) rotates
+        q and k, stores k, v and returns the attention output [n, Hq x D]. Logits of the tokens `keep` (all when None)."""
         n = tokens.shape[0]
         x = self.embed(tokens)  # [n, hidden]
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
@@ -295,8 +298,7 @@ class LeanDecoder:
             q, k, v = self._qkv(p, _rms_norm(layer.input_layernorm, x))
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
                 q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-            x = x + _product(p.o, attend(i, q, k, v, attn.scaling))
+            x = x + _product(p.o, attend(i, q, k, v, attn.scaling, (cos, sin)))
             x = x + self._mlp(layer, p, _rms_norm(layer.post_attention_layernorm, x))
         if keep is not None:
             x, products = x[keep], self._products(len(keep), x.device)

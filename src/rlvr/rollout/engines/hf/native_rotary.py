@@ -1,0 +1,80 @@
+"""The lean decode's rotation of the new token's q and k and its write of k and v into the KV buffers, as one C pass.
+
+native_rotary.c does per row what `rotate` (rlvr.models.norm_rotary) and the buffers' slot copies do in ten torch
+ops a layer, with their bits: the same products and sums in float, no fused multiply-add, bf16 rounded to nearest
+even. The eager CPU step calls it where the attention runs through the C kernel (decode_attention's `native`), so that
+one build decides both. tests/rollout/test_native_rotary.py checks it against the torch ops, bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.models import native_build
+
+SOURCE = Path(__file__).with_name("native_rotary.c")
+_P, _I, _B = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+# q and its strides (row, head), k's, v's, whether each is bf16, cos, sin, their row stride, q_out, the key buffer's
+# slot and strides, the value buffer's, whether they are bf16, n, Hq, Hkv, D, threads
+_ARGS: list = [_P, _I, _I, _P, _I, _I, _P, _I, _I, _B, _B, _B, _P, _P, _I, _P, _P, _I, _I, _P, _I, _I, _B, _I, _I, _I, _I, _B]
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _kernel() -> Any:
+    lib = native_build.load(SOURCE)
+    if lib is None:
+        return None
+    fn = lib.rlvr_rotate_write
+    fn.argtypes, fn.restype = _ARGS, ctypes.c_int
+    return fn
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded in this process (native_build.why_not(SOURCE) says why not)."""
+    return _kernel() is not None
+
+
+def fits(*tensors: torch.Tensor) -> bool:
+    """Whether the kernel takes these inputs and buffers: fp32 or bf16, on the CPU (the buffers of one dtype)."""
+    return all(x.dtype in DTYPES and x.device.type == "cpu" for x in tensors) and tensors[-1].dtype == tensors[-2].dtype
+
+
+def rotate_and_write(
+    q: torch.Tensor,  # [n, Hq, D] fp32 or bf16, D contiguous (a view of the q/k/v product's output)
+    k: torch.Tensor,  # [n, Hkv, D] fp32 or bf16 (fp32 after qwen3's per-head norm under autocast, v bf16), as q
+    v: torch.Tensor,  # [n, Hkv, D] fp32 or bf16, as q
+    cos: torch.Tensor,  # [n, 1, D] fp32
+    sin_signed: torch.Tensor,  # [n, 1, D] fp32, first half negated (norm_rotary.signed_sin)
+    own_k: torch.Tensor,  # [n, Hkv, S, D] fp32 or bf16, D contiguous
+    own_v: torch.Tensor,  # [n, Hkv, S, D] as own_k
+    t: int,  # the slot written
+) -> torch.Tensor:
+    """q rotated [n, Hq, D] fp32, with k rotated and v written at slot t of own_k / own_v: rotate(q), rotate(k) and the
+    slot's copies, the same bits."""
+    fn = _kernel()
+    assert fn is not None, f"the native rotary kernel did not build: {native_build.why_not(SOURCE)}"
+    # called once per layer and token: each check reads what the call needs anyway (a tensor's shape or strides
+    # costs a Python call, about 20 us in all for the checks torch's ops would make)
+    n, Hq, D = q.shape
+    Hkv = k.shape[1]
+    qs, ks, vs, cs, kb, vb = q.stride(), k.stride(), v.stride(), cos.stride(), own_k.stride(), own_v.stride()
+    assert fits(q, k, v, own_k, own_v), (q.dtype, k.dtype, v.dtype, own_k.dtype, own_v.dtype)
+    assert qs[2] == ks[2] == vs[2] == kb[3] == vb[3] == cs[2] == 1 and cs == sin_signed.stride(), "D contiguous"
+    assert 0 <= t < own_k.shape[2] and own_k.shape == own_v.shape and own_k.shape[:2] == (n, Hkv)
+    assert k.shape == v.shape and cos.shape == (n, 1, D)
+    out = torch.empty(n, Hq, D, dtype=torch.float32)
+    slot = t * own_k.element_size()  # slot t begins slot x stride(2) bytes in (the buffers share their dtype)
+    failed = fn(
+        q.data_ptr(), qs[0], qs[1], k.data_ptr(), ks[0], ks[1], v.data_ptr(), vs[0], vs[1],
+        q.dtype == torch.bfloat16, k.dtype == torch.bfloat16, v.dtype == torch.bfloat16,
+        cos.data_ptr(), sin_signed.data_ptr(), cs[0], out.data_ptr(), own_k.data_ptr() + slot * kb[2], kb[0], kb[1],
+        own_v.data_ptr() + slot * vb[2], vb[0], vb[1], own_k.dtype == torch.bfloat16, n, Hq, Hkv, D, torch.get_num_threads(),
+    )  # fmt: skip
+    assert failed == 0, f"native rotary: head dim {D} is odd or above the kernel's 512"
+    return out
