@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import rlvr.rollout.engines.hf.episode_decode as episode_decode
 import rlvr.rollout.engines.hf.forward as forward
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
+import rlvr.rollout.engines.hf.native_norm as native_norm
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.data import render_prompt
@@ -391,7 +392,8 @@ def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
     P = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     (args, kw), layers = asked[0], len(model.model.layers)
     assert args == (3, 4, 4, 2, 8, P, 24, torch.float32)
-    assert kw == dict(shared=False, lower=torch.bfloat16, layers=layers, repeated_flash=False)  # the episodes run the products only
+    # the episodes run the products, or their one-token steps through the C kernel: not the flash kernel
+    assert kw == dict(shared=False, lower=torch.bfloat16, layers=layers, repeated_flash=False, native=True)
     assert len(asked) == 2
     fp32, bf16 = runs[torch.float32], runs[torch.bfloat16]
     same = [(a, b) for a, b in zip(fp32, bf16) if a.ids == b.ids]
@@ -546,7 +548,7 @@ def test_the_decode_norms_give_the_modules_bits(kind, shape):
         with torch.no_grad():
             norm.weight.normal_(1, 0.3)
             x = torch.randn(*shape) * 3
-            got = lean_decode._rms_norm(norm, x)
+            got = native_norm.rms_norm(norm, x)
             assert torch.equal(got, norm(x))
             assert torch.equal(got, torch.nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon))
 
@@ -616,6 +618,31 @@ def test_native_rotation_and_write_give_torchs_bits(kind, layout, autocast, monk
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             runs[native] = _generate(model, tok, params)
         assert bool(passes) == native and set(passes) <= {buffers}
+        passes.clear()
+    assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
+    assert torch.equal(runs[True].sampling_logprobs, runs[False].sampling_logprobs)
+    assert torch.equal(runs[True].sampling_entropy, runs[False].sampling_entropy)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_native_add_and_norm_give_torchs_bits(kind, autocast, monkeypatch):
+    """The residual add, RMSNorm and bf16 cast of the eager CPU step as one C pass (native_norm.py): the same tokens,
+    log-probs and entropies bit for bit as torch's three ops; every norm of the step goes through it (2 a layer and
+    the final one), with the bf16 copy only under autocast."""
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    passes = []
+    add_rms_norm = native_norm.add_rms_norm
+    monkeypatch.setattr(native_norm, "add_rms_norm", lambda *a: passes.append(a[4]) or add_rms_norm(*a))
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, ignore_eos=True)
+    runs = {}
+    for native in (True, False):
+        monkeypatch.setattr(native_norm, "ON", native)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            runs[native] = _generate(model, tok, params)
+        assert (len(passes) == 15 * (2 * 2 + 1)) if native else not passes  # 15 steps after the prefill, 2 layers
+        assert set(passes) <= {autocast}
         passes.clear()
     assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
     assert torch.equal(runs[True].sampling_logprobs, runs[False].sampling_logprobs)

@@ -18,6 +18,7 @@ from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import episode_cache, episode_decode, kv_buffers
 from rlvr.rollout.engines.hf import HFEngine
+from rlvr.rollout.engines.hf.decode_attention import AttentionWay
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
 
@@ -66,14 +67,21 @@ def tiny():
     "delays, in_place_share, grow",
     [(False, None, None), (True, None, None), (True, 0.0, 3), (True, 2.0, 3), (False, None, 0), (True, 0.0, 0)],
 )
-@pytest.mark.parametrize("layout", ["repeated", "shared"])
+@pytest.mark.parametrize("layout", ["repeated", "shared", "repeated-native"])
 def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, grow, layout, monkeypatch):
     """in_place_share: the share of rows from which a forward reads the cache in place (0: always,
     2: never; None: the default, where a run has forwards of each kind). grow: the slots the CPU buffers grow by
     (kv_buffers.GROW; 0: buffers of every slot read sliced; None: the default). layout: each row's buffers begin with
-    its prompt (the short prompts' default), or the prompt once per group, a second part merged (long prompts')."""
+    its prompt (the short prompts' default; native: one-token forwards through the C kernel), or the prompt once per
+    group, a second part merged (long prompts')."""
     model, tok = tiny
-    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout == "repeated")  # the CPU's layout, or other devices'
+    repeated, native = layout.startswith("repeated"), layout.endswith("native")
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", repeated)  # the CPU's layout, or other devices'
+    # the way asked for, not what this machine times (which may or may not take the C kernel)
+    monkeypatch.setattr(episode_decode, "decode_attention_way", lambda *a, **k: AttentionWay(a[7], False, False, native and k["native"]))
+    natives = []
+    native_call = episode_cache._native
+    monkeypatch.setattr(episode_cache, "_native", lambda *a: natives.append(a[1].shape[0]) or native_call(*a))
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     sizes = []  # the buffers' slots after each forward's prepare
@@ -84,11 +92,11 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     def prepare_recorded(state, *a, **k):
         prepare(state, *a, **k)
         layer = state.cache.layers[0]
-        repeated = layout == "repeated"
         assert (layer.prefix_keys is None) == repeated and state.prompt_slots == (state.prefix_bias.shape[-1] if repeated else 0)
         sizes.append(layer.kbuf.shape[2] - state.prompt_slots)  # the slots for the rows' own tokens
 
     monkeypatch.setattr(episode_cache.EpisodeState, "prepare", prepare_recorded)
+    step = grow if grow is not None else kv_buffers.GROW
     random.seed(0)
     prompts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
@@ -112,7 +120,7 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     assert sum(map(sum, chunks)) == sum(t.loss.count(0) for t in traces) - sum(unfed) > 0
     assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
-    step = grow if grow is not None else kv_buffers.GROW
+    assert bool(natives) == (native and step > 0)  # the kernel on whole buffers only (grown, masked), as the way says
     if step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came
         assert sizes == sorted(sizes) and sizes[0] == step and all(s % step == 0 or s == 40 for s in sizes)
         assert grow != 3 or len(set(sizes)) > 2  # by 3 slots: grown more than once

@@ -30,6 +30,7 @@ from transformers.cache_utils import DynamicLayer
 from rlvr.models.kv_cache import prefilled_kv
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
+from rlvr.rollout.engines.hf.native_attention import native_attention
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
 
@@ -68,6 +69,7 @@ class EpisodeState:
     in_place: bool = False  # the attention reads all N rows' buffers as views and keeps the outputs of `rows`
     read_rows: torch.Tensor | None = None  # [m] the rows the attention computes: `rows`, or all N when in_place
     own_bias: torch.Tensor | None = None  # [m, 1, K, L] 0 on the slots each query of a read row sees (incl. its own)
+    native: bool = False  # repeated layout: a one-token forward attends through the C kernel (native_attention.py)
 
     def prepare(self, rows: torch.Tensor, lengths: torch.Tensor, num_rows: int, counts: torch.Tensor | None = None) -> None:
         """Set up a forward of counts[i] new tokens (one when counts is None) for each of `rows`, right-padded to the
@@ -167,6 +169,9 @@ def episode_attention(module, query, key, value, attention_mask, scaling=None, d
         q = query.to(dtype)  # [n, Hq, K, D]
         if m != n:  # in place: a query for every row, the rows outside the forward left at zero
             q = q.new_zeros(m, *q.shape[1:]).index_copy_(0, st.rows, q)
+        if st.native and q.shape[2] == 1 and layer.prefix_keys is None and dtype == torch.float32:
+            out = _native(q, key, value, st.own_bias, scaling)  # [m, 1, Hq, D]
+            return (out if m == n else out[st.rows]).to(query.dtype), None
         out = attend_prefix_and_own(
             q,
             key,
@@ -182,3 +187,13 @@ def episode_attention(module, query, key, value, attention_mask, scaling=None, d
         if m != n:
             out = out[st.rows]
     return out.to(query.dtype), None
+
+
+def _native(q, key, value, own_bias, scaling) -> torch.Tensor:
+    """A one-token forward's attention in the repeated layout through the C kernel: q [m, Hq, 1, D] fp32 over each read
+    row's buffers key / value [m, Hkv, L, D] (fp32 or bf16), own_bias [m, 1, 1, L]; [m, 1, Hq, D] as SDPA's."""
+    m, Hq, _, D = q.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    scale = D**-0.5 if scaling is None else scaling
+    out, _ = native_attention(q.reshape(m, Hkv, Hq // Hkv, D), key, value, scale, own_bias, L)  # [m, Hkv, R, D]
+    return out.view(m, 1, Hq, D)

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.models.machine_cache import machine_memory_bytes
+from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, decode_mode, padding_bias, prefill
@@ -76,7 +77,8 @@ def decode_episodes(
     G, T, ckw = params.n, params.max_new_tokens, cache_kwarg(model)
     pre = prefill(model, tokenizer, prompts, G)
     way = _attention_way(model, pre, G, T, cache_dtype, lower)
-    cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated=way is not None and not way.shared)
+    repeated, native = way is not None and not way.shared, way is not None and way.native
+    cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated, native=repeated and native)
     logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
     start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
@@ -159,14 +161,16 @@ def _feed_chunks(
     lengths[rows] += counts
 
 
-def _episode_cache(pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None, repeated: bool) -> tuple[DynamicCache, EpisodeState]:
+def _episode_cache(
+    pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None, repeated: bool, native: bool = False
+) -> tuple[DynamicCache, EpisodeState]:
     """The prefill's cache, each prompt's keys/values then shared by its G rows (or, `repeated`, copied to the head of
-    each row's buffers), each row writing at its own position."""
+    each row's buffers), each row writing at its own position; `native`: one-token steps attend through the C kernel."""
     cache, N = pre.cache, pre.prompt_ids.shape[0] * G
     kv_dtype = cache_dtype or prefilled_kv(cache.layers[0])[0].dtype
     # the scores (and so the masks) in fp32 or wider: with bf16 buffers only the products run in bf16 (decode_attention.py)
     bias = padding_bias(pre.prompt_mask, torch.promote_types(kv_dtype, torch.float32))
-    state = EpisodeState(cache, G, bias, prompt_slots=pre.prompt_ids.shape[1] if repeated else 0)
+    state = EpisodeState(cache, G, bias, prompt_slots=pre.prompt_ids.shape[1] if repeated else 0, native=native)
     for i, layer in enumerate(cache.layers):
         cache.layers[i] = EpisodeLayer(dynamic_layer(layer), state, N, T, cache_dtype)
     return cache, state
@@ -185,8 +189,12 @@ def _attention_way(model, pre: Prefill, G: int, T: int, dtype: torch.dtype | Non
     copies = B * G * Hkv * P * D * 2 * layers * (dtype or k.dtype).itemsize  # keys and values
     if copies > REPEATED_PROMPT_MEMORY_SHARE * machine_memory_bytes():
         return None
-    # the episode attention runs the explicit products only: the flash kernel is not timed for it
-    return decode_attention_way(B, G, heads, Hkv, D, P, T, dtype or k.dtype, shared=False, lower=lower, layers=layers, repeated_flash=False)
+    # the episode attention runs the explicit products, or a one-token step's through the C kernel (native): the flash
+    # kernel is not timed for it
+    way_dtype = dtype or k.dtype
+    return decode_attention_way(
+        B, G, heads, Hkv, D, P, T, way_dtype, shared=False, lower=lower, layers=layers, repeated_flash=False, native=kv_buffers.GROW > 0
+    )
 
 
 def _rows_to_run(traces: list[Trace], driver: TurnDriver, T: int) -> list[int] | None:

@@ -9,8 +9,11 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     on the same weight, the same bits), without the module call's Python work around each product; for small grouped-query
     models under bf16 autocast q/k/v and gate/up as one product each where that gives the same bits (layer_products.py);
   * RMSNorm, qwen3's per-head norms of q and k too, by `F.rms_norm` for the norms known to compute exactly it (on the
-    CPU aten runs the same six ops, without the module call and its casts to and from fp32: 7 us less per call);
-  * rotary embedding from the model's own rotary module, once per step for all layers;
+    CPU aten runs the same six ops, without the module call and its casts to and from fp32: 7 us less per call); on
+    the CPU, where the C kernels build, the residual add before each norm, the norm and its cast to bf16 as one pass
+    with the same bits (native_norm.py);
+  * rotary embedding from the model's own rotary module, once per step for all layers (applied with the write of k
+    and v into the buffers as one C pass where the attention runs through the C kernel: native_rotary.py);
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
     shared_prefix.py), each part with its log-sum-exp, merged exactly; each part is two batched
     products and a softmax (on the CPU faster than SDPA's flash kernel for one query per row; on
@@ -53,6 +56,7 @@ from rlvr.rollout.engines.hf.compiled_decode import (
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
+from rlvr.rollout.engines.hf.native_norm import add_norm, rms_norm
 from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
@@ -95,12 +99,6 @@ def _compilable(lm) -> bool:
         and getattr(lm.config, "hidden_act", None) == "silu"
         and all(getattr(m, "variance_epsilon", None) == layer.input_layernorm.variance_epsilon for m in norms)
     )
-
-
-def _rms_norm(norm, x):
-    if type(norm).__name__ in PLAIN_RMS_NORMS and x.dtype == torch.float32:
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
-    return norm(x)
 
 
 # the input that several products read (q, k and v; gate and up) cast to their dtype once, not once per product: generation
@@ -293,31 +291,35 @@ class LeanDecoder:
         cos, sin = self.rotary(x[:, None], positions[:, None])  # [n, 1, D]
         sin = signed_sin(sin)  # once for every layer: rotate's four ops instead of seven per rotation
         products = self._products(n, x.device)
+        autocast = x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+        bf16 = CAST_ONCE and autocast and torch.get_autocast_dtype("cpu") == torch.bfloat16  # products read bf16 copies
+        delta = None  # the last MLP's output, added to x with the next norm
         for i, (layer, p) in enumerate(zip(self.layers, products)):
             attn = layer.self_attn
-            q, k, v = self._qkv(p, _rms_norm(layer.input_layernorm, x))
+            x, h, casts = add_norm(layer.input_layernorm, x, delta, bf16)
+            q, k, v = self._qkv(p, h, casts)
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before the rotation
-                q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
-            x = x + _product(p.o, attend(i, q, k, v, attn.scaling, (cos, sin)))
-            x = x + self._mlp(layer, p, _rms_norm(layer.post_attention_layernorm, x))
+                q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
+            out = _product(p.o, attend(i, q, k, v, attn.scaling, (cos, sin)))
+            x, h, casts = add_norm(layer.post_attention_layernorm, x, out, bf16)
+            delta = self._mlp(layer, p, h, casts)
         if keep is not None:
-            x, products = x[keep], self._products(len(keep), x.device)
-        return _product(products[-1], _rms_norm(self.norm, x)).float()
+            x, delta, products = (x if delta is None else x + delta)[keep], None, self._products(len(keep), x.device)
+        x, h, casts = add_norm(self.norm, x, delta, bf16)
+        return _product(products[-1], h, casts).float()
 
-    def _qkv(self, p: LayerProducts, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden]."""
+    def _qkv(self, p: LayerProducts, h: torch.Tensor, casts: dict) -> tuple[torch.Tensor, ...]:
+        """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden] (casts: h in other dtypes, _product's)."""
         n, D = h.shape[0], self.head_dim
-        casts: dict = {}
         out = [_product(m, h, casts) for m in p.qkv]  # q, k, v; or one product, the three side by side
         q, k, v = out if len(out) == 3 else out[0].split([self.q_heads * D, self.kv_heads * D, self.kv_heads * D], -1)
         return q.view(n, self.q_heads, D), k.view(n, self.kv_heads, D), v.view(n, self.kv_heads, D)
 
     @staticmethod
-    def _mlp(layer, p: LayerProducts, h: torch.Tensor) -> torch.Tensor:
-        """The layer's MLP of the normed h [n, hidden]."""
+    def _mlp(layer, p: LayerProducts, h: torch.Tensor, casts: dict) -> torch.Tensor:
+        """The layer's MLP of the normed h [n, hidden] (casts: h in other dtypes, _product's)."""
         if p.down is None:  # an MLP of another kind: as it is
             return layer.mlp(h)
-        casts: dict = {}
         out = [_product(m, h, casts) for m in p.gate_up]  # gate, up; or one product, both side by side
         gate, up = out if len(out) == 2 else out[0].chunk(2, -1)
         return _product(p.down, layer.mlp.act_fn(gate) * up)
@@ -351,7 +353,7 @@ class LeanDecoder:
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
                 attention = state.attention_args(i, layer.self_attn.scaling)
                 x = compiled(x, cos, sin, w, eps, heads, autocast or torch.float32, attention)
-        return self.lm.lm_head(_rms_norm(self.norm, x)).float()
+        return self.lm.lm_head(rms_norm(self.norm, x)).float()
 
     def _attend_on_device(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
         """decode_attention's math on other devices: SDPA (repeated layout), shared_prefix's products (shared layout)."""
