@@ -75,10 +75,9 @@ def gives_torchs_bits(H: int) -> bool:
     x = torch.randn(CHECK_ROWS, H, generator=g) * torch.logspace(-3, 3, CHECK_ROWS)[:, None]
     delta = torch.randn(CHECK_ROWS, H, generator=g)
     w, eps = torch.randn(H, generator=g), 1e-6
-    got = add_rms_norm(x, delta, w, eps, bf16=True)
-    want = x + delta
-    y = F.rms_norm(want, (H,), w, eps)
-    return torch.equal(got[0], want) and torch.equal(got[1], y) and torch.equal(got[2], y.to(torch.bfloat16))
+    total, y, y16 = add_rms_norm(x, delta, w, eps, bf16=True)
+    want = F.rms_norm(x + delta, (H,), w, eps)
+    return torch.equal(total, x + delta) and torch.equal(y, want) and y16 is not None and torch.equal(y16, want.to(torch.bfloat16))
 
 
 def add_rms_norm(
