@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import rlvr.rollout.engines.hf.decode_attention as da
+import rlvr.rollout.engines.hf.episode_decode as ed
 import rlvr.rollout.engines.hf.lean_decode as ld
 from _report import result_head
 from generation_ab import generation_ab
@@ -29,10 +30,13 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     measured = ld.decode_attention_way
-    ways = {
-        "torch ways": lambda: setattr(ld, "decode_attention_way", lambda *a, **kw: measured(*a, **{**kw, "native": False})),
-        "with the kernel": lambda: setattr(ld, "decode_attention_way", measured),
-    }
+
+    def switch(native: bool) -> None:  # the single-turn decode's choice and the episodes' (multi-turn configs: H)
+        way = measured if native else lambda *a, **kw: measured(*a, **{**kw, "native": False})
+        for module in (ld, ed):
+            module.decode_attention_way = way
+
+    ways = {"torch ways": lambda: switch(False), "with the kernel": lambda: switch(True)}
     lines = result_head(
         "The decode's attention through the C kernel, generation A/B",
         "python bench/decode_native_ab.py " + " ".join(sys.argv[1:]),
@@ -58,9 +62,12 @@ def main() -> None:
             for w in da._CHOICES.values()
         )
         a, b = outputs["torch ways"][0], outputs["with the kernel"][0]
-        same = (a.completion_ids == b.completion_ids).all(-1)
-        before = ((a.completion_ids != b.completion_ids).cumsum(-1) == 0) & a.completion_mask.bool() & b.completion_mask.bool()
-        diff = float((a.sampling_logprobs - b.sampling_logprobs)[before].abs().max())
+        mask = lambda g: g.completion_mask if hasattr(g, "completion_mask") else g.loss_mask  # noqa: E731  (episodes: loss_mask)
+        width = min(a.completion_ids.shape[1], b.completion_ids.shape[1])  # episodes: each run's own width
+        a_ids, b_ids = a.completion_ids[:, :width], b.completion_ids[:, :width]
+        same = (a_ids == b_ids).all(-1) & (a.completion_ids.shape == b.completion_ids.shape)
+        before = ((a_ids != b_ids).cumsum(-1) == 0) & mask(a)[:, :width].bool() & mask(b)[:, :width].bool()
+        diff = float((a.sampling_logprobs[:, :width] - b.sampling_logprobs[:, :width])[before].abs().max())
         row = [name, trainer.precision.name, fmt(seconds["torch ways"]), fmt(seconds["with the kernel"]), f"{ratio:.3f}", chosen]
         lines.append("| " + " | ".join([*row, f"{int(same.sum())} of {same.numel()}", f"{diff:.1e}"]) + " |")
         print(lines[-1], flush=True)

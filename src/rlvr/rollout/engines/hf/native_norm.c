@@ -18,6 +18,7 @@
 #define LANES 8  /* torch's Vectorized<float> in its sum kernel on x86 (AVX2 width, also where AVX-512 runs) */
 #define ILP 4    /* vectors summed side by side (row_sum's ilp_factor) */
 #define LEVELS 4 /* multi_row_sum's num_levels */
+#define AHEAD 2  /* rows fetched ahead */
 
 static inline int64_t ceil_log2(int64_t x) { return x <= 2 ? 1 : 64 - __builtin_clzll((uint64_t)(x - 1)); }
 
@@ -98,10 +99,15 @@ static inline float widen_bf16(uint16_t b) {
 void rlvr_add_rms_norm(const float *x, int64_t xs, const void *delta, int64_t ds, int delta_bf16, const float *w,
                        float eps, float *sum_out, float *y, uint16_t *y16, int64_t n, int64_t H, int threads) {
     /* a thread fan-out costs more than a small step's whole pass */
-    int use = n * H >= (1 << 17) ? threads : 1;
+    int use = n * H >= (1 << 14) ? threads : 1;
 #pragma omp parallel for num_threads(use) schedule(static)
     for (int64_t r = 0; r < n; ++r) {
         const float *xr = x + r * xs;
+        if (r + AHEAD < n) /* rows a product has just written sit in another core's cache: fetch them ahead */
+            for (int64_t b = 0; b < H; b += 16) {
+                __builtin_prefetch(x + (r + AHEAD) * xs + b);
+                if (delta) __builtin_prefetch((const char *)delta + ((r + AHEAD) * ds + b) * (delta_bf16 ? 2 : 4));
+            }
         if (delta) {
             float *sr = sum_out + r * H;
             if (delta_bf16) {
