@@ -90,13 +90,7 @@ def decode_attention(
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
     by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
-    if rotary is not None and native and native_rotary.fits(q, k, v, own_k, own_v) and native_rotary.available():
-        q = native_rotary.rotate_and_write(q, k, v, *rotary, own_k, own_v, t)  # fp32
-    else:
-        if rotary is not None:
-            q, k = rotate(q, *rotary), rotate(k, *rotary)
-        own_k.select(2, t).copy_(k)
-        own_v.select(2, t).copy_(v)
+    q = _rotated_and_written(q, k, v, own_k, own_v, t, rotary, native)
     if native:  # slots 0..t only, whole buffers or not; fp32 out (the next product casts it as it casts fp32)
         qn = q.to(torch.float32).view(n, Hkv, -1, D)
         if prefix_k is None:
@@ -114,6 +108,18 @@ def decode_attention(
     own = _flash if flash else attend_with_lse
     o_own, lse_own = own(qr, keys, values, scale, own_bias)  # lse [n, Hkv, rep]
     return _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, group_size, scale, flash)
+
+
+def _rotated_and_written(q, k, v, own_k, own_v, t: int, rotary: tuple[torch.Tensor, torch.Tensor] | None, native: bool) -> torch.Tensor:
+    """k and v written at slot t of the buffers, q and k rotated first where `rotary` is given (through one C pass where
+    the attention runs through the kernel and it takes these dtypes): q as the attention reads it."""
+    if rotary is not None and native and native_rotary.fits(q, k, v, own_k, own_v) and native_rotary.available():
+        return native_rotary.rotate_and_write(q, k, v, *rotary, own_k, own_v, t)  # fp32
+    if rotary is not None:
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+    own_k.select(2, t).copy_(k)
+    own_v.select(2, t).copy_(v)
+    return q
 
 
 def _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, G: int, scale: float, flash: bool) -> torch.Tensor:
