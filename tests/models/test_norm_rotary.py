@@ -72,6 +72,31 @@ def test_rotary_forward_and_backward_bits(B, H, Hkv, L, D):
         assert all(torch.equal(o, t) for o, t in zip(fused(q, k, cos, sin), theirs))
 
 
+@pytest.mark.parametrize("B,H,Hkv,L,D", [(2, 4, 4, 5, 8), (3, 8, 2, 7, 64)])
+def test_rotary_of_bf16_projections_under_autocast(B, H, Hkv, L, D):
+    """q and k in bf16 (the projections' output under bf16 autocast), cos and sin fp32: the forward is transformers'
+    fp32 output bit for bit; the backward rounds the fp32 sum of both terms to bf16 once, where transformers' rounds
+    each term and adds in bf16: within one bf16 rounding of theirs, and nearer the float64 gradient."""
+    g = torch.Generator().manual_seed(D)
+    q = torch.randn(B, L, H, D, generator=g).bfloat16().transpose(1, 2).requires_grad_()
+    k = torch.randn(B, L, Hkv, D, generator=g).bfloat16().transpose(1, 2).requires_grad_()
+    angles = torch.rand(B, L, D // 2, generator=g) * 50
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos(), angles.sin()
+    gq, gk = torch.randn(B, H, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    theirs = apply_rotary_pos_emb(q, k, cos, sin)
+    ours = norm_rotary._rotary_function(apply_rotary_pos_emb)(q, k, cos, sin)
+    assert all(o.dtype == torch.float32 and torch.equal(o, t) for o, t in zip(ours, theirs))
+    ours_grad = torch.autograd.grad(ours, (q, k), (gq, gk))
+    theirs_grad = torch.autograd.grad(theirs, (q, k), (gq, gk))
+    qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    truth = torch.autograd.grad(apply_rotary_pos_emb(qd, kd, cos.double(), sin.double()), (qd, kd), (gq.double(), gk.double()))
+    for o, t, exact in zip(ours_grad, theirs_grad, truth):
+        assert o.dtype == t.dtype == torch.bfloat16
+        torch.testing.assert_close(o.float(), t.float(), rtol=2**-7, atol=2**-7 * float(t.abs().max()))
+        assert (o.double() - exact).abs().mean() < (t.double() - exact).abs().mean()
+
+
 def _llama():
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -138,6 +163,32 @@ def test_training_forward_same_logprobs_and_gradients(make, grouped, monkeypatch
     assert torch.equal(lp_fused, lp_plain)  # the forward's bits
     for name, grad in g_plain.items():  # measured within 5e-7 of the largest entry
         torch.testing.assert_close(g_fused[name], grad, rtol=0, atol=2e-6 * grad.abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen3])
+def test_training_forward_under_bf16_autocast(make, monkeypatch):
+    """Under bf16 autocast the norms and the rotation of the bf16 q and k run fused too: the same log-probs bit for bit,
+    the gradients within bf16 rounding of transformers' (the rotation's backward rounds once instead of per term)."""
+    model = make()
+    prompt, prompt_mask, completion, completion_mask = _batch()
+    rotations = []
+    apply = norm_rotary._Rotary.apply
+    monkeypatch.setattr(norm_rotary._Rotary, "apply", lambda x, *a: rotations.append(x.dtype) or apply(x, *a))
+    runs = []
+    for fused in (True, False):
+        model.zero_grad()
+        if not fused:
+            monkeypatch.setattr("rlvr.models.forward.fused_norm_and_rotary", lambda model: contextlib.nullcontext())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
+        (out.logp * completion_mask).sum().backward()
+        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if fused:  # llama rotates the projections' bf16 output; qwen3 its per-head norms' fp32 output
+            assert rotations and set(rotations) == {torch.float32 if make is _qwen3 else torch.bfloat16}
+    (lp_fused, g_fused), (lp_plain, g_plain) = runs
+    assert torch.equal(lp_fused, lp_plain)
+    for name, grad in g_plain.items():
+        torch.testing.assert_close(g_fused[name], grad, rtol=0, atol=2e-2 * grad.abs().max().item(), msg=name)
 
 
 def test_block_restores_transformers_functions_and_skips_what_it_should():

@@ -17,9 +17,13 @@ Both forwards give transformers' bits exactly (fp32); the rotary backward too; t
 in another order (within 1e-6 relative of transformers', as close to the fp64 truth: tests/models/test_norm_rotary.py).
 bench/results/norm_rotary_intel.md measures them.
 
+Under bf16 autocast the rotation takes the projections' bf16 q and k too (BF16_ROTARY): its forward is transformers'
+fp32 output bit for bit, its backward rounds to bf16 once instead of per term (bench/results/bf16_rotary_amx.md: a
+training micro-batch 0.96-0.97x).
+
 `fused_norm_and_rotary(model)` swaps them in for the block around the training forward (next to
 attention.short_attention_explicit): each plain RMSNorm module's forward, and the rotary function of the model's
-modeling module, which transformers looks up by name at each call. Only where the gradient flows, in fp32, on the
+modeling module, which transformers looks up by name at each call. Only where the gradient flows, in fp32 (or bf16 q and k), on the
 CPU, outside torch.compile and gradient checkpointing (whose recomputation must save what the forward saved); every
 other call, in any thread, goes to transformers' own code unchanged.
 """
@@ -36,6 +40,10 @@ from rlvr.models.attention import activation_checkpointing
 
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
 PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+# under bf16 autocast q and k (the projections' bf16 output) rotate through _Rotary too: its forward gives transformers'
+# fp32 bits; its backward sums the two terms in fp32 and rounds once to bf16, where autograd rounds each term's gradient
+# to bf16 and adds them in bf16 (the same math, one rounding instead of three)
+BF16_ROTARY = True
 # architectures whose modeling module's apply_rotary_pos_emb is llama's: x cos + rotate_half(x) sin, cos/sin
 # unsqueezed at the heads' dimension
 HALF_ROTARY = {"llama", "mistral", "qwen2", "qwen3"}
@@ -85,12 +93,21 @@ class _RMSNorm(torch.autograd.Function):
         return d_x, d_weight, None
 
 
-def _fused_applies(*tensors: torch.Tensor) -> bool:
+def _rotary_applies(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """q and k in fp32, or (BF16_ROTARY) both bf16, the projections' output under bf16 autocast, whose rotation
+    transformers computes in fp32 too (bf16 x fp32 cos); cos and sin fp32, without a gradient."""
+    if cos.requires_grad or sin.requires_grad or cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        return False
+    dtypes = (torch.float32, torch.bfloat16) if BF16_ROTARY else (torch.float32,)
+    return q.dtype == k.dtype and _fused_applies(q, k, dtypes=dtypes)
+
+
+def _fused_applies(*tensors: torch.Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
     return (
         torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and any(t.requires_grad for t in tensors)
-        and all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        and all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype in dtypes and t.device.type == "cpu" for t in tensors)
     )
 
 
@@ -109,7 +126,7 @@ def _rotary_function(original):
     last: list = [None, None]  # (sin, its signed copy): the layers of one forward share the same sin
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if not _fused_applies(q, k) or cos.requires_grad or sin.requires_grad or q.shape[-1] % 2:
+        if not _rotary_applies(q, k, cos, sin) or q.shape[-1] % 2:
             return original(q, k, cos, sin, unsqueeze_dim)
         if last[0] is not sin:
             last[:] = [sin, signed_sin(sin)]
