@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,6 +55,17 @@ def _compiler_version(cc: str) -> str:
         return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def function(source: Path, name: str, argtypes: tuple, restype: Any = None) -> Any:
+    """C function `name` of the kernel file `source` with its ctypes signature set, or None where the file does not
+    build here (why_not says why)."""
+    lib = load(source)
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
 
 
 def why_not(source: Path) -> str | None:

@@ -22,18 +22,14 @@ from rlvr.models import native_build
 SOURCE = Path(__file__).with_name("native_attention.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 # q, k, v, k's strides (row, head, slot), v's, bias, its row stride, out, lse, n, H, R, D, length, scale, threads
-_ARGS: list = [_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int]
+_ARGS = (_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int)
 
 
 @functools.cache
 def _kernels() -> dict[torch.dtype, Any] | None:
-    lib = native_build.load(SOURCE)
-    if lib is None:
-        return None
-    kernels = {torch.float32: lib.rlvr_attend_f32, torch.bfloat16: lib.rlvr_attend_bf16}
-    for fn in kernels.values():
-        fn.argtypes, fn.restype = _ARGS, None
-    return kernels
+    names = {torch.float32: "rlvr_attend_f32", torch.bfloat16: "rlvr_attend_bf16"}
+    kernels = {dtype: native_build.function(SOURCE, name, _ARGS) for dtype, name in names.items()}
+    return None if None in kernels.values() else kernels
 
 
 def available() -> bool:

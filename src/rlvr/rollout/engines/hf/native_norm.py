@@ -24,7 +24,7 @@ SOURCE = Path(__file__).with_name("native_norm.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 # x and its row stride, delta (or None), its row stride, whether it is bf16, the weight, eps, the sum's output (or
 # None), y, y's bf16 copy (or None), n, H, threads
-_ARGS: list = [_P, _I, _P, _I, ctypes.c_int, _P, ctypes.c_float, _P, _P, _P, _I, _I, ctypes.c_int]
+_ARGS = (_P, _I, _P, _I, ctypes.c_int, _P, ctypes.c_float, _P, _P, _P, _I, _I, ctypes.c_int)
 CHECK_ROWS = 8  # rows of the once-per-width check
 ON = True  # False: torch's add, rms_norm and cast always (the A/B's "before")
 
@@ -41,23 +41,25 @@ def add_norm(norm, x: torch.Tensor, delta: torch.Tensor | None, bf16: bool) -> t
     """x + delta (x where delta is None), its norm h, and the `casts` of h for the products that read it
     (lean_decode._product): with bf16 (the step's products read bf16 under autocast) h's bf16 copy, made in the same
     pass where the kernel runs: a plain RMSNorm over fp32 rows [n, H] on the CPU whose bits it gives here."""
-    native = ON and type(norm).__name__ in PLAIN_RMS_NORMS and x.dtype == norm.weight.dtype == torch.float32
-    if native and x.device.type == "cpu" and x.dim() == 2 and (delta is None or delta.dim() == 2):
-        if gives_torchs_bits(x.shape[-1]) and (delta is None or delta.dtype in (torch.float32, torch.bfloat16)):
-            x, h, h16 = add_rms_norm(x, delta, norm.weight, norm.variance_epsilon, bf16)
-            return x, h, {} if h16 is None else {torch.bfloat16: h16}
+    if _kernel_takes(norm, x, delta):
+        x, h, h16 = add_rms_norm(x, delta, norm.weight, norm.variance_epsilon, bf16)
+        return x, h, {} if h16 is None else {torch.bfloat16: h16}
     x = x if delta is None else x + delta
     return x, rms_norm(norm, x), {}
 
 
+def _kernel_takes(norm, x: torch.Tensor, delta: torch.Tensor | None) -> bool:
+    """A plain RMSNorm (fp32 weight) of fp32 rows [n, H] on the CPU, a residual of fp32 or bf16 rows or none, where
+    the kernel gives torch's bits for width H."""
+    plain = ON and type(norm).__name__ in PLAIN_RMS_NORMS and x.dtype == norm.weight.dtype == torch.float32
+    rows = x.device.type == "cpu" and x.dim() == 2
+    residual = delta is None or (delta.dim() == 2 and delta.dtype in (torch.float32, torch.bfloat16))
+    return plain and rows and residual and gives_torchs_bits(x.shape[-1])
+
+
 @functools.cache
 def _kernel() -> Any:
-    lib = native_build.load(SOURCE)
-    if lib is None:
-        return None
-    fn = lib.rlvr_add_rms_norm
-    fn.argtypes, fn.restype = _ARGS, None
-    return fn
+    return native_build.function(SOURCE, "rlvr_add_rms_norm", _ARGS)
 
 
 def available() -> bool:

@@ -21,18 +21,13 @@ SOURCE = Path(__file__).with_name("native_rotary.c")
 _P, _I, _B = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # q and its strides (row, head), k's, v's, whether each is bf16, cos, sin, their row stride, q_out, the key buffer's
 # slot and strides, the value buffer's, whether they are bf16, n, Hq, Hkv, D, threads
-_ARGS: list = [_P, _I, _I, _P, _I, _I, _P, _I, _I, _B, _B, _B, _P, _P, _I, _P, _P, _I, _I, _P, _I, _I, _B, _I, _I, _I, _I, _B]
+_ARGS = (_P, _I, _I, _P, _I, _I, _P, _I, _I, _B, _B, _B, _P, _P, _I, _P, _P, _I, _I, _P, _I, _I, _B, _I, _I, _I, _I, _B)
 DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
 def _kernel() -> Any:
-    lib = native_build.load(SOURCE)
-    if lib is None:
-        return None
-    fn = lib.rlvr_rotate_write
-    fn.argtypes, fn.restype = _ARGS, ctypes.c_int
-    return fn
+    return native_build.function(SOURCE, "rlvr_rotate_write", _ARGS, ctypes.c_int)
 
 
 def available() -> bool:
