@@ -224,3 +224,46 @@ def test_rotate_is_transformers_rotation_bit_for_bit(dtype):
     theirs = (x * cos) + (modeling_llama.rotate_half(x) * sin)
     ours = norm_rotary.rotate(x, cos, norm_rotary.signed_sin(sin))
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,cos_rows,H,L,D", [(2, 2, 4, 5, 6), (3, 1, 8, 7, 64), (2, 2, 3, 9, 96), (1, 1, 2, 33, 128)])
+def test_native_rotary_pass_gives_torchs_bits(dtype, B, cos_rows, H, L, D, monkeypatch):
+    """_Rotary through its C pass (native_training_rotary) against its torch ops: the forward's fp32 output and the
+    backward's gradient (in the input's dtype and layout, what autograd makes of torch's fp32 one) bit for bit, for
+    fp32 and bf16 projections, a cos per row or one for all, heads of 6 to 128 (some values inf and NaN)."""
+    from rlvr.models import native_training_rotary
+
+    g = torch.Generator().manual_seed(D + B)
+    x = (torch.randn(B, L, H, D, generator=g) * 30).to(dtype)
+    x[0, 0, 0, :2] = torch.tensor([float("inf"), float("nan")])
+    angles = torch.rand(cos_rows, L, D // 2, generator=g) * 50
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos().unsqueeze(1), norm_rotary.signed_sin(angles.sin()).unsqueeze(1)
+    grad = torch.randn(B, H, L, D, generator=g) * 1e3
+    grad[-1, -1, -1, -1] = float("nan")
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(native_training_rotary, "ON", on)
+        xv = x.clone().transpose(1, 2).requires_grad_()  # the projection's [B, L, H, D] seen as [B, H, L, D]
+        assert native_training_rotary.applies(xv, cos) == on
+        y = norm_rotary._Rotary.apply(xv, cos, sin)
+        (dx,) = torch.autograd.grad(y, (xv,), grad)
+        results.append((y, dx))
+    (y, dx), (y_torch, dx_torch) = results
+    assert y.dtype == torch.float32 and y.is_contiguous() and torch.equal(y.nan_to_num(), y_torch.nan_to_num())
+    assert torch.equal(y.isnan(), y_torch.isnan())
+    assert dx.dtype == dtype and dx.stride() == x.transpose(1, 2).stride()
+    assert torch.equal(dx.float().nan_to_num(), dx_torch.float().nan_to_num()) and torch.equal(dx.isnan(), dx_torch.isnan())
+
+
+def test_native_rotary_leaves_what_it_cannot_take_to_torch():
+    from rlvr.models import native_training_rotary
+
+    cos = torch.ones(1, 1, 4, 8)
+    assert native_training_rotary.applies(torch.ones(2, 3, 4, 8), cos)
+    assert not native_training_rotary.applies(torch.ones(2, 3, 4, 8).double(), cos)  # fp64
+    assert not native_training_rotary.applies(torch.ones(2, 3, 4, 7), torch.ones(1, 1, 4, 7))  # odd head
+    assert not native_training_rotary.applies(torch.ones(2, 3, 8, 4).transpose(-1, -2), cos)  # D strided
+    assert not native_training_rotary.applies(torch.ones(2, 3, 4, 8), cos.half())
+    assert not native_training_rotary.applies(torch.ones(2, 3, 4, 8), torch.ones(1, 3, 4, 8))  # cos per head

@@ -36,6 +36,7 @@ from typing import Any, Iterator
 
 import torch
 
+from rlvr.models import native_training_rotary
 from rlvr.models.attention import activation_checkpointing
 
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
@@ -65,11 +66,16 @@ class _Rotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin_signed):  # x [B, H, L, D]; cos, sin_signed [B, 1, L, D]
         ctx.save_for_backward(cos, sin_signed)
-        return rotate(x, cos, sin_signed)
+        # one C pass each way where it builds (the same bits); the gradient in x's dtype and layout (dense: a view
+        # of the projection's output), where autograd would cast torch's fp32 one
+        ctx.native = (x.dtype, x.stride()) if native_training_rotary.applies(x, cos) and _dense(x) else None
+        return native_training_rotary.rotate(x, cos, sin_signed) if ctx.native else rotate(x, cos, sin_signed)
 
     @staticmethod
     def backward(ctx, grad):
         cos, sin_signed = ctx.saved_tensors
+        if ctx.native:
+            return native_training_rotary.unrotate(grad, cos, sin_signed, *ctx.native), None, None
         # the rotation's transpose: d/dx of roll(x) sin~ is roll(g sin~) the other way, which for a half-length roll is the same roll
         return (grad * cos).add_((grad * sin_signed).roll(grad.shape[-1] // 2, -1)), None, None
 
@@ -91,6 +97,17 @@ class _RMSNorm(torch.autograd.Function):
         mean = torch.linalg.vecdot(d_x_hat, x_hat, dim=-1).unsqueeze(-1).div_(H)  # [.., 1]
         d_x = torch.addcmul(d_x_hat, x_hat, mean, value=-1).mul_(rstd) if ctx.needs_input_grad[0] else None
         return d_x, d_weight, None
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Whether x's elements fill its storage span without gaps or overlaps (in some order of its dimensions)."""
+    order = sorted(range(x.dim()), key=lambda i: x.stride(i))
+    expected = 1
+    for i in order:
+        if x.shape[i] > 1 and x.stride(i) != expected:
+            return False
+        expected *= x.shape[i]
+    return True
 
 
 def _rotary_applies(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
