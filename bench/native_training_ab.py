@@ -1,7 +1,8 @@
-"""One training micro-batch with the C passes of the training forward (rlvr.models.native_training_rotary: the
-rotation of q and k and its backward) against torch's ops for the same math, in one process: one Trainer on a
-bench/floor.py config, two training steps, then its first micro-batch's forward and backward `--reps` times per way,
-alternating which goes first. The passes give torch's bits: the table says whether the gradients are the same.
+"""One training micro-batch with the C passes of the training forward against torch's ops for the same math, in one
+process: the rotation of q and k and its backward (rlvr.models.native_training_rotary), then that and the MLPs' bf16
+SwiGLU both ways (rlvr.models.native_swiglu). One Trainer on a bench/floor.py config, two training steps, then its
+first micro-batch's forward and backward `--reps` times per way, alternating the order. The passes give torch's
+bits: the table says whether every way's gradients are torch's.
 
     cd bench && python native_training_ab.py B E L J --reps 6 --out results/native_training_amx.md && cd ..
 """
@@ -16,17 +17,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import rlvr.models.native_swiglu as native_swiglu  # noqa: E402
 import rlvr.models.native_training_rotary as native_training_rotary  # noqa: E402
 from _floor_step import micro_batch_ab, same_gradients  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 
-SWITCHES = [(native_training_rotary, "ON")]  # each pass's module and its switch
-WAYS = {"torch's ops": False, "C passes": True}
+PASSES = {"rotation": native_training_rotary, "SwiGLU": native_swiglu}  # each pass's module (its switch: ON)
+WAYS = {"torch's ops": (), "rotation": ("rotation",), "rotation + SwiGLU": ("rotation", "SwiGLU")}
 
 
-def switch(on: bool) -> None:
-    for module, flag in SWITCHES:
-        setattr(module, flag, on)
+def switch(on: tuple[str, ...]) -> None:
+    for name, module in PASSES.items():
+        module.ON = name in on
 
 
 def main() -> None:
@@ -39,16 +41,17 @@ def main() -> None:
         "A training micro-batch: the training forward's C passes vs torch's ops",
         f"cd bench && python native_training_ab.py {' '.join(sys.argv[1:])}",
         f"one process per config; the same micro-batch {args.reps} times per way, alternating which goes first",
-        ["config", "precision", *(f"{w} s" for w in WAYS), "C passes / torch's (medians)", "same gradients"],
+        ["config", "precision", *(f"{w} s" for w in WAYS), *(f"{w} / torch's (medians)" for w in list(WAYS)[1:]), "same gradients"],
     )
     for name in args.configs:
         ways = {w: (lambda on=on: switch(on)) for w, on in WAYS.items()}
         trainer, _, seconds, grads = micro_batch_ab(name, ways, args.reps)
-        switch(True)
-        before, after = (statistics.median(seconds[w]) for w in WAYS)
+        switch(tuple(PASSES))
+        medians = [statistics.median(seconds[w]) for w in WAYS]
         runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
-        same = "yes" if same_gradients(*grads.values()) else "NO"
-        lines.append(table_row(name, trainer.precision.name, *runs, f"{after / before:.3f}", same))
+        ratios = [f"{m / medians[0]:.3f}" for m in medians[1:]]
+        same = "yes" if all(same_gradients(grads[list(WAYS)[0]], g) for g in grads.values()) else "NO"
+        lines.append(table_row(name, trainer.precision.name, *runs, *ratios, same))
         print(lines[-1], flush=True)
     emit(lines, args.out)
 

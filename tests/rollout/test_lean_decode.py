@@ -647,3 +647,28 @@ def test_native_add_and_norm_give_torchs_bits(kind, autocast, monkeypatch):
     assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
     assert torch.equal(runs[True].sampling_logprobs, runs[False].sampling_logprobs)
     assert torch.equal(runs[True].sampling_entropy, runs[False].sampling_entropy)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
+def test_native_swiglu_gives_torchs_bits(kind, monkeypatch):
+    """Under bf16 autocast the eager CPU step's SwiGLU runs as one C pass (rlvr.models.native_swiglu; gate and up
+    apart, or the halves of one fused product): the same tokens, log-probs and entropies bit for bit as torch's silu and
+    mul, every layer of every step through it."""
+    from rlvr.models import native_swiglu
+
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    passes = []
+    forward = native_swiglu._forward
+    monkeypatch.setattr(native_swiglu, "_forward", lambda *a: passes.append(a[0].dtype) or forward(*a))
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16, ignore_eos=True)
+    runs = {}
+    for native in (True, False):
+        monkeypatch.setattr(native_swiglu, "ON", native)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs[native] = _generate(model, tok, params)
+        assert (len(passes) == 15 * 2 and set(passes) == {torch.bfloat16}) if native else not passes  # 15 steps, 2 layers
+        passes.clear()
+    assert torch.equal(runs[True].completion_ids, runs[False].completion_ids)
+    assert torch.equal(runs[True].sampling_logprobs, runs[False].sampling_logprobs)
+    assert torch.equal(runs[True].sampling_entropy, runs[False].sampling_entropy)

@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import torch
 
+from rlvr.models.native_swiglu import PLAIN_MLPS
 from rlvr.models.packed_linears import bf16_packs, fused_decode_weight
 from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product, linear_base, lora_product_for, product_for
 
-PLAIN_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}  # down(act(gate(x)) * up(x))
 # grouped-query models up to FUSE_MAX_HIDDEN wide run q/k/v and gate/up as one product each where that gives the same
 # bits (module docstring)
 FUSE = True  # False: every projection apart (bench/fused_products_ab.py's "apart")

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from rlvr.models.machine_cache import power_of_two_at_least
 from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
+from rlvr.models.native_swiglu import swiglu
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.compiled_decode import (
@@ -322,7 +323,7 @@ class LeanDecoder:
             return layer.mlp(h)
         out = [_product(m, h, casts) for m in p.gate_up]  # gate, up; or one product, both side by side
         gate, up = out if len(out) == 2 else out[0].chunk(2, -1)
-        return _product(p.down, layer.mlp.act_fn(gate) * up)
+        return _product(p.down, swiglu(layer.mlp.act_fn, gate, up))  # one C pass in bf16 (torch's bits)
 
     def _products(self, n: int, device: torch.device) -> list:
         """layer_products.products_for n rows, built once per rows bucket and autocast dtype in a decode (the weights do
