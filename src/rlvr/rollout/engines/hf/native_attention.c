@@ -100,13 +100,7 @@ DEFINE_ATTEND(generic_bf16, uint16_t, dot_bf16, widen_bf16)
    (about 1 ulp; a score 127 below the row's largest weighs exactly 0, as -inf does). */
 #include <immintrin.h>
 
-#define MAX_R 16     /* query heads per kv head, and */
-#define MAX_CHUNKS 16 /* vectors of 16 per head (D up to 256) whose sums are held at once; more: the generic loop */
-#define AHEAD 4       /* rows ahead of the one read that are prefetched */
-
-static inline void prefetch_row(const void *p, int64_t bytes) {
-    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
-}
+#define MAX_CHUNKS 16 /* vectors of 16 per head (D up to 256) held in registers; more: the generic loop */
 
 static inline __m512 load_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 
@@ -130,74 +124,120 @@ static inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-#define DEFINE_AVX512(NAME, T, LOAD, GENERIC)                                                                           \
+/* lane j of the result = the sum of a[j]'s 16 lanes: a transpose and add in three rounds (45 instructions for 16
+   sums, where reducing each vector alone takes about 8 dependent ones) */
+static inline __m512 sum16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; ++i) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of the pair's two vectors */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) { /* per 128-bit lane: the four vectors' sums over that lane */
+        __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+
+/* One (row, kv head) item: its R queries' scores over slots 0..L-1 sixteen slots at a time (each key row read once per
+   query, the 16 dot products summed together by sum16; a masked slot's score -inf whatever its keys hold), softmax and
+   log-sum-exp, then the weighted values with the output held in registers (a masked slot's values not read).
+   Inlined with CHUNKS (vectors of 16 per head) a constant for the common head sizes. */
+#define DEFINE_ITEM(NAME, T, LOAD)                                                                                      \
+    static inline __attribute__((always_inline)) void NAME(const float *qb, const T *kb, int64_t ks2, const T *vb,     \
+                                                          int64_t vs2, const float *bb, float *ob, float *lb, int64_t R, \
+                                                          int64_t D, int64_t L, int64_t Lp, float scale, float *scores, \
+                                                          const int64_t chunks) {                                       \
+        const __mmask16 tail = (__mmask16)((1u << (D - (chunks - 1) * 16)) - 1u);                                      \
+        const __m512 ninf = _mm512_set1_ps(-INFINITY);                                                                  \
+        for (int64_t r = 0; r < R; ++r) {                                                                               \
+            __m512 qv[MAX_CHUNKS];                                                                                      \
+            for (int64_t c = 0; c < chunks; ++c) qv[c] = load_f32(qb + r * D + c * 16, c == chunks - 1 ? tail : 0xFFFF); \
+            float *sr = scores + r * Lp;                                                                                \
+            for (int64_t s0 = 0; s0 < L; s0 += 16) {                                                                    \
+                int64_t m = L - s0 < 16 ? L - s0 : 16;                                                                  \
+                __mmask16 live = (__mmask16)((1u << m) - 1u);                                                           \
+                __m512 acc[16];                                                                                         \
+                for (int64_t j = 0; j < 16; ++j) {                                                                      \
+                    acc[j] = _mm512_setzero_ps();                                                                       \
+                    if (j >= m) continue;                                                                               \
+                    const T *kr = kb + (s0 + j) * ks2;                                                                  \
+                    for (int64_t c = 0; c < chunks; ++c)                                                                \
+                        acc[j] = _mm512_fmadd_ps(qv[c], LOAD(kr + c * 16, c == chunks - 1 ? tail : 0xFFFF), acc[j]);    \
+                }                                                                                                       \
+                __m512 sc = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));                                           \
+                if (bb) {                                                                                               \
+                    __m512 add = _mm512_maskz_loadu_ps(live, bb + s0);                                                  \
+                    live &= _mm512_cmp_ps_mask(add, ninf, _CMP_NEQ_OQ);                                                 \
+                    sc = _mm512_add_ps(sc, add);                                                                        \
+                }                                                                                                       \
+                _mm512_store_ps(sr + s0, _mm512_mask_blend_ps(live, ninf, sc));                                         \
+            }                                                                                                           \
+            __m512 top = ninf, sum = _mm512_setzero_ps(); /* softmax, log-sum-exp */                                  \
+            for (int64_t s = 0; s < Lp; s += 16) top = _mm512_max_ps(top, _mm512_load_ps(sr + s));                      \
+            float t = _mm512_reduce_max_ps(top);                                                                        \
+            __m512 tv = _mm512_set1_ps(t);                                                                              \
+            for (int64_t s = 0; s < Lp; s += 16) {                                                                      \
+                __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sr + s), tv));                                           \
+                _mm512_store_ps(sr + s, e);                                                                             \
+                sum = _mm512_add_ps(sum, e);                                                                            \
+            }                                                                                                           \
+            float total = _mm512_reduce_add_ps(sum);                                                                    \
+            __m512 inv = _mm512_set1_ps(1.f / total);                                                                   \
+            for (int64_t s = 0; s < Lp; s += 16) _mm512_store_ps(sr + s, _mm512_mul_ps(_mm512_load_ps(sr + s), inv));   \
+            lb[r] = t + logf(total);                                                                                    \
+            __m512 o[MAX_CHUNKS]; /* the output: the value rows in slot order, two slots at a time on two sums */     \
+            __m512 o2[MAX_CHUNKS];                                                                                      \
+            for (int64_t c = 0; c < chunks; ++c) o[c] = o2[c] = _mm512_setzero_ps();                                    \
+            int64_t s = 0;                                                                                              \
+            if (!bb)                                                                                                    \
+                for (; s + 2 <= L; s += 2) {                                                                            \
+                    const T *v0 = vb + s * vs2, *v1 = v0 + vs2;                                                         \
+                    __m512 w0 = _mm512_set1_ps(sr[s]), w1 = _mm512_set1_ps(sr[s + 1]);                                 \
+                    for (int64_t c = 0; c < chunks; ++c) {                                                              \
+                        __mmask16 mc = c == chunks - 1 ? tail : 0xFFFF;                                                 \
+                        o[c] = _mm512_fmadd_ps(w0, LOAD(v0 + c * 16, mc), o[c]);                                        \
+                        o2[c] = _mm512_fmadd_ps(w1, LOAD(v1 + c * 16, mc), o2[c]);                                      \
+                    }                                                                                                   \
+                }                                                                                                       \
+            for (; s < L; ++s) {                                                                                        \
+                if (bb && isinf(bb[s]) && bb[s] < 0) continue;                                                          \
+                const T *vs = vb + s * vs2;                                                                             \
+                __m512 w = _mm512_set1_ps(sr[s]);                                                                       \
+                for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(w, LOAD(vs + c * 16, c == chunks - 1 ? tail : 0xFFFF), o[c]); \
+            }                                                                                                           \
+            for (int64_t c = 0; c < chunks; ++c)                                                                        \
+                _mm512_mask_storeu_ps(ob + r * D + c * 16, c == chunks - 1 ? tail : 0xFFFF, _mm512_add_ps(o[c], o2[c])); \
+        }                                                                                                               \
+    }
+
+#define DEFINE_AVX512(NAME, T, ITEM_FN, GENERIC)                                                                        \
     void NAME(ATTEND_ARGS(T)) {                                                                                      \
-        if (R > MAX_R || D > 16 * MAX_CHUNKS) {                                                                         \
-            GENERIC(ATTEND_CALL); \
+        if (D > 16 * MAX_CHUNKS) {                                                                                      \
+            GENERIC(ATTEND_CALL);                                                                                       \
             return;                                                                                                     \
         }                                                                                                               \
         const int64_t chunks = (D + 15) / 16;                                                                           \
-        const __mmask16 tail = (__mmask16)((1u << (D - (chunks - 1) * 16)) - 1u);                                      \
         const int64_t Lp = (L + 15) / 16 * 16; /* scores padded to whole vectors, the padding -inf */                  \
         _Pragma("omp parallel num_threads(threads)") {                                                                  \
             float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * Lp));                                        \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
                 ITEM(T)                                                                                                 \
-                for (int64_t s = 0; s < L; ++s) { /* the scores: each key row read once for the R queries */           \
-                    float add = bb ? bb[s] : 0.f;                                                                       \
-                    if (isinf(add) && add < 0) {                                                                        \
-                        for (int64_t r = 0; r < R; ++r) scores[r * Lp + s] = add;                                       \
-                        continue;                                                                                       \
-                    }                                                                                                   \
-                    if (s + AHEAD < L) prefetch_row(kb + (s + AHEAD) * ks2, D * (int64_t)sizeof(T));                     \
-                    __m512 acc[MAX_R];                                                                                  \
-                    for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                       \
-                    for (int64_t c = 0; c < chunks; ++c) {                                                              \
-                        __mmask16 m = c == chunks - 1 ? tail : (__mmask16)0xFFFF;                                       \
-                        __m512 kv = LOAD(kb + s * ks2 + c * 16, m);                                                     \
-                        for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(load_f32(qb + r * D + c * 16, m), kv, acc[r]); \
-                    }                                                                                                   \
-                    for (int64_t r = 0; r < R; ++r) scores[r * Lp + s] = _mm512_reduce_add_ps(acc[r]) * scale + add;   \
-                }                                                                                                       \
-                for (int64_t r = 0; r < R; ++r) { /* softmax, log-sum-exp */                                            \
-                    float *sr = scores + r * Lp;                                                                        \
-                    for (int64_t s = L; s < Lp; ++s) sr[s] = -INFINITY;                                                 \
-                    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();                                  \
-                    for (int64_t s = 0; s < Lp; s += 16) top = _mm512_max_ps(top, _mm512_load_ps(sr + s));              \
-                    float t = _mm512_reduce_max_ps(top);                                                                \
-                    __m512 tv = _mm512_set1_ps(t);                                                                      \
-                    for (int64_t s = 0; s < Lp; s += 16) {                                                              \
-                        __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(sr + s), tv));                                   \
-                        _mm512_store_ps(sr + s, e);                                                                     \
-                        sum = _mm512_add_ps(sum, e);                                                                    \
-                    }                                                                                                   \
-                    float total = _mm512_reduce_add_ps(sum);                                                            \
-                    __m512 inv = _mm512_set1_ps(1.f / total);                                                           \
-                    for (int64_t s = 0; s < Lp; s += 16) _mm512_store_ps(sr + s, _mm512_mul_ps(_mm512_load_ps(sr + s), inv)); \
-                    lse[b * R + r] = t + logf(total);                                                                   \
-                }                                                                                                       \
-                __m512 acc[MAX_R * MAX_CHUNKS]; /* the output: each value row read once, in slot order */                \
-                for (int64_t i = 0; i < R * chunks; ++i) acc[i] = _mm512_setzero_ps();                                  \
-                for (int64_t s = 0; s < L; ++s) {                                                                       \
-                    if (bb && isinf(bb[s]) && bb[s] < 0) continue;                                                      \
-                    const T *vs = vb + s * vs2;                                                                         \
-                    if (s + AHEAD < L) prefetch_row(vs + AHEAD * vs2, D * (int64_t)sizeof(T));                           \
-                    for (int64_t c = 0; c < chunks; ++c) {                                                              \
-                        __m512 vv = LOAD(vs + c * 16, c == chunks - 1 ? tail : (__mmask16)0xFFFF);                      \
-                        for (int64_t r = 0; r < R; ++r)                                                                 \
-                            acc[r * chunks + c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[r * Lp + s]), vv, acc[r * chunks + c]); \
-                    }                                                                                                   \
-                }                                                                                                       \
-                for (int64_t r = 0; r < R; ++r)                                                                         \
-                    for (int64_t c = 0; c < chunks; ++c)                                                                \
-                        _mm512_mask_storeu_ps(ob + r * D + c * 16, c == chunks - 1 ? tail : (__mmask16)0xFFFF, acc[r * chunks + c]); \
+                if (chunks == 4)                                                                                        \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 4);                  \
+                else if (chunks == 8)                                                                                   \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 8);                  \
+                else                                                                                                    \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, chunks);             \
             }                                                                                                           \
             free(scores);                                                                                               \
         }                                                                                                               \
     }
 
-DEFINE_AVX512(rlvr_attend_f32, float, load_f32, generic_f32)
-DEFINE_AVX512(rlvr_attend_bf16, uint16_t, load_bf16, generic_bf16)
+DEFINE_ITEM(item_f32, float, load_f32)
+DEFINE_ITEM(item_bf16, uint16_t, load_bf16)
+DEFINE_AVX512(rlvr_attend_f32, float, item_f32, generic_f32)
+DEFINE_AVX512(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16)
 #else
 #define FORWARD(NAME, T, GENERIC)                                                                                       \
     void NAME(ATTEND_ARGS(T)) {                                                                                      \
