@@ -20,7 +20,8 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     other devices the repeated layout runs SDPA); keys and values are written in place into buffers,
     which on the CPU grow kv_buffers.GROW slots at a time and are read whole, the slots not yet written masked
     (products over a slice of a buffer ran at half the rate: config B's generation 0.87x, C's 0.93x,
-    bench/results/decode_whole_amd.md), elsewhere are allocated once and read up to the slot written; under bf16
+    bench/results/decode_whole_amd.md); where the C kernel reads the rows' own slots, and on other devices, they are
+    allocated once and read up to the slot written; under bf16
     autocast the buffers are fp32, or bf16 where this machine timed that faster at the decode's shapes
     (decode_attention.decode_attention_way: config C's generation 0.83-0.84x, bench/results/decode_kv_dtype_amd.md).
 Rows keep one shape for the whole decode except at the few points where the engine compacts
@@ -137,8 +138,8 @@ class DecodeState:
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
     flash: bool = False  # on the CPU: attention through SDPA's flash kernel (decode_attention.py)
     native: bool = False  # on the CPU: the rows' own slots through the C kernel (native_attention.py)
-    # Whole buffers (the eager step on the CPU): own_* hold only the slots grown so far, kv_buffers.GROW at a time up to `slots`,
-    # and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
+    # Whole buffers (the eager step on the CPU): own_* hold the slots grown so far, kv_buffers.GROW at a time up to `slots` (all
+    # at once where `native`), and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
     # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
     slots: int = 0
     own_bias: torch.Tensor | None = None  # whole buffers, shared layout: [1, 1, 1, S] 0 over written slots, -inf after
@@ -227,7 +228,9 @@ class LeanDecoder:
         shared = way.shared
         keys = [layer.keys.to(way.dtype) for layer in cache.layers]
         values = [layer.values.to(way.dtype) for layer in cache.layers]
-        size = min(kv_buffers.GROW, capacity) if whole else capacity
+        # grown GROW slots at a time where attention reads the buffers whole; the C kernel reads slots 0..t alone, so
+        # there every slot at once (each growth copied the buffers: 3 % of a 256-token decode)
+        size = min(kv_buffers.GROW, capacity) if whole and not way.native else capacity
         if shared:
             own_k = [k.new_zeros(N, Hkv, size, D) for k in keys]
             own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
