@@ -267,3 +267,37 @@ def test_native_rotary_leaves_what_it_cannot_take_to_torch():
     assert not native_training_rotary.applies(torch.ones(2, 3, 8, 4).transpose(-1, -2), cos)  # D strided
     assert not native_training_rotary.applies(torch.ones(2, 3, 4, 8), cos.half())
     assert not native_training_rotary.applies(torch.ones(2, 3, 4, 8), torch.ones(1, 3, 4, 8))  # cos per head
+
+
+@pytest.mark.parametrize("shape, threads", [((3, 5, 20), 1), ((64, 64, 512), 3), ((1000, 8), 2), ((2, 300, 96), 2)])
+def test_native_norm_backward_as_near_the_truth_as_torchs(shape, threads, monkeypatch):
+    """_RMSNorm's backward through its C pass (native_training_norm) against its torch path: both gradients within
+    float rounding of each other and as near the float64 gradient, at several thread counts (the weight's gradient
+    summed per thread) and widths no vector divides; the input a strided view of a wider tensor."""
+    from rlvr.models import native_training_norm
+
+    g = torch.Generator().manual_seed(shape[-1] + threads)
+    wide = torch.randn(*shape[:-1], shape[-1] + 3, generator=g) * torch.rand(*shape[:-1], 1, generator=g) * 8
+    x = wide[..., 1 : shape[-1] + 1]  # rows strided
+    w = torch.rand(shape[-1], generator=g) + 0.5
+    grad = torch.randn(*shape, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = []
+        for on in (True, False):
+            monkeypatch.setattr(native_training_norm, "ON", on)
+            leaf, wv = wide.clone().requires_grad_(), w.clone().requires_grad_()
+            xv = leaf[..., 1 : shape[-1] + 1]
+            assert native_training_norm.applies(xv, wv) == on and xv.stride(-2) == shape[-1] + 3
+            d_leaf, d_w = torch.autograd.grad(norm_rotary._RMSNorm.apply(xv, wv, 1e-6), (leaf, wv), grad)
+            results.append((d_leaf[..., 1 : shape[-1] + 1], d_w))
+    finally:
+        torch.set_num_threads(before)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    truth = torch.autograd.grad(_rms_fp64(x64, w64, 1e-6), (x64, w64), grad.double())
+    for native, plain, exact in zip(*results, truth):
+        scale = exact.abs().max().item()
+        err_native, err_plain = ((t.double() - exact).abs().max().item() for t in (native, plain))
+        assert err_native <= max(2 * err_plain, 4e-7 * scale), (err_native, err_plain, scale)
+        torch.testing.assert_close(native, plain, rtol=0, atol=2e-6 * scale)

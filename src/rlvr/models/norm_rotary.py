@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 import torch
 
-from rlvr.models import native_training_rotary
+from rlvr.models import native_training_norm, native_training_rotary
 from rlvr.models.attention import activation_checkpointing
 
 # norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
@@ -90,6 +90,9 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, rstd, weight = ctx.saved_tensors
+        if native_training_norm.applies(x, weight):  # one C pass over the rows: the same math, another order
+            d_x, d_weight = native_training_norm.backward(x, grad, rstd, weight, *ctx.needs_input_grad[:2])
+            return d_x, d_weight, None
         H = x.shape[-1]
         x_hat = x * rstd  # the normalised input
         d_weight = torch.linalg.vecdot(grad.reshape(-1, H), x_hat.reshape(-1, H), dim=0) if ctx.needs_input_grad[1] else None
