@@ -15,7 +15,9 @@ one autograd node:
 
 Both forwards give transformers' bits exactly (fp32); the rotary backward too; the norm's backward is the same math
 in another order (within 1e-6 relative of transformers', as close to the fp64 truth: tests/models/test_norm_rotary.py).
-bench/results/norm_rotary_intel.md measures them.
+bench/results/norm_rotary_intel.md measures them. Where a C compiler is at hand each is one C pass instead: the rotation
+both ways with the same bits (native_training_rotary), the norm's backward over the rows at once (native_training_norm,
+the same math again in another order); bench/results/native_training_amx.md measures them.
 
 Under bf16 autocast the rotation takes the projections' bf16 q and k too (BF16_ROTARY): its forward is transformers'
 fp32 output bit for bit, its backward rounds to bf16 once instead of per term (bench/results/bf16_rotary_amx.md: a
