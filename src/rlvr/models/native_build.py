@@ -1,12 +1,12 @@
 """C kernels shipped as source, built once per machine with the system's C compiler and loaded with ctypes.
 
-A kernel file (plain C, no torch headers, OpenMP for its threads) compiles in about a second. It is built with
--march=native into the folder of the machine caches (~/.cache/rlvr/native/, RLVR_PRECISION_CACHE's folder), under
-a name that digests the source, the compiler, the CPU (machine_cache.cpu_identity) and torch's version, so a copied
-home folder or a new compiler builds again; written to a temporary name and renamed into place, so processes
-building at once (ranks of one run) each load a whole file. Its OpenMP runtime is torch's own libgomp (linked
-with torch's lib folder as its run path: a library of that name already loaded is the one used), so the kernel's
-threads are torch's and the two never hold two thread pools.
+A kernel file (plain C, no torch headers, OpenMP for its threads; native_common.h holds what kernels share) compiles
+in about a second. It is built with -march=native into the folder of the machine caches (~/.cache/rlvr/native/,
+RLVR_PRECISION_CACHE's folder), under a name that digests the source (and the shared header), the compiler, the CPU
+(machine_cache.cpu_identity) and torch's version, so a copied home folder or a new compiler builds again; written to a
+temporary name and renamed into place, so processes building at once (ranks of one run) each load a whole file. Its
+OpenMP runtime is torch's own libgomp (linked with torch's lib folder as its run path: a library of that name already
+loaded is the one used), so the kernel's threads are torch's and the two never hold two thread pools.
 
 Where it cannot build (no compiler, a compiler other than GCC, not Linux, a torch whose OpenMP runtime is not libgomp,
 RLVR_NATIVE=off) `load`
@@ -35,6 +35,7 @@ OFF_ENV = "RLVR_NATIVE"  # "off" (or 0 / false / no): no kernel is built or load
 # them by default), so a kernel that must give torch's elementwise bits can (native_rotary.c); intrinsics still fuse
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
+COMMON = Path(__file__).with_name("native_common.h")  # what the kernels share (#include "native_common.h")
 _WHY_NOT: dict[Path, str] = {}
 
 
@@ -81,7 +82,7 @@ def load(source: Path) -> ctypes.CDLL | None:
     if reason is None:
         cc = _compiler()
         assert cc is not None  # _unavailable checked
-        text = source.read_bytes()
+        text = source.read_bytes() + COMMON.read_bytes()  # a change to the shared header builds every kernel again
         digest = hashlib.sha256(
             b"\0".join(
                 [text, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_identity().encode(), torch.__version__.encode()]
@@ -126,7 +127,7 @@ def _build(cc: str, source: Path, built: Path) -> str | None:
     except OSError as e:
         return f"cannot create {built.parent}: {e}"
     tmp = built.with_name(f"{built.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [cc, *FLAGS, str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
+    cmd = [cc, *FLAGS, f"-I{COMMON.parent}", str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
@@ -136,3 +137,14 @@ def _build(cc: str, source: Path, built: Path) -> str | None:
         return f"{' '.join(cmd)} exited {done.returncode}: {(done.stderr or done.stdout).strip()[-2000:]}"
     os.replace(tmp, built)
     return None
+
+
+def row_stride(t: torch.Tensor) -> int | None:
+    """The row stride of t seen as [rows, last] (its leading dimensions collapsing into one, as a view would), the last
+    dimension contiguous; None where they do not (the kernels take rows of contiguous elements)."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return None
+    for d in range(t.dim() - 2):
+        if t.shape[d] > 1 and t.stride(d) != t.stride(d + 1) * t.shape[d + 1]:
+            return None
+    return t.stride(-2) if t.dim() > 1 else t.shape[-1]

@@ -11,22 +11,9 @@
    order, built with -ffp-contract=off (rlvr.models.native_build) so that none fuses. Each result is rounded to bf16
    to nearest even as torch's vectorised cast rounds it (a NaN to 0xffff): torch's bits. */
 
+#include "native_common.h"
 #include <stdint.h>
 #include <string.h>
-
-static inline float widen(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0xffff : rounded;
-}
 
 static int threads_for(int64_t rows, int64_t I, int threads) { return rows * I >= (1 << 14) ? threads : 1; }
 
@@ -36,7 +23,7 @@ static int threads_for(int64_t rows, int64_t I, int threads) { return rows * I >
 static inline __m256i indices8(const uint16_t *p) { return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)); }
 static inline __m256 widen8(const uint16_t *p) { return _mm256_castsi256_ps(_mm256_slli_epi32(indices8(p), 16)); }
 
-/* eight floats rounded to bf16 as round_bf16, into the low 16 bits of each lane */
+/* eight floats rounded to bf16 as rlvr_round_bf16, into the low 16 bits of each lane */
 static inline __m256i round8(__m256 f) {
     __m256i u = _mm256_castps_si256(f);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -68,7 +55,7 @@ void rlvr_swiglu(const uint16_t *g, int64_t gs, const uint16_t *up, int64_t us, 
             store16(o + i, round8(a), round8(b));
         }
 #endif
-        for (; i < I; ++i) o[i] = round_bf16(silu[gr[i]] * widen(ur[i]));
+        for (; i < I; ++i) o[i] = rlvr_round_bf16(silu[gr[i]] * rlvr_widen_bf16(ur[i]));
     }
 }
 
@@ -105,11 +92,11 @@ void rlvr_swiglu_backward(const uint16_t *grad, int64_t grs, const uint16_t *g, 
         }
 #endif
         for (; i < I; ++i) {
-            float dy = widen(dr[i]), x = widen(gr[i]), s = sigmoid[gr[i]];
-            du[i] = round_bf16(dy * silu[gr[i]]);
-            float t = widen(round_bf16(dy * widen(ur[i])));
+            float dy = rlvr_widen_bf16(dr[i]), x = rlvr_widen_bf16(gr[i]), s = sigmoid[gr[i]];
+            du[i] = rlvr_round_bf16(dy * silu[gr[i]]);
+            float t = rlvr_widen_bf16(rlvr_round_bf16(dy * rlvr_widen_bf16(ur[i])));
             float left = t * s, right = 1.0f + x * (1.0f - s);
-            dg[i] = round_bf16(left * right);
+            dg[i] = rlvr_round_bf16(left * right);
         }
     }
 }

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models import native_build
+from rlvr.models.native_build import row_stride
 
 SOURCE = Path(__file__).with_name("native_swiglu.c")
 ON = True  # False: torch's ops (bench A/Bs)
@@ -56,16 +57,6 @@ def tables() -> tuple[torch.Tensor, torch.Tensor]:
         return F.silu(every).float(), 1 / (1 + torch.exp(-every.float()))
 
 
-def _rows(t: torch.Tensor) -> int | None:
-    """The row stride of t seen as [rows, last] (a view: the leading dimensions collapse), or None."""
-    if t.dim() == 0 or t.stride(-1) != 1:
-        return None
-    for d in range(t.dim() - 2):
-        if t.shape[d] > 1 and t.stride(d) != t.stride(d + 1) * t.shape[d + 1]:
-            return None
-    return t.stride(-2) if t.dim() > 1 else t.shape[-1]
-
-
 def is_silu(act_fn) -> bool:
     """Whether act_fn is torch's or transformers' SiLU module, its class's own forward (F.silu)."""
     return (type(act_fn).__module__, type(act_fn).__name__) in SILU and "forward" not in vars(act_fn)
@@ -81,8 +72,8 @@ def applies(act_fn, gate: torch.Tensor, up: torch.Tensor) -> bool:
         and gate.device.type == up.device.type == "cpu"
         and gate.shape == up.shape
         and type(gate) is type(up) is torch.Tensor
-        and _rows(gate) is not None
-        and _rows(up) is not None
+        and row_stride(gate) is not None
+        and row_stride(up) is not None
         and not torch.compiler.is_compiling()
         and _kernels() is not None
     )
@@ -93,7 +84,8 @@ def _forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=torch.bfloat16)
     I = gate.shape[-1]
     rows = gate.numel() // I if I else 0
-    _kernel(0)(gate.data_ptr(), _rows(gate), up.data_ptr(), _rows(up), silu.data_ptr(), out.data_ptr(), rows, I, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    _kernel(0)(gate.data_ptr(), row_stride(gate), up.data_ptr(), row_stride(up), silu.data_ptr(), out.data_ptr(), rows, I, threads)
     return out
 
 
@@ -108,12 +100,12 @@ class SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         gate, up = ctx.saved_tensors
-        grad = grad if _rows(grad) is not None and grad.dtype == torch.bfloat16 else grad.bfloat16().contiguous()
+        grad = grad if row_stride(grad) is not None and grad.dtype == torch.bfloat16 else grad.bfloat16().contiguous()
         silu, sigmoid = tables()
         d_gate, d_up = torch.empty(gate.shape, dtype=torch.bfloat16), torch.empty(gate.shape, dtype=torch.bfloat16)
         I = gate.shape[-1]
         _kernel(1)(
-            grad.data_ptr(), _rows(grad), gate.data_ptr(), _rows(gate), up.data_ptr(), _rows(up), silu.data_ptr(),
+            grad.data_ptr(), row_stride(grad), gate.data_ptr(), row_stride(gate), up.data_ptr(), row_stride(up), silu.data_ptr(),
             sigmoid.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), gate.numel() // I if I else 0, I, torch.get_num_threads(),
         )  # fmt: skip
         return d_gate, d_up

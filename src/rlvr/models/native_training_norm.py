@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rlvr.models import native_build
+from rlvr.models.native_build import row_stride
 
 SOURCE = Path(__file__).with_name("native_training_norm.c")
 ON = True  # False: the torch path (bench A/Bs)
@@ -29,16 +30,6 @@ def _kernel() -> Any:
     return native_build.function(SOURCE, "rlvr_rms_norm_backward", _ARGS, ctypes.c_int)
 
 
-def _row_stride(t: torch.Tensor) -> int | None:
-    """The row stride of t seen as [rows, H] (a view: the leading dimensions collapse), or None."""
-    if t.stride(-1) != 1:
-        return None
-    for d in range(t.dim() - 2):
-        if t.shape[d] > 1 and t.stride(d) != t.stride(d + 1) * t.shape[d + 1]:
-            return None
-    return t.stride(-2) if t.dim() > 1 else t.shape[-1]
-
-
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the kernel takes x [.., H] and weight [H]: fp32 on the CPU, x's rows a view with H contiguous."""
     return (
@@ -47,7 +38,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.device.type == weight.device.type == "cpu"
         and x.dim() >= 1
         and weight.shape == (x.shape[-1],)
-        and _row_stride(x) is not None
+        and row_stride(x) is not None
         and _kernel() is not None
     )
 
@@ -62,13 +53,13 @@ def backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dx [.., H] or None, dweight [H] or None) of y = weight x rstd."""
     H = x.shape[-1]
-    if grad.dtype != torch.float32 or _row_stride(grad) is None:
+    if grad.dtype != torch.float32 or row_stride(grad) is None:
         grad = grad.float().contiguous()
     rstd, weight = rstd.contiguous(), weight.contiguous()
     dx = torch.empty(x.shape, dtype=torch.float32) if need_x else None
     dw = torch.empty(H, dtype=torch.float32) if need_weight else None
     failed = _kernel()(
-        x.data_ptr(), _row_stride(x), grad.data_ptr(), _row_stride(grad), rstd.data_ptr(), weight.data_ptr(),
+        x.data_ptr(), row_stride(x), grad.data_ptr(), row_stride(grad), rstd.data_ptr(), weight.data_ptr(),
         None if dx is None else dx.data_ptr(), None if dw is None else dw.data_ptr(), x.numel() // H if H else 0, H,
         torch.get_num_threads(),
     )  # fmt: skip

@@ -9,50 +9,9 @@
    in float, built with -ffp-contract=off (rlvr.models.native_build) so that no product and sum fuse: torch's bits,
    and the bf16 rounding of torch's vectorised cast (a NaN to 0xffff). */
 
-#include <stdint.h>
-#include <string.h>
+#include "native_common.h"
 
-#define MAX_D 512 /* the longest head the kernel takes (a row on the stack) */
-
-static inline void widen(const void *src, int bf16, int64_t D, float *restrict dst) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)D * sizeof(float));
-        return;
-    }
-    const uint16_t *restrict p = (const uint16_t *)src;
-    uint32_t bits[MAX_D];
-    for (int64_t d = 0; d < D; ++d) bits[d] = (uint32_t)p[d] << 16;
-    memcpy(dst, bits, (size_t)D * sizeof(float));
-}
-
-static inline void store(const float *src, int64_t D, void *dst, int bf16) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)D * sizeof(float));
-        return;
-    }
-    uint32_t bits[MAX_D];
-    memcpy(bits, src, (size_t)D * sizeof(float));
-    uint16_t *restrict p = (uint16_t *)dst;
-    for (int64_t d = 0; d < D; ++d) {
-        uint32_t u = bits[d];
-        uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        p[d] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0xffff : rounded;
-    }
-}
-
-/* forward: y[d] = x[d] cos[d] + x[d +- D/2] sin~[d] */
-static inline void rotate(const float *restrict x, const float *restrict c, const float *restrict s, int64_t D,
-                          float *restrict y) {
-    int64_t half = D / 2;
-    for (int64_t d = 0; d < half; ++d) {
-        float a = x[d] * c[d], b = x[d + half] * s[d];
-        y[d] = a + b;
-    }
-    for (int64_t d = half; d < D; ++d) {
-        float a = x[d] * c[d], b = x[d - half] * s[d];
-        y[d] = a + b;
-    }
-}
+#define MAX_D RLVR_MAX_D /* the longest head the kernel takes (a row on the stack) */
 
 /* backward: dx[d] = g[d] cos[d] + g[d +- D/2] sin~[d +- D/2] (the roll of the products, not of g) */
 static inline void unrotate(const float *restrict g, const float *restrict c, const float *restrict s, int64_t D,
@@ -76,13 +35,13 @@ static inline __attribute__((always_inline)) void row(const void *in, int64_t s0
                                                       int backward, int64_t D, int64_t b, int64_t h, int64_t l) {
     float x[MAX_D], y[MAX_D];
     size_t ie = in_bf16 ? 2 : 4, oe = out_bf16 ? 2 : 4;
-    widen((const char *)in + (b * s0 + h * s1 + l * s2) * ie, in_bf16, D, x);
+    rlvr_widen_row((const char *)in + (b * s0 + h * s1 + l * s2) * ie, in_bf16, D, x);
     const float *c = cos + b * c0 + l * c1, *s = sin + b * c0 + l * c1;
     if (backward)
         unrotate(x, c, s, D, y);
     else
-        rotate(x, c, s, D, y);
-    store(y, D, (char *)out + (b * o0 + h * o1 + l * o2) * oe, out_bf16);
+        rlvr_rotate_row(x, c, s, D, y);
+    rlvr_store_row(y, D, (char *)out + (b * o0 + h * o1 + l * o2) * oe, out_bf16);
 }
 
 /* in, out [B, H, L, D] with element strides (s0, s1, s2) and (o0, o1, o2), D contiguous; cos, sin [B, L, D] floats

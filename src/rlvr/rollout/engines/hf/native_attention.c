@@ -9,6 +9,7 @@
    Plain C with OpenMP, no torch headers: built once per machine with -march=native and linked to the OpenMP runtime
    torch itself loaded (libgomp), so its threads are torch's. */
 
+#include "native_common.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,12 +17,7 @@
 
 static inline float widen_f32(const float *p, int64_t i) { return p[i]; }
 
-static inline float widen_bf16(const uint16_t *p, int64_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+static inline float widen_bf16(const uint16_t *p, int64_t i) { return rlvr_widen_bf16(p[i]); }
 
 /* q [D] . k [D] with 16 partial sums (vectorised without reassociating a single sum) */
 #define DEFINE_DOT(NAME, T, WIDEN)                                                                 \

@@ -12,6 +12,7 @@
    is the same single float operation. Built with -ffp-contract=off (rlvr.models.native_build). native_norm.py checks
    the bits against torch's once per width before it uses the kernel, so a torch that sums otherwise is noticed. */
 
+#include "native_common.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -79,20 +80,6 @@ static float sum_of_squares(const float *restrict x, int64_t H) {
     return total;
 }
 
-/* torch's float -> bf16 (its vectorised cast): rounded to nearest even, subnormals kept, a NaN to 0xffff */
-static inline uint16_t narrow_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0xffff : rounded;
-}
-
-static inline float widen_bf16(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 /* x [n, H] floats, row stride xs; delta [n, H] floats or bf16 (delta_bf16), row stride ds, or NULL; w [H] floats;
    sum_out [n, H] floats (x + delta; NULL without delta), y [n, H] floats, y16 [n, H] bf16 or NULL: all contiguous. */
@@ -112,7 +99,7 @@ void rlvr_add_rms_norm(const float *x, int64_t xs, const void *delta, int64_t ds
             float *sr = sum_out + r * H;
             if (delta_bf16) {
                 const uint16_t *dr = (const uint16_t *)delta + r * ds;
-                for (int64_t d = 0; d < H; ++d) sr[d] = xr[d] + widen_bf16(dr[d]);
+                for (int64_t d = 0; d < H; ++d) sr[d] = xr[d] + rlvr_widen_bf16(dr[d]);
             } else {
                 const float *dr = (const float *)delta + r * ds;
                 for (int64_t d = 0; d < H; ++d) sr[d] = xr[d] + dr[d];
@@ -126,6 +113,6 @@ void rlvr_add_rms_norm(const float *x, int64_t xs, const void *delta, int64_t ds
             yr[d] = normed * w[d];
         }
         if (y16)
-            for (int64_t d = 0; d < H; ++d) y16[r * H + d] = narrow_bf16(yr[d]);
+            for (int64_t d = 0; d < H; ++d) y16[r * H + d] = rlvr_round_bf16(yr[d]);
     }
 }

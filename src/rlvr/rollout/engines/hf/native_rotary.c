@@ -9,54 +9,10 @@
    Every output has torch's bits: each value is the same two products and one sum, in float, from the same inputs
    (bf16 widened exactly), built with -ffp-contract=off (rlvr.models.native_build) so that no product and sum fuse. */
 
-#include <stdint.h>
-#include <string.h>
+#include "native_common.h"
 
-#define MAX_D 512 /* the longest head the kernel takes (a row on the stack) */
+#define MAX_D RLVR_MAX_D /* the longest head the kernel takes (a row on the stack) */
 #define AHEAD 2   /* rows whose buffer slots are fetched ahead */
-
-/* a row of D floats, or bf16 widened exactly (its bits the high half of a float's), into dst */
-static inline void widen(const void *src, int bf16, int64_t D, float *restrict dst) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)D * sizeof(float));
-        return;
-    }
-    const uint16_t *restrict p = (const uint16_t *)src;
-    uint32_t bits[MAX_D];
-    for (int64_t d = 0; d < D; ++d) bits[d] = (uint32_t)p[d] << 16;
-    memcpy(dst, bits, (size_t)D * sizeof(float));
-}
-
-/* a row of D floats into dst as floats, or as bf16 the way torch's vectorised cast does: rounded to nearest even
-   (subnormals kept), a NaN to 0xffff */
-static inline void store(const float *src, int64_t D, void *dst, int bf16) {
-    if (!bf16) {
-        memcpy(dst, src, (size_t)D * sizeof(float));
-        return;
-    }
-    uint32_t bits[MAX_D];
-    memcpy(bits, src, (size_t)D * sizeof(float));
-    uint16_t *restrict p = (uint16_t *)dst;
-    for (int64_t d = 0; d < D; ++d) {
-        uint32_t u = bits[d];
-        uint16_t rounded = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        p[d] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0xffff : rounded;
-    }
-}
-
-/* y = x cos + roll(x, D/2) sin~ (two products, one sum: rotate() in rlvr.models.norm_rotary) */
-static inline void rotate(const float *restrict x, const float *restrict cos, const float *restrict sin, int64_t D,
-                          float *restrict y) {
-    int64_t half = D / 2;
-    for (int64_t d = 0; d < half; ++d) {
-        float a = x[d] * cos[d], b = x[d + half] * sin[d];
-        y[d] = a + b;
-    }
-    for (int64_t d = half; d < D; ++d) {
-        float a = x[d] * cos[d], b = x[d - half] * sin[d];
-        y[d] = a + b;
-    }
-}
 
 /* the kernel's arguments (described below) */
 #define ROTATE_ARGS                                                                                                    \
@@ -77,15 +33,15 @@ static inline __attribute__((always_inline)) void rotate_write_row(ROTATE_ARGS, 
             }
     const float *c = cos + r * cs, *s = sin + r * cs;
     for (int64_t h = 0; h < Hq; ++h) {
-        widen((const char *)q + (r * qs0 + h * qs1) * qe, q_bf16, D, x);
-        rotate(x, c, s, D, q_out + (r * Hq + h) * D);
+        rlvr_widen_row((const char *)q + (r * qs0 + h * qs1) * qe, q_bf16, D, x);
+        rlvr_rotate_row(x, c, s, D, q_out + (r * Hq + h) * D);
     }
     for (int64_t h = 0; h < Hkv; ++h) {
-        widen((const char *)k + (r * ks0 + h * ks1) * ke, k_bf16, D, x);
-        rotate(x, c, s, D, y);
-        store(y, D, (char *)kbuf + (r * kb0 + h * kb1) * out, buf_bf16);
-        widen((const char *)v + (r * vs0 + h * vs1) * ve, v_bf16, D, x);
-        store(x, D, (char *)vbuf + (r * vb0 + h * vb1) * out, buf_bf16);
+        rlvr_widen_row((const char *)k + (r * ks0 + h * ks1) * ke, k_bf16, D, x);
+        rlvr_rotate_row(x, c, s, D, y);
+        rlvr_store_row(y, D, (char *)kbuf + (r * kb0 + h * kb1) * out, buf_bf16);
+        rlvr_widen_row((const char *)v + (r * vs0 + h * vs1) * ve, v_bf16, D, x);
+        rlvr_store_row(x, D, (char *)vbuf + (r * vb0 + h * vb1) * out, buf_bf16);
     }
 }
 
