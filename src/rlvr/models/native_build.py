@@ -1,8 +1,9 @@
 """C kernels shipped as source, built once per machine with the system's C compiler and loaded with ctypes.
 
 A kernel file (plain C, no torch headers, OpenMP for its threads; native_common.h holds what kernels share) compiles
-in about a second. It is built with -march=native into the folder of the machine caches (~/.cache/rlvr/native/,
-RLVR_PRECISION_CACHE's folder), under a name that digests the source (and the shared header), the compiler, the CPU
+in about a second. It is built with -march=native (or RLVR_NATIVE_MARCH's: the tests build the AVX2 and plain C paths so)
+into the folder of the machine caches (~/.cache/rlvr/native/, RLVR_PRECISION_CACHE's folder), under a name that
+digests the source (and the shared header), the flags, the compiler, the CPU
 (machine_cache.cpu_identity) and torch's version, so a copied home folder or a new compiler builds again; written to a
 temporary name and renamed into place, so processes building at once (ranks of one run) each load a whole file. Its
 OpenMP runtime is torch's own libgomp (linked with torch's lib folder as its run path: a library of that name already
@@ -31,9 +32,12 @@ import torch
 from rlvr.models.machine_cache import cpu_identity, precision_cache_path
 
 OFF_ENV = "RLVR_NATIVE"  # "off" (or 0 / false / no): no kernel is built or loaded
+MARCH_ENV = "RLVR_NATIVE_MARCH"  # the -march the kernels build for (default native): x86-64-v3 builds the AVX2 paths
+# on an AVX-512 machine, x86-64-v2 the plain C ones (tests/models/test_native_isa.py runs the kernels' tests so); a
+# cluster whose nodes share a home folder but not a CPU model needs none: the CPU is in the built file's name
 # -ffp-contract=off: a kernel computes the products and sums it writes, none fused into one multiply-add (GCC fuses
 # them by default), so a kernel that must give torch's elementwise bits can (native_rotary.c); intrinsics still fuse
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
 COMMON = Path(__file__).with_name("native_common.h")  # what the kernels share (#include "native_common.h")
 _WHY_NOT: dict[Path, str] = {}
@@ -69,6 +73,11 @@ def function(source: Path, name: str, argtypes: tuple, restype: Any = None) -> A
     return fn
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler's flags: FLAGS and the -march of RLVR_NATIVE_MARCH (default native)."""
+    return (*FLAGS, f"-march={os.environ.get(MARCH_ENV, '').strip() or 'native'}")
+
+
 def why_not(source: Path) -> str | None:
     """Why `load(source)` gave None in this process (None when it loaded, or was not asked)."""
     return _WHY_NOT.get(Path(source))
@@ -85,7 +94,7 @@ def load(source: Path) -> ctypes.CDLL | None:
         text = source.read_bytes() + COMMON.read_bytes()  # a change to the shared header builds every kernel again
         digest = hashlib.sha256(
             b"\0".join(
-                [text, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_identity().encode(), torch.__version__.encode()]
+                [text, _compiler_version(cc).encode(), " ".join(flags()).encode(), cpu_identity().encode(), torch.__version__.encode()]
             )
         )
         built = precision_cache_path().parent / "native" / f"{source.stem}-{digest.hexdigest()[:16]}.so"
@@ -127,7 +136,7 @@ def _build(cc: str, source: Path, built: Path) -> str | None:
     except OSError as e:
         return f"cannot create {built.parent}: {e}"
     tmp = built.with_name(f"{built.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    cmd = [cc, *FLAGS, f"-I{COMMON.parent}", str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
+    cmd = [cc, *flags(), f"-I{COMMON.parent}", str(source), "-o", str(tmp), f"-L{lib}", f"-Wl,-rpath,{lib}", "-lm"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
