@@ -202,3 +202,31 @@ def test_bf16_autocast_takes_the_grouped_products_unless_switched_off(llama, mon
             assert len(grouped_calls) == 3  # the repeated prompt: explicit_attention's products in bf16
     finally:
         llama.double()
+
+
+@pytest.mark.parametrize(
+    "query_dtype,value_dtype,autocast",
+    [(torch.float32, torch.bfloat16, True), (torch.bfloat16, torch.bfloat16, True), (torch.float32, torch.float32, False)],
+)
+def test_regrouping_in_one_copy_gives_autograds_bits(query_dtype, value_dtype, autocast, monkeypatch):
+    """The regrouped queries, keys and values (one copy each way) against the same as autograd's cast, reshape and
+    scale: the output and every gradient bit for bit, under bf16 autocast (the rotation's fp32 q and k, or bf16 ones;
+    a scale that is not a power of two) and in fp32."""
+    U, G, H, Hkv, P, C, D = 3, 5, 6, 3, 11, 7, 24
+    g = torch.Generator().manual_seed(4)
+
+    def leaf(*shape, dtype):
+        return torch.randn(*shape, generator=g).to(dtype).requires_grad_()
+
+    q, k = leaf(U * G, H, C, D, dtype=query_dtype), leaf(U * G, Hkv, C, D, dtype=query_dtype)
+    v, pk, pv = leaf(U * G, Hkv, C, D, dtype=value_dtype), leaf(U, Hkv, P, D, dtype=value_dtype), leaf(U, Hkv, P, D, dtype=value_dtype)
+    prompt_mask = torch.arange(P)[None] >= torch.tensor([0, 2, 5])[:, None]
+    w = torch.randn(U * G, C, H, D, generator=g)
+    results = []
+    for regrouped in (False, True):
+        monkeypatch.setattr(prefix_attention, "REGROUPED", regrouped)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = grouped_prefix_attention(q, k, v, None, pk, pv, prompt_mask, D**-0.5)
+        results.append([out, *torch.autograd.grad((out.float() * w).sum(), (q, k, v, pk, pv))])
+    for name, a, b in zip("out q k v prompt_k prompt_v".split(), *results):
+        assert a.dtype == b.dtype and torch.equal(a, b), name

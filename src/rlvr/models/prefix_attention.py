@@ -154,6 +154,45 @@ class _GroupedSoftmaxProducts(torch.autograd.Function):
         return d_q.view(q.shape), d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None
 
 
+class _Regrouped(torch.autograd.Function):
+    """A group's rows under one kv head together, in the products' dtype: query [N, H, C, D] -> [U, Hkv, G, rep x C, D]
+    scaled (in the wider of its dtype and fp32, rounded once to dtype), key and value [N, Hkv, C, D] -> [U, Hkv, G, C,
+    D]. One copy each way per tensor: written as autograd's cast, reshape and scale they were a cast, a copy and a
+    product each way (config B's micro-batch: 7 % of its time in them)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, groups: int, scale: float, dtype: torch.dtype):
+        N, H, C, D = query.shape
+        U, Hkv = groups, key.shape[1]
+        G, rep = N // U, H // Hkv
+        ctx.shapes, ctx.scale = (U, G, Hkv, rep, C, D), scale
+        ctx.dtypes = query.dtype, key.dtype, value.dtype
+        q = torch.empty(U, Hkv, G, rep, C, D, dtype=dtype, device=query.device)
+        # the product in the wider dtype (TensorIterator's math for a bf16 input too), rounded to q's on the write
+        torch.mul(query.view(U, G, Hkv, rep, C, D).transpose(1, 2), scale, out=q)
+        k = torch.empty(U, Hkv, G, C, D, dtype=dtype, device=key.device)
+        v = torch.empty(U, Hkv, G, C, D, dtype=dtype, device=value.device)
+        k.copy_(key.view(U, G, Hkv, C, D).transpose(1, 2))
+        v.copy_(value.view(U, G, Hkv, C, D).transpose(1, 2))
+        return q.view(U, Hkv, G, rep * C, D), k, v
+
+    @staticmethod
+    def backward(ctx, d_q, d_k, d_v):
+        U, G, Hkv, rep, C, D = ctx.shapes
+        q_dtype, k_dtype, v_dtype = ctx.dtypes
+        d_query = torch.empty(U, G, Hkv, rep, C, D, dtype=torch.promote_types(q_dtype, torch.float32), device=d_q.device)
+        d_query.transpose(1, 2).copy_(d_q.view(U, Hkv, G, rep, C, D))
+        d_query = d_query.mul_(ctx.scale).to(q_dtype).view(U * G, Hkv * rep, C, D)
+        d_key = torch.empty(U, G, Hkv, C, D, dtype=k_dtype, device=d_k.device)
+        d_key.transpose(1, 2).copy_(d_k)
+        d_value = torch.empty(U, G, Hkv, C, D, dtype=v_dtype, device=d_v.device)
+        d_value.transpose(1, 2).copy_(d_v)
+        return d_query, d_key.view(U * G, Hkv, C, D), d_value.view(U * G, Hkv, C, D), None, None, None
+
+
+REGROUPED = True  # False: the regrouping as autograd's cast, reshape and scale (bench A/B)
+
+
 def grouped_prefix_attention(
     query: torch.Tensor,  # [N, H, C, D] the completions' queries, N = U x G
     key: torch.Tensor,  # [N, Hkv, C, D] the completions' own keys
@@ -174,9 +213,12 @@ def grouped_prefix_attention(
     wide = torch.promote_types(query.dtype, torch.float32)
     dtype = torch.get_autocast_dtype(query.device.type) if torch.is_autocast_enabled(query.device.type) else wide
     # a group's rows under one kv head together: [U, Hkv, G, rep x C, D]
-    q = (query.to(wide).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale).to(dtype)
-    own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()  # [U, Hkv, G, C, D]
-    own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()
+    if REGROUPED:
+        q, own_k, own_v = _Regrouped.apply(query, key, value, U, scale, dtype)
+    else:
+        q = (query.to(wide).view(U, G, Hkv, rep, C, D).transpose(1, 2).reshape(U, Hkv, G, rep * C, D).contiguous() * scale).to(dtype)
+        own_k = key.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()  # [U, Hkv, G, C, D]
+        own_v = value.to(dtype).view(U, G, Hkv, C, D).transpose(1, 2).contiguous()
     own_bias = additive_bias(_completion_mask(attention_mask, C, query.device), dtype)
     B = own_bias.shape[0]  # N or 1
     own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
