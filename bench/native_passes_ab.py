@@ -15,7 +15,7 @@ import argparse
 import sys
 
 import rlvr.models.native_swiglu as native_swiglu
-import rlvr.rollout.engines.hf.native_norm as native_norm
+import rlvr.models.native_norm as native_norm
 import rlvr.rollout.engines.hf.native_rotary as native_rotary
 from generation_ab import bit_for_bit_table
 

@@ -19,7 +19,7 @@ KERNEL_TESTS = [
     "tests/models/test_native_swiglu.py",
     "tests/models/test_norm_rotary.py",
     "tests/rollout/test_native_attention.py",
-    "tests/rollout/test_native_norm.py",
+    "tests/models/test_native_norm.py",
     "tests/rollout/test_native_rotary.py",
 ]
 # how the kernels are built is the same for every -march (test_native_attention's build tests): once is enough

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 import rlvr.rollout.engines.hf.episode_decode as episode_decode
 import rlvr.rollout.engines.hf.forward as forward
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
-import rlvr.rollout.engines.hf.native_norm as native_norm
+import rlvr.models.native_norm as native_norm
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.data import render_prompt

@@ -16,8 +16,9 @@ one autograd node:
 Both forwards give transformers' bits exactly (fp32); the rotary backward too; the norm's backward is the same math
 in another order (within 1e-6 relative of transformers', as close to the fp64 truth: tests/models/test_norm_rotary.py).
 bench/results/norm_rotary_intel.md measures them. Where a C compiler is at hand each is one C pass instead: the rotation
-both ways with the same bits (native_training_rotary), the norm's backward over the rows at once (native_training_norm,
-the same math again in another order); bench/results/native_training_amx.md measures them.
+both ways with the same bits (native_training_rotary), the norm's forward with aten's bits (native_norm, the decode's
+kernel: on the CPU aten's rms_norm is six ops) and its backward over the rows at once (native_training_norm, the same
+math again in another order); bench/results/native_training_amx.md and training_copies_amx.md measure them.
 
 Under bf16 autocast the rotation takes the projections' bf16 q and k too (BF16_ROTARY): its forward is transformers'
 fp32 output bit for bit, its backward rounds to bf16 once instead of per term (bench/results/bf16_rotary_amx.md: a
@@ -38,11 +39,10 @@ from typing import Any, Iterator
 
 import torch
 
-from rlvr.models import native_training_norm, native_training_rotary
+from rlvr.models import native_norm, native_training_norm, native_training_rotary
 from rlvr.models.attention import activation_checkpointing
+from rlvr.models.native_norm import PLAIN_RMS_NORMS
 
-# norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
-PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 # under bf16 autocast q and k (the projections' bf16 output) rotate through _Rotary too: its forward gives transformers'
 # fp32 bits; its backward sums the two terms in fp32 and rounds once to bf16, where autograd rounds each term's gradient
 # to bf16 and adds them in bf16 (the same math, one rounding instead of three)
@@ -85,7 +85,10 @@ class _Rotary(torch.autograd.Function):
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float):  # x [.., H], weight [H]
-        y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)  # rstd [.., 1]
+        if native_norm.training_applies(x, weight):  # one C pass, aten's bits (six ops on the CPU)
+            y, rstd = native_norm.rms_norm_rows(x, weight, eps)
+        else:
+            y, rstd = torch.ops.aten._fused_rms_norm(x, [x.shape[-1]], weight, eps)  # rstd [.., 1]
         ctx.save_for_backward(x, rstd, weight)
         return y
 

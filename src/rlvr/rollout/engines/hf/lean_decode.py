@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.machine_cache import power_of_two_at_least
-from rlvr.models.norm_rotary import PLAIN_RMS_NORMS, rotate, signed_sin
+from rlvr.models.native_norm import PLAIN_RMS_NORMS, add_norm, rms_norm
+from rlvr.models.norm_rotary import rotate, signed_sin
 from rlvr.models.native_swiglu import swiglu
 from rlvr.models.packed_linears import bf16_packs
 from rlvr.rollout.engines.hf import kv_buffers
@@ -58,7 +59,6 @@ from rlvr.rollout.engines.hf.compiled_decode import (
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
-from rlvr.rollout.engines.hf.native_norm import add_norm, rms_norm
 from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 

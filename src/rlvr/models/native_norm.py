@@ -1,10 +1,11 @@
-"""The lean decode's norms: the residual add and RMSNorm (and the cast of its output to bf16) as one C pass, with
-torch's bits, where it builds; torch's ops elsewhere.
+"""RMSNorm as one C pass with torch's bits, where it builds; torch's ops elsewhere. The lean decode's norms: the
+residual add, RMSNorm and the cast of its output to bf16 (add_norm); the training forward's RMSNorm with the rstd its
+backward keeps (rms_norm_rows, for rlvr.models.norm_rotary._RMSNorm), which aten computes on the CPU as six ops.
 
 native_norm.c sums the squares in the order of torch's CPU sum, so its norm is aten's rms_norm bit for bit (the
-module's own forward gives the same bits: rlvr.models.norm_rotary.PLAIN_RMS_NORMS). That order is torch's
-implementation, not its contract: `gives_torchs_bits(H)` runs the kernel against torch once per width in a process
-and the decode uses it only where they agree. tests/rollout/test_native_norm.py checks it against torch's ops.
+module's own forward gives the same bits: PLAIN_RMS_NORMS). That order is torch's implementation, not its contract:
+`gives_torchs_bits(H)` runs the kernel against torch once per width in a process and the kernel runs only where they
+agree. tests/models/test_native_norm.py checks it against torch's ops.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models import native_build
-from rlvr.models.norm_rotary import PLAIN_RMS_NORMS
+from rlvr.models.native_build import row_stride
 
+# norms whose forward is x * rsqrt(mean(x^2) + eps) * weight in fp32 (aten's rms_norm computes the same bits)
+PLAIN_RMS_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 SOURCE = Path(__file__).with_name("native_norm.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 # x and its row stride, delta (or None), its row stride, whether it is bf16, the weight, eps, the sum's output (or
-# None), y, y's bf16 copy (or None), n, H, threads
-_ARGS = (_P, _I, _P, _I, ctypes.c_int, _P, ctypes.c_float, _P, _P, _P, _I, _I, ctypes.c_int)
+# None), y, y's bf16 copy (or None), rstd (or None), n, H, threads
+_ARGS = (_P, _I, _P, _I, ctypes.c_int, _P, ctypes.c_float, _P, _P, _P, _P, _I, _I, ctypes.c_int)
 CHECK_ROWS = 8  # rows of the once-per-width check
 ON = True  # False: torch's add, rms_norm and cast always (the A/B's "before")
+TRAINING = True  # False: the training forward's RMSNorm through aten's ops (bench A/Bs)
 
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +83,10 @@ def gives_torchs_bits(H: int) -> bool:
     w, eps = torch.randn(H, generator=g), 1e-6
     total, y, y16 = add_rms_norm(x, delta, w, eps, bf16=True)
     want = F.rms_norm(x + delta, (H,), w, eps)
-    return torch.equal(total, x + delta) and torch.equal(y, want) and y16 is not None and torch.equal(y16, want.to(torch.bfloat16))
+    same = torch.equal(total, x + delta) and torch.equal(y, want) and y16 is not None and torch.equal(y16, want.to(torch.bfloat16))
+    y, rstd = rms_norm_rows(x, w, eps)
+    want, want_rstd = torch.ops.aten._fused_rms_norm(x, [H], w, eps)
+    return same and torch.equal(y, want) and torch.equal(rstd, want_rstd)
 
 
 def add_rms_norm(
@@ -105,6 +112,38 @@ def add_rms_norm(
     fn(
         x.data_ptr(), x.stride(0), delta_ptr, delta_stride, delta is not None and delta.dtype == torch.bfloat16,
         weight.data_ptr(), eps, None if delta is None else total.data_ptr(), y.data_ptr(),
-        None if y16 is None else y16.data_ptr(), n, H, torch.get_num_threads(),
+        None if y16 is None else y16.data_ptr(), None, n, H, torch.get_num_threads(),
     )  # fmt: skip
     return total, y, y16
+
+
+def training_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether rms_norm_rows takes x [.., H] and weight [H]: fp32 on the CPU, x's rows a view with H contiguous, where
+    the kernel gives torch's bits for width H."""
+    return (
+        TRAINING
+        and x.dtype == weight.dtype == torch.float32
+        and x.device.type == weight.device.type == "cpu"
+        and x.dim() >= 1
+        and weight.shape == (x.shape[-1],)
+        and row_stride(x) is not None
+        and gives_torchs_bits(x.shape[-1])
+    )
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [.., H], rstd [.., 1]) of x [.., H] fp32 (rows a view, H contiguous), weight [H] fp32: aten's
+    _fused_rms_norm on the CPU (six ops there) as one pass, the same bits where gives_torchs_bits(H)."""
+    fn = _kernel()
+    assert fn is not None, f"the native norm kernel did not build: {native_build.why_not(SOURCE)}"
+    H = x.shape[-1]
+    stride = row_stride(x)
+    assert x.dtype == weight.dtype == torch.float32 and stride is not None and weight.shape == (H,) and x.device.type == "cpu"
+    weight = weight.contiguous()
+    y = torch.empty(x.shape, dtype=torch.float32)
+    rstd = torch.empty(*x.shape[:-1], 1, dtype=torch.float32)
+    fn(
+        x.data_ptr(), stride, None, 0, False, weight.data_ptr(), eps, None, y.data_ptr(), None, rstd.data_ptr(),
+        x.numel() // H if H else 0, H, torch.get_num_threads(),
+    )  # fmt: skip
+    return y, rstd

@@ -1,5 +1,5 @@
-/* The lean decode's residual add and RMSNorm in one pass, with torch's bits (native_norm.py builds and calls this
-   file).
+/* The lean decode's residual add and RMSNorm in one pass, with torch's bits, and the training forward's RMSNorm
+   (native_norm.py builds and calls this file).
 
    For each row: x + delta (the residual stream and the last block's output, floats or bf16 widened), its RMSNorm
    y = (x r) w with r = 1 / sqrt(sum(x^2) / H + eps), written as floats and, for the bf16 products that read it next,
@@ -82,9 +82,11 @@ static float sum_of_squares(const float *restrict x, int64_t H) {
 
 
 /* x [n, H] floats, row stride xs; delta [n, H] floats or bf16 (delta_bf16), row stride ds, or NULL; w [H] floats;
-   sum_out [n, H] floats (x + delta; NULL without delta), y [n, H] floats, y16 [n, H] bf16 or NULL: all contiguous. */
+   sum_out [n, H] floats (x + delta; NULL without delta), y [n, H] floats, y16 [n, H] bf16 or NULL, rstd [n] floats
+   (each row's r, which the training forward keeps for its backward) or NULL: all contiguous. */
 void rlvr_add_rms_norm(const float *x, int64_t xs, const void *delta, int64_t ds, int delta_bf16, const float *w,
-                       float eps, float *sum_out, float *y, uint16_t *y16, int64_t n, int64_t H, int threads) {
+                       float eps, float *sum_out, float *y, uint16_t *y16, float *rstd_out, int64_t n, int64_t H,
+                       int threads) {
     /* a thread fan-out costs more than a small step's whole pass */
     int use = n * H >= (1 << 14) ? threads : 1;
 #pragma omp parallel for num_threads(use) schedule(static)
@@ -107,6 +109,7 @@ void rlvr_add_rms_norm(const float *x, int64_t xs, const void *delta, int64_t ds
             xr = sr;
         }
         float rstd = 1.f / __builtin_sqrtf(sum_of_squares(xr, H) / (float)H + eps);
+        if (rstd_out) rstd_out[r] = rstd;
         float *yr = y + r * H;
         for (int64_t d = 0; d < H; ++d) {
             float normed = xr[d] * rstd;
