@@ -22,6 +22,7 @@ from rlvr.models.attention import NAME as ATTENTION_NAME
 from rlvr.models.attention import short_attention_explicit
 from rlvr.models.lora_training import lora_training_forward
 from rlvr.models.native_swiglu import swiglu_mlps
+from rlvr.models.shared_cast import shared_attention_inputs
 from rlvr.models.norm_rotary import fused_norm_and_rotary
 from rlvr.models.prefix_attention import SharedPrefix, shared_prefix
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
@@ -201,8 +202,14 @@ def completion_logprobs(
         if len(starts) == prompt_ids.shape[0]:
             starts = None  # nothing shared
     # the same math as SDPA, faster for short rows on the CPU; RMSNorm and rotary as one autograd node each; LoRA's
-    # scaling on the adapter's rank-r side; the MLPs' bf16 SwiGLU as one C pass each way
-    with short_attention_explicit(model), fused_norm_and_rotary(model), lora_training_forward(model), swiglu_mlps(model):
+    # scaling on the adapter's rank-r side; the MLPs' bf16 SwiGLU as one C pass each way; q/k/v's input cast once
+    with (
+        short_attention_explicit(model),
+        fused_norm_and_rotary(model),
+        lora_training_forward(model),
+        swiglu_mlps(model),
+        shared_attention_inputs(model),
+    ):
         if starts is None:
             ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P + C]
             parts = [logits_plain(model, ids, torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.shape[1])]

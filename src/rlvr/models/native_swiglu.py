@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from rlvr.models import native_build
+from rlvr.models import native_build, shared_cast
 from rlvr.models.native_build import row_stride
 
 SOURCE = Path(__file__).with_name("native_swiglu.c")
@@ -122,7 +122,11 @@ def swiglu(act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def _mlp_forward(mlp):
     def forward(x):
-        return mlp.down_proj(swiglu(mlp.act_fn, mlp.gate_proj(x), mlp.up_proj(x)))
+        if shared_cast.ON and shared_cast.applies(x, (mlp.gate_proj, mlp.up_proj)):  # x cast once for both products
+            x_gate, x_up = shared_cast.shared(x, 2, torch.get_autocast_dtype("cpu"))
+        else:
+            x_gate = x_up = x
+        return mlp.down_proj(swiglu(mlp.act_fn, mlp.gate_proj(x_gate), mlp.up_proj(x_up)))
 
     return forward
 

@@ -1,0 +1,87 @@
+"""One input cast once for the products that read it (rlvr.models.shared_cast): under bf16 autocast Linears over the
+shared copies give autocast's outputs and every gradient bit for bit, it applies only to plain Linears under a
+narrower autocast with a gradient flowing, and Llama, Qwen2 and Qwen3 training forwards take it for every layer's
+q/k/v and gate/up with the same log-probs and gradients as transformers' own layers."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from rlvr.models import shared_cast
+from rlvr.models.forward import completion_logprobs
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_linears_over_one_cast_give_autocasts_bits(n):
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(16, 24), torch.nn.Linear(16, 12, bias=False), torch.nn.Linear(16, 40)][:n]
+    leaf = torch.randn(5, 7, 16).requires_grad_()
+    w = [torch.randn(5, 7, m.out_features) for m in linears]
+    runs = []
+    for shared in (False, True):
+        for p in [leaf, *(p for m in linears for p in m.parameters())]:
+            p.grad = None
+        # not a leaf, as a norm's output: autocast keeps one cast of a leaf that needs a gradient (its weights')
+        x = leaf * torch.logspace(-2, 2, 7)[:, None]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert shared_cast.applies(x, linears)
+            inputs = shared_cast.shared(x, n, torch.bfloat16) if shared else (x,) * n
+            outs = [m(i) for m, i in zip(linears, inputs)]
+        sum((o.float() * wi).sum() for o, wi in zip(outs, w)).backward()
+        runs.append([*outs, leaf.grad.clone(), *(p.grad.clone() for m in linears for p in m.parameters())])
+    for a, b in zip(*runs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert runs[1][n].dtype == torch.float32  # the gradient in x's dtype
+
+
+def test_applies_only_where_one_cast_serves():
+    linear, x = torch.nn.Linear(4, 4), torch.randn(3, 4, requires_grad=True)
+    assert not shared_cast.applies(x, [linear])  # no autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert shared_cast.applies(x, [linear, linear])
+        assert not shared_cast.applies(x.detach(), [linear])  # no gradient to sum
+        assert not shared_cast.applies(x.bfloat16(), [linear])  # nothing to cast
+        assert not shared_cast.applies(x, [linear, torch.nn.Sequential(linear)])  # not a plain Linear (a LoRA layer)
+        with torch.no_grad():
+            assert not shared_cast.applies(x, [linear])
+
+
+def _model(kind: str):
+    torch.manual_seed(0)
+    shape = dict(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6)
+    shape.update(num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
+    if kind == "qwen2":  # q/k/v with a bias
+        return Qwen2ForCausalLM(Qwen2Config(**shape))
+    if kind == "qwen3":  # q and k normed per head after their products
+        return Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=8))
+    return LlamaForCausalLM(LlamaConfig(**shape))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_a_models_layers_take_it_with_transformers_bits(kind, monkeypatch):
+    """Each layer's q/k/v and gate/up products read one cast of their input (counted), the log-probs and every
+    parameter's gradient bit for bit as transformers' layers (which cast per product)."""
+    model = _model(kind)
+    g = torch.Generator().manual_seed(3)
+    prompt, completion = torch.randint(3, 61, (6, 7), generator=g), torch.randint(3, 61, (6, 5), generator=g)
+    prompt_mask, completion_mask = torch.ones_like(prompt), torch.ones_like(completion)
+    prompt_mask[1, :3] = 0
+    completion_mask[2, 3:] = 0
+    calls = []
+    real = shared_cast.shared
+    monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
+    runs = []
+    for ours in (True, False):
+        model.zero_grad()
+        monkeypatch.setattr(shared_cast, "ON", ours)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
+        (out.logp * completion_mask).sum().backward()
+        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        assert calls == ([3, 2, 3, 2] if ours else [])  # q/k/v and gate/up of each layer
+        calls.clear()
+    (lp_ours, g_ours), (lp_hf, g_hf) = runs
+    assert torch.equal(lp_ours, lp_hf)
+    for name, grad in g_hf.items():
+        assert torch.equal(g_ours[name], grad), name
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the block put the Linears' forward back
