@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models.attention import activation_checkpointing
+from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.lora_merge import plain_adapter, plain_tensors
 
 RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py's "before")
@@ -69,17 +70,6 @@ def lora_training_forward(model: torch.nn.Module) -> Iterator[int]:
     if not RANK_SIDE or activation_checkpointing(model):
         yield 0
         return
-    swapped = []
-    for module in model.modules():
-        adapter = plain_adapter(module)
-        if adapter is not None:
-            swapped.append((module, module.__dict__.get("forward")))
-            module.forward = _forward(module, adapter)
-    try:
-        yield len(swapped)
-    finally:
-        for module, before in swapped:
-            if before is None:
-                del module.forward
-            else:
-                module.forward = before
+    adapters = [(module, plain_adapter(module)) for module in model.modules()]
+    with swapped_forwards((module, _forward(module, adapter)) for module, adapter in adapters if adapter is not None) as count:
+        yield count

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.models import native_build, shared_cast
+from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.native_build import row_stride
 
 SOURCE = Path(__file__).with_name("native_swiglu.c")
@@ -142,14 +143,5 @@ def swiglu_mlps(model) -> Iterator[None]:
         yield
         return
     mlps = [m for m in model.modules() if type(m).__name__ in PLAIN_MLPS and is_silu(getattr(m, "act_fn", None))]
-    before = [mlp.__dict__.get("forward") for mlp in mlps]
-    for mlp in mlps:
-        mlp.forward = _mlp_forward(mlp)
-    try:
+    with swapped_forwards((mlp, _mlp_forward(mlp)) for mlp in mlps):
         yield
-    finally:
-        for mlp, forward in zip(mlps, before):
-            if forward is None:
-                del mlp.forward
-            else:
-                mlp.forward = forward

@@ -41,6 +41,7 @@ import torch
 
 from rlvr.models import native_norm, native_training_norm, native_training_rotary
 from rlvr.models.attention import activation_checkpointing
+from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.native_norm import PLAIN_RMS_NORMS
 
 # under bf16 autocast q and k (the projections' bf16 output) rotate through _Rotary too: its forward gives transformers'
@@ -174,19 +175,12 @@ def fused_norm_and_rotary(model) -> Iterator[None]:
     # the modeling module whose global apply_rotary_pos_emb the attention's forward calls
     modeling: Any = sys.modules.get(type(attention).__module__) if getattr(config, "model_type", None) in HALF_ROTARY else None
     rotary = getattr(modeling, "apply_rotary_pos_emb", None)
-    before = [norm.__dict__.get("forward") for norm in norms]  # an instance's own forward (a nested block's)
-    for norm in norms:
-        norm.forward = _norm_forward(norm)
     fused_rotary = _rotary_function(rotary) if rotary is not None else None
     if fused_rotary is not None:
         modeling.apply_rotary_pos_emb = fused_rotary
     try:
-        yield
+        with swapped_forwards((norm, _norm_forward(norm)) for norm in norms):
+            yield
     finally:
-        for norm, forward in zip(norms, before):
-            if forward is None:
-                del norm.forward
-            else:
-                norm.forward = forward
         if fused_rotary is not None and modeling.apply_rotary_pos_emb is fused_rotary:  # not if another block swapped it since
             modeling.apply_rotary_pos_emb = rotary

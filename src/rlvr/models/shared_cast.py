@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import torch
 
+from rlvr.models.forward_swaps import swapped_forwards
+
 ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}  # q/k/v_proj(hidden_states) in that order
 ON = True  # False: every product casts its own input (bench A/Bs)
 
@@ -85,21 +87,13 @@ def shared_attention_inputs(model) -> Iterator[None]:
     order on one input) take that input cast once (module docstring); outside, their own forward."""
     from rlvr.models.attention import activation_checkpointing
 
-    patched: list[tuple[torch.nn.Module, Any]] = []
+    swaps = []
     # not under gradient checkpointing, as swiglu_mlps: its recomputation runs outside the block
     for attention in [] if activation_checkpointing(model) else model.modules():
         found = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        linears: tuple[torch.nn.Module, ...] = tuple(m for m in found if type(m) is torch.nn.Linear)
+        linears = tuple(m for m in found if type(m) is torch.nn.Linear)
         if type(attention).__name__ in ATTENTIONS and len(linears) == 3:
-            state: dict = {}
-            for index, linear in enumerate(linears):
-                patched.append((linear, linear.__dict__.get("forward")))
-                linear.forward = _reader(linear, index, linears, state)
-    try:
+            state: dict = {}  # the three's shared cast, between the first call and the last
+            swaps += [(linear, _reader(linear, index, linears, state)) for index, linear in enumerate(linears)]
+    with swapped_forwards(swaps):
         yield
-    finally:
-        for linear, forward in patched:
-            if forward is None:
-                del linear.forward
-            else:
-                linear.forward = forward
