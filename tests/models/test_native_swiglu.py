@@ -7,7 +7,8 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from _tiny_lms import completion_batch, tiny_lm
 
 from rlvr.models import native_build, native_swiglu
 from rlvr.models.forward import completion_logprobs
@@ -67,34 +68,12 @@ def test_applies_only_where_it_computes_the_same():
     assert torch.equal(native_swiglu.swiglu(torch.nn.GELU(), y, y), F.gelu(y) * y)
 
 
-def _llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-        max_position_embeddings=64, attn_implementation="sdpa",
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
-
-
-def _qwen2():
-    torch.manual_seed(1)
-    config = Qwen2Config(
-        vocab_size=61, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, attn_implementation="sdpa",
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config)
-
-
-@pytest.mark.parametrize("make", [_llama, _qwen2])
-def test_training_forward_same_logprobs_and_gradients(make, monkeypatch):
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_training_forward_same_logprobs_and_gradients(kind, monkeypatch):
     """Under bf16 autocast every MLP's SwiGLU runs through SwiGLU (counted), the log-probs and every parameter's
     gradient bit for bit as transformers' MLP; in fp32 it stays transformers'."""
-    model = make()
-    g = torch.Generator().manual_seed(3)
-    prompt, completion = torch.randint(3, 61, (6, 7), generator=g), torch.randint(3, 61, (6, 5), generator=g)
-    prompt_mask, completion_mask = torch.ones_like(prompt), torch.ones_like(completion)
-    prompt_mask[1, :3] = 0
-    completion_mask[2, 3:] = 0
+    model = tiny_lm("qwen2", seed=1, hidden_size=32, intermediate_size=72, num_attention_heads=4) if kind == "qwen2" else tiny_lm()
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
     calls = []
     apply = native_swiglu.SwiGLU.apply
     monkeypatch.setattr(native_swiglu.SwiGLU, "apply", lambda *a: calls.append(1) or apply(*a))

@@ -7,9 +7,10 @@ import contextlib
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from _tiny_lms import completion_batch, tiny_lm
 
 from rlvr.models import norm_rotary
 from rlvr.models.forward import completion_logprobs
@@ -97,41 +98,15 @@ def test_rotary_of_bf16_projections_under_autocast(B, H, Hkv, L, D):
         assert (o.double() - exact).abs().mean() < (t.double() - exact).abs().mean()
 
 
-def _llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-        max_position_embeddings=64, attn_implementation="sdpa",
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
+def _model(kind: str):
+    return tiny_lm("qwen3", seed=1, num_attention_heads=4, head_dim=16) if kind == "qwen3" else tiny_lm("llama")
 
 
-def _qwen3():
-    torch.manual_seed(1)
-    config = Qwen3Config(
-        vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, max_position_embeddings=64, attn_implementation="sdpa",
-    )  # fmt: skip
-    return Qwen3ForCausalLM(config)
-
-
-def _batch(vocab=61):
-    g = torch.Generator().manual_seed(3)
-    prompt = torch.randint(3, vocab, (6, 7), generator=g)
-    prompt_mask = torch.ones_like(prompt)
-    prompt_mask[1, :3] = 0
-    prompt_mask[4, :2] = 0
-    completion = torch.randint(3, vocab, (6, 5), generator=g)
-    completion_mask = torch.ones_like(completion)
-    completion_mask[2, 3:] = 0
-    return prompt, prompt_mask, completion, completion_mask
-
-
-@pytest.mark.parametrize("make", [_llama, _qwen3])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_training_forward_same_logprobs_and_gradients(make, grouped, monkeypatch):
-    model = make()
-    prompt, prompt_mask, completion, completion_mask = _batch()
+def test_training_forward_same_logprobs_and_gradients(kind, grouped, monkeypatch):
+    model = _model(kind)
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
     groups = torch.tensor([0, 0, 0, 1, 1, 1]) if grouped else None
     if grouped:
         prompt, prompt_mask = prompt[[0, 0, 0, 3, 3, 3]], prompt_mask[[0, 0, 0, 3, 3, 3]]
@@ -165,12 +140,12 @@ def test_training_forward_same_logprobs_and_gradients(make, grouped, monkeypatch
         torch.testing.assert_close(g_fused[name], grad, rtol=0, atol=2e-6 * grad.abs().max().item(), msg=name)
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen3])
-def test_training_forward_under_bf16_autocast(make, monkeypatch):
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_training_forward_under_bf16_autocast(kind, monkeypatch):
     """Under bf16 autocast the norms and the rotation of the bf16 q and k run fused too: the same log-probs bit for bit,
     the gradients within bf16 rounding of transformers' (the rotation's backward rounds once instead of per term)."""
-    model = make()
-    prompt, prompt_mask, completion, completion_mask = _batch()
+    model = _model(kind)
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
     rotations = []
     apply = norm_rotary._Rotary.apply
     monkeypatch.setattr(norm_rotary._Rotary, "apply", lambda x, *a: rotations.append(x.dtype) or apply(x, *a))
@@ -184,7 +159,7 @@ def test_training_forward_under_bf16_autocast(make, monkeypatch):
         (out.logp * completion_mask).sum().backward()
         runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
         if fused:  # llama rotates the projections' bf16 output; qwen3 its per-head norms' fp32 output
-            assert rotations and set(rotations) == {torch.float32 if make is _qwen3 else torch.bfloat16}
+            assert rotations and set(rotations) == {torch.float32 if kind == "qwen3" else torch.bfloat16}
     (lp_fused, g_fused), (lp_plain, g_plain) = runs
     assert torch.equal(lp_fused, lp_plain)
     for name, grad in g_plain.items():
@@ -192,7 +167,7 @@ def test_training_forward_under_bf16_autocast(make, monkeypatch):
 
 
 def test_block_restores_transformers_functions_and_skips_what_it_should():
-    model = _llama()
+    model = tiny_lm("llama")
     norm = model.model.layers[0].input_layernorm
     rotary = modeling_llama.apply_rotary_pos_emb
     x = torch.randn(2, 3, 48)

@@ -5,7 +5,8 @@ q/k/v and gate/up with the same log-probs and gradients as transformers' own lay
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from _tiny_lms import completion_batch, tiny_lm
 
 from rlvr.models import shared_cast
 from rlvr.models.forward import completion_logprobs
@@ -46,27 +47,12 @@ def test_applies_only_where_one_cast_serves():
             assert not shared_cast.applies(x, [linear])
 
 
-def _model(kind: str):
-    torch.manual_seed(0)
-    shape = dict(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6)
-    shape.update(num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
-    if kind == "qwen2":  # q/k/v with a bias
-        return Qwen2ForCausalLM(Qwen2Config(**shape))
-    if kind == "qwen3":  # q and k normed per head after their products
-        return Qwen3ForCausalLM(Qwen3Config(**shape, head_dim=8))
-    return LlamaForCausalLM(LlamaConfig(**shape))
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_a_models_layers_take_it_with_transformers_bits(kind, monkeypatch):
     """Each layer's q/k/v and gate/up products read one cast of their input (counted), the log-probs and every
     parameter's gradient bit for bit as transformers' layers (which cast per product)."""
-    model = _model(kind)
-    g = torch.Generator().manual_seed(3)
-    prompt, completion = torch.randint(3, 61, (6, 7), generator=g), torch.randint(3, 61, (6, 5), generator=g)
-    prompt_mask, completion_mask = torch.ones_like(prompt), torch.ones_like(completion)
-    prompt_mask[1, :3] = 0
-    completion_mask[2, 3:] = 0
+    model = tiny_lm(kind, head_dim=8) if kind == "qwen3" else tiny_lm(kind)
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
     calls = []
     real = shared_cast.shared
     monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
