@@ -20,6 +20,7 @@ KERNEL_TESTS = [
     "tests/models/test_norm_rotary.py",
     "tests/rollout/test_native_attention.py",
     "tests/models/test_native_norm.py",
+    "tests/models/test_native_logprobs.py",
     "tests/rollout/test_native_rotary.py",
 ]
 # how the kernels are built is the same for every -march (test_native_attention's build tests): once is enough
@@ -41,7 +42,8 @@ def test_kernel_tests_pass_built_for_an_older_march(march, tmp_path):
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
     built = sorted((tmp_path / "child").rglob("native*.so"))
     names = {p.name.split("-")[0] for p in built}
-    assert names >= {"native_attention", "native_norm", "native_rotary", "native_swiglu", "native_training_norm", "native_training_rotary"}
+    assert names >= {"native_attention", "native_logprobs", "native_norm", "native_rotary", "native_swiglu", "native_training_norm"}
+    assert names >= {"native_training_rotary"}
     for path in built:
         code = subprocess.run(["objdump", "-d", str(path)], capture_output=True, text=True, check=True).stdout
         for register in MARCHES[march]:

@@ -20,6 +20,7 @@ import torch
 from rlvr.algo import selective_log_softmax, token_entropy, token_entropy_with_grad, token_logprobs
 from rlvr.models.attention import NAME as ATTENTION_NAME
 from rlvr.models.attention import short_attention_explicit
+from rlvr.models import native_logprobs
 from rlvr.models.lora_training import lora_training_forward
 from rlvr.models.native_swiglu import swiglu_mlps
 from rlvr.models.shared_cast import shared_attention_inputs
@@ -236,15 +237,17 @@ def logprobs_from_logits(
     compiled: bool = False,
 ) -> TokenLogProbs:
     """Log-probs (and entropies) of completion_ids [N, C] from logits [N, >= C, V] (positions past C unused) at the
-    sampling temperature: eager, as one hand-fused autograd node (algo.token_logprobs), whose backward writes the
-    logits' gradient over them: they must be a forward's own output that nothing else reads; `compiled` (inside
-    torch.compile, the row count symbolic), as the plain ops in one chunk, which inductor fuses into kernels of its own."""
+    sampling temperature: eager, as one autograd node whose backward writes the logits' gradient over them (they must
+    be a forward's own output that nothing else reads): on the CPU the C pass of rlvr.models.native_logprobs where it
+    built with AVX2 or AVX-512 (3-5x torch's ops forward and backward), else the hand-fused torch ops of
+    algo.token_logprobs; `compiled` (inside torch.compile, the row count symbolic), as the plain ops in one chunk, which
+    inductor fuses into kernels of its own."""
     if not compiled:
-        return TokenLogProbs(
-            *token_logprobs(
-                logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, grad_in_logits=True
-            )
+        fused = native_logprobs.token_logprobs if native_logprobs.applies(logits) else token_logprobs
+        out = fused(
+            logits, completion_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, grad_in_logits=True
         )
+        return TokenLogProbs(*out)
     logits = logits[:, : completion_ids.shape[1]]
     if temperature != 1.0:  # in fp32 (bf16 logits too), as the eager node and the sampler divide
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
