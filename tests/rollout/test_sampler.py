@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import rlvr.rollout.engines.native_sampler as native_sampler
 from rlvr.rollout.engines.sampling import filter_logits, sample_tokens
 
 
@@ -54,11 +55,14 @@ def test_samples_follow_the_distribution():
         assert abs(f - q) < 5 * math.sqrt(q * (1 - q) / n), (f, q)
 
 
+@pytest.mark.parametrize("native", [True, False])  # the unfiltered rows through the C pass (native_sampler) or torch's ops
 @pytest.mark.parametrize("scale", [4, 50])  # 50: rows spanning ~400 nats, the smallest weights flushed (algo.exp_flushed)
-def test_wide_vocabulary_in_blocks_against_float64(scale):
+def test_wide_vocabulary_in_blocks_against_float64(scale, native, monkeypatch):
     """Past DIRECT_CDF_MAX entries inverse_cdf goes by blocks: the same tokens as one float64 cumsum of the float64
     probabilities, a vocabulary not a multiple of the block, u at both ends, and whole blocks filtered out."""
     from rlvr.rollout.engines.sampling import CDF_BLOCK, DIRECT_CDF_MAX
+
+    monkeypatch.setattr(native_sampler, "ON", native)
 
     g = torch.Generator().manual_seed(5)
     V = 3 * DIRECT_CDF_MAX + CDF_BLOCK // 2 + 3
@@ -97,10 +101,13 @@ def test_zero_weights_are_never_drawn_in_either_level():
     assert torch.equal(again, token) and torch.allclose(total, cdf[:, -1], rtol=1e-15, atol=0)
 
 
-def test_without_entropy_the_same_draws_in_row_chunks():
+@pytest.mark.parametrize("native", [True, False])
+def test_without_entropy_the_same_draws_in_row_chunks(native, monkeypatch):
     """entropy=False (the callers that discard it) draws the same tokens and log-probs, None for the entropy; rows past
-    SAMPLE_CHUNK logits go in chunks and come back in order."""
+    SAMPLE_CHUNK logits go in chunks (the torch path's) and come back in order."""
     from rlvr.rollout.engines import sampling
+
+    monkeypatch.setattr(native_sampler, "ON", native)
 
     g = torch.Generator().manual_seed(7)
     logits, u = torch.randn(9, 2000, generator=g) * 3, torch.rand(9, generator=g)
@@ -117,9 +124,11 @@ def test_without_entropy_the_same_draws_in_row_chunks():
 
 @pytest.mark.parametrize("scale", [3, 60])  # 60: the shifted logits clamped at the cut (algo.exp_flushed's clamp_in_place)
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 40, 1.0), (0.8, 0, 0.95)])
-def test_overwriting_the_logits_draws_the_same_bits(scale, temperature, top_k, top_p):
+def test_overwriting_the_logits_draws_the_same_bits(scale, temperature, top_k, top_p, monkeypatch):
     """overwrite=True (a decode step's logits, read by nothing after): the same tokens, log-probs and entropies bit for
-    bit as with the logits left whole, which overwrite=False does (-inf logits among them: a model's masked tokens)."""
+    bit as with the logits left whole, which overwrite=False does (-inf logits among them: a model's masked tokens).
+    The torch path's (the C pass of unfiltered rows, native_sampler, never writes over them)."""
+    monkeypatch.setattr(native_sampler, "ON", False)
     g = torch.Generator().manual_seed(11)
     logits, u = torch.randn(16, 3000, generator=g) * scale, torch.rand(16, generator=g)
     logits[:, :7] = float("-inf")

@@ -39,7 +39,8 @@ MARCH_ENV = "RLVR_NATIVE_MARCH"  # the -march the kernels build for (default nat
 # them by default), so a kernel that must give torch's elementwise bits can (native_rotary.c); intrinsics still fuse
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-std=gnu11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120
-COMMON = Path(__file__).with_name("native_common.h")  # what the kernels share (#include "native_common.h")
+COMMON = Path(__file__).with_name("native_common.h")  # what the kernels share (#include "native_common.h"); every header
+# of its folder (native_lanes.h: the vocabulary-wide kernels' vectors) is digested with each kernel
 _WHY_NOT: dict[Path, str] = {}
 
 
@@ -91,7 +92,8 @@ def load(source: Path) -> ctypes.CDLL | None:
     if reason is None:
         cc = _compiler()
         assert cc is not None  # _unavailable checked
-        text = source.read_bytes() + COMMON.read_bytes()  # a change to the shared header builds every kernel again
+        # a change to a shared header builds every kernel again
+        text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(COMMON.parent.glob("*.h")))
         digest = hashlib.sha256(
             b"\0".join(
                 [text, _compiler_version(cc).encode(), " ".join(flags()).encode(), cpu_identity().encode(), torch.__version__.encode()]

@@ -2,6 +2,7 @@
 
 protocols.py  GenerationEngine (single-turn) and MultiTurnEngine (episodes with tools), SamplingParams, Generation
 sampling.py   top-k/top-p, the inverse-CDF sampler, each episode's seed
+native_sampler.py/.c  the sampler's unfiltered draw over wide vocabularies as one C pass per row on the CPU
 turns.py      what every engine's multi-turn decode shares: the TurnDriver, the Trace, how a turn ends
 hf/           the hf engine: transformers models, the trainer's own module (see its __init__)
 vllm.py       colocated vLLM

@@ -9,6 +9,7 @@ from typing import Literal, overload
 import torch
 
 from rlvr.algo import exp_flushed
+from rlvr.rollout.engines import native_sampler
 
 SEED_RANGE = 2**63  # torch.Generator and vLLM take seeds below this
 
@@ -186,7 +187,11 @@ def sample_tokens(
     One exp over [n, V] where log_softmax, exp and a float64 cumsum of every entry made three passes and a
     float64 copy: [64, 32000] 2.2 ms against 7.5, [64, 151936] 12 against 106 (bench/results/sampling_vocab_amd.md).
     overwrite: the logits are the caller's own, not read again (a decode step's): they are scaled and shifted in place
-    instead of into a new [n, V] tensor (the same bits)."""
+    instead of into a new [n, V] tensor (the same bits).
+    Unfiltered rows of a vocabulary past DIRECT_CDF_MAX on the CPU: the same draw as one C pass per row where it builds
+    (rollout.engines.native_sampler: two passes over a row instead of six)."""
+    if native_sampler.applies(logits, top_k, top_p, min_p):
+        return native_sampler.sample_rows(logits, uniforms, temperature, entropy)
     rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
     if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
         chunks = zip(logits.split(rows), uniforms.split(rows))
