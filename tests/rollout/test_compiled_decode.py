@@ -101,7 +101,7 @@ def test_compiled_decode_under_bf16_autocast_follows_the_eager_step(monkeypatch,
             token, rows = pre.logits.argmax(-1), torch.arange(pos.shape[0])
             for t in range(T - 1):
                 logits, expected = step.step(token, pos + t, rows), eager.step(token, pos + t, rows)
-                assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+                assert logits.dtype == expected.dtype == torch.bfloat16 and torch.isfinite(logits).all()  # the lm_head's bf16
                 torch.testing.assert_close(logits, expected, rtol=0, atol=0.05 * float(expected.abs().max()))
                 token = expected.argmax(-1)
     assert len(compiled_calls) == (T - 1) * model.config.num_hidden_layers

@@ -189,9 +189,12 @@ def sample_tokens(
     overwrite: the logits are the caller's own, not read again (a decode step's): they are scaled and shifted in place
     instead of into a new [n, V] tensor (the same bits).
     Unfiltered rows of a vocabulary past DIRECT_CDF_MAX on the CPU: the same draw as one C pass per row where it builds
-    (rollout.engines.native_sampler: two passes over a row instead of six)."""
+    (rollout.engines.native_sampler: two passes over a row instead of six), fp32 or bf16 logits; elsewhere bf16 logits
+    are drawn from their fp32 copy (the values exactly)."""
     if native_sampler.applies(logits, top_k, top_p, min_p):
         return native_sampler.sample_rows(logits, uniforms, temperature, entropy)
+    if logits.dtype in (torch.bfloat16, torch.float16):  # a decode step's bf16 logits: the ops below in fp32
+        logits, overwrite = logits.float(), True
     rows = max(1, SAMPLE_CHUNK // logits.shape[-1])
     if logits.shape[0] > rows:  # in row chunks: each chunk's [rows, V] temporaries come from the heap again and again
         chunks = zip(logits.split(rows), uniforms.split(rows))

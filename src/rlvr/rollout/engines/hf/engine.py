@@ -121,7 +121,7 @@ class HFEngine:
         with decode_mode():  # the outputs above stay normal tensors: training reads them
             for t in range(T):
                 if seen is not None:
-                    logits = penalize_repetition(logits, seen[active], params.repetition_penalty)
+                    logits = penalize_repetition(logits.float(), seen[active], params.repetition_penalty)  # fp32 (a step's may be bf16)
                 token, logp, entropy = self._sample(logits, params, gens, active, G)
                 if seen is not None:
                     seen[active, token] = True

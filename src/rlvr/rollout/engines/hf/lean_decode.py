@@ -245,7 +245,9 @@ class LeanDecoder:
         return DecodeState(own_k, own_v, bias.repeat_interleave(G, 0), rows, G, P, flash=way.flash, native=way.native, slots=slots)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
-        """Logits [n, V] (fp32) of the next token after `tokens` [n] at `positions` [n]."""
+        """Logits [n, V] of the next token after `tokens` [n] at `positions` [n]: fp32, or bf16 where the lm_head's
+        product ran in bf16 (under bf16 autocast), not cast: sample_tokens reads either (its C pass bf16 itself, its torch
+        ops a fp32 copy), a [n, V] cast less per step than the fp32 logits cost (2-3 ms at 152k tokens)."""
         state.open_slot()
         t = state.written
 
@@ -285,7 +287,7 @@ class LeanDecoder:
             return out.reshape(n * K, -1)  # [n, K, Hq, D] -> [n x K, Hq x D]
 
         keep = None if last is None else torch.arange(n, device=tokens.device) * K + last
-        return self._forward(tokens.reshape(-1), positions.reshape(-1), attend, keep)
+        return self._forward(tokens.reshape(-1), positions.reshape(-1), attend, keep).float()
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The layers for n new tokens; attend(layer, q [n, Hq, D], k, v [n, Hkv, D], scale, (cos, sin_signed)) rotates
@@ -310,7 +312,7 @@ class LeanDecoder:
         if keep is not None:
             x, delta, products = (x if delta is None else x + delta)[keep], None, self._products(len(keep), x.device)
         x, h, casts = add_norm(self.norm, x, delta, bf16)
-        return _product(products[-1], h, casts).float()
+        return _product(products[-1], h, casts)  # [n, V] in the product's dtype (step's docstring)
 
     def _qkv(self, p: LayerProducts, h: torch.Tensor, casts: dict) -> tuple[torch.Tensor, ...]:
         """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden] (casts: h in other dtypes, _product's)."""
@@ -357,7 +359,7 @@ class LeanDecoder:
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
                 attention = state.attention_args(i, layer.self_attn.scaling)
                 x = compiled(x, cos, sin, w, eps, heads, autocast or torch.float32, attention)
-        return self.lm.lm_head(rms_norm(self.norm, x)).float()
+        return self.lm.lm_head(rms_norm(self.norm, x))
 
     def _attend_on_device(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
         """decode_attention's math on other devices: SDPA (repeated layout), shared_prefix's products (shared layout)."""
