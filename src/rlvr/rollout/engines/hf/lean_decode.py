@@ -108,6 +108,12 @@ def _compilable(lm) -> bool:
 CAST_ONCE = True  # False: each product casts it (that A/B's "before")
 
 
+def _as_sampled(logits: torch.Tensor) -> torch.Tensor:
+    """A step's logits as the sampler takes them: bf16 as they are (its C pass reads them, its torch ops cast them), any
+    other dtype (fp16, float64) as fp32."""
+    return logits if logits.dtype == torch.bfloat16 else logits.float()
+
+
 def _product(p: "Product | LoraProduct | torch.nn.Module", x: torch.Tensor, casts: dict | None = None) -> torch.Tensor:
     """p's output for x; `casts` (dtype -> x in it) is shared by the products that read this same x."""
     if isinstance(p, LoraProduct):  # peft's forward: result + lora_B(lora_A(x)) * scaling
@@ -247,7 +253,7 @@ class LeanDecoder:
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, state: DecodeState) -> torch.Tensor:
         """Logits [n, V] of the next token after `tokens` [n] at `positions` [n]: fp32, or bf16 where the lm_head's
         product ran in bf16 (under bf16 autocast), not cast: sample_tokens reads either (its C pass bf16 itself, its torch
-        ops a fp32 copy), a [n, V] cast less per step than the fp32 logits cost (2-3 ms at 152k tokens)."""
+        ops a fp32 copy), a [n, V] cast less per step than fp32 logits cost (2-3 ms at 152k tokens)."""
         state.open_slot()
         t = state.written
 
@@ -312,7 +318,7 @@ class LeanDecoder:
         if keep is not None:
             x, delta, products = (x if delta is None else x + delta)[keep], None, self._products(len(keep), x.device)
         x, h, casts = add_norm(self.norm, x, delta, bf16)
-        return _product(products[-1], h, casts)  # [n, V] in the product's dtype (step's docstring)
+        return _as_sampled(_product(products[-1], h, casts))
 
     def _qkv(self, p: LayerProducts, h: torch.Tensor, casts: dict) -> tuple[torch.Tensor, ...]:
         """q [n, Hq, D], k and v [n, Hkv, D] of the normed h [n, hidden] (casts: h in other dtypes, _product's)."""
@@ -359,7 +365,7 @@ class LeanDecoder:
             for i, (layer, w) in enumerate(zip(self.layers, weights)):
                 attention = state.attention_args(i, layer.self_attn.scaling)
                 x = compiled(x, cos, sin, w, eps, heads, autocast or torch.float32, attention)
-        return self.lm.lm_head(rms_norm(self.norm, x))
+        return _as_sampled(self.lm.lm_head(rms_norm(self.norm, x)))
 
     def _attend_on_device(self, q, own_k, own_v, i: int, state: DecodeState, scale: float) -> torch.Tensor:
         """decode_attention's math on other devices: SDPA (repeated layout), shared_prefix's products (shared layout)."""
