@@ -10,8 +10,13 @@ import torch
 
 import rlvr.rollout.engines.hf.decode_attention as decode_attention_module
 import rlvr.rollout.engines.hf.native_attention as native_attention
+import rlvr.rollout.engines.hf.native_rotary as native_rotary
 from rlvr.models import native_build
+from rlvr.models.norm_rotary import rotate, signed_sin
 from rlvr.rollout.engines.hf.decode_attention import SOFTMAX_MIN_KEYS, AttentionWay, _softmax, decode_attention, decode_attention_way
+from rlvr.rollout.engines.hf.native_rotary import rotate_and_write
+
+bf16, f32 = torch.bfloat16, torch.float32
 
 
 @pytest.mark.parametrize("keys", [1, 5, SOFTMAX_MIN_KEYS - 1, SOFTMAX_MIN_KEYS, 40])
@@ -260,3 +265,43 @@ def test_repeated_layout_through_the_flash_kernel_equals_the_explicit_products(H
         outs.append(decode_attention(q, k, v, own_k, own_v, t, bias, D**-0.5, None, None, None, 1, None, whole, flash=flash))
         assert torch.equal(own_k[:, :, t], k) and torch.equal(own_v[:, :, t], v)
     torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-12)
+
+
+# (shared layout, flash kernel, q's dtype, the buffers'): the flash kernel takes no bf16 buffers with fp32 queries
+# (decode_attention_way never pairs them)
+DTYPES = ((bf16, f32), (f32, f32), (bf16, bf16))
+ROTARY_WAYS = [(s, f, q, b) for s in (True, False) for f in (True, False) for q, b in DTYPES if not (f and b == bf16)]
+
+
+@pytest.mark.parametrize("shared, flash, q_dtype, buffers", ROTARY_WAYS)
+def test_every_way_rotates_through_the_c_pass_with_torchs_bits(shared, flash, q_dtype, buffers, monkeypatch):
+    """decode_attention given (cos, sin) rotates q and k and writes k, v through native_rotary's pass whichever way the
+    attention runs (flash, explicit; either layout): the output and the buffers those of rotating in torch first, bit for
+    bit. A bf16 cos (a model run in bf16) keeps torch's rotation, in bf16."""
+    assert native_rotary.available(), native_build.why_not(native_rotary.SOURCE)  # a compiler: CI's machines have one
+    calls = []
+    monkeypatch.setattr(native_rotary, "rotate_and_write", lambda *a: calls.append(a[3].dtype) or rotate_and_write(*a))
+    torch.manual_seed(4)
+    B, G, Hq, Hkv, D, P, T, t = 2, 3, 6, 2, 16, 7, 9, 4
+    n = B * G
+    q, k, v = (torch.randn(n, h, D).to(q_dtype) for h in (Hq, Hkv, Hkv))
+    angle = torch.rand(n, 1, D // 2) * 50
+    cos = torch.cat([angle.cos(), angle.cos()], -1)
+    sin_signed = signed_sin(torch.cat([angle.sin(), angle.sin()], -1))
+    own = torch.randn(2, n, Hkv, T, D).to(buffers)
+    if shared:
+        pk, pv, rows = torch.randn(B, Hkv, P, D).to(buffers), torch.randn(B, Hkv, P, D).to(buffers), torch.arange(n)
+        bias, own_bias = torch.zeros(B, 1, 1, P), torch.zeros(1, 1, 1, T)
+        own_bias[..., t + 1 :] = float("-inf")
+        tail = (bias, D**-0.5, pk, pv, rows, G, own_bias, True)
+    else:
+        bias = torch.zeros(n, 1, 1, T)
+        bias[..., t + 1 :] = float("-inf")
+        tail = (bias, D**-0.5, None, None, None, 1, None, True)
+    for c, s in ((cos, sin_signed), (cos.bfloat16(), sin_signed.bfloat16())):
+        got_k, got_v, want_k, want_v = own[0].clone(), own[1].clone(), own[0].clone(), own[1].clone()
+        got = decode_attention(q, k, v, got_k, got_v, t, *tail, flash=flash, rotary=(c, s))
+        want = decode_attention(rotate(q, c, s), rotate(k, c, s), v, want_k, want_v, t, *tail, flash=flash)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+    assert calls == [torch.float32]  # the pass ran for the fp32 cos, not for the bf16 one

@@ -81,8 +81,8 @@ def decode_attention(
     *,
     flash: bool = False,  # through SDPA's flash kernel (both parts in the shared layout; module docstring)
     native: bool = False,  # the row's own slots through the C kernel (native_attention.py); the shared prompt as `flash` says
-    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin_signed) [n, 1, D]: q and k rotated here (native:
-    # with the write, in one C pass: native_rotary.py)
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin_signed) [n, 1, D]: q and k rotated here (with
+    # the write, in one C pass where it builds: native_rotary.py)
 ) -> torch.Tensor:
     """softmax(q K^T x scale + bias) V over (the prompt) + (the row's tokens 0..t), [n, Hq x D], in the buffers' dtype
     (repeated layout) or q's (shared: the merge; native: fp32). Buffers in a lower precision than q (bf16 under bf16 autocast): the
@@ -90,7 +90,7 @@ def decode_attention(
     Shared layout: the prompt part once per group (its G queries together) and the own part per row, merged exactly
     by their log-sum-exps. Whole buffers (lean_decode.DecodeState.slots): read whole, a masked slot's weight is 0."""
     n, Hkv, D = q.shape[0], own_k.shape[1], own_k.shape[-1]
-    q = _rotated_and_written(q, k, v, own_k, own_v, t, rotary, native)
+    q = _rotated_and_written(q, k, v, own_k, own_v, t, rotary)
     if native:  # slots 0..t only, whole buffers or not; fp32 out (the next product casts it as it casts fp32)
         qn = q.to(torch.float32).view(n, Hkv, -1, D)
         if prefix_k is None:
@@ -110,16 +110,23 @@ def decode_attention(
     return _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, group_size, scale, flash)
 
 
-def _rotated_and_written(q, k, v, own_k, own_v, t: int, rotary: tuple[torch.Tensor, torch.Tensor] | None, native: bool) -> torch.Tensor:
-    """k and v written at slot t of the buffers, q and k rotated first where `rotary` is given (through one C pass where
-    the attention runs through the kernel and it takes these dtypes): q as the attention reads it."""
-    if rotary is not None and native and native_rotary.fits(q, k, v, own_k, own_v) and native_rotary.available():
-        return native_rotary.rotate_and_write(q, k, v, *rotary, own_k, own_v, t)  # fp32
+def _rotated_and_written(q, k, v, own_k, own_v, t: int, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """k and v written at slot t of the buffers, q and k rotated first where `rotary` is given (through one C pass
+    where it builds and takes these dtypes, whichever way the attention runs: the pass gives the torch ops' bits, in ten
+    ops' time less a layer): q as the attention reads it."""
+    if rotary is not None and _rotary_pass_fits(q, k, v, own_k, own_v, *rotary):
+        return native_rotary.rotate_and_write(q, k, v, *rotary, own_k, own_v, t)  # fp32, as rotate's with fp32 cos and sin
     if rotary is not None:
         q, k = rotate(q, *rotary), rotate(k, *rotary)
     own_k.select(2, t).copy_(k)
     own_v.select(2, t).copy_(v)
     return q
+
+
+def _rotary_pass_fits(q, k, v, own_k, own_v, cos, sin_signed) -> bool:
+    """Whether native_rotary's pass takes these: fp32 cos and sin (a model run in bf16 rotates by bf16 ones, in bf16),
+    CPU tensors of its dtypes, and the kernel built."""
+    return cos.dtype == sin_signed.dtype == torch.float32 and native_rotary.fits(q, k, v, own_k, own_v) and native_rotary.available()
 
 
 def _merged_with_prefix(qr, o_own, lse_own, prefix_k, prefix_v, bias, rows, G: int, scale: float, flash: bool) -> torch.Tensor:

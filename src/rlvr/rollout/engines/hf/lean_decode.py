@@ -13,7 +13,7 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     the CPU, where the C kernels build, the residual add before each norm, the norm and its cast to bf16 as one pass
     with the same bits (native_norm.py);
   * rotary embedding from the model's own rotary module, once per step for all layers (applied with the write of k
-    and v into the buffers as one C pass where the attention runs through the C kernel: native_rotary.py);
+    and v into the buffers as one C pass on the CPU where it builds, whichever way the attention runs: native_rotary.py);
   * attention over the prompt once per group plus the row's own tokens (the shared-prefix layout of
     shared_prefix.py), each part with its log-sum-exp, merged exactly; each part is two batched
     products and a softmax (on the CPU faster than SDPA's flash kernel for one query per row; on

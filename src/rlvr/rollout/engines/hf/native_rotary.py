@@ -2,8 +2,10 @@
 
 native_rotary.c does per row what `rotate` (rlvr.models.norm_rotary) and the buffers' slot copies do in ten torch
 ops a layer, with their bits: the same products and sums in float, no fused multiply-add, bf16 rounded to nearest
-even. The eager CPU step calls it where the attention runs through the C kernel (decode_attention's `native`), so that
-one build decides both. tests/rollout/test_native_rotary.py checks it against the torch ops, bit for bit.
+even. The eager CPU step calls it wherever it builds and the inputs are its dtypes (fp32 cos and sin), whichever way the
+attention runs after it (decode_attention.py: until 2026-12-07 only with the C attention kernel, so the shared layout's
+flash way, configs C and F, kept the ten ops). tests/rollout/test_native_rotary.py checks it against the torch ops, bit
+for bit.
 """
 
 from __future__ import annotations
