@@ -10,6 +10,7 @@ import torch
 
 import rlvr.rollout.engines.hf.decode_attention as decode_attention_module
 import rlvr.rollout.engines.hf.native_attention as native_attention
+import rlvr.rollout.engines.hf.native_prefix as native_prefix
 import rlvr.rollout.engines.hf.native_rotary as native_rotary
 from rlvr.models import native_build
 from rlvr.models.norm_rotary import rotate, signed_sin
@@ -77,7 +78,7 @@ def test_the_way_is_chosen_by_timing_once_per_machine_and_shape(tmp_path, monkey
     monkeypatch.setattr(decode_attention_module, "_CHOICES", {})
     timed = []
 
-    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers, repeated_flash, native):
+    def timing(B, G, Hq, Hkv, D, P, T, dtype, layouts, lower, layers, repeated_flash, native, prefix_kernel):
         timed.append((B, G, P, T, layouts, lower, layers, repeated_flash))
         return {"shared": layouts[-1] and P >= 96, "flash": P >= 256, "lower": lower is not None and P < 64, "native": native}
 
@@ -126,29 +127,31 @@ def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared
     ((key, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
     assert json.loads(key).get("native") == (1 if native else None)  # answers timed without the kernel are not read for it
     layouts = {True: ["shared"], False: ["repeated"], None: ["repeated", "shared"]}[shared]
+    prefix = native and "shared" in layouts  # the shared prompt through native_prefix's kernel: timed too
+    assert native_prefix.available(), native_build.why_not(native_prefix.SOURCE)
+    assert json.loads(key).get("prefix") == (1 if prefix else None)
     names = [f"{layout}{way}_s" for layout in layouts for way in ("", "_lower", "_flash")]
     if native:
         names += [f"{layout}{way}_s" for layout in layouts for way in ("_native", "_lower_native")]
         names += ["shared_native_flash_s"] if "shared" in layouts else []
+    if prefix:
+        names += ["shared_native_prefix_s", "shared_lower_native_prefix_s"]
     assert sorted(n for n in entry if n.endswith("_s")) == sorted(names) and all(0 < entry[n] < 0.1 for n in names)
     rules = decode_attention_module
     # the fp32 way of the least time, the flash kernel's handicapped by FLASH_AT_MOST; bf16 at LOWER_AT_MOST of that (the C
-    # kernel's bf16 in the repeated layout at LOWER_NATIVE_AT_MOST: it rounds only the keys and values)
+    # kernels' bf16, in the repeated layout or for both shared parts, at LOWER_NATIVE_AT_MOST: they round only the keys and
+    # values)
     exact = {n: entry[n] / (rules.FLASH_AT_MOST if "flash" in n else 1) for n in names if "lower" not in n}
     best = min(exact, key=exact.__getitem__)
-    share = {n: rules.LOWER_NATIVE_AT_MOST if n == "repeated_lower_native_s" else rules.LOWER_AT_MOST for n in names if "lower" in n}
+    near = ("repeated_lower_native_s", "shared_lower_native_prefix_s")
+    share = {n: rules.LOWER_NATIVE_AT_MOST if n in near else rules.LOWER_AT_MOST for n in names if "lower" in n}
     lowered = min(share, key=lambda n: entry[n] / share[n])
     chosen = lowered if entry[lowered] <= share[lowered] * entry[best] else best
-    expected = AttentionWay(
-        torch.bfloat16 if "lower" in chosen else torch.float32, "flash" in chosen, chosen.startswith("shared"), "native" in chosen
-    )
+    dtype = torch.bfloat16 if "lower" in chosen else torch.float32
+    expected = AttentionWay(dtype, "flash" in chosen, chosen.startswith("shared"), "native" in chosen, "prefix" in chosen)
     assert way == expected
-    assert (entry["shared"], entry["flash"], entry["lower"], entry["native"]) == (
-        expected.shared,
-        expected.flash,
-        "lower" in chosen,
-        expected.native,
-    )
+    got = (entry["shared"], entry["flash"], entry["lower"], entry["native"], entry["native_prefix"])
+    assert got == (expected.shared, expected.flash, "lower" in chosen, expected.native, expected.native_prefix)
 
 
 def test_the_kernel_is_not_timed_where_it_cannot_run(tmp_path, monkeypatch):

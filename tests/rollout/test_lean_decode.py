@@ -82,18 +82,18 @@ def _same(lean, plain):
 def count_lean_steps(monkeypatch):
     calls = []
     step = LeanDecoder.step
-    monkeypatch.setattr(
-        LeanDecoder, "step", lambda self, *a: calls.append((a[2].prefix_keys is not None, a[2].flash, a[2].native)) or step(self, *a)
-    )
+    way = lambda st: (st.prefix_keys is not None, st.flash, st.native, st.native_prefix)  # noqa: E731
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: calls.append(way(a[2])) or step(self, *a))
     return calls
 
 
-LAYOUTS = ["repeated", "shared", "shared-flash", "repeated-native", "shared-native", "shared-flash-native"]
+LAYOUTS = ["repeated", "shared", "shared-flash", "repeated-native", "shared-native", "shared-flash-native", "shared-native-prefix"]
 
 
 def _way(layout: str, dtype: torch.dtype) -> AttentionWay:
-    """The way `layout` names ("native": the rows' own slots through the C kernel), in buffers of `dtype`."""
-    return AttentionWay(dtype, "flash" in layout, layout.startswith("shared"), "native" in layout)
+    """The way `layout` names ("native": the rows' own slots through the C kernel; "prefix": the shared prompt's part
+    through native_prefix's kernel too), in buffers of `dtype`."""
+    return AttentionWay(dtype, "flash" in layout, layout.startswith("shared"), "native" in layout, "prefix" in layout)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3"])
@@ -114,7 +114,7 @@ def test_lean_decode_same_as_plain_path(kind, layout, ignore_eos, drop, temperat
     assert not count_lean_steps
     lean = _generate(model, tok, params, drop_finished_fraction=drop)
     way = _way(layout, torch.float32)
-    assert count_lean_steps and set(count_lean_steps) == {(way.shared, way.flash, way.native)}  # in the way asked
+    assert count_lean_steps and set(count_lean_steps) == {(way.shared, way.flash, way.native, way.native_prefix)}  # in the way asked
     assert (plain.prompt_mask == 0).any()  # left padding of different widths
     if not ignore_eos and temperature > 0:
         assert ((plain.completion_mask.sum(-1) < 20) & ~plain.truncated).sum() >= 2  # rows ended early (and left the batch: drop 0.01)
@@ -155,13 +155,13 @@ def test_kv_buffers_grown_and_read_whole_same_as_plain_path(kind, layout, grow, 
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa"])
-@pytest.mark.parametrize("layout", ["repeated", "shared", "repeated-native", "shared-native"])
+@pytest.mark.parametrize("layout", ["repeated", "shared", "repeated-native", "shared-native", "shared-native-prefix"])
 def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
     """Under bf16 autocast the decode keeps its KV buffers in fp32 or, where this machine timed it faster, in bf16
     (decode_attention.decode_attention_way, asked with lower=bf16 only here). Each step's log-probs stay as close to
     the float64 model's (its lean decode in float64, at the steps whose tokens so far are the same in all three greedy
     decodes) with bf16 buffers as with fp32 ones, within 1e-2 more: autocast's bf16 products are the larger rounding.
-    So too through the C kernel (native: fp32 and bf16 buffers; the float64 decode runs the products)."""
+    So too through the C kernels (native: fp32 and bf16 buffers; the float64 decode runs the products)."""
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
@@ -173,7 +173,7 @@ def test_bf16_buffers_under_bf16_autocast(kind, layout, monkeypatch):
     params = SamplingParams(n=4, temperature=0.0, max_new_tokens=12, ignore_eos=True)
     runs = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        way = _way(layout if dtype != torch.float64 else layout.removesuffix("-native"), dtype)
+        way = _way(layout if dtype != torch.float64 else layout.split("-native")[0], dtype)
         choosing = lambda *a, way=way, **kw: asked.append((a[7], kw["lower"], kw["shared"])) or way  # noqa: E731
         monkeypatch.setattr(lean_decode, "decode_attention_way", choosing)
         buffers.clear()
@@ -507,12 +507,14 @@ def test_products_reading_one_input_cast_it_once():
     assert casts[torch.float32] is x
 
 
-@pytest.mark.parametrize("flash", [False, True])
-def test_compaction_drops_finished_groups_from_the_prompt_part(flash):
+@pytest.mark.parametrize("way", ["explicit", "flash", "native-prefix"])
+def test_compaction_drops_finished_groups_from_the_prompt_part(way):
     """Shared layout: when every row of a group has finished, compaction (DecodeState.select) drops the group's prompt
     keys/values and padding bias too, and renumbers the rows left to their places among the groups left, so the prompt
-    part runs over the groups still decoding only; the rows left attend exactly as before."""
+    part runs over the groups still decoding only; the rows left attend exactly as before (through the C kernels too,
+    the prompt's keys transposed for native_prefix's)."""
     from rlvr.rollout.engines.hf.decode_attention import decode_attention
+    from rlvr.rollout.engines.hf.native_prefix import transposed_keys
 
     torch.manual_seed(6)
     B, G, Hq, Hkv, D, P, S, t = 3, 2, 4, 2, 8, 5, 6, 3
@@ -520,16 +522,19 @@ def test_compaction_drops_finished_groups_from_the_prompt_part(flash):
     bias[1, ..., :2] = bias[2, ..., :1] = float("-inf")  # left padding of different widths
     own = [torch.randn(B * G, Hkv, S, D) for _ in range(2)]
     prefix = [torch.randn(B, Hkv, P, D) for _ in range(2)]
-    state = lean_decode.DecodeState(own[:1], own[1:], bias, torch.arange(B * G), G, t, prefix[:1], prefix[1:], flash)
+    native = way == "native-prefix"
+    keys = [transposed_keys(prefix[0])] if native else prefix[:1]
+    kw = dict(flash=way == "flash", native=native, native_prefix=native)
+    state = lean_decode.DecodeState(own[:1], own[1:], bias, torch.arange(B * G), G, t, keys, prefix[1:], **kw)
     q, k, v = torch.randn(B * G, Hq, D), torch.randn(B * G, Hkv, D), torch.randn(B * G, Hkv, D)
-    before = decode_attention(q, k, v, *state.attention_args(0, D**-0.5), flash=flash)  # [6, Hq x D]
+    before = decode_attention(q, k, v, *state.attention_args(0, D**-0.5), **kw)  # [6, Hq x D]
     keep = torch.tensor([0, 1, 4])  # group 0 whole, none of group 1, one row of group 2
     state.select(keep)
     assert state.prefix_keys is not None and state.prefix_values is not None
     assert state.prefix_keys[0].shape[0] == state.prefix_values[0].shape[0] == len(state.bias) == 2
-    assert torch.equal(state.prefix_keys[0], prefix[0][[0, 2]]) and torch.equal(state.bias, bias[[0, 2]])
+    assert torch.equal(state.prefix_keys[0], keys[0][[0, 2]]) and torch.equal(state.bias, bias[[0, 2]])
     assert state.rows.tolist() == [0, 1, 2]  # group 2's first row: the second group's first place now
-    after = decode_attention(q[keep], k[keep], v[keep], *state.attention_args(0, D**-0.5), flash=flash)
+    after = decode_attention(q[keep], k[keep], v[keep], *state.attention_args(0, D**-0.5), **kw)
     torch.testing.assert_close(after, before[keep], rtol=0, atol=1e-6)
     state.select(torch.tensor([2]))  # only group 2's row left: one group, every row of it
     assert len(state.bias) == 1 and state.rows.tolist() == [0]
@@ -597,18 +602,19 @@ def test_decode_loops_run_in_inference_mode_and_hand_back_normal_tensors(lean, m
 
 
 @pytest.mark.parametrize("kind", ["llama-gqa", "qwen3"])
-@pytest.mark.parametrize("layout", ["repeated-native", "shared-native"])
+@pytest.mark.parametrize("layout", ["repeated-native", "shared-native", "shared-native-prefix", "shared-flash", "repeated"])
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_native_rotation_and_write_give_torchs_bits(kind, layout, autocast, monkeypatch):
-    """Where the attention runs through the C kernel, the rotation of q and k and the write of k and v run through one C
-    pass too (native_rotary.py): the same tokens, log-probs and entropies bit for bit as torch's rotate and copies, from
-    fp32 products or autocast's bf16 ones (fused q/k/v where they fuse) into fp32 or bf16 buffers."""
+    """Whichever way the attention runs (the C kernels, the flash kernel, the explicit products), the rotation of q and
+    k and the write of k and v run through one C pass (native_rotary.py): the same tokens, log-probs and entropies bit
+    for bit as torch's rotate and copies, from fp32 products or autocast's bf16 ones (fused q/k/v where they fuse) into
+    fp32 or bf16 buffers (fp32 ones for the flash kernel)."""
     import rlvr.rollout.engines.hf.native_rotary as native_rotary
 
     torch.set_num_threads(1)
     tok, model = _model(kind)
     monkeypatch.setattr(steps, "SHARED_PREFIX_MIN_PROMPT", 10**6 if layout.startswith("repeated") else 0)
-    buffers = torch.bfloat16 if autocast else torch.float32
+    buffers = torch.bfloat16 if autocast and "flash" not in layout else torch.float32
     monkeypatch.setattr(lean_decode, "decode_attention_way", lambda *a, **kw: _way(layout, buffers))
     passes = []
     rotate_and_write = native_rotary.rotate_and_write

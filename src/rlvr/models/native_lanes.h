@@ -119,7 +119,7 @@ typedef double vdouble __attribute__((vector_size(8 * LANES)));
 
 INLINE vec splat(float f) { return (vec){} + f; }
 INLINE float first(vec v) { return v[0]; }
-INLINE vec select(vint k, vec a, vec b) { return (vec)(((vint)a & k) | ((vint)b & ~k)); } /* a where k, else b */
+INLINE vec lanes_where(vint k, vec a, vec b) { return (vec)(((vint)a & k) | ((vint)b & ~k)); } /* a where k, else b (not `select`: <stdlib.h> declares that) */
 
 INLINE vec load(const void *row, int64_t j, int64_t n, int bf16, int scaled, float T, float fill) {
     vec x;
@@ -141,11 +141,11 @@ INLINE vec load(const void *row, int64_t j, int64_t n, int bf16, int scaled, flo
     for (int i = 0; i < LANES; ++i) past[i] = i >= n ? -1 : 0;
     vint k;
     memcpy(&k, past, sizeof k);
-    return select(k, splat(fill), x);
+    return lanes_where(k, splat(fill), x);
 }
 
 INLINE vec exp_lanes(vec s) {
-    vec c = select(s < CUT, splat(CUT), s); /* a NaN stays s */
+    vec c = lanes_where(s < CUT, splat(CUT), s); /* a NaN stays s */
     vec n = (c * LOG2E + ROUNDER) - ROUNDER;
     vec r = c - n * LN2_HI;
     r = r - n * LN2_LO;
@@ -174,7 +174,7 @@ INLINE void store(void *out, int64_t j, int64_t n, vec d, int bf16) {
 INLINE vec add(vec a, vec b) { return a + b; }
 INLINE vec sub(vec a, vec b) { return a - b; }
 INLINE vec mul(vec a, vec b) { return a * b; }
-INLINE vec max_lanes(vec a, vec b) { return select(a > b, a, b); }
+INLINE vec max_lanes(vec a, vec b) { return lanes_where(a > b, a, b); }
 INLINE float max_of(vec v) {
     float m = v[0];
     for (int i = 1; i < LANES; ++i) m = v[i] > m ? v[i] : m;

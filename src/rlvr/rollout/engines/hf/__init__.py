@@ -7,6 +7,7 @@ decode steps
   lean_decode.py     the step of Llama-family models without transformers' per-token machinery
   decode_attention.py   that step's attention on the CPU: write the new keys/values, attend (both layouts)
   native_attention.py   its rows' own slots through a C kernel (native_attention.c), where one builds
+  native_prefix.py      the shared layout's prompt part and the merge through a C kernel (native_prefix.c)
   native_rotary.py      the step's q/k rotation and KV write as one C pass with torch's bits (native_rotary.c); its
                         norms through rlvr.models.native_norm (add, RMSNorm and bf16 cast as one C pass)
   compiled_decode.py    that step's layers under torch.compile (rollout.compile=on), products from packed weights

@@ -33,7 +33,12 @@ Where it builds (a C compiler, Linux, torch's libgomp: rlvr.models.native_build)
 slots through a C kernel (`native`, native_attention.py): one pass over slots 0..t of each row's keys and values, fp32
 or bf16 widened to fp32, the slots not yet written not read at all. The batched products read bf16 buffers slower than
 fp32 ones; the kernel reads them at close to the memory's rate, so bf16 buffers pay where the products' did not. The
-shared layout's prompt part (a group's many queries: products) stays as `flash` says.
+shared layout's prompt part (a group's many queries: products) stays as `flash` says, or, timed beside it where it
+builds with AVX2 or AVX-512, runs through a second C kernel with the merge (`native_prefix`, native_prefix.py: the
+prompt's keys kept transposed; SDPA's flash kernel ran that part at a quarter of the fp32 rate, and its regrouping and
+merge took five more ops). Both kernels round only keys and values in bf16 (their scores and sums fp32): with bf16
+buffers their log-probs lie as near a forward's as the fp32 products' (1.01-1.02x, bench/results/decode_kv_closeness_prefix.md),
+so that way too is chosen wherever it is faster (LOWER_NATIVE_AT_MOST).
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ from rlvr.models.norm_rotary import rotate
 from rlvr.rollout.engines.hf import native_rotary
 from rlvr.rollout.engines.hf.native_attention import available as native_available
 from rlvr.rollout.engines.hf.native_attention import native_attention
+from rlvr.rollout.engines.hf.native_prefix import available as prefix_available
+from rlvr.rollout.engines.hf.native_prefix import prefix_merged as native_prefix_merged
+from rlvr.rollout.engines.hf.native_prefix import transposed_keys
 
 FLASH_AT_MOST = 0.97  # the kernel runs when it takes at most this share of the explicit products' time
 # bf16 buffers (under bf16 autocast) when their attention takes at most this share of the fp32 buffers' time: they round
@@ -81,6 +89,8 @@ def decode_attention(
     *,
     flash: bool = False,  # through SDPA's flash kernel (both parts in the shared layout; module docstring)
     native: bool = False,  # the row's own slots through the C kernel (native_attention.py); the shared prompt as `flash` says
+    native_prefix: bool = False,  # with `native`: the shared prompt through native_prefix.py's kernel too, prefix_k its
+    # transposed_keys
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin_signed) [n, 1, D]: q and k rotated here (with
     # the write, in one C pass where it builds: native_rotary.py)
 ) -> torch.Tensor:
@@ -95,9 +105,11 @@ def decode_attention(
         qn = q.to(torch.float32).view(n, Hkv, -1, D)
         if prefix_k is None:
             return native_attention(qn, own_k, own_v, scale, bias, t + 1)[0].view(n, -1)
-        return _merged_with_prefix(
-            qn, *native_attention(qn, own_k, own_v, scale, None, t + 1), prefix_k, prefix_v, bias, rows, group_size, scale, flash
-        )
+        o_own, lse_own = native_attention(qn, own_k, own_v, scale, None, t + 1)
+        if native_prefix:  # the prompt part and the merge in one more C call
+            assert prefix_v is not None and rows is not None, "the shared layout passes prefix_v and rows with prefix_k"
+            return native_prefix_merged(qn, prefix_k, prefix_v, bias, rows, group_size, scale, o_own, lse_own).view(n, -1)
+        return _merged_with_prefix(qn, o_own, lse_own, prefix_k, prefix_v, bias, rows, group_size, scale, flash)
     keys, values = (own_k, own_v) if whole else (own_k.narrow(2, 0, t + 1), own_v.narrow(2, 0, t + 1))
     qr = q.to(torch.promote_types(q.dtype, own_k.dtype)).view(n, Hkv, -1, D)  # grouped-query: q heads j*rep..(j+1)*rep-1 read kv head j
     rep = qr.shape[2]
@@ -207,6 +219,7 @@ class AttentionWay(NamedTuple):
     flash: bool  # the shared layout through SDPA's flash kernel (in the buffers' own dtype)
     shared: bool  # the prompt's keys/values once per group (else repeated into every row's buffer)
     native: bool = False  # the rows' own slots through the C kernel (native_attention.py; fp32 sums from either dtype)
+    native_prefix: bool = False  # with native, shared: the prompt part through native_prefix.py's kernel, keys transposed
 
 
 def decode_attention_way(
@@ -235,26 +248,30 @@ def decode_attention_way(
     layout = {True: "shared", False: "repeated", None: "either"}[shared]
     shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=4)
     shape |= dict(repeated_flash=int(repeated_flash)) | (dict(native=1) if native else {})  # native: its ways timed too
+    prefix_kernel = native and shared is not False and prefix_available()
+    shape |= dict(prefix=1) if prefix_kernel else {}  # the shared prompt through native_prefix.py's kernel timed too
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         layouts = (False, True) if shared is None else (shared,)
         timing = lambda: _time_ways(
-            groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash, native
+            groups, group_size, q_heads, kv_heads, head_dim, P, T, dtype, layouts, lower, layers, repeated_flash, native, prefix_kernel
         )  # noqa: E731
         entry = measured_once("decode_attention", shape, timing)
         way_dtype = lower if entry.get("lower") and lower is not None else dtype
-        chosen = (bool(entry.get("flash")), bool(entry.get("shared", shared)), bool(entry.get("native")) and native)
+        native = bool(entry.get("native")) and native
+        both = bool(entry.get("native_prefix")) and native and prefix_kernel
+        chosen = (bool(entry.get("flash")), bool(entry.get("shared", shared)), native, both)
         _CHOICES[local] = AttentionWay(way_dtype, *chosen)
     return _CHOICES[local]
 
 
 def _time_ways(
     B: int, G: int, Hq: int, Hkv: int, D: int, P: int, T: int, dtype, layouts: tuple[bool, ...], lower, layers: int,
-    repeated_flash: bool, native: bool,
+    repeated_flash: bool, native: bool, prefix_kernel: bool = False,
 ) -> dict:  # fmt: skip
     """Seconds per call of decode_attention each way on random data of these shapes, from whole buffers of T // 2
     own slots (mid-decode) (machine_cache.fastest_times), and the choice: {"shared": .., "flash": .., "lower": ..,
-    "native": ..}.
+    "native": .., "native_prefix": ..}.
     Each call reads the next of several copies of the buffers (as many as `layers`, up to TIMED_BYTES in all), so that,
     as in the decode, where the layers' caches outgrow the CPU's caches they are read from memory."""
     n, own = B * G, max(T // 2, 1)
@@ -262,7 +279,13 @@ def _time_ways(
 
     made: dict[tuple, list] = {}  # (layout, dtype): decode_attention's arguments for each copy (flash shares them)
 
-    def way(shared: bool, buffer_dtype, flash: bool, native: bool):
+    def way(shared: bool, buffer_dtype, flash: bool, native: bool, native_prefix: bool):
+        if native_prefix and (shared, buffer_dtype, True) not in made:  # the same calls, each prompt's keys transposed
+            made[shared, buffer_dtype, True] = [(*c[:8], transposed_keys(c[8]), *c[9:]) for c in way_calls(shared, buffer_dtype)]
+        calls, turn = made[shared, buffer_dtype, native_prefix] if native_prefix else way_calls(shared, buffer_dtype), iter(range(2**62))
+        return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash, native=native, native_prefix=native_prefix)
+
+    def way_calls(shared: bool, buffer_dtype) -> list:
         if (shared, buffer_dtype) not in made:
             slots = own if shared else P + own  # repeated: the prompt's slots first
             per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
@@ -277,12 +300,11 @@ def _time_ways(
             made[shared, buffer_dtype] = [
                 (q, k, v, *buffers[i], slots - 1, bias, D**-0.5, *prefix[i], rows, G, own_bias, True) for i in range(copies)
             ]
-        calls, turn = made[shared, buffer_dtype], iter(range(2**62))
-        return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash, native=native)
+        return made[shared, buffer_dtype]
 
-    ways = _ways(dtype, layouts, lower, repeated_flash, native)
+    ways = _ways(dtype, layouts, lower, repeated_flash, native, prefix_kernel)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it
-        calls = [way(w.shared, w.dtype, w.flash, w.native) for w, _ in ways.values()]
+        calls = [way(w.shared, w.dtype, w.flash, w.native, w.native_prefix) for w, _ in ways.values()]
         entry = dict(zip(ways, fastest_times(calls)))
     # the fp32 way of the least time over its share (a flash way's FLASH_AT_MOST), then the bf16 one of the least time over
     # its share (LOWER_AT_MOST, the kernel's LOWER_NATIVE_AT_MOST) if it takes at most that share of the fp32 way's time
@@ -291,10 +313,13 @@ def _time_ways(
         lowered = min((n for n, (w, _) in ways.items() if w.dtype != dtype), key=lambda n: entry[n] / ways[n][1])
         fastest = lowered if entry[lowered] <= ways[lowered][1] * entry[fastest] else fastest
     best = ways[fastest][0]
-    return entry | {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype, "native": best.native}
+    choice = {"shared": best.shared, "flash": best.flash, "lower": best.dtype != dtype, "native": best.native}
+    return entry | choice | {"native_prefix": best.native_prefix}
 
 
-def _ways(dtype, layouts: tuple[bool, ...], lower, repeated_flash: bool, native: bool) -> dict[str, tuple[AttentionWay, float]]:
+def _ways(
+    dtype, layouts: tuple[bool, ...], lower, repeated_flash: bool, native: bool, prefix_kernel: bool = False
+) -> dict[str, tuple[AttentionWay, float]]:
     """The ways _time_ways times, by name: (the way, the share of its time it is chosen at)."""
     ways: dict[str, tuple[AttentionWay, float]] = {}
     for shared in layouts:
@@ -313,4 +338,8 @@ def _ways(dtype, layouts: tuple[bool, ...], lower, repeated_flash: bool, native:
                     AttentionWay(lower, False, shared, True),
                     LOWER_AT_MOST if shared else LOWER_NATIVE_AT_MOST,
                 )
+        if native and shared and prefix_kernel:  # both parts through C kernels, which round only keys and values in bf16
+            ways[f"{name}_native_prefix_s"] = (AttentionWay(dtype, False, shared, True, True), 1.0)
+            if lower is not None:
+                ways[f"{name}_lower_native_prefix_s"] = (AttentionWay(lower, False, shared, True, True), LOWER_NATIVE_AT_MOST)
     return ways

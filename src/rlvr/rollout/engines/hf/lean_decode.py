@@ -21,7 +21,8 @@ quantised projections, other MLPs and the embeddings are called as they are), wi
     which on the CPU grow kv_buffers.GROW slots at a time and are read whole, the slots not yet written masked
     (products over a slice of a buffer ran at half the rate: config B's generation 0.87x, C's 0.93x,
     bench/results/decode_whole_amd.md); where the C kernel reads the rows' own slots, and on other devices, they are
-    allocated once and read up to the slot written; under bf16
+    allocated once and read up to the slot written; the shared layout's prompt part through a C kernel too where timed
+    faster (native_prefix.py, its keys transposed once per decode); under bf16
     autocast the buffers are fp32, or bf16 where this machine timed that faster at the decode's shapes
     (decode_attention.decode_attention_way: config C's generation 0.83-0.84x, bench/results/decode_kv_dtype_amd.md).
 Rows keep one shape for the whole decode except at the few points where the engine compacts
@@ -58,6 +59,7 @@ from rlvr.rollout.engines.hf.compiled_decode import (
 )
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
+from rlvr.rollout.engines.hf.native_prefix import transposed_keys
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
@@ -140,10 +142,11 @@ class DecodeState:
     rows: torch.Tensor  # [n] which of the B x G rows are still decoding (B: the groups with a row left, shared layout)
     group_size: int
     written: int  # slots of own_* in use (rows decode in lockstep)
-    prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D]
+    prefix_keys: list[torch.Tensor] | None = None  # shared layout: per layer [B, Hkv, P, D] (native_prefix: transposed_keys)
     prefix_values: list[torch.Tensor] | None = None  # set together with prefix_keys
     flash: bool = False  # on the CPU: attention through SDPA's flash kernel (decode_attention.py)
     native: bool = False  # on the CPU: the rows' own slots through the C kernel (native_attention.py)
+    native_prefix: bool = False  # with native, shared: the prompt part too (native_prefix.py), prefix_keys transposed
     # Whole buffers (the eager step on the CPU): own_* hold the slots grown so far, kv_buffers.GROW at a time up to `slots` (all
     # at once where `native`), and attention reads them whole, the slots not yet written masked (-inf in `bias`, repeated layout, or in
     # own_bias, shared layout). 0: buffers of every slot, read up to the slot written (other devices, the compiled step).
@@ -238,11 +241,11 @@ class LeanDecoder:
         # there every slot at once (each growth copied the buffers: 3 % of a 256-token decode)
         size = min(kv_buffers.GROW, capacity) if whole and not way.native else capacity
         if shared:
-            own_k = [k.new_zeros(N, Hkv, size, D) for k in keys]
-            own_v = [v.new_zeros(N, Hkv, size, D) for v in values]
+            own_k, own_v = ([x.new_zeros(N, Hkv, size, D) for x in xs] for xs in (keys, values))
             own_bias = torch.full((1, 1, 1, size), float("-inf"), dtype=bias.dtype, device=device) if whole else None
             slots = capacity if whole else 0
-            return DecodeState(own_k, own_v, bias, rows, G, 0, keys, values, way.flash, way.native, slots=slots, own_bias=own_bias)
+            pk = [transposed_keys(k) for k in keys] if way.native_prefix else keys  # as that kernel reads them, once
+            return DecodeState(own_k, own_v, bias, rows, G, 0, pk, values, way.flash, way.native, way.native_prefix, slots, own_bias)
 
         bias = F.pad(bias, (0, size), value=float("-inf") if whole else 0.0)  # own slots: -inf until written, or read sliced
         own_k = [kv_buffers.prompt_per_row(k, G, size) for k in keys]  # [N, Hkv, P + size, D], the prompt first
@@ -262,7 +265,8 @@ class LeanDecoder:
             if q.device.type == "cpu":  # the rotation, the write and the attention as one call (decode_attention.py)
                 with torch.autocast("cpu", enabled=False):
                     args = state.attention_args(i, scale)
-                    return decode_attention(q, k, v, *args, flash=state.flash, native=state.native, rotary=rotary)
+                    flash, native, native_prefix = state.flash, state.native, state.native_prefix
+                    return decode_attention(q, k, v, *args, flash=flash, native=native, native_prefix=native_prefix, rotary=rotary)
             q, k = rotate(q, *rotary), rotate(k, *rotary)
             own_k[:, :, t] = k
             own_v[:, :, t] = v
