@@ -35,8 +35,10 @@ INLINE vec fmadd(vec a, vec b, vec c) { return a * b + c; }
 
 #if LANES == 16
 #define QB 8 /* queries per block of scores: 2 x QB accumulators, two key vectors and a broadcast in registers */
+#define ACCUMULATORS 24 /* the values' sums held in registers (of 32), beside a value vector and the weights */
 #else
 #define QB 4
+#define ACCUMULATORS 8 /* of 16 */
 #endif
 #define QCHUNK 32  /* queries per work item (a group's M split so that few groups still fill the threads) */
 #define KPAD 32    /* the transposed keys' slots padded to a multiple of this (two vectors of 16 or four of 8) */
@@ -111,26 +113,28 @@ INLINE void softmax_row(const args_t *a, const float *bias_row, float *sr, float
     *lse = m + logf(*sum);
 }
 
-/* the values' product for NQ (1, 2 or 4) queries of the item at once (their weight rows e0..e3 over the slots; rows
-   past the item's last are copies of it) times the value rows, each row's CC vectors loaded once for the NQ queries,
-   then each query's output normalised and merged with its own part (q0..q3 its place; -1: not written). The sums
-   in four arrays of CC, not one two-dimensional array: GCC kept that on the stack (each multiply-add a load and a
-   store), these in registers once the loops over constant bounds unroll. */
+/* the values' product for NQ (1, 2, 4 or 8) queries of the item at once (their weight rows e[0..NQ-1] over the slots;
+   rows past the item's last are copies of it) times the value rows, each row's CC vectors loaded (and widened) once
+   for the NQ queries, then each query's output normalised and merged with its own part (q[j] its place; -1: not
+   written). The sums in eight arrays of CC, not one two-dimensional array: GCC kept that on the stack (each
+   multiply-add a load and a store), these in registers once the loops over constant bounds unroll. */
 INLINE void value_rows(const args_t *a, const void *vb, const float *const *e, const float *lse_p, const float *sum_p,
                        const int64_t *q, const float *bias_row, const int bf16, const int CC, const int NQ) {
     const int64_t D = a->D, P = a->P, vs2 = a->vs2;
-    vec o0[8], o1[8], o2[8], o3[8];
-    for (int c = 0; c < CC; ++c) o0[c] = o1[c] = o2[c] = o3[c] = splat(0.f);
+    vec o0[8], o1[8], o2[8], o3[8], o4[8], o5[8], o6[8], o7[8];
+    for (int c = 0; c < CC; ++c) o0[c] = o1[c] = o2[c] = o3[c] = o4[c] = o5[c] = o6[c] = o7[c] = splat(0.f);
     for (int64_t s = 0; s < P; ++s) {
         if (masked(bias_row, s)) continue; /* left padding: not read (its values may be NaN) */
         const char *vr = (const char *)vb + s * vs2 * (bf16 ? 2 : 4);
-        vec w0 = splat(e[0][s]), w1 = splat(e[NQ > 1 ? 1 : 0][s]), w2 = splat(e[NQ > 2 ? 2 : 0][s]), w3 = splat(e[NQ > 3 ? 3 : 0][s]);
+        vec w[8];
+        for (int j = 0; j < NQ; ++j) w[j] = splat(e[j][s]);
         for (int c = 0; c < CC; ++c) {
             vec v = load(vr, c * LANES, lanes_at(D, c * LANES), bf16, 0, 1.f, 0.f);
-            o0[c] = fmadd(w0, v, o0[c]);
-            if (NQ > 1) o1[c] = fmadd(w1, v, o1[c]);
-            if (NQ > 2) o2[c] = fmadd(w2, v, o2[c]);
-            if (NQ > 3) o3[c] = fmadd(w3, v, o3[c]);
+            o0[c] = fmadd(w[0], v, o0[c]);
+#define SUM_INTO(J) \
+    if (NQ > J) o##J[c] = fmadd(w[J], v, o##J[c]);
+            SUM_INTO(1) SUM_INTO(2) SUM_INTO(3) SUM_INTO(4) SUM_INTO(5) SUM_INTO(6) SUM_INTO(7)
+#undef SUM_INTO
         }
     }
     for (int j = 0; j < NQ; ++j) {
@@ -138,26 +142,28 @@ INLINE void value_rows(const args_t *a, const void *vb, const float *const *e, c
         vec wv = splat(1.f / (1.f + expf(a->lse_own[q[j]] - lse_p[j]))), inv = splat(1.f / sum_p[j]);
         for (int c = 0; c < CC; ++c) {
             int64_t at = q[j] * D + c * LANES, nd = lanes_at(D, c * LANES);
-            vec o = j == 0 ? o0[c] : j == 1 ? o1[c] : j == 2 ? o2[c] : o3[c];
+            vec o = j == 0 ? o0[c] : j == 1 ? o1[c] : j == 2 ? o2[c] : j == 3 ? o3[c] : j == 4 ? o4[c] : j == 5 ? o5[c] : j == 6 ? o6[c] : o7[c];
             vec own = load(a->o_own, at, nd, 0, 0, 1.f, 0.f);
             store(a->out, at, nd, fmadd(wv, sub(mul(o, inv), own), own), 0);
         }
     }
 }
 
-/* the item's queries through value_rows, NQ at a time: as many as keep 4 x NQ x CC <= 16 x (registers / 32) sums */
+/* the item's queries through value_rows, NQ at a time: as many as keep NQ x CC sums within ACCUMULATORS registers */
 INLINE void value_blocks(const args_t *a, const void *vb, const float *sc, const float *lse_p, const float *sum_p, const int64_t *qidx,
                          int64_t count, const float *bias_row, const int bf16, const int CC) {
-    const int NQ = CC * 4 <= (LANES == 16 ? 16 : 8) ? 4 : CC * 2 <= (LANES == 16 ? 16 : 8) ? 2 : 1;
+    const int NQ = CC * 8 <= ACCUMULATORS ? 8 : CC * 4 <= ACCUMULATORS ? 4 : CC * 2 <= ACCUMULATORS ? 2 : 1;
     for (int64_t m0 = 0; m0 < count; m0 += NQ) {
-        const float *e[4];
-        int64_t q[4];
-        float l[4], t[4];
-        for (int j = 0; j < 4; ++j) {
+        const float *e[8];
+        int64_t q[8];
+        float l[8], t[8];
+        for (int j = 0; j < 8; ++j) {
             int64_t m = m0 + j < count ? m0 + j : count - 1;
             e[j] = sc + m * a->Pp, l[j] = lse_p[m], t[j] = sum_p[m], q[j] = m0 + j < count ? qidx[m] : -1;
         }
-        if (NQ == 4)
+        if (NQ == 8)
+            value_rows(a, vb, e, l, t, q, bias_row, bf16, CC, 8);
+        else if (NQ == 4)
             value_rows(a, vb, e, l, t, q, bias_row, bf16, CC, 4);
         else if (NQ == 2)
             value_rows(a, vb, e, l, t, q, bias_row, bf16, CC, 2);
