@@ -127,8 +127,8 @@ def test_the_timing_runs_every_way_on_this_machine(tmp_path, monkeypatch, shared
     ((key, entry),) = json.loads((tmp_path / "decode_attention.json").read_text()).items()
     assert json.loads(key).get("native") == (1 if native else None)  # answers timed without the kernel are not read for it
     layouts = {True: ["shared"], False: ["repeated"], None: ["repeated", "shared"]}[shared]
-    prefix = native and "shared" in layouts  # the shared prompt through native_prefix's kernel: timed too
-    assert native_prefix.available(), native_build.why_not(native_prefix.SOURCE)
+    # the shared prompt through native_prefix's kernel: timed too where it builds with AVX2 or AVX-512
+    prefix = native and "shared" in layouts and native_prefix.available()
     assert json.loads(key).get("prefix") == (1 if prefix else None)
     names = [f"{layout}{way}_s" for layout in layouts for way in ("", "_lower", "_flash")]
     if native:
