@@ -277,16 +277,16 @@ def _time_ways(
     n, own = B * G, max(T // 2, 1)
     q, k, v = torch.randn(n, Hq, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype), torch.randn(n, Hkv, D, dtype=dtype)
 
-    made: dict[tuple, list] = {}  # (layout, dtype): decode_attention's arguments for each copy (flash shares them)
+    made: dict[tuple, list] = {}  # (layout, dtype, keys transposed): decode_attention's arguments for each copy
 
     def way(shared: bool, buffer_dtype, flash: bool, native: bool, native_prefix: bool):
-        if native_prefix and (shared, buffer_dtype, True) not in made:  # the same calls, each prompt's keys transposed
-            made[shared, buffer_dtype, True] = [(*c[:8], transposed_keys(c[8]), *c[9:]) for c in way_calls(shared, buffer_dtype)]
-        calls, turn = made[shared, buffer_dtype, native_prefix] if native_prefix else way_calls(shared, buffer_dtype), iter(range(2**62))
+        calls, turn = way_calls(shared, buffer_dtype, native_prefix), iter(range(2**62))
         return lambda: decode_attention(*calls[next(turn) % len(calls)], flash=flash, native=native, native_prefix=native_prefix)
 
-    def way_calls(shared: bool, buffer_dtype) -> list:
-        if (shared, buffer_dtype) not in made:
+    def way_calls(shared: bool, buffer_dtype, transposed: bool = False) -> list:
+        if transposed and (shared, buffer_dtype, True) not in made:  # the same calls, each prompt's keys as native_prefix reads them
+            made[shared, buffer_dtype, True] = [(*c[:8], transposed_keys(c[8]), *c[9:]) for c in way_calls(shared, buffer_dtype)]
+        if (shared, buffer_dtype, transposed) not in made:
             slots = own if shared else P + own  # repeated: the prompt's slots first
             per_layer = 2 * (n * slots + (B * P if shared else 0)) * Hkv * D * dtype.itemsize
             copies = max(1, min(layers, TIMED_BYTES // per_layer))
@@ -297,10 +297,10 @@ def _time_ways(
                 prefix = list(torch.randn(copies, 2, B, Hkv, P, D, dtype=dtype).to(buffer_dtype))
                 bias, own_bias = torch.zeros(B, 1, 1, P, dtype=dtype), torch.zeros(1, 1, 1, slots, dtype=dtype)
             rows = torch.arange(n)
-            made[shared, buffer_dtype] = [
+            made[shared, buffer_dtype, False] = [
                 (q, k, v, *buffers[i], slots - 1, bias, D**-0.5, *prefix[i], rows, G, own_bias, True) for i in range(copies)
             ]
-        return made[shared, buffer_dtype]
+        return made[shared, buffer_dtype, transposed]
 
     ways = _ways(dtype, layouts, lower, repeated_flash, native, prefix_kernel)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # as the step calls it

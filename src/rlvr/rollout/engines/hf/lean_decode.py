@@ -59,9 +59,9 @@ from rlvr.rollout.engines.hf.compiled_decode import (
 )
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
-from rlvr.rollout.engines.hf.native_prefix import transposed_keys
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
+from rlvr.rollout.engines.hf.native_prefix import transposed_keys
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own, supports_shared_prefix
 
 ARCHITECTURES = {"llama", "mistral", "qwen2", "qwen3"}

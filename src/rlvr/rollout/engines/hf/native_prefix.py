@@ -79,7 +79,7 @@ def prefix_merged(
     B, P = v.shape[0], v.shape[2]
     assert q.dtype == o_own.dtype == lse_own.dtype == bias.dtype == torch.float32 and kt.dtype == v.dtype and kt.dtype in kernels
     Pp = kt.shape[2] * KPAD
-    assert kt.shape[:2] == (B, H) and kt.shape[3:] == (D, KPAD) and Pp >= P and kt[0, 0].is_contiguous()
+    assert kt.shape[:2] == (B, H) and kt.shape[3:] == (D, KPAD) and Pp >= P and kt.stride()[2:] == (D * KPAD, KPAD, 1)
     assert D <= MAX_D, f"native prefix: head dim D = {D} over the kernel's {MAX_D}"
     assert v.shape[:2] == (B, H) and v.shape[3] == D and v.stride(3) == 1
     assert bias.shape == (B, 1, 1, P) and bias.stride(3) == 1 and rows.dtype == torch.int64 and rows.shape == (n,)
