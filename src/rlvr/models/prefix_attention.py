@@ -23,7 +23,11 @@ and values by the module's layer_idx, and `repeated` rebuilds the plain [N, Hkv,
 calls where the explicit products do not pay (no gradient, too many scores, autocast other than bf16): those then run as
 before. Under bf16 autocast the products run in bf16 as explicit_attention runs them there (rlvr.models.attention).
 The decode's counterpart (rlvr.rollout.engines.hf.shared_prefix) merges two softmaxes by their log-sum-exp for one new
-token per row; here one softmax over the concatenated scores keeps the backward to aten's softmax backward.
+token per row; here one softmax runs over the concatenated scores. Where the C kernel builds (native_softmax_pair, fp32
+or bf16) the two parts stay two dense buffers and the kernel's softmax (and backward) reads both, adding the own keys'
+mask and skipping a group's left padding on its way; elsewhere one buffer of P + C scores per row and aten's softmax.
+On config F's micro-batch (bf16, ~260-token prompts) the dense buffers took the attention's forward + backward from
+21.5 to 13.6 ms a layer: bf16 products over slices rows P + C apart ran 2-2.5x slower (softmax_pair_amx.md).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import contextvars
 from typing import Iterator, NamedTuple
 
 import torch
+
+from rlvr.models import native_softmax_pair
 
 
 class SharedPrefix(NamedTuple):
@@ -100,58 +106,94 @@ def repeated(key, value, attention_mask, prefix_keys, prefix_values, prefix_mask
     return key, value, torch.cat([prompt, own], dim=-1)
 
 
+class _Scores(NamedTuple):
+    """A layer's scores (or their gradient) as the products read and write them."""
+
+    prompt: torch.Tensor  # [U x Hkv, G x R, P] over the group's prompt keys
+    own: torch.Tensor  # [U x Hkv x G, R, C] over each row's own keys
+    whole: torch.Tensor | None  # [U, Hkv, G, R, P + C] the one buffer both are slices of; None: two dense buffers
+
+
+def _scores(like: torch.Tensor, U: int, Hkv: int, G: int, R: int, P: int, C: int, dense: bool) -> _Scores:
+    """Two dense buffers (where native_softmax_pair takes them: bf16 products over slices rows P + C apart ran 2-2.5x
+    slower), else one buffer for aten's softmax."""
+    if dense:
+        return _Scores(like.new_empty(U * Hkv, G * R, P), like.new_empty(U * Hkv * G, R, C), None)
+    s = like.new_empty(U, Hkv, G, R, P + C)
+    return _Scores(s.view(U * Hkv, G * R, P + C)[..., :P], s.view(-1, R, P + C)[..., P:], s)
+
+
+def _biased_softmax_(s: _Scores, prefix_bias, prefix_starts, own_bias, U: int, Hkv: int, G: int, R: int, P: int, C: int) -> None:
+    """s = softmax(s + [prefix_bias | own_bias]) in place; prefix_bias [U, 1, 1, 1, P] or None, prefix_starts [U] (the
+    same mask as left padding: the first key each group attends) or None, own_bias [U or 1, 1, G or 1, 1, C, C]."""
+    if prefix_bias is not None and (s.whole is not None or prefix_starts is None):
+        s.prompt.view(U, Hkv, G, R, P).add_(prefix_bias)
+    if s.whole is None:  # the kernel masks the padding and adds the own bias on its way
+        own = own_bias.view(own_bias.shape[0], own_bias.shape[2], C, C)  # [U or 1, G or 1, C, C]
+        native_softmax_pair.softmax_(s.prompt, s.own, prefix_starts if prefix_bias is not None else None, own, U, Hkv, G)
+        return
+    s.own.view(U, Hkv, G, R // C, C, C).add_(own_bias)
+    torch.ops.aten._softmax.out(s.whole, -1, False, out=s.whole)
+
+
+def _softmax_backward_(d: _Scores, p: _Scores) -> None:
+    """d = p x (d - sum(d x p)), in place."""
+    if d.whole is None:
+        native_softmax_pair.softmax_backward_(d.prompt, d.own, p.prompt, p.own)
+    else:
+        assert p.whole is not None
+        torch.ops.aten._softmax_backward_data.out(d.whole, p.whole, -1, p.whole.dtype, grad_input=d.whole)
+
+
 def _t_product(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """s^T x [b, n, d] for s [b, m, n] (a slice of a score buffer) and x [b, m, d], computed as (x^T s)^T: a view."""
+    """s^T x [b, n, d] for s [b, m, n] (a score buffer or a slice of one) and x [b, m, d], computed as (x^T s)^T: a view."""
     return torch.bmm(x.transpose(1, 2), s).transpose(1, 2)
 
 
 class _GroupedSoftmaxProducts(torch.autograd.Function):
     """softmax([q k_prompt^T + bias_prompt | q k_own^T + bias_own]) [v_prompt; v_own] with the backward written out:
-    the scores of both parts live in one buffer that the products write into (no concatenation, no zero-filled
-    gradient per part, as autograd's cat and slices would cost), and aten's softmax and its backward run in place
-    (each row is read before it is written), so a layer holds two score-sized buffers, not four."""
+    the products write the scores of both parts into their buffers (no concatenation, no zero-filled gradient per
+    part, as autograd's cat and slices would cost), and the softmax and its backward run in place (each row is read
+    before it is written), so a layer holds two score-sized buffers, not four."""
 
     @staticmethod
-    def forward(ctx, q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias):
+    def forward(ctx, q, prefix_k, prefix_v, own_k, own_v, prefix_bias, prefix_starts, own_bias):
         # q [U, Hkv, G, R, D] (scaled; R = rep x C query rows per kv head and row), prefix_k/v [U, Hkv, P, D],
-        # own_k/v [U, Hkv, G, C, D], prefix_bias [U, 1, 1, 1, P] or None, own_bias broadcast to [U, Hkv, G, rep, C, C]
+        # own_k/v [U, Hkv, G, C, D], prefix_bias [U, 1, 1, 1, P] or None, prefix_starts [U] (prefix_bias as left padding)
+        # or None, own_bias broadcast to [U, Hkv, G, rep, C, C]
         U, Hkv, G, R, D = q.shape
         P, C = prefix_k.shape[2], own_k.shape[3]
-        s = q.new_empty(U, Hkv, G, R, P + C)  # [U, Hkv, G, R, P + C]
-        torch.bmm(q.view(U * Hkv, G * R, D), prefix_k.view(U * Hkv, P, D).transpose(1, 2), out=s.view(U * Hkv, G * R, P + C)[..., :P])
-        torch.bmm(q.view(-1, R, D), own_k.view(-1, C, D).transpose(1, 2), out=s.view(-1, R, P + C)[..., P:])
-        if prefix_bias is not None:
-            s[..., :P] += prefix_bias
-        s[..., P:].view(U, Hkv, G, R // C, C, C).add_(own_bias)
-        p = torch.ops.aten._softmax.out(s, -1, False, out=s)  # in place: the scores are not needed again
-        out = torch.bmm(p.view(U * Hkv, G * R, P + C)[..., :P], prefix_v.view(U * Hkv, P, D))  # [U x Hkv, G x R, D]
-        out.view(-1, R, D).baddbmm_(p.view(-1, R, P + C)[..., P:], own_v.view(-1, C, D))
-        ctx.save_for_backward(q, prefix_k, prefix_v, own_k, own_v, p)
+        s = _scores(q, U, Hkv, G, R, P, C, dense=native_softmax_pair.applies(q.dtype, q.device))
+        torch.bmm(q.view(U * Hkv, G * R, D), prefix_k.view(U * Hkv, P, D).transpose(1, 2), out=s.prompt)
+        torch.bmm(q.view(-1, R, D), own_k.view(-1, C, D).transpose(1, 2), out=s.own)
+        _biased_softmax_(s, prefix_bias, prefix_starts, own_bias, U, Hkv, G, R, P, C)  # in place: the scores are not needed again
+        out = torch.bmm(s.prompt, prefix_v.view(U * Hkv, P, D))  # [U x Hkv, G x R, D]
+        out.view(-1, R, D).baddbmm_(s.own, own_v.view(-1, C, D))
+        ctx.save_for_backward(q, prefix_k, prefix_v, own_k, own_v, *s)
         return out.view(U, Hkv, G, R, D)
 
     @staticmethod
     def backward(ctx, d_out):
-        q, prefix_k, prefix_v, own_k, own_v, p = ctx.saved_tensors
+        q, prefix_k, prefix_v, own_k, own_v, *weights = ctx.saved_tensors
+        p = _Scores(*weights)
         U, Hkv, G, R, D = q.shape
         P, C = prefix_k.shape[2], own_k.shape[3]
         d_out = d_out.contiguous()
         d_out_p, d_out_r = d_out.view(U * Hkv, G * R, D), d_out.view(-1, R, D)  # per kv head / per row
-        p_p, p_r = p.view(U * Hkv, G * R, P + C)[..., :P], p.view(-1, R, P + C)[..., P:]
-        d_p = torch.empty_like(p)
-        torch.bmm(d_out_p, prefix_v.view(U * Hkv, P, D).transpose(1, 2), out=d_p.view(U * Hkv, G * R, P + C)[..., :P])
-        torch.bmm(d_out_r, own_v.view(-1, C, D).transpose(1, 2), out=d_p.view(-1, R, P + C)[..., P:])
-        d_s = torch.ops.aten._softmax_backward_data.out(d_p, p, -1, p.dtype, grad_input=d_p)  # p x (d_p - sum(d_p x p)), in place
-        d_s_p, d_s_r = d_s.view(U * Hkv, G * R, P + C)[..., :P], d_s.view(-1, R, P + C)[..., P:]
-        d_q = torch.bmm(d_s_p, prefix_k.view(U * Hkv, P, D))
-        d_q.view(-1, R, D).baddbmm_(d_s_r, own_k.view(-1, C, D))
+        d_s = _scores(p.prompt, U, Hkv, G, R, P, C, dense=p.whole is None)
+        torch.bmm(d_out_p, prefix_v.view(U * Hkv, P, D).transpose(1, 2), out=d_s.prompt)
+        torch.bmm(d_out_r, own_v.view(-1, C, D).transpose(1, 2), out=d_s.own)
+        _softmax_backward_(d_s, p)  # p x (d_p - sum(d_p x p)), in place
+        d_q = torch.bmm(d_s.prompt, prefix_k.view(U * Hkv, P, D))
+        d_q.view(-1, R, D).baddbmm_(d_s.own, own_k.view(-1, C, D))
         q_p, q_r = q.view(U * Hkv, G * R, D), q.view(-1, R, D)
-        # the keys' and values' gradients as (x^T s)^T, not s^T x: the score slices (rows P + C apart) transposed on the
+        # the keys' and values' gradients as (x^T s)^T, not s^T x: score slices (rows P + C apart) transposed on the
         # left made bmm copy them whole first (in bf16 2-3x the product's time); transposed on the right they are read in place
-        d_prefix_k = _t_product(q_p, d_s_p).view(prefix_k.shape)  # summed over the group's rows
-        d_prefix_v = _t_product(d_out_p, p_p).view(prefix_v.shape)
-        d_own_k = _t_product(q_r, d_s_r).view(own_k.shape)
-        d_own_v = _t_product(d_out_r, p_r).view(own_v.shape)
-        return d_q.view(q.shape), d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None
+        d_prefix_k = _t_product(q_p, d_s.prompt).view(prefix_k.shape)  # summed over the group's rows
+        d_prefix_v = _t_product(d_out_p, p.prompt).view(prefix_v.shape)
+        d_own_k = _t_product(q_r, d_s.own).view(own_k.shape)
+        d_own_v = _t_product(d_out_r, p.own).view(own_v.shape)
+        return d_q.view(q.shape), d_prefix_k, d_prefix_v, d_own_k, d_own_v, None, None, None
 
 
 class _Regrouped(torch.autograd.Function):
@@ -223,7 +265,10 @@ def grouped_prefix_attention(
     B = own_bias.shape[0]  # N or 1
     own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
     prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
+    pads = (~prefix_mask.bool()).sum(1)  # [U]
+    left_padding = bool((prefix_mask.bool() == (torch.arange(P, device=pads.device) >= pads[:, None])).all())
     prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
-    out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, own_bias)  # [U, Hkv, G, rep x C, D]
+    starts = pads if left_padding else None  # the prompt mask as left padding: the kernel skips the padded keys
+    out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, starts, own_bias)  # [U, Hkv, G, rep x C, D]
     out = out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D)  # [N, C, H, D]
     return out if dtype != wide else out.to(query.dtype)  # under autocast in its dtype, as explicit_attention's
