@@ -6,7 +6,7 @@ rounding (its own exp): the table gives the largest gradient gap between the way
 entry). Configs whose training forward does not share the prompt (or whose attention is not the grouped products)
 time the same code twice.
 
-    cd bench && python softmax_pair_ab.py F C K B --reps 6 --out results/softmax_pair_amx.md && cd ..
+    cd bench && python softmax_pair_ab.py F C B J E G --reps 6 --out results/softmax_pair_amx.md && cd ..
 """
 
 from __future__ import annotations
