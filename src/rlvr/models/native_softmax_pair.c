@@ -110,9 +110,9 @@ int rlvr_softmax_pair(void *a, void *b, const void *pa, const void *pb, int64_t 
                 softmax_grad(ra, qa, P, bf16, s);
                 softmax_grad(rb, qb, C, bf16, s);
             } else if (buffer) {
-                int64_t u = r / per_u, g = (r / R) % G, c = r % C;
-                int64_t start = starts ? starts[u] : 0, n = P - start;
-                const char *bb = bias_b ? (const char *)bias_b + (u * bu + g * bg + c * bc) * e : NULL;
+                int64_t u = r / per_u, start = starts ? starts[u] : 0, n = P - start;
+                const char *bb = NULL;
+                if (bias_b) bb = (const char *)bias_b + (u * bu + ((r / R) % G) * bg + (r % C) * bc) * e; /* g, c */
                 memset(ra, 0, (size_t)start * e); /* +0.0 in both dtypes */
                 ra += start * e;
                 float m = biased_max(ra, NULL, n, bf16), mb = biased_max(rb, bb, C, bf16);

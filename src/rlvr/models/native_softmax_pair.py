@@ -49,18 +49,18 @@ def applies(dtype: torch.dtype, device: torch.device) -> bool:
 
 def _run(a, b, pa=None, pb=None, starts=None, bias_b=None, groups: int = 1, group_size: int = 1, heads: int = 1) -> None:
     P, C = a.shape[-1], b.shape[-1]
-    rows = a.numel() // P if P else 0
+    rows = a.numel() // P if P else (b.numel() // C if C else 0)
     for t in (a, b, pa, pb):
         assert t is None or (t.is_contiguous() and t.dtype == a.dtype), "softmax pair: dense buffers of one dtype"
     assert b.numel() == rows * C and (pa is None or (pa.shape == a.shape and pb is not None and pb.shape == b.shape))
-    assert rows % (groups * heads * group_size * C) == 0, "softmax pair: rows are [U, Hkv, G, rep x C]"
-    R = rows // (groups * heads * group_size) if rows else C
+    assert rows % (groups * heads * group_size * max(C, 1)) == 0, "softmax pair: rows are [U, Hkv, G, rep x C]"
+    R = max(rows // (groups * heads * group_size), 1)  # query rows per (group, kv head, row of the group)
     bu = bg = bc = 0
     if starts is not None:
         assert starts.shape == (groups,) and starts.dtype == torch.int64 and starts.is_contiguous(), "prompt starts: [U] int64"
         assert bool(((starts >= 0) & (starts <= P)).all()), "prompt starts: within the prompt"
     if bias_b is not None:  # [U or 1, G or 1, C, C]: a dim of one broadcast (stride 0)
-        assert bias_b.dim() == 4 and bias_b.shape[-2:] == (C, C) and bias_b.stride(-1) == 1 and bias_b.dtype == a.dtype
+        assert C > 0 and bias_b.dim() == 4 and bias_b.shape[-2:] == (C, C) and bias_b.stride(-1) == 1 and bias_b.dtype == a.dtype
         assert bias_b.shape[0] in (1, groups) and bias_b.shape[1] in (1, group_size), "own bias: [U or 1, G or 1, C, C]"
         bu, bg = (bias_b.stride(i) if bias_b.shape[i] > 1 else 0 for i in (0, 1))
         bc = bias_b.stride(2)
