@@ -1,7 +1,8 @@
 """One input cast once for the products that read it (rlvr.models.shared_cast): under bf16 autocast Linears over the
-shared copies give autocast's outputs and every gradient bit for bit, it applies only to plain Linears under a
-narrower autocast with a gradient flowing, and Llama, Qwen2 and Qwen3 training forwards take it for every layer's
-q/k/v and gate/up with the same log-probs and gradients as transformers' own layers."""
+shared copies give autocast's outputs and every gradient bit for bit, it applies only to plain (or LoRA) Linears under
+a narrower autocast in a forward with gradients, Llama, Qwen2 and Qwen3 training forwards take it for every layer's
+q/k/v and gate/up with the same log-probs and gradients as transformers' own layers, and with LoRA adapters on every
+projection their base and A products share it with peft's bits."""
 
 import pytest
 import torch
@@ -40,7 +41,9 @@ def test_applies_only_where_one_cast_serves():
     assert not shared_cast.applies(x, [linear])  # no autocast
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert shared_cast.applies(x, [linear, linear])
-        assert not shared_cast.applies(x.detach(), [linear])  # no gradient to sum
+        assert shared_cast.applies(x.detach(), [linear])  # no gradient to sum, one cast all the same
+        copies = shared_cast.shared(x.detach(), 2, torch.bfloat16)
+        assert not any(c.requires_grad for c in copies) and copies[0].data_ptr() == copies[1].data_ptr()
         assert not shared_cast.applies(x.bfloat16(), [linear])  # nothing to cast
         assert not shared_cast.applies(x, [linear, torch.nn.Sequential(linear)])  # not a plain Linear (a LoRA layer)
         with torch.no_grad():
@@ -71,3 +74,35 @@ def test_a_models_layers_take_it_with_transformers_bits(kind, monkeypatch):
     for name, grad in g_hf.items():
         assert torch.equal(g_ours[name], grad), name
     assert all("forward" not in m.__dict__ for m in model.modules())  # the block put the Linears' forward back
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_lora_layers_read_one_cast_with_pefts_bits(tiny_model_dir, dropout, monkeypatch):
+    """With LoRA on every projection the base and A products of q/k/v (six readers) and of gate/up (four) read one cast
+    of their input, o's and down's two each; the log-probs and every adapter's gradient bit for bit as each product
+    casting its own. A live adapter dropout acts on the fp32 input: then nothing is shared."""
+    pytest.importorskip("peft")
+    from _lora import tiny_lora
+
+    model = tiny_lora(tiny_model_dir, lora_dropout=dropout)
+    model.train()
+    layers = model.base_model.model.config.num_hidden_layers
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
+    calls = []
+    real = shared_cast.shared
+    monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
+    runs = []
+    for ours in (True, False):
+        model.zero_grad(set_to_none=True)
+        monkeypatch.setattr(shared_cast, "ON", ours)
+        torch.manual_seed(0)  # the same dropout masks both ways
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
+        (out.logp * completion_mask).sum().backward()
+        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+        assert calls == ([6, 4] * layers if ours and dropout == 0 else [])
+        calls.clear()
+    (lp_ours, g_ours), (lp_peft, g_peft) = runs
+    assert torch.equal(lp_ours, lp_peft)
+    for name, grad in g_peft.items():
+        assert torch.equal(g_ours[name], grad), name

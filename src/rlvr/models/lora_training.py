@@ -37,30 +37,51 @@ from rlvr.models.lora_merge import plain_adapter, plain_tensors
 RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py's "before")
 
 
+def _adapted(module: Any, adapter: str, x: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
+    """base(x) + B((A dropout(x_lora)) s): x_lora is x, or (shared_cast) another view of the one cast of x that x is."""
+    A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+    result = module.base_layer(x)  # [.., out]
+    h = F.linear(module.lora_dropout[adapter](x_lora), A) * module.scaling[adapter]  # [.., r]
+    wide = result.dtype in (torch.float32, torch.float64) and h.dtype == result.dtype == B.dtype
+    if not wide or torch.is_autocast_enabled(x.device.type):
+        return result + F.linear(h, B)
+    out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), B.t())  # [tokens, out]
+    return out.view(result.shape)
+
+
+def _takes(module: Any, adapter: str, x: torch.Tensor) -> bool:
+    """Whether the adapted forward takes x here (else peft's): adapters on and not merged, plain tensors, not compiling."""
+    A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+    return not (module.disable_adapters or module.merged or torch.compiler.is_compiling() or not plain_tensors(x, A, B))
+
+
 def _forward(module: Any, adapter: str):
     peft_forward = type(module).forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
-        if (
-            args
-            or kwargs
-            or module.disable_adapters
-            or module.merged
-            or torch.compiler.is_compiling()
-            or not plain_tensors(x, A, B)
-            or x.dtype != A.dtype
-        ):
+        if args or kwargs or x.dtype != module.lora_A[adapter].weight.dtype or not _takes(module, adapter, x):
             return peft_forward(module, x, *args, **kwargs)
-        result = module.base_layer(x)  # [.., out]
-        h = F.linear(module.lora_dropout[adapter](x), A) * module.scaling[adapter]  # [.., r]
-        wide = result.dtype in (torch.float32, torch.float64) and h.dtype == result.dtype == B.dtype
-        if not wide or torch.is_autocast_enabled(x.device.type):
-            return result + F.linear(h, B)
-        out = torch.addmm(result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), B.t())  # [tokens, out]
-        return out.view(result.shape)
+        return _adapted(module, adapter, x, x)
 
     return forward
+
+
+def shared_input_adapter(module: Any, x: torch.Tensor) -> str | None:
+    """The adapter of a peft LoRA Linear whose base and A products may read one cast of x (shared_cast): the adapted
+    forward in use (RANK_SIDE, a plain adapter) and taking x now, its dropout off (a live dropout acts on x before any
+    cast: A's input is then its own). None otherwise."""
+    adapter = plain_adapter(module) if RANK_SIDE else None
+    if adapter is None or not _takes(module, adapter, x):
+        return None
+    dropout = module.lora_dropout[adapter]
+    off = type(dropout) is torch.nn.Identity or (type(dropout) is torch.nn.Dropout and (dropout.p == 0 or not dropout.training))
+    return adapter if off else None
+
+
+def over_one_cast(module: Any, adapter: str, x_base: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
+    """The adapted forward of x from two views of its one cast (shared_cast.shared): the same products as over x,
+    each of which autocast would have cast to that dtype itself."""
+    return _adapted(module, adapter, x_base, x_lora)
 
 
 @contextlib.contextmanager

@@ -123,11 +123,8 @@ def swiglu(act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def _mlp_forward(mlp):
     def forward(x):
-        if shared_cast.ON and shared_cast.applies(x, (mlp.gate_proj, mlp.up_proj)):  # x cast once for both products
-            x_gate, x_up = shared_cast.shared(x, 2, torch.get_autocast_dtype("cpu"))
-        else:
-            x_gate = x_up = x
-        return mlp.down_proj(swiglu(mlp.act_fn, mlp.gate_proj(x_gate), mlp.up_proj(x_up)))
+        gate, up = shared_cast.outputs(x, (mlp.gate_proj, mlp.up_proj))  # x cast once for both products where it applies
+        return mlp.down_proj(swiglu(mlp.act_fn, gate, up))
 
     return forward
 

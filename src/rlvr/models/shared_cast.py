@@ -12,7 +12,9 @@ exact in fp32 unless their exponents lie far apart).
 
 The MLP's readers are native_swiglu's MLP forward's; the attention's come through `shared_attention_inputs(model)`,
 which the training forward enters (rlvr.models.forward): the first of q/k/v_proj called on a tensor casts it for the
-three. tests/models/test_shared_cast.py checks the bits through whole models.
+three. A peft LoRA Linear (lora_training's adapted forward, its dropout off) is two readers, its base product and A's:
+with adapters on every projection a layer's ten casts of the attention's and the MLP's input become two
+(bench/results/lora_cast_once_amx.md). tests/models/test_shared_cast.py checks the bits through whole models.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any, Iterator
 
 import torch
 
+from rlvr.models import lora_training
 from rlvr.models.forward_swaps import swapped_forwards
+from rlvr.models.lora_merge import plain_adapter
 
 ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention"}  # q/k/v_proj(hidden_states) in that order
 ON = True  # False: every product casts its own input (bench A/Bs)
@@ -50,33 +54,73 @@ def shared(x: torch.Tensor, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, .
     return _Shared.apply(x, n, dtype)
 
 
-def applies(x: torch.Tensor, linears) -> bool:
-    """Whether the products `linears` reading x take it cast once: under CPU autocast to a narrower dtype than x's fp32,
-    a gradient flowing, each a plain nn.Linear (a LoRA layer reads x twice, in dtypes of its own)."""
+def _casts(x: torch.Tensor) -> bool:
+    """Whether autocast would cast x for each product: on the CPU to a narrower dtype than x's fp32, in a forward
+    with gradients (x itself may need none: the first layer's input under LoRA, the embeddings frozen)."""
     return (
         x.device.type == "cpu"
         and torch.is_autocast_enabled("cpu")
         and x.dtype == torch.float32
         and torch.get_autocast_dtype("cpu") in (torch.bfloat16, torch.float16)
         and torch.is_grad_enabled()
-        and x.requires_grad
-        and all(type(m) is torch.nn.Linear for m in linears)
         and not torch.compiler.is_compiling()
     )
 
 
-def _reader(linear: Any, index: int, readers: tuple, state: dict):
-    """linear's forward as the index-th of `readers` over one input: the first casts it for all (where it applies)."""
+def _plan(x: torch.Tensor, modules) -> list[str | None] | None:
+    """Per module, how it reads the cast: None for a plain nn.Linear (one copy), the adapter's name for a peft LoRA
+    Linear whose base and A products both read it (two copies: lora_training.shared_input_adapter); None overall where
+    a module is neither or autocast would not cast x."""
+    if not _casts(x):
+        return None
+    plan = []
+    for m in modules:
+        adapter = None if type(m) is torch.nn.Linear else lora_training.shared_input_adapter(m, x)
+        if type(m) is not torch.nn.Linear and adapter is None:
+            return None
+        plan.append(adapter)
+    return plan
+
+
+def applies(x: torch.Tensor, modules) -> bool:
+    """Whether the products of `modules` reading x take it cast once: under CPU autocast to a narrower dtype than x's
+    fp32, in a forward with gradients, each a plain nn.Linear or a LoRA Linear whose two products read x as it is
+    (_plan)."""
+    return _plan(x, modules) is not None
+
+
+def _over(module, adapter: str | None, copies) -> torch.Tensor:
+    """module's output over its copies of the one cast (one for a Linear, two for a LoRA Linear)."""
+    if adapter is None:
+        return torch.nn.Linear.forward(module, next(copies))
+    return lora_training.over_one_cast(module, adapter, next(copies), next(copies))
+
+
+def outputs(x: torch.Tensor, modules) -> list[torch.Tensor]:
+    """Each module's output of x: over one cast of x where it applies (ON, applies), else each its own forward."""
+    plan = _plan(x, modules) if ON else None
+    if plan is None:
+        return [m(x) for m in modules]
+    copies = iter(shared(x, sum(1 if a is None else 2 for a in plan), torch.get_autocast_dtype("cpu")))
+    return [_over(m, a, copies) for m, a in zip(modules, plan)]
+
+
+def _reader(module: Any, index: int, readers: tuple, state: dict):
+    """module's forward as the index-th of `readers` over one input: the first casts it for all (where it applies)."""
+    plain = module.forward  # what was there: the class's forward, or another block's swap (lora_training's)
 
     def forward(x):
         if index == 0:
             state.clear()
-            if ON and applies(x, readers):
-                state.update(x=x, copies=shared(x, len(readers), torch.get_autocast_dtype("cpu")))
-        copies = state.get("copies") if state.get("x") is x else None  # another input: its own cast, as before
+            plan = _plan(x, readers) if ON else None
+            if plan is not None:
+                copies = iter(shared(x, sum(1 if a is None else 2 for a in plan), torch.get_autocast_dtype("cpu")))
+                state.update(x=x, plan=plan, copies=[[next(copies) for _ in range(1 if a is None else 2)] for a in plan])
+        taken = state.get("copies") if state.get("x") is x else None  # another input: its own cast, as before
+        adapter = state["plan"][index] if taken is not None else None
         if index == len(readers) - 1:
             state.clear()
-        return torch.nn.Linear.forward(linear, x if copies is None else copies[index])
+        return plain(x) if taken is None else _over(module, adapter, iter(taken[index]))
 
     return forward
 
@@ -90,10 +134,10 @@ def shared_attention_inputs(model) -> Iterator[None]:
     swaps = []
     # not under gradient checkpointing, as swiglu_mlps: its recomputation runs outside the block
     for attention in [] if activation_checkpointing(model) else model.modules():
-        found = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        linears = tuple(m for m in found if type(m) is torch.nn.Linear)
-        if type(attention).__name__ in ATTENTIONS and len(linears) == 3:
+        found = tuple(getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj"))
+        readable = all(type(m) is torch.nn.Linear or plain_adapter(m) is not None for m in found)
+        if type(attention).__name__ in ATTENTIONS and readable:
             state: dict = {}  # the three's shared cast, between the first call and the last
-            swaps += [(linear, _reader(linear, index, linears, state)) for index, linear in enumerate(linears)]
+            swaps += [(module, _reader(module, index, found, state)) for index, module in enumerate(found)]
     with swapped_forwards(swaps):
         yield

@@ -1,0 +1,57 @@
+"""One training micro-batch with LoRA adapters on every projection, each product casting its input itself under bf16
+autocast against one cast shared by a layer's readers (rlvr.models.shared_cast with LoRA Linears: the base and A
+products of q/k/v, six readers, and of gate/up, four; o's and down's inputs are bf16 already), in one process: one
+Trainer on a bench/floor.py config, two training steps, then its first micro-batch's forward and backward `--reps`
+times per way, alternating the order. Both ways give the same bits: the table gives the largest gradient gap (relative
+to each tensor's largest entry; 0 is bit for bit). Configs without LoRA time their plain Linears' sharing, on and off.
+
+    cd bench && python lora_cast_once_ab.py G --reps 6 --out results/lora_cast_once_amx.md && cd ..
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import rlvr.models.shared_cast as shared_cast  # noqa: E402
+from _floor_step import micro_batch_ab, relative_gap  # noqa: E402
+from _report import emit, result_head, table_row  # noqa: E402
+
+WAYS = {"a cast per product": False, "one cast per input": True}
+
+
+def switch(on: bool) -> None:
+    shared_cast.ON = on
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", nargs="*", default=["G"])
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    lines = result_head(
+        "A training micro-batch with LoRA: one input cast for a layer's base and adapter products vs one per product",
+        f"cd bench && python lora_cast_once_ab.py {' '.join(sys.argv[1:])}",
+        f"one process per config; the same micro-batch {args.reps} times per way, alternating which goes first",
+        ["config", "precision", *(f"{w} s" for w in WAYS), "once / per product (medians)", "largest gradient gap"],
+    )
+    for name in args.configs:
+        ways = {w: (lambda on=on: switch(on)) for w, on in WAYS.items()}
+        trainer, _, seconds, grads = micro_batch_ab(name, ways, args.reps)
+        switch(True)
+        medians = [statistics.median(seconds[w]) for w in WAYS]
+        runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
+        gap = relative_gap(*grads.values())
+        lines.append(table_row(name, trainer.precision.name, *runs, f"{medians[1] / medians[0]:.3f}", f"{gap:.1e}"))
+        print(lines[-1], flush=True)
+    emit(lines, args.out)
+
+
+if __name__ == "__main__":
+    main()
