@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from rlvr.models import lora_training
+from rlvr.models import lora_training, native_grad_sum
 from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.lora_merge import plain_adapter
 
@@ -43,6 +43,8 @@ class _Shared(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         present = [g for g in grads if g is not None][::-1]  # the last reader's first (module docstring)
+        if ctx.input_dtype == torch.float32 and native_grad_sum.applies(present):
+            return native_grad_sum.summed(present), None, None  # one pass, the same float adds in the same order
         total = present[0].to(ctx.input_dtype, copy=True)
         for g in present[1:]:
             total.add_(g)  # fp32 + bf16 widened: fp32(g1) + fp32(g2), without g2's fp32 copy
