@@ -1,11 +1,11 @@
-"""One training micro-batch with LoRA adapters on every projection, each product casting its input itself under bf16
-autocast against one cast shared by a layer's readers (rlvr.models.shared_cast with LoRA Linears: the base and A
-products of q/k/v, six readers, and of gate/up, four; o's and down's inputs are bf16 already), in one process: one
-Trainer on a bench/floor.py config, two training steps, then its first micro-batch's forward and backward `--reps`
-times per way, alternating the order. Both ways give the same bits: the table gives the largest gradient gap (relative
-to each tensor's largest entry; 0 is bit for bit). Configs without LoRA time their plain Linears' sharing, on and off.
+"""One training micro-batch with each product casting its input itself under bf16 autocast, against one cast shared by
+a layer's readers (rlvr.models.shared_cast; with LoRA adapters on every projection, config G, the base and A products
+of q/k/v are six readers and of gate/up four), its readers' gradients summed by torch's cast and adds or in one C pass
+(rlvr.models.native_grad_sum), in one process: one Trainer on a bench/floor.py config, two training steps, then its
+first micro-batch's forward and backward `--reps` times per way, alternating the order. Every way gives the same bits:
+the table gives the largest gradient gap against the first (relative to each tensor's largest entry; 0 is bit for bit).
 
-    cd bench && python lora_cast_once_ab.py G --reps 6 --out results/lora_cast_once_amx.md && cd ..
+    cd bench && python lora_cast_once_ab.py G B E F --reps 6 --out results/lora_cast_once_amx.md && cd ..
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import rlvr.models.native_grad_sum as native_grad_sum  # noqa: E402
 import rlvr.models.shared_cast as shared_cast  # noqa: E402
 from _floor_step import micro_batch_ab, relative_gap  # noqa: E402
 from _report import emit, result_head, table_row  # noqa: E402
 
-WAYS = {"a cast per product": False, "one cast per input": True}
+WAYS = {"a cast per product": (False, False), "one cast, torch's sums": (True, False), "one cast, one-pass sum": (True, True)}
 
 
-def switch(on: bool) -> None:
-    shared_cast.ON = on
+def switch(on: tuple[bool, bool]) -> None:
+    shared_cast.ON, native_grad_sum.ON = on
 
 
 def main() -> None:
@@ -36,19 +37,22 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     lines = result_head(
-        "A training micro-batch with LoRA: one input cast for a layer's base and adapter products vs one per product",
+        "A training micro-batch: one input cast for the products that read it (LoRA's base and adapter products too) vs one per product",
         f"cd bench && python lora_cast_once_ab.py {' '.join(sys.argv[1:])}",
         f"one process per config; the same micro-batch {args.reps} times per way, alternating which goes first",
-        ["config", "precision", *(f"{w} s" for w in WAYS), "once / per product (medians)", "largest gradient gap"],
+        ["config", "precision", *(f"{w} s" for w in WAYS), *(f"{w} / per product (medians)" for w in list(WAYS)[1:])]
+        + ["largest gradient gap"],
     )
     for name in args.configs:
         ways = {w: (lambda on=on: switch(on)) for w, on in WAYS.items()}
         trainer, _, seconds, grads = micro_batch_ab(name, ways, args.reps)
-        switch(True)
+        switch((True, True))
         medians = [statistics.median(seconds[w]) for w in WAYS]
         runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in WAYS]
-        gap = relative_gap(*grads.values())
-        lines.append(table_row(name, trainer.precision.name, *runs, f"{medians[1] / medians[0]:.3f}", f"{gap:.1e}"))
+        ratios = [f"{m / medians[0]:.3f}" for m in medians[1:]]
+        first, *rest = grads.values()
+        gap = max(relative_gap(first, g) for g in rest)
+        lines.append(table_row(name, trainer.precision.name, *runs, *ratios, f"{gap:.1e}"))
         print(lines[-1], flush=True)
     emit(lines, args.out)
 

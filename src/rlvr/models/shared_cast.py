@@ -8,7 +8,8 @@ arrive apart and are summed in fp32 as autograd summed them: the last reader's c
 place (a bf16 operand widens inside the add). The forward's values are the same cast's, and the gradient is
 autograd's bit for bit: autograd adds each reader's fp32 gradient as it arrives, ((a + b) + c) with c the last to
 arrive, the first reader's (q's, through the rotation's backward); a + b is b + a (and sums of a few bf16 values are
-exact in fp32 unless their exponents lie far apart).
+exact in fp32 unless their exponents lie far apart). Where native_grad_sum builds, that sum is one C pass with the same
+float adds (a cast and an add_ of a bf16 operand per reader were each a pass over the whole tensor).
 
 The MLP's readers are native_swiglu's MLP forward's; the attention's come through `shared_attention_inputs(model)`,
 which the training forward enters (rlvr.models.forward): the first of q/k/v_proj called on a tensor casts it for the
