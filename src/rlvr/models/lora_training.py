@@ -19,7 +19,8 @@ norm_rotary.fused_norm_and_rotary, for each peft LoRA Linear with one plain adap
 bias, adapters on and not merged; its dropout is applied as peft applies it). Each call checks the rest (not
 compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward. With
 gradients or without: a step's old log-probs (no gradient) take the same formula as the trained ones. Not under
-gradient checkpointing: its recomputation runs after the block, in peft's forward.
+gradient checkpointing: its recomputation runs after the block, in peft's forward. Under bf16 autocast the base and A
+products read one cast of the input (shared_cast, through `over_one_cast`) where the adapter's dropout is off.
 """
 
 from __future__ import annotations
