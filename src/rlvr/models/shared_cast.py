@@ -130,14 +130,14 @@ def _reader(module: Any, index: int, readers: tuple, state: dict):
 
 @contextlib.contextmanager
 def shared_attention_inputs(model) -> Iterator[None]:
-    """Inside the block the q, k and v products of the model's Llama-family attentions (plain Linears, called in that
-    order on one input) take that input cast once (module docstring); outside, their own forward."""
+    """Inside the block the q, k and v products of the model's Llama-family attentions (plain Linears or LoRA Linears,
+    called in that order on one input) take that input cast once (module docstring); outside, their own forward."""
     from rlvr.models.attention import activation_checkpointing
 
-    swaps = []
+    swaps: list[tuple[torch.nn.Module, Any]] = []
     # not under gradient checkpointing, as swiglu_mlps: its recomputation runs outside the block
     for attention in [] if activation_checkpointing(model) else model.modules():
-        found = tuple(getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj"))
+        found: tuple[Any, ...] = tuple(getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj"))
         readable = all(type(m) is torch.nn.Linear or plain_adapter(m) is not None for m in found)
         if type(attention).__name__ in ATTENTIONS and readable:
             state: dict = {}  # the three's shared cast, between the first call and the last
