@@ -92,11 +92,17 @@ def applies(x: torch.Tensor, modules) -> bool:
     return _plan(x, modules) is not None
 
 
-def _over(module, adapter: str | None, copies) -> torch.Tensor:
-    """module's output over its copies of the one cast (one for a Linear, two for a LoRA Linear)."""
+def _copies(x: torch.Tensor, plan: list[str | None]) -> list[list[torch.Tensor]]:
+    """Per module of the plan its views of one cast of x: one for a Linear, two for a LoRA Linear (base, A)."""
+    copies = iter(shared(x, sum(1 if a is None else 2 for a in plan), torch.get_autocast_dtype("cpu")))
+    return [[next(copies) for _ in range(1 if a is None else 2)] for a in plan]
+
+
+def _over(module, adapter: str | None, copies: list[torch.Tensor]) -> torch.Tensor:
+    """module's output over its views of the one cast."""
     if adapter is None:
-        return torch.nn.Linear.forward(module, next(copies))
-    return lora_training.over_one_cast(module, adapter, next(copies), next(copies))
+        return torch.nn.Linear.forward(module, copies[0])
+    return lora_training.over_one_cast(module, adapter, *copies)
 
 
 def outputs(x: torch.Tensor, modules) -> list[torch.Tensor]:
@@ -104,8 +110,7 @@ def outputs(x: torch.Tensor, modules) -> list[torch.Tensor]:
     plan = _plan(x, modules) if ON else None
     if plan is None:
         return [m(x) for m in modules]
-    copies = iter(shared(x, sum(1 if a is None else 2 for a in plan), torch.get_autocast_dtype("cpu")))
-    return [_over(m, a, copies) for m, a in zip(modules, plan)]
+    return [_over(m, a, c) for m, a, c in zip(modules, plan, _copies(x, plan))]
 
 
 def _reader(module: Any, index: int, readers: tuple, state: dict):
@@ -117,13 +122,12 @@ def _reader(module: Any, index: int, readers: tuple, state: dict):
             state.clear()
             plan = _plan(x, readers) if ON else None
             if plan is not None:
-                copies = iter(shared(x, sum(1 if a is None else 2 for a in plan), torch.get_autocast_dtype("cpu")))
-                state.update(x=x, plan=plan, copies=[[next(copies) for _ in range(1 if a is None else 2)] for a in plan])
-        taken = state.get("copies") if state.get("x") is x else None  # another input: its own cast, as before
-        adapter = state["plan"][index] if taken is not None else None
+                state.update(x=x, plan=plan, copies=_copies(x, plan))
+        shared_here = state.get("x") is x  # another input: its own cast, as before
+        out = _over(module, state["plan"][index], state["copies"][index]) if shared_here else plain(x)
         if index == len(readers) - 1:
             state.clear()
-        return plain(x) if taken is None else _over(module, adapter, iter(taken[index]))
+        return out
 
     return forward
 
