@@ -9,7 +9,7 @@ import torch
 
 from _tiny_lms import completion_batch, tiny_lm
 
-from rlvr.models import shared_cast
+from rlvr.models import native_grad_sum, shared_cast
 from rlvr.models.forward import completion_logprobs
 
 
@@ -50,10 +50,13 @@ def test_applies_only_where_one_cast_serves():
             assert not shared_cast.applies(x, [linear])
 
 
+@pytest.mark.parametrize("one_pass_sum", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_a_models_layers_take_it_with_transformers_bits(kind, monkeypatch):
+def test_a_models_layers_take_it_with_transformers_bits(kind, one_pass_sum, monkeypatch):
     """Each layer's q/k/v and gate/up products read one cast of their input (counted), the log-probs and every
-    parameter's gradient bit for bit as transformers' layers (which cast per product)."""
+    parameter's gradient bit for bit as transformers' layers (which cast per product), the readers' gradients summed
+    by native_grad_sum's pass or by torch's cast and adds."""
+    monkeypatch.setattr(native_grad_sum, "ON", one_pass_sum)
     model = tiny_lm(kind, head_dim=8) if kind == "qwen3" else tiny_lm(kind)
     prompt, prompt_mask, completion, completion_mask = completion_batch()
     calls = []
@@ -76,14 +79,15 @@ def test_a_models_layers_take_it_with_transformers_bits(kind, monkeypatch):
     assert all("forward" not in m.__dict__ for m in model.modules())  # the block put the Linears' forward back
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.2])
-def test_lora_layers_read_one_cast_with_pefts_bits(tiny_model_dir, dropout, monkeypatch):
+@pytest.mark.parametrize("dropout,one_pass_sum", [(0.0, True), (0.0, False), (0.2, True)])
+def test_lora_layers_read_one_cast_with_pefts_bits(tiny_model_dir, dropout, one_pass_sum, monkeypatch):
     """With LoRA on every projection the base and A products of q/k/v (six readers) and of gate/up (four) read one cast
     of their input, o's and down's two each; the log-probs and every adapter's gradient bit for bit as each product
     casting its own. A live adapter dropout acts on the fp32 input: then nothing is shared."""
     pytest.importorskip("peft")
     from _lora import tiny_lora
 
+    monkeypatch.setattr(native_grad_sum, "ON", one_pass_sum)
     model = tiny_lora(tiny_model_dir, lora_dropout=dropout)
     model.train()
     layers = model.base_model.model.config.num_hidden_layers
