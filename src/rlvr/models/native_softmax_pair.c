@@ -1,7 +1,7 @@
 /* softmax over rows split in two buffers, and its backward, in place (native_softmax_pair.py builds and calls this
    file; prefix_attention's grouped products use it where it builds).
 
-   forward   p = softmax([a | b] + bias) per row, written back over a and b
+   forward   p = softmax([a + mask | b + bias]) per row, written back over a and b (mask: a group's left padding)
    backward  ds = p (dp - sum(dp p)) per row, written back over dp's two parts
 
    a [rows, P] and b [rows, C], each contiguous, row r of a and row r of b one row of P + C scores: the completions'
@@ -10,8 +10,8 @@
    such slices ran 2-2.5x slower than over dense buffers. Here the two parts stay dense.
 
    Scores are fp32 or bf16 (widened exactly), the arithmetic in fp32 as aten's softmax computes a bf16 one: the row's
-   max, exp(x - max) (native_lanes.h's Cephes expf, within 2 ulp; below its cut 0), their fp32 sum, each exp divided
-   by it, rounded to the buffer's dtype as torch's cast. */
+   max, exp(x - max) (native_lanes.h's Cephes expf, within 2 ulp; below its cut 0), their fp32 sum, each exp times
+   its reciprocal, rounded to the buffer's dtype as torch's cast. */
 
 #include "native_lanes.h"
 #include <stdlib.h>

@@ -5,8 +5,8 @@ The completions' scores over their group's prompt keys ([rows, P]) and over thei
 row of P + C. In one buffer the four products that read or write a part see a slice whose rows are P + C apart, and
 bf16 products over such slices ran 2-2.5x slower than over dense ones (bench/results/softmax_pair_amx.md); here each
 part stays dense and the softmax (and its backward) reads both. The arithmetic is aten's for a bf16 or fp32 softmax:
-fp32 throughout, the row's max, exp(x - max), their sum, each divided by it, rounded to the buffer's dtype; the exp is
-native_lanes.h's (within 2 ulp of expf), so the weights are aten's to an ulp of fp32 before the rounding
+fp32 throughout, the row's max, exp(x - max), their sum, each exp times its reciprocal, rounded to the buffer's dtype;
+the exp is native_lanes.h's (within 2 ulp of expf), so the weights are aten's to a few ulps of fp32 before the rounding
 (tests/models/test_softmax_pair.py).
 """
 
