@@ -89,6 +89,26 @@ def test_the_training_forward_runs_it_with_and_without_gradients_and_nothing_els
     assert len(calls) == len(adapted(model))
 
 
+def test_under_bf16_autocast_a_bf16_input_takes_it_too(tiny_model_dir):
+    """down_proj's input is the MLP's bf16 product under autocast: with the adapters' dropout off it takes the swapped
+    forward too (lora_B's module not called), where peft would cast it to fp32 and autocast back, with peft's bits."""
+    model = tiny_lora(tiny_model_dir, 4, 8)
+    loss, grads = _loss_and_grads(model, swap=False, autocast=True)
+    swapped_loss, swapped_grads = _loss_and_grads(model, swap=True, autocast=True)
+    assert torch.equal(loss, swapped_loss) and all(torch.equal(grads[k], swapped_grads[k]) for k in grads)
+    calls: list[str] = []
+    for name, m in model.named_modules():
+        if hasattr(m, "lora_B") and hasattr(m, "base_layer"):
+            m.lora_B["default"].register_forward_hook(lambda *a, name=name: calls.append(name))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        completion_logprobs(model, PROMPT, PROMPT_MASK, COMPLETION, COMPLETION_MASK)
+        assert calls == []
+        x = torch.randn(3, adapted(model)[0].in_features).bfloat16()
+        with lora_training_forward(model):
+            adapted(model)[0](x.half())  # fp16 under bf16 autocast: peft's forward
+    assert len(calls) == 1
+
+
 def test_dora_and_gradient_checkpointing_keep_pefts_forward(tiny_model_dir):
     dora = tiny_lora(tiny_model_dir, use_dora=True)
     with lora_training_forward(dora) as n:

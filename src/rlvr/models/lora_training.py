@@ -36,6 +36,7 @@ from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.lora_merge import plain_adapter, plain_tensors
 
 RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py's "before")
+AUTOCAST_INPUTS = True  # False: an input in autocast's dtype goes to peft's forward (bench/lora_cast_once_ab.py)
 
 
 def _adapted(module: Any, adapter: str, x: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
@@ -56,11 +57,28 @@ def _takes(module: Any, adapter: str, x: torch.Tensor) -> bool:
     return not (module.disable_adapters or module.merged or torch.compiler.is_compiling() or not plain_tensors(x, A, B))
 
 
+def _dropout_off(dropout: Any) -> bool:
+    return type(dropout) is torch.nn.Identity or (type(dropout) is torch.nn.Dropout and (dropout.p == 0 or not dropout.training))
+
+
+def _input_dtype_ok(module: Any, adapter: str, x: torch.Tensor) -> bool:
+    """x in A's dtype, or in autocast's with the adapter's dropout off (a bf16 SwiGLU's output into down_proj): peft
+    casts such an x to A's dtype and autocast casts it back for the product, a round trip that changes no bit (and
+    costs two passes over x each way). A live dropout would draw its mask over the wider copy: peft's forward then."""
+    A = module.lora_A[adapter].weight
+    if x.dtype == A.dtype:
+        return True
+    if not AUTOCAST_INPUTS:
+        return False
+    autocast = torch.is_autocast_enabled(x.device.type) and x.dtype == torch.get_autocast_dtype(x.device.type)
+    return autocast and A.dtype in (torch.float32, torch.float64) and _dropout_off(module.lora_dropout[adapter])
+
+
 def _forward(module: Any, adapter: str):
     peft_forward = type(module).forward
 
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if args or kwargs or x.dtype != module.lora_A[adapter].weight.dtype or not _takes(module, adapter, x):
+        if args or kwargs or not _input_dtype_ok(module, adapter, x) or not _takes(module, adapter, x):
             return peft_forward(module, x, *args, **kwargs)
         return _adapted(module, adapter, x, x)
 
@@ -74,9 +92,7 @@ def shared_input_adapter(module: Any, x: torch.Tensor) -> str | None:
     adapter = plain_adapter(module) if RANK_SIDE else None
     if adapter is None or not _takes(module, adapter, x):
         return None
-    dropout = module.lora_dropout[adapter]
-    off = type(dropout) is torch.nn.Identity or (type(dropout) is torch.nn.Dropout and (dropout.p == 0 or not dropout.training))
-    return adapter if off else None
+    return adapter if _dropout_off(module.lora_dropout[adapter]) else None
 
 
 def over_one_cast(module: Any, adapter: str, x_base: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
