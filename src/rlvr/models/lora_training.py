@@ -20,7 +20,9 @@ bias, adapters on and not merged; its dropout is applied as peft applies it). Ea
 compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward. With
 gradients or without: a step's old log-probs (no gradient) take the same formula as the trained ones. Not under
 gradient checkpointing: its recomputation runs after the block, in peft's forward. Under bf16 autocast the base and A
-products read one cast of the input (shared_cast, through `over_one_cast`) where the adapter's dropout is off.
+products read one cast of the input (shared_cast, through `over_one_cast`) where the adapter's dropout is off, and an
+input already bf16 (down_proj's: the SwiGLU's output) takes this forward too, where peft cast it to fp32 for autocast
+to cast back (bench/results/lora_cast_once_amx.md).
 """
 
 from __future__ import annotations
