@@ -50,6 +50,30 @@ def test_applies_only_where_one_cast_serves():
             assert not shared_cast.applies(x, [linear])
 
 
+def _same_bits_both_ways(model, monkeypatch, shared_calls: list[int]) -> None:
+    """The training forward's log-probs and every trainable gradient under bf16 autocast, with shared_cast on (its
+    `shared` called with these reader counts, in order) and off: bit for bit. Each run draws the same dropout masks."""
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
+    calls: list[int] = []
+    real = shared_cast.shared
+    monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
+    runs = []
+    for ours in (True, False):
+        model.zero_grad(set_to_none=True)
+        monkeypatch.setattr(shared_cast, "ON", ours)
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
+        (out.logp * completion_mask).sum().backward()
+        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+        assert calls == (shared_calls if ours else [])
+        calls.clear()
+    (lp_ours, g_ours), (lp_theirs, g_theirs) = runs
+    assert torch.equal(lp_ours, lp_theirs)
+    for name, grad in g_theirs.items():
+        assert torch.equal(g_ours[name], grad), name
+
+
 @pytest.mark.parametrize("one_pass_sum", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_a_models_layers_take_it_with_transformers_bits(kind, one_pass_sum, monkeypatch):
@@ -58,24 +82,7 @@ def test_a_models_layers_take_it_with_transformers_bits(kind, one_pass_sum, monk
     by native_grad_sum's pass or by torch's cast and adds."""
     monkeypatch.setattr(native_grad_sum, "ON", one_pass_sum)
     model = tiny_lm(kind, head_dim=8) if kind == "qwen3" else tiny_lm(kind)
-    prompt, prompt_mask, completion, completion_mask = completion_batch()
-    calls = []
-    real = shared_cast.shared
-    monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
-    runs = []
-    for ours in (True, False):
-        model.zero_grad()
-        monkeypatch.setattr(shared_cast, "ON", ours)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
-        (out.logp * completion_mask).sum().backward()
-        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-        assert calls == ([3, 2, 3, 2] if ours else [])  # q/k/v and gate/up of each layer
-        calls.clear()
-    (lp_ours, g_ours), (lp_hf, g_hf) = runs
-    assert torch.equal(lp_ours, lp_hf)
-    for name, grad in g_hf.items():
-        assert torch.equal(g_ours[name], grad), name
+    _same_bits_both_ways(model, monkeypatch, [3, 2, 3, 2])  # q/k/v and gate/up of each layer
     assert all("forward" not in m.__dict__ for m in model.modules())  # the block put the Linears' forward back
 
 
@@ -91,22 +98,4 @@ def test_lora_layers_read_one_cast_with_pefts_bits(tiny_model_dir, dropout, one_
     model = tiny_lora(tiny_model_dir, lora_dropout=dropout)
     model.train()
     layers = model.base_model.model.config.num_hidden_layers
-    prompt, prompt_mask, completion, completion_mask = completion_batch()
-    calls = []
-    real = shared_cast.shared
-    monkeypatch.setattr(shared_cast, "shared", lambda *a: calls.append(a[1]) or real(*a))
-    runs = []
-    for ours in (True, False):
-        model.zero_grad(set_to_none=True)
-        monkeypatch.setattr(shared_cast, "ON", ours)
-        torch.manual_seed(0)  # the same dropout masks both ways
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
-        (out.logp * completion_mask).sum().backward()
-        runs.append((out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
-        assert calls == ([6, 4] * layers if ours and dropout == 0 else [])
-        calls.clear()
-    (lp_ours, g_ours), (lp_peft, g_peft) = runs
-    assert torch.equal(lp_ours, lp_peft)
-    for name, grad in g_peft.items():
-        assert torch.equal(g_ours[name], grad), name
+    _same_bits_both_ways(model, monkeypatch, [6, 4] * layers if dropout == 0 else [])
