@@ -20,7 +20,7 @@ bias, adapters on and not merged; its dropout is applied as peft applies it). Ea
 compiling, plain tensors, no peft call arguments such as adapter_names) and otherwise runs peft's own forward. With
 gradients or without: a step's old log-probs (no gradient) take the same formula as the trained ones. Not under
 gradient checkpointing: its recomputation runs after the block, in peft's forward. Under bf16 autocast the base and A
-products read one cast of the input (shared_cast, through `over_one_cast`) where the adapter's dropout is off, and an
+products read one cast of the input (shared_cast, through `adapted`) where the adapter's dropout is off, and an
 input already bf16 (down_proj's: the SwiGLU's output) takes this forward too, where peft cast it to fp32 for autocast
 to cast back (bench/results/lora_cast_once_amx.md).
 """
@@ -41,8 +41,9 @@ RANK_SIDE = True  # False: peft's forward everywhere (bench/lora_training_ab.py'
 AUTOCAST_INPUTS = True  # False: an input in autocast's dtype goes to peft's forward (bench/lora_cast_once_ab.py)
 
 
-def _adapted(module: Any, adapter: str, x: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
-    """base(x) + B((A dropout(x_lora)) s): x_lora is x, or (shared_cast) another view of the one cast of x that x is."""
+def adapted(module: Any, adapter: str, x: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
+    """base(x) + B((A dropout(x_lora)) s): x_lora is x, or (shared_cast) another view of the one cast of x that x is:
+    the same products as over x, each of which autocast would have cast to that dtype itself."""
     A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
     result = module.base_layer(x)  # [.., out]
     h = F.linear(module.lora_dropout[adapter](x_lora), A) * module.scaling[adapter]  # [.., r]
@@ -60,6 +61,7 @@ def _takes(module: Any, adapter: str, x: torch.Tensor) -> bool:
 
 
 def _dropout_off(dropout: Any) -> bool:
+    """Whether peft's adapter dropout module passes its input through unchanged."""
     return type(dropout) is torch.nn.Identity or (type(dropout) is torch.nn.Dropout and (dropout.p == 0 or not dropout.training))
 
 
@@ -82,7 +84,7 @@ def _forward(module: Any, adapter: str):
     def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs or not _input_dtype_ok(module, adapter, x) or not _takes(module, adapter, x):
             return peft_forward(module, x, *args, **kwargs)
-        return _adapted(module, adapter, x, x)
+        return adapted(module, adapter, x, x)
 
     return forward
 
@@ -95,12 +97,6 @@ def shared_input_adapter(module: Any, x: torch.Tensor) -> str | None:
     if adapter is None or not _takes(module, adapter, x):
         return None
     return adapter if _dropout_off(module.lora_dropout[adapter]) else None
-
-
-def over_one_cast(module: Any, adapter: str, x_base: torch.Tensor, x_lora: torch.Tensor) -> torch.Tensor:
-    """The adapted forward of x from two views of its one cast (shared_cast.shared): the same products as over x,
-    each of which autocast would have cast to that dtype itself."""
-    return _adapted(module, adapter, x_base, x_lora)
 
 
 @contextlib.contextmanager

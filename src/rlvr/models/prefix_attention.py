@@ -125,12 +125,13 @@ def _scores(like: torch.Tensor, U: int, Hkv: int, G: int, R: int, P: int, C: int
 
 def _biased_softmax_(s: _Scores, prefix_bias, prefix_starts, own_bias, U: int, Hkv: int, G: int, R: int, P: int, C: int) -> None:
     """s = softmax(s + [prefix_bias | own_bias]) in place; prefix_bias [U, 1, 1, 1, P] or None, prefix_starts [U] (the
-    same mask as left padding: the first key each group attends) or None, own_bias [U or 1, 1, G or 1, 1, C, C]."""
+    same mask as left padding: the first key each group attends) or None (no padding, or not left padding), own_bias
+    [U or 1, 1, G or 1, 1, C, C]."""
     if prefix_bias is not None and (s.whole is not None or prefix_starts is None):
         s.prompt.view(U, Hkv, G, R, P).add_(prefix_bias)
     if s.whole is None:  # the kernel masks the padding and adds the own bias on its way
         own = own_bias.view(own_bias.shape[0], own_bias.shape[2], C, C)  # [U or 1, G or 1, C, C]
-        native_softmax_pair.softmax_(s.prompt, s.own, prefix_starts if prefix_bias is not None else None, own, U, Hkv, G)
+        native_softmax_pair.softmax_(s.prompt, s.own, prefix_starts, own, U, Hkv, G)
         return
     s.own.view(U, Hkv, G, R // C, C, C).add_(own_bias)
     torch.ops.aten._softmax.out(s.whole, -1, False, out=s.whole)
@@ -235,6 +236,12 @@ class _Regrouped(torch.autograd.Function):
 REGROUPED = True  # False: the regrouping as autograd's cast, reshape and scale (bench A/B)
 
 
+def _left_padding_starts(mask: torch.Tensor) -> torch.Tensor | None:
+    """Each group's first prompt key [U] where the mask [U, P] is left padding (False, then True to the end), else None."""
+    pads = (~mask).sum(1)  # [U]
+    return pads if bool((mask == (torch.arange(mask.shape[1], device=mask.device) >= pads[:, None])).all()) else None
+
+
 def grouped_prefix_attention(
     query: torch.Tensor,  # [N, H, C, D] the completions' queries, N = U x G
     key: torch.Tensor,  # [N, Hkv, C, D] the completions' own keys
@@ -265,10 +272,8 @@ def grouped_prefix_attention(
     B = own_bias.shape[0]  # N or 1
     own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
     prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
-    pads = (~prefix_mask.bool()).sum(1)  # [U]
-    left_padding = bool((prefix_mask.bool() == (torch.arange(P, device=pads.device) >= pads[:, None])).all())
+    starts = None if prefix_bias is None else _left_padding_starts(prefix_mask.bool())  # the kernel skips those keys
     prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
-    starts = pads if left_padding else None  # the prompt mask as left padding: the kernel skips the padded keys
     out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, starts, own_bias)  # [U, Hkv, G, rep x C, D]
     out = out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D)  # [N, C, H, D]
     return out if dtype != wide else out.to(query.dtype)  # under autocast in its dtype, as explicit_attention's

@@ -102,7 +102,7 @@ def _over(module, adapter: str | None, copies: list[torch.Tensor]) -> torch.Tens
     """module's output over its views of the one cast."""
     if adapter is None:
         return torch.nn.Linear.forward(module, copies[0])
-    return lora_training.over_one_cast(module, adapter, *copies)
+    return lora_training.adapted(module, adapter, *copies)
 
 
 def outputs(x: torch.Tensor, modules) -> list[torch.Tensor]:
