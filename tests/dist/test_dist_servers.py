@@ -55,10 +55,13 @@ class CalcEnv:
 
 @pytest.fixture(scope="module")
 def caller(tmp_path_factory):
-    """A char model that mostly writes `<calc>12*34</calc>`, reads the result, then answers (trained briefly: it varies)."""
+    """A char model that writes `<calc>12*34</calc>`, reads the result, then answers in one of three ways: rewards
+    that vary within a group (a real update) by what it was taught, not by how far 80 steps of training got on
+    this CPU (one answer alone is learnt to certainty on some CPUs: every advantage 0)."""
     tok = build_char_tokenizer()
     prompt = tok.apply_chat_template([{"role": "user", "content": "12*34="}], add_generation_prompt=True, tokenize=False)
-    episodes = [[(prompt, False), ("<calc>12*34</calc>", True), ("<result>408</result>", False), ("408" + tok.eos_token, True)]]
+    call = [(prompt, False), ("<calc>12*34</calc>", True), ("<result>408</result>", False)]
+    episodes = [[*call, (answer + tok.eos_token, True)] for answer in ("408", "it is 408", "408, so")]
     model, _ = train_caller(tok, episodes, steps=80)
     path = tmp_path_factory.mktemp("caller")
     model.save_pretrained(path)
