@@ -222,6 +222,12 @@ class AttentionWay(NamedTuple):
     native_prefix: bool = False  # with native, shared: the prompt part through native_prefix.py's kernel, keys transposed
 
 
+# the versions of the C kernels' timed ways, in the machine cache's key: 2, their AVX2 builds 1.7x (native_attention.c's
+# own path) and 3.5x (native_prefix.c's sums in registers) faster than 1's at config B's and F's decode shapes
+NATIVE_VERSION = 2
+PREFIX_VERSION = 2
+
+
 def decode_attention_way(
     groups: int, group_size: int, q_heads: int, kv_heads: int, head_dim: int, prompt: int, capacity: int, dtype: torch.dtype,
     *, shared: bool | None, lower: torch.dtype | None = None, layers: int = 1, repeated_flash: bool = True, native: bool = False,
@@ -247,9 +253,10 @@ def decode_attention_way(
     name = lambda d: str(d).removeprefix("torch.") if d is not None else "none"  # noqa: E731
     layout = {True: "shared", False: "repeated", None: "either"}[shared]
     shape |= dict(layers=layers, prompt=P, capacity=T, dtype=name(dtype), lower=name(lower), layout=layout, explicit=4)
-    shape |= dict(repeated_flash=int(repeated_flash)) | (dict(native=1) if native else {})  # native: its ways timed too
+    # native, prefix: the C kernels' ways timed too (their versions: an answer timed against an earlier one is timed again)
+    shape |= dict(repeated_flash=int(repeated_flash)) | (dict(native=NATIVE_VERSION) if native else {})
     prefix_kernel = native and shared is not False and prefix_available()
-    shape |= dict(prefix=1) if prefix_kernel else {}  # the shared prompt through native_prefix.py's kernel timed too
+    shape |= dict(prefix=PREFIX_VERSION) if prefix_kernel else {}
     local = (*shape.values(), torch.get_num_threads())
     if local not in _CHOICES:
         layouts = (False, True) if shared is None else (shared,)

@@ -38,7 +38,7 @@ INLINE vec fmadd(vec a, vec b, vec c) { return a * b + c; }
 #define ACCUMULATORS 24 /* the values' sums held in registers (of 32), beside a value vector and the weights */
 #else
 #define QB 4
-#define ACCUMULATORS 8 /* of 16 */
+#define ACCUMULATORS 12 /* of 16: with NQ weights and a value vector beside them */
 #endif
 #define QCHUNK 32  /* queries per work item (a group's M split so that few groups still fill the threads) */
 #define KPAD 32    /* the transposed keys' slots padded to a multiple of this (two vectors of 16 or four of 8) */
@@ -128,8 +128,9 @@ INLINE void value_rows(const args_t *a, const void *vb, const float *const *e, c
         const char *vr = (const char *)vb + s * vs2 * (bf16 ? 2 : 4);
         vec w[8];
         for (int j = 0; j < NQ; ++j) w[j] = splat(e[j][s]);
-        for (int c = 0; c < CC; ++c) {
-            vec v = load(vr, c * LANES, lanes_at(D, c * LANES), bf16, 0, 1.f, 0.f);
+#pragma GCC unroll 8
+        for (int c = 0; c < CC; ++c) { /* every vector but the last whole: a constant width, the loop unrolled */
+            vec v = load(vr, c * LANES, c < CC - 1 ? LANES : lanes_at(D, c * LANES), bf16, 0, 1.f, 0.f);
             o0[c] = fmadd(w[0], v, o0[c]);
 #define SUM_INTO(J) \
     if (NQ > J) o##J[c] = fmadd(w[J], v, o##J[c]);
@@ -232,6 +233,17 @@ INLINE void item(const args_t *a, int64_t b, int64_t h, int64_t start, int64_t m
     values(a, vb, sc, lse_p, sum_p, qidx, count, bias_row, bf16);
 }
 
+/* item for each dtype, bf16 a constant in each: the loop below runs in the function OpenMP outlines from prefix, once
+   for both dtypes, where bf16 would be a variable (its tests inside the innermost loops, the values' sums kept in memory:
+   6x slower at head dim 40 on an AVX2 build) */
+static __attribute__((noinline)) void item_f32(const args_t *a, int64_t b, int64_t h, int64_t start, int64_t m_begin, int64_t m_end, float *sc) {
+    item(a, b, h, start, m_begin, m_end, sc, 0);
+}
+
+static __attribute__((noinline)) void item_bf16(const args_t *a, int64_t b, int64_t h, int64_t start, int64_t m_begin, int64_t m_end, float *sc) {
+    item(a, b, h, start, m_begin, m_end, sc, 1);
+}
+
 INLINE int prefix(const args_t *a, const int64_t *rows, int64_t n, int64_t B, int64_t G, int threads, const int bf16) {
     const int64_t H = a->H, R = a->R;
     if (a->D > MAX_D || a->Pp % KPAD || a->P > a->Pp) return 1;
@@ -246,7 +258,7 @@ INLINE int prefix(const args_t *a, const int64_t *rows, int64_t n, int64_t B, in
         _Pragma("omp for schedule(dynamic, 1)") for (int64_t it = 0; it < items; ++it) {
             int64_t b = it / (H * chunks), h = it / chunks % H, c = it % chunks;
             int64_t M = (start[b + 1] - start[b]) * R, m_begin = c * QCHUNK, m_end = M < m_begin + QCHUNK ? M : m_begin + QCHUNK;
-            if (m_begin < m_end) item(a, b, h, start[b], m_begin, m_end, sc, bf16);
+            if (m_begin < m_end) (bf16 ? item_bf16 : item_f32)(a, b, h, start[b], m_begin, m_end, sc);
         }
         free(sc);
     }
