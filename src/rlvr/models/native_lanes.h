@@ -160,15 +160,22 @@ INLINE vec exp_lanes(vec s) {
     return (vec)((vint)(y * scale) & ~(s <= CUT));
 }
 
+/* a whole vector through a memcpy of constant size (one store), the last lanes of a row through one of n (a call) */
 INLINE void store(void *out, int64_t j, int64_t n, vec d, int bf16) {
     if (!bf16) {
-        memcpy((float *)out + j, &d, (size_t)n * sizeof(float));
+        if (n == LANES)
+            memcpy((float *)out + j, &d, sizeof d);
+        else
+            memcpy((float *)out + j, &d, (size_t)n * sizeof(float));
         return;
     }
     vuint u = (vuint)d;
     vuint rounded = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) | ((vuint)(d != d) & 0xffffu); /* a NaN: 0xffff */
     vhalf h = __builtin_convertvector(rounded, vhalf);
-    memcpy((uint16_t *)out + j, &h, (size_t)n * sizeof(uint16_t));
+    if (n == LANES)
+        memcpy((uint16_t *)out + j, &h, sizeof h);
+    else
+        memcpy((uint16_t *)out + j, &h, (size_t)n * sizeof(uint16_t));
 }
 
 INLINE vec add(vec a, vec b) { return a + b; }
