@@ -91,6 +91,36 @@ DEFINE_DOT(dot_bf16, uint16_t, widen_bf16)
 DEFINE_ATTEND(generic_f32, float, dot_f32, widen_f32)
 DEFINE_ATTEND(generic_bf16, uint16_t, dot_bf16, widen_bf16)
 
+/* a vector path's kernel: heads over W x MAX_CHUNKS floats through GENERIC, the rest item by item through ITEM_FN
+   (vectors of W floats), its count of vectors a constant for the common heads (the loops over them unroll: D 32, 40,
+   64, 128 with W 8; 64, 80, 128, 256 with W 16) */
+#define DEFINE_VECTOR(NAME, T, ITEM_FN, GENERIC, W)                                                                     \
+    void NAME(ATTEND_ARGS(T)) {                                                                                      \
+        if (D > W * MAX_CHUNKS) {                                                                                       \
+            GENERIC(ATTEND_CALL);                                                                                       \
+            return;                                                                                                     \
+        }                                                                                                               \
+        const int64_t chunks = (D + W - 1) / W;                                                                         \
+        const int64_t Lp = (L + W - 1) / W * W; /* scores padded to whole vectors, the padding -inf */                 \
+        _Pragma("omp parallel num_threads(threads)") {                                                                  \
+            float *scores = aligned_alloc(4 * W, sizeof(float) * (size_t)(R * Lp));                                    \
+            _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
+                ITEM(T)                                                                                                 \
+                if (chunks == 4)                                                                                        \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 4);                  \
+                else if (chunks == 5)                                                                                   \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 5);                  \
+                else if (chunks == 8)                                                                                   \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 8);                  \
+                else if (chunks == 16)                                                                                  \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 16);                 \
+                else                                                                                                    \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, chunks);             \
+            }                                                                                                           \
+            free(scores);                                                                                               \
+        }                                                                                                               \
+    }
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 /* The same with AVX-512: 16 floats a vector, the last one masked (any D); the softmax's exp by a polynomial
    (about 1 ulp; a score 127 below the row's largest weighs exactly 0, as -inf does). */
@@ -207,33 +237,10 @@ static inline __m512 sum16(const __m512 *a) {
         }                                                                                                               \
     }
 
-#define DEFINE_AVX512(NAME, T, ITEM_FN, GENERIC)                                                                        \
-    void NAME(ATTEND_ARGS(T)) {                                                                                      \
-        if (D > 16 * MAX_CHUNKS) {                                                                                      \
-            GENERIC(ATTEND_CALL);                                                                                       \
-            return;                                                                                                     \
-        }                                                                                                               \
-        const int64_t chunks = (D + 15) / 16;                                                                           \
-        const int64_t Lp = (L + 15) / 16 * 16; /* scores padded to whole vectors, the padding -inf */                  \
-        _Pragma("omp parallel num_threads(threads)") {                                                                  \
-            float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * Lp));                                        \
-            _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
-                ITEM(T)                                                                                                 \
-                if (chunks == 4)                                                                                        \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 4);                  \
-                else if (chunks == 8)                                                                                   \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 8);                  \
-                else                                                                                                    \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, chunks);             \
-            }                                                                                                           \
-            free(scores);                                                                                               \
-        }                                                                                                               \
-    }
-
 DEFINE_ITEM(item_f32, float, load_f32)
 DEFINE_ITEM(item_bf16, uint16_t, load_bf16)
-DEFINE_AVX512(rlvr_attend_f32, float, item_f32, generic_f32)
-DEFINE_AVX512(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16)
+DEFINE_VECTOR(rlvr_attend_f32, float, item_f32, generic_f32, 16)
+DEFINE_VECTOR(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16, 16)
 #elif defined(__AVX2__) && defined(__FMA__)
 /* The same with AVX2 and FMA (the AVX-512 path's structure): 8 floats a vector, the last one of a head masked (any D),
    eight slots' dot products summed together by sum8, the softmax's exp by the same polynomial (a score more than 86
@@ -373,37 +380,10 @@ static inline float add8(__m256 v) {
         }                                                                                                               \
     }
 
-#define DEFINE_AVX2(NAME, T, ITEM_FN, GENERIC)                                                                          \
-    void NAME(ATTEND_ARGS(T)) {                                                                                      \
-        if (D > 8 * MAX_CHUNKS) {                                                                                       \
-            GENERIC(ATTEND_CALL);                                                                                       \
-            return;                                                                                                     \
-        }                                                                                                               \
-        const int64_t chunks = (D + 7) / 8;                                                                             \
-        const int64_t Lp = (L + 7) / 8 * 8; /* scores padded to whole vectors, the padding -inf */                     \
-        _Pragma("omp parallel num_threads(threads)") {                                                                  \
-            float *scores = aligned_alloc(32, sizeof(float) * (size_t)(R * Lp));                                        \
-            _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
-                ITEM(T)                                                                                                 \
-                if (chunks == 4)                                                                                        \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 4);                  \
-                else if (chunks == 5)                                                                                   \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 5);                  \
-                else if (chunks == 8)                                                                                   \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 8);                  \
-                else if (chunks == 16)                                                                                  \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 16);                 \
-                else                                                                                                    \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, chunks);             \
-            }                                                                                                           \
-            free(scores);                                                                                               \
-        }                                                                                                               \
-    }
-
 DEFINE_ITEM(item_f32, float, load8_f32)
 DEFINE_ITEM(item_bf16, uint16_t, load8_bf16)
-DEFINE_AVX2(rlvr_attend_f32, float, item_f32, generic_f32)
-DEFINE_AVX2(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16)
+DEFINE_VECTOR(rlvr_attend_f32, float, item_f32, generic_f32, 8)
+DEFINE_VECTOR(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16, 8)
 #else
 #define FORWARD(NAME, T, GENERIC)                                                                                       \
     void NAME(ATTEND_ARGS(T)) {                                                                                      \
