@@ -201,3 +201,109 @@ def test_bf16_autocast_keeps_bf16_weights_and_takes_its_own_bounds():
     torch.testing.assert_close(out.float(), want.float(), rtol=0, atol=1e-2)  # at most an ulp of bf16 on some weights
     out.float().sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+# --- SDPA over chunks of the queries (causal_sdpa) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("Lq,Lk", [(127, 127), (128, 128), (259, 259), (256, 268), (1024, 1024), (3000, 3100)])
+def test_causal_chunks_cover_every_query_once_with_the_keys_it_sees(Lq, Lk):
+    chunks = attention.causal_chunks(Lq, Lk)
+    want = 1 if Lq < attention.CHUNK_MIN_QUERIES else min(attention.CHUNKS_MAX, round(Lq / attention.CHUNK_QUERIES))
+    assert len(chunks) == want
+    assert [c[0] for c in chunks] == [0] + [c[1] for c in chunks[:-1]] and chunks[-1][1] == Lq
+    assert all(end == i1 + Lk - Lq and i1 > i0 for i0, i1, end in chunks)
+
+
+@pytest.mark.parametrize("H,Hkv,Lq,Lk,pads", [(4, 2, 130, 130, None), (6, 2, 140, 151, [0, 9, 30]), (8, 2, 300, 300, [5, 0, 299])])
+def test_chunked_sdpa_is_one_sdpa_call_in_float64(H, Hkv, Lq, Lk, pads):
+    q, k, v = _qkv(H=H, Hkv=Hkv, Lq=Lq, Lk=Lk, D=8)
+    mask = None if pads is None else _padding_mask(3, Lq, Lk, pads)
+    real = torch.ones(3, Lq, dtype=torch.bool) if mask is None else mask[:, 0].any(-1)  # [B, Lq] queries with a key
+    g = torch.randn(3, Lq, H, 8, dtype=torch.float64) * real[..., None, None]
+    outs, grads = [], []
+    for f in (lambda: attention.causal_sdpa(q, k, v, mask, 0.3, 0.0, {}), lambda: _sdpa(q, k, v, mask, 0.3)):
+        out = f()
+        outs.append(out[real])
+        grads.append(torch.autograd.grad(out, (q, k, v), g))
+    assert len(attention.causal_chunks(Lq, Lk)) > 1
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-10)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_causal_sdpa_only_where_it_is_the_same_math_and_pays():
+    q, k, v = _qkv(H=4, Hkv=2, Lq=130, Lk=130, D=8)
+    mask = _padding_mask(3, 130, 130, [0, 3, 7])
+    assert attention.causal_sdpa(q, k, v, mask, 0.3, 0.0, {}) is not None
+    assert attention.causal_sdpa(q, k, v, None, 0.3, 0.0, {}) is not None  # None over equal lengths: causal
+    seen_later = mask.clone()
+    seen_later[1, 0, 5, 100] = True  # query 5 of row 1 sees key 100: not causal
+    mha_q, mha_k, mha_v = _qkv(H=2, Hkv=2, Lq=130, Lk=130, D=8)
+    short = _qkv(H=4, Hkv=2, Lq=127, Lk=127, D=8)
+    for args, kw in [
+        ((q, k, v, seen_later, 0.3, 0.0, {}), {}),
+        ((q, k, v, prefix_attention.additive_bias(mask, torch.float64), 0.3, 0.0, {}), {}),  # additive: left to SDPA
+        ((q, k, v, mask, 0.3, 0.1, {}), {}),  # dropout
+        ((q, k, v, mask, 0.3, 0.0, {"sliding_window": 64}), {}),
+        ((mha_q, mha_k, mha_v, _padding_mask(3, 130, 130, [0, 3, 7]), 0.3, 0.0, {}), {}),  # a kv head per query head
+        ((*short, _padding_mask(3, 127, 127, [0, 3, 7]), 0.3, 0.0, {}), {}),  # too few queries
+        ((q.detach(), k.detach(), v.detach(), mask, 0.3, 0.0, {}), {}),  # no gradient
+    ]:
+        assert attention.causal_sdpa(*args, **kw) is None
+    with torch.no_grad():
+        assert attention.causal_sdpa(q, k, v, mask, 0.3, 0.0, {}) is None
+
+
+@pytest.fixture(scope="module")
+def long_llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, pad_token_id=0, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).train()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_llamas_long_rows_through_the_chunks_equal_one_call_in_float64(long_llama, shared, monkeypatch):
+    model = long_llama.double()
+    taken: list[bool] = []
+    causal_sdpa = attention.causal_sdpa
+    monkeypatch.setattr(attention, "causal_sdpa", lambda *a: taken.append((out := causal_sdpa(*a)) is not None) or out)
+    results = []
+    try:
+        for chunked in (True, False):
+            monkeypatch.setattr(attention, "CHUNKED", chunked)
+            results.append(_logp_and_grads(model, _batch(C=150), shared, 0, monkeypatch, []))
+    finally:
+        long_llama.float()
+    # both layers' completions (over the repeated prompt when shared; the 7-token prompts' pass too short) or whole
+    # rows went through the chunks, with CHUNKED on only
+    assert taken.count(True) == 2 and len(taken) == 4 * (1 + shared)
+    (logp_c, grad_c), (logp_o, grad_o) = results
+    assert bool((logp_c != 0).any())
+    torch.testing.assert_close(logp_c, logp_o, rtol=0, atol=1e-10)
+    for name in grad_o:
+        torch.testing.assert_close(grad_c[name], grad_o[name], rtol=0, atol=1e-10, msg=name)
+
+
+def test_the_chunks_under_bf16_autocast_as_close_to_fp32_as_one_call(long_llama, monkeypatch):
+    monkeypatch.setattr(attention, "CHUNKED", False)
+    truth_logp, truth_grad = _logp_and_grads(long_llama, _batch(C=150), False, 0, monkeypatch, [])
+    got, taken = {}, []
+    causal_sdpa = attention.causal_sdpa
+    monkeypatch.setattr(attention, "causal_sdpa", lambda *a: taken.append((out := causal_sdpa(*a)) is not None) or out)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for chunked in (True, False):
+            monkeypatch.setattr(attention, "CHUNKED", chunked)
+            got[chunked] = _logp_and_grads(long_llama, _batch(C=150), False, 0, monkeypatch, [])
+    assert taken == [True, True, False, False]  # both layers' rows through the chunks, then through one call
+
+    def err(a, b):  # max error relative to the largest value
+        return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
+
+    (logp_c, grad_c), (logp_o, grad_o) = got[True], got[False]
+    assert err(logp_c, truth_logp) <= 1.5 * err(logp_o, truth_logp) + 1e-3
+    for name in truth_grad:
+        assert err(grad_c[name], truth_grad[name]) <= 1.5 * err(grad_o[name], truth_grad[name]) + 1e-3, name

@@ -7,7 +7,9 @@ bench/results/attention_cpu.md). Past a number of query x key positions per head
 more memory traffic than the kernel saves, and SDPA wins again: about 150 x 150 where the weights are kept in fp32,
 about 300 x 300 where bf16 autocast keeps them in bf16 (EXPLICIT_MAX). So the training forward (the one forward
 with a gradient) computes such attention explicitly and hands everything else to transformers' SDPA function
-unchanged: the no-gradient forwards, long sequences, dropout, soft-capping, other devices, torch.compile.
+unchanged: the no-gradient forwards, long sequences, dropout, soft-capping, other devices, torch.compile. Long causal
+rows of grouped-query heads are the exception: the kernel splits the keys in blocks of 512 and skips none of the
+scores above the diagonal, so they run as SDPA per chunk of the queries over the keys each chunk sees (causal_sdpa).
 
 The math is SDPA's: softmax(q k^T x scale + mask) v, grouped-query heads reading their kv head (transformers'
 repeat_kv order). In fp32 (and fp64) it equals SDPA up to rounding; under bf16 autocast the two products run in bf16
@@ -25,6 +27,7 @@ import contextlib
 from typing import Iterator, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -55,22 +58,119 @@ EXPLICIT_MAX = {
 }
 
 
-def _explicit_pays(query: torch.Tensor, Lk: int, Hkv: int, dropout: float, kwargs: dict, *, per_head_bound: bool = True) -> bool:
-    """Whether the explicit products run this call: query [B, H, Lq, D] over Lk keys of Hkv heads."""
-    Lq = query.shape[2]
-    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    bounds = EXPLICIT_MAX["bf16" if bf16 else "fp32"]
+def _plain_training_call(query: torch.Tensor, dropout: float, kwargs: dict) -> bool:
+    """Whether this call is the CPU training forward's plain attention: a gradient, no dropout, no soft-capping,
+    sliding window, position bias or sinks, not under torch.compile."""
     return (
         query.device.type == "cpu"
         and query.requires_grad
         and torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and dropout == 0.0
+        and not any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias", "s_aux", "sinks"))
+    )
+
+
+def _explicit_pays(query: torch.Tensor, Lk: int, Hkv: int, dropout: float, kwargs: dict, *, per_head_bound: bool = True) -> bool:
+    """Whether the explicit products run this call: query [B, H, Lq, D] over Lk keys of Hkv heads."""
+    Lq = query.shape[2]
+    bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    bounds = EXPLICIT_MAX["bf16" if bf16 else "fp32"]
+    return (
+        _plain_training_call(query, dropout, kwargs)
         and (not per_head_bound or Lq * Lk <= bounds.scores)
         and query.shape[0] * query.shape[1] * Lq * Lk <= bounds.elements
         and query.shape[1] % Hkv == 0
-        and not any(kwargs.get(k) is not None for k in ("softcap", "sliding_window", "position_bias", "s_aux", "sinks"))
     )
+
+
+# SDPA over chunks of the queries (causal_sdpa)
+CHUNKED = True  # False: one SDPA call over every query (bench A/B)
+CHUNK_MIN_QUERIES = 128  # fewer queries: one call
+CHUNK_QUERIES = 64  # about this many queries a chunk (the flash kernel splits the queries in blocks of 64)
+CHUNKS_MAX = 16
+
+
+def causal_chunks(Lq: int, Lk: int) -> list[tuple[int, int, int]]:
+    """(first query, query end, key end) per chunk of a causal attention aligned to the last key (query i sees keys up
+    to i + Lk - Lq): one chunk below CHUNK_MIN_QUERIES queries, else about Lq / CHUNK_QUERIES of near-equal length."""
+    n = 1 if Lq < CHUNK_MIN_QUERIES else max(1, min(CHUNKS_MAX, round(Lq / CHUNK_QUERIES)))
+    bounds = [Lq * i // n for i in range(n + 1)]
+    return [(i0, i1, i1 + Lk - Lq) for i0, i1 in zip(bounds, bounds[1:])]
+
+
+def _chunk_masks(attention_mask: torch.Tensor | None, chunks: list, device) -> list[torch.Tensor] | None:
+    """Each chunk's bool mask [B or 1, 1, its queries, its key end]; None where a query of some chunk sees a key past
+    the chunk's end (the mask is not causal)."""
+    if attention_mask is None:  # causal over Lq == Lk: query i0 + r sees keys up to i0 + r
+        return [torch.ones(i1 - i0, end, dtype=torch.bool, device=device).tril(i0)[None, None] for i0, i1, end in chunks]
+    if any(bool(attention_mask[:, :, i0:i1, end:].any()) for i0, i1, end in chunks):
+        return None
+    return [attention_mask[:, :, i0:i1, :end] for i0, i1, end in chunks]
+
+
+def causal_sdpa(query, key, value, attention_mask, scale: float | None, dropout: float, kwargs: dict) -> torch.Tensor | None:
+    """SDPA per chunk of the queries (causal_chunks), each over the keys it sees, [B, Lq, H, D]; None where that does
+    not apply: not the plain training call, fewer than CHUNK_MIN_QUERIES queries, a kv head per query head, a mask other
+    than bool [B or 1, 1, Lq, Lk] (or None over Lq == Lk: causal), or one that lets a query see a later key.
+
+    The same math as one call, each output summed over fewer keys (only masked ones left out): equal up to rounding
+    (~1e-7 relative in fp32). Grouped-query heads only: the chunks' key and value gradients are summed in memory, and
+    with as many kv heads as query heads that cost about what the chunks saved (64 rows x 8 heads of 64 at 256 x 256,
+    fp32: 1.05-1.3x one call's time), where with 2-4 query heads per kv head forward + backward took 0.65-0.85x
+    (bench/results/causal_chunks_amd.md)."""
+    Lq, Lk = query.shape[2], key.shape[2]
+    grouped = query.shape[1] >= 2 * key.shape[1] and query.shape[1] % key.shape[1] == 0
+    if not (CHUNKED and grouped and Lq >= CHUNK_MIN_QUERIES and Lk >= Lq and _plain_training_call(query, dropout, kwargs)):
+        return None
+    if attention_mask is None:
+        if Lq != Lk:
+            return None
+    elif attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (Lq, Lk):
+        return None
+    return chunked_sdpa(query, key, value, attention_mask, scale)
+
+
+def chunked_sdpa(query, key, value, attention_mask: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
+    """causal_sdpa's work without its conditions, [B, Lq, H, D]; None where a query sees a key past its chunk's end."""
+    chunks = causal_chunks(query.shape[2], key.shape[2])
+    masks = _chunk_masks(attention_mask, chunks, query.device)
+    if masks is None:
+        return None
+    return _ChunkedSDPA.apply(query, key, value, chunks, masks, scale).transpose(1, 2).contiguous()  # [B, Lq, H, D]
+
+
+class _ChunkedSDPA(torch.autograd.Function):
+    """SDPA per chunk of queries over the keys [0, end) they see, [B, H, Lq, D]. Each chunk's call keeps its own
+    graph, and the backward sums the chunks' key and value gradients into one buffer in place (autograd over the
+    slices gave every chunk a zero-filled gradient the size of all the keys, then added those up)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, chunks, masks, scale):
+        gqa = query.shape[1] != key.shape[1]  # the kernel reads each query head's kv head (transformers' repeat_kv order)
+        ctx.chunks, ctx.calls, outs = chunks, [], []
+        with torch.enable_grad():
+            for (i0, i1, end), mask in zip(chunks, masks):
+                q, k, v = (t.requires_grad_() for t in (query.detach()[:, :, i0:i1], key.detach()[:, :, :end], value.detach()[:, :, :end]))
+                out = F.scaled_dot_product_attention(q, k, v, mask, scale=scale, enable_gqa=gqa)
+                ctx.calls.append((out, (q, k, v)))
+                outs.append(out.detach())
+        ctx.like = [(t.shape, t.dtype) for t in (query, key, value)]  # the gradients'
+        return torch.cat(outs, dim=2)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (q_shape, q_dtype), (k_shape, k_dtype), (v_shape, v_dtype) = ctx.like
+        d_query = torch.empty(q_shape, dtype=q_dtype, device=d_out.device)
+        d_key = torch.zeros(k_shape, dtype=k_dtype, device=d_out.device)
+        d_value = torch.zeros(v_shape, dtype=v_dtype, device=d_out.device)
+        for (i0, i1, end), (out, parts) in zip(ctx.chunks, ctx.calls):
+            dq, dk, dv = torch.autograd.grad(out, parts, d_out[:, :, i0:i1])
+            d_query[:, :, i0:i1] = dq
+            d_key[:, :, :end] += dk
+            d_value[:, :, :end] += dv
+        ctx.calls = ctx.like = None
+        return d_query, d_key, d_value, None, None, None
 
 
 def explicit_attention(
@@ -132,6 +232,8 @@ def training_attention(module, query, key, value, attention_mask, dropout: float
     # a mask, or None for causal over equal lengths or one query
     known_mask = attention_mask is not None or query.shape[2] in (1, key.shape[2])
     if not (known_mask and _explicit_pays(query, key.shape[2], key.shape[1], dropout, kwargs)):
+        if known_mask and (chunked := causal_sdpa(query, key, value, attention_mask, scaling, dropout, kwargs)) is not None:
+            return chunked, None
         kwargs.update(dropout=dropout, scaling=scaling, is_causal=is_causal)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return explicit_attention(query, key, value, attention_mask, scale), None
