@@ -1,6 +1,6 @@
 """The training forward's SDPA calls over chunks of the queries (rlvr.models.attention.causal_sdpa) or as one call.
 
-    python bench/causal_chunks_ab.py --configs L,F,C,H --reps 6 --out bench/results/causal_chunks_amd.md
+    python bench/causal_chunks_ab.py --configs L,F,C,H --reps 6 --out bench/results/causal_chunks_avx2.md
 
 Two tables. The op: forward + backward of one causal attention with left padding on half the rows (a bool mask, as
 transformers hands SDPA), transformers' SDPA function (one call) against the chunks (chunked_sdpa: causal_sdpa
