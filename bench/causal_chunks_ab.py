@@ -1,6 +1,7 @@
 """The training forward's SDPA calls over chunks of the queries (rlvr.models.attention.causal_sdpa) or as one call.
 
     python bench/causal_chunks_ab.py --configs L,F,C,H --reps 6 --out bench/results/causal_chunks_avx2.md
+    python bench/causal_chunks_ab.py --no-ops --configs L512 --shape 'L512={"llama": {...}, "max_new_tokens": 512}'
 
 Two tables. The op: forward + backward of one causal attention with left padding on half the rows (a bool mask, as
 transformers hands SDPA), transformers' SDPA function (one call) against the chunks (chunked_sdpa: causal_sdpa
@@ -27,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import floor  # noqa: E402
 from _floor_step import micro_batch_ab, relative_gap  # noqa: E402
 from _report import cpu_name, table_row  # noqa: E402
 
@@ -77,22 +79,26 @@ def op_ab(shape: tuple, bf16: bool, reps: int) -> tuple[float, float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="L,F,C,H", help="bench/floor.py configs for the micro-batch table ('' for none)")
+    ap.add_argument("--shape", action="append", default=[], help="NAME=JSON as bench/floor.py's --shape")
+    ap.add_argument("--no-ops", action="store_true", help="the micro-batch table alone")
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--out", default="bench/results/causal_chunks.md")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    for shape in args.shape:
+        floor.add_shape(shape)
     lines = [
         "# The training forward's SDPA over chunks of the queries against one call",
         "",
         f"Command: `python bench/causal_chunks_ab.py {shlex.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d %H:%M')})  ",
         f"Machine: {cpu_name()}, torch {torch.__version__}, 2 threads. Medians of {args.reps} alternating runs a way.",
         "",
-        "## One attention, forward + backward",
-        "",
-        table_row("B, H, Hkv, Lq, Lk, D", "chunks (rlvr's)", "precision", "one call ms", "chunked ms", "chunked / one", "gradient gap"),
-        table_row(*["---"] * 7),
     ]
-    for shape in SHAPES:
+    if not args.no_ops:
+        lines += ["## One attention, forward + backward", ""]
+        header = ("B, H, Hkv, Lq, Lk, D", "chunks (rlvr's)", "precision", "one call ms", "chunked ms", "chunked / one", "gradient gap")
+        lines += [table_row(*header), table_row(*["---"] * 7)]
+    for shape in [] if args.no_ops else SHAPES:
         for bf16 in (False, True):
             one, chunked, gap = op_ab(shape, bf16, args.reps)
             n = len(attention.causal_chunks(shape[3], shape[4]))
@@ -104,6 +110,7 @@ def main() -> None:
     configs = [c for c in args.configs.split(",") if c]
     if configs:
         lines += ["", "## A floor config's first micro-batch, forward + backward", ""]
+        lines += [f"Shapes: {', '.join(args.shape)}", ""] if args.shape else []
         lines += [table_row("config", "precision", "one call s", "chunked s", "chunked / one", "gradient gap"), table_row(*["---"] * 6)]
     for name in configs:
         ways = {"one": lambda: setattr(attention, "CHUNKED", False), "chunked": lambda: setattr(attention, "CHUNKED", True)}
