@@ -116,9 +116,9 @@ def causal_sdpa(query, key, value, attention_mask, scale: float | None, dropout:
 
     The same math as one call, each output summed over fewer keys (only masked ones left out): equal up to rounding
     (~1e-7 relative in fp32). Grouped-query heads only: the chunks' key and value gradients are summed in memory, and
-    with as many kv heads as query heads that cost about what the chunks saved (64 rows x 8 heads of 64 at 256 x 256,
-    fp32: 1.05-1.3x one call's time), where with 2-4 query heads per kv head forward + backward took 0.65-0.85x
-    (bench/results/causal_chunks_avx2.md)."""
+    with as many kv heads as query heads that cost about what the chunks saved (fp32, 8 heads of 64 at 259-256
+    queries: 1.01-1.11x one call's time), where with 2-4 query heads per kv head forward + backward took 0.64-0.88x
+    in fp32 and 0.62-0.75x under bf16 autocast at 128-1024 queries (AMD EPYC, bench/results/causal_chunks_avx2.md)."""
     Lq, Lk = query.shape[2], key.shape[2]
     grouped = query.shape[1] >= 2 * key.shape[1] and query.shape[1] % key.shape[1] == 0
     if not (CHUNKED and grouped and Lq >= CHUNK_MIN_QUERIES and Lk >= Lq and _plain_training_call(query, dropout, kwargs)):
