@@ -38,6 +38,30 @@ OLD_STORE = """INLINE void store(void *out, int64_t j, int64_t n, vec d, int bf1
 """
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 ARGS = (_P, _P, _P, _P, _I, _I, _I, ctypes.c_int, ctypes.c_int, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_int)
+U, HKV, G, R, C, P = 4, 2, 16, 4 * 48, 48, 260  # config F's training micro-batch: its scores' rows and widths
+
+
+def time_builds(kernels: dict, dtype: torch.dtype, reps: int, threads: int) -> tuple[dict, dict]:
+    """({(build, phase): best ms}, {phase: whether the builds gave the same bits}) of rlvr_softmax_pair `kernels`
+    (build -> function) at config F's scores in `dtype`, forward and backward, `reps` alternating calls each."""
+    rows = U * HKV * G * R
+    a0, b0, bias = torch.randn(rows, P).to(dtype), torch.randn(rows, C).to(dtype), torch.zeros(C, C, dtype=dtype)
+    best: dict[tuple[str, str], float] = {}
+    outputs: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    for i in range(reps):
+        for way in list(kernels) if i % 2 == 0 else list(kernels)[::-1]:
+            for phase, back in (("forward", 0), ("backward", 1)):
+                a, b = a0.clone(), b0.clone()
+                t = time.perf_counter()
+                kernels[way](
+                    a.data_ptr(), b.data_ptr(), a0.data_ptr() if back else None, b0.data_ptr() if back else None, rows, P, C,
+                    int(dtype == torch.bfloat16), back, None, None if back else bias.data_ptr(), 0, 0, C, U, G, R, threads,
+                )  # fmt: skip
+                best[way, phase] = min(best.get((way, phase), float("inf")), time.perf_counter() - t)
+                outputs[way, phase] = (a, b)
+    first, second = list(kernels)[:2]
+    same = {ph: all(torch.equal(x, y) for x, y in zip(outputs[first, ph], outputs[second, ph])) for ph in ("forward", "backward")}
+    return {k: v * 1e3 for k, v in best.items()}, same
 
 
 def before_source(folder: Path) -> Path:
@@ -65,23 +89,9 @@ def main() -> None:
         builds = {"before": before_source(Path(tmp)), "after": Path(native_softmax_pair.SOURCE)}
         kernels = {way: native_build.function(src, "rlvr_softmax_pair", ARGS, ctypes.c_int) for way, src in builds.items()}
     assert all(kernels.values()), {way: native_build.why_not(src) for way, src in builds.items()}
-    U, Hkv, G, R, C, P = 4, 2, 16, 4 * 48, 48, 260
-    rows = U * Hkv * G * R
-    a0, b0, bias = torch.randn(rows, P), torch.randn(rows, C), torch.zeros(C, C)
-    best: dict[tuple[str, str], float] = {}
-    outputs: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    for i in range(args.reps):
-        for way in ("before", "after") if i % 2 == 0 else ("after", "before"):
-            for phase, back in (("forward", 0), ("backward", 1)):
-                a, b = a0.clone(), b0.clone()
-                t = time.perf_counter()
-                kernels[way](
-                    a.data_ptr(), b.data_ptr(), a0.data_ptr() if back else None, b0.data_ptr() if back else None, rows, P, C, 0, back,
-                    None, None if back else bias.data_ptr(), 0, 0, C, U, G, R, args.threads,
-                )  # fmt: skip
-                best[way, phase] = min(best.get((way, phase), float("inf")), time.perf_counter() - t)
-                outputs[way, phase] = (a, b)
+    ms, same = time_builds(kernels, torch.float32, args.reps, args.threads)
     torch.set_num_threads(args.threads)
+    rows = U * HKV * G * R
     lines = result_head(
         "native_lanes.h's whole-vector store against a store of n floats (native_softmax_pair.c)",
         "cd bench && python lanes_store_ab.py " + shlex.join(sys.argv[1:]),
@@ -89,9 +99,8 @@ def main() -> None:
         ["phase", "before ms", "after ms", "after / before", "same bits"],
     )
     for phase in ("forward", "backward"):
-        same = all(torch.equal(x, y) for x, y in zip(outputs["before", phase], outputs["after", phase]))
-        ms = [best[way, phase] * 1e3 for way in ("before", "after")]
-        lines.append(table_row(phase, f"{ms[0]:.2f}", f"{ms[1]:.2f}", f"{ms[1] / ms[0]:.2f}", same))
+        before, after = ms["before", phase], ms["after", phase]
+        lines.append(table_row(phase, f"{before:.2f}", f"{after:.2f}", f"{after / before:.2f}", same[phase]))
     emit(lines, args.out)
 
 

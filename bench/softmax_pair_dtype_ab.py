@@ -1,7 +1,7 @@
 """native_softmax_pair.c against its source at another commit (default: before its rows went through one noinline
-function per dtype), at config F's training shape (4 prompts x 2 kv heads x 16 rows x 4 query heads x 48 completion
-tokens, 259 prompt keys), fp32 and bf16: each build's forward and backward, best of `--reps` alternating calls, and
-whether both give the same bits. The other build is compiled from that commit's file beside this tree's headers.
+function per dtype), at config F's training shape (lanes_store_ab.time_builds: 4 prompts x 2 kv heads x 16 rows x 4
+query heads x 48 completion tokens, 260 prompt keys), fp32 and bf16: each build's forward and backward, best of `--reps`
+alternating calls, and whether both give the same bits. The other build is compiled from that commit's file beside this tree's headers.
 
     python bench/softmax_pair_dtype_ab.py --before f95938c --reps 10 --out bench/results/softmax_pair_dtype_avx2.md
 """
@@ -24,12 +24,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _report import cpu_name, table_row  # noqa: E402
+from lanes_store_ab import ARGS, HKV, C, G, P, R, U, time_builds  # noqa: E402
 
 from rlvr.models import native_build, native_softmax_pair  # noqa: E402
-
-P_, I_ = ctypes.c_void_p, ctypes.c_int64
-ARGS = (P_, P_, P_, P_, I_, I_, I_, ctypes.c_int, ctypes.c_int, P_, P_, I_, I_, I_, I_, I_, I_, ctypes.c_int)
-U, HKV, G, R, C, P = 4, 2, 16, 4 * 48, 48, 259  # config F's training micro-batch
 
 
 def builds(before: str, tmp: Path) -> dict:
@@ -43,29 +40,6 @@ def builds(before: str, tmp: Path) -> dict:
     (tmp / "before_softmax_pair.c").write_text(old)
     shutil.copy(native_softmax_pair.SOURCE, tmp / "after_softmax_pair.c")
     return {w: native_build.function(tmp / f"{w}_softmax_pair.c", "rlvr_softmax_pair", ARGS, ctypes.c_int) for w in ("before", "after")}
-
-
-def measure(fns: dict, dtype: torch.dtype, reps: int) -> tuple[dict, bool]:
-    """Best seconds per (way, direction), and whether the ways gave the same bits."""
-    rows = U * HKV * G * R
-    g = torch.Generator().manual_seed(0)
-    a0, b0 = torch.randn(rows, P, generator=g).to(dtype), torch.randn(rows, C, generator=g).to(dtype)
-    bias = torch.zeros(C, C, dtype=dtype)
-    best: dict = {}
-    out: dict = {}
-    for i in range(reps):
-        for way in list(fns) if i % 2 == 0 else list(fns)[::-1]:
-            for back in (0, 1):
-                a, b = a0.clone(), b0.clone()
-                pa, pb = (a0.data_ptr(), b0.data_ptr()) if back else (None, None)
-                t = time.perf_counter()
-                fns[way](a.data_ptr(), b.data_ptr(), pa, pb, rows, P, C, int(dtype == torch.bfloat16), back, None,
-                         None if back else bias.data_ptr(), 0, 0, C, U, G, R, 2)  # fmt: skip
-                s = time.perf_counter() - t
-                best[(way, back)] = min(best.get((way, back), s), s)
-                out[(way, back)] = (a, b)
-    same = all(torch.equal(out[("before", k)][j], out[("after", k)][j]) for k in (0, 1) for j in (0, 1))
-    return best, same
 
 
 def main() -> None:
@@ -88,10 +62,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         fns = builds(args.before, Path(tmp))
         for dtype in (torch.float32, torch.bfloat16):
-            best, same = measure(fns, dtype, args.reps)
-            for back, name in ((0, "forward"), (1, "backward")):
-                b, a = best[("before", back)] * 1e3, best[("after", back)] * 1e3
-                row = (str(dtype).removeprefix("torch."), name, f"{b:.2f}", f"{a:.2f}", f"{a / b:.2f}", same)
+            ms, same = time_builds(fns, dtype, args.reps, 2)
+            for name in ("forward", "backward"):
+                b, a = ms["before", name], ms["after", name]
+                row = (str(dtype).removeprefix("torch."), name, f"{b:.2f}", f"{a:.2f}", f"{a / b:.2f}", same[name])
                 print(*row, flush=True)
                 lines.append(table_row(*row))
     Path(args.out).write_text("\n".join(lines) + "\n")

@@ -84,7 +84,7 @@ INLINE void softmax_grad(void *dp, const void *p, int64_t n, int bf16, float s) 
 
 /* one row. bf16 is a constant in each of row_f32 and row_bf16: the loop below runs in the function OpenMP outlines
    from rlvr_softmax_pair, for both dtypes, where bf16 would be a variable tested inside the loops over the row (fp32 on
-   an AVX2 build, config F's scores: forward 0.87-0.93x, backward 0.80-0.86x the time, the same bits;
+   an AVX2 build, config F's scores: forward 0.87-0.95x, backward 0.80-0.86x the time, the same bits;
    bench/results/softmax_pair_dtype_avx2.md) */
 INLINE void row_of(int64_t r, void *a, void *b, const void *pa, const void *pb, int64_t P, int64_t C, int backward,
                    const int64_t *starts, const void *bias_b, int64_t bu, int64_t bg, int64_t bc, int64_t per_u, int64_t G,
