@@ -54,9 +54,9 @@ def packed_modules(monkeypatch):
     seen: list[torch.nn.Module] = []
     packed = packed_linears._packed
 
-    def spy(module, rows, dtype):
+    def spy(module, rows, dtype, way):
         seen.append(module)
-        return packed(module, rows, dtype)
+        return packed(module, rows, dtype, way)
 
     monkeypatch.setattr(packed_linears, "_packed", spy)
     return seen
@@ -132,8 +132,9 @@ def _llama_256():
     return LlamaForCausalLM(config), tok
 
 
-def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules):
-    monkeypatch.setattr(packed_linears, "fp32_packs", lambda i, o, rows: True)  # as where packing measures faster
+@pytest.mark.parametrize("way", ["onednn", "native"])
+def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules, way):
+    monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: way)  # as where that way measures fastest
     model, tok = _llama_256()
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
 
@@ -158,44 +159,50 @@ def test_fp32_packing_is_measured_once_per_shape_and_machine_then_read_from_the_
     monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
     timed = []
 
-    def timing(i, o, rows):  # (packed s, F.linear s): packed faster only for the 256 x 256 weights
+    def timing(i, o, rows, ways):  # seconds per way: the native kernel fastest for 256 x 256, oneDNN for 256 x 512
         timed.append((i, o, rows))
-        return (1.0, 2.0) if (i, o) == (256, 256) else (2.0, 1.9)
+        assert ways == ("onednn", "native")
+        fastest = {(256, 256): "native", (256, 512): "onednn"}.get((i, o), "plain")
+        return {w: 1.0 if w == fastest else 1.9 + 0.1 * (w == "plain") for w in ("plain", *ways)}
 
     monkeypatch.setattr(packed_linears, "_time_fp32", timing)
     model, tok = _llama_256()
     with torch.no_grad():
         HFEngine(model, tok).generate(["12+7=", "3*4="], SamplingParams(n=4, temperature=1.0, max_new_tokens=8), [5, 6])
     layer = model.model.layers[0]
-    assert {layer.self_attn.q_proj, layer.self_attn.o_proj} <= set(packed_modules)
-    assert not {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} & set(packed_modules)  # measured slower
+    assert {layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj} <= set(packed_modules)
+    assert layer.mlp.down_proj not in packed_modules  # measured slower
+    assert packed_linears._PACKED.get(layer.self_attn.q_proj) is None  # a trainer's region: dropped at its end
     # once per shape and row bucket (the prefill's 16 rows, the decode's 8), not per layer or call
     assert len(timed) == len(set(timed)) and {(i, o) for i, o, _ in timed} == {(256, 256), (256, 512), (512, 256)}
     assert (256, 256, 8) in timed and {rows for _, _, rows in timed} <= {8, 16}
     cache = json.loads((tmp_path / "packing.json").read_text())
-    assert {(json.loads(k)["in"], json.loads(k)["out"], json.loads(k)["rows"], e["packs"]) for k, e in cache.items()} == {
-        (i, o, rows, (i, o) == (256, 256)) for i, o, rows in timed
+    ways = {(256, 256): "native", (256, 512): "onednn", (512, 256): "plain"}
+    assert {(json.loads(k)["in"], json.loads(k)["out"], json.loads(k)["rows"], e["way"]) for k, e in cache.items()} == {
+        (i, o, rows, ways[i, o]) for i, o, rows in timed
     }  # fmt: skip
     n = len(timed)
-    assert packed_linears.fp32_packs(256, 256, 5) and not packed_linears.fp32_packs(512, 256, 7)  # 5 and 7 rows: bucket 8
+    assert packed_linears.fp32_way(256, 256, 5) == "native" and packed_linears.fp32_way(512, 256, 7) == "plain"  # bucket 8
     assert len(timed) == n
     monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})  # a new process on this machine: the file decides
-    assert packed_linears.fp32_packs(256, 256, 8) and not packed_linears.fp32_packs(256, 512, 8)
+    assert packed_linears.fp32_way(256, 256, 8) == "native" and packed_linears.fp32_way(256, 512, 8) == "onednn"
     assert len(timed) == n
-    assert packed_linears.fp32_packs(256, 256, 64) and timed[-1] == (256, 256, 64)  # 64 rows: measured anew
+    assert packed_linears.fp32_way(256, 256, 64) == "native" and timed[-1] == (256, 256, 64)  # 64 rows: measured anew
     assert len(timed) == n + 1
 
 
-def test_fp32_packing_measurement_times_both_products(tmp_path, monkeypatch):
+def test_fp32_packing_measurement_times_every_way(tmp_path, monkeypatch):
     monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
     monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
-    packs = packed_linears.fp32_packs(320, 320, 40)
+    way = packed_linears.fp32_way(320, 320, 40)
     (key, entry), = json.loads((tmp_path / "packing.json").read_text()).items()  # fmt: skip
     assert json.loads(key) | {"cpu": None, "torch": None} == {
-        "cpu": None, "torch": None, "threads": torch.get_num_threads(), "in": 320, "out": 320, "rows": 64
+        "cpu": None, "torch": None, "threads": torch.get_num_threads(), "in": 320, "out": 320, "rows": 64, "ways": "onednn,native"
     }  # fmt: skip
-    assert 0 < entry["packed_s"] < 0.1 and 0 < entry["plain_s"] < 0.1
-    assert packs == entry["packs"] == (entry["packed_s"] <= packed_linears.FP32_PACKED_AT_MOST * entry["plain_s"])
+    times = {w: entry[f"{w}_s"] for w in ("plain", "onednn", "native")}
+    assert all(0 < t < 0.1 for t in times.values()) and len(entry) == 4
+    fastest = min(("onednn", "native"), key=times.get)
+    assert way == entry["way"] == (fastest if times[fastest] <= packed_linears.FP32_PACKED_AT_MOST * times["plain"] else "plain")
 
 
 def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_model_dir):
@@ -259,7 +266,7 @@ def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_the
     with torch.no_grad():
         assert packed_linears.fused_decode_weight(projections, 24, True) is None  # no region
         with packed_linears.packed_linears_in(model):
-            assert packed_linears.fused_decode_weight(projections, 24, True) is None  # fp32: sums in another order
+            assert packed_linears.fused_decode_weight(projections, 24, True) is None  # fp32: k and v too small to pack
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 weight, bias = packed_linears.fused_decode_weight(projections, 24, True)
                 fused = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight, bias, "none", [], "")
@@ -292,3 +299,29 @@ def test_a_trained_model_generates_the_bits_a_frozen_one_does(tiny_model_dir):
     frozen = HFEngine(model, tok).generate(prompts, params, [5, 6, 7])
     assert torch.equal(trained.completion_ids, frozen.completion_ids)
     assert torch.equal(trained.sampling_logprobs, frozen.sampling_logprobs)
+
+
+def test_fp32_native_products_fuse_with_each_projections_bits_and_oneDNNs_do_not(monkeypatch):
+    """gate and up as one native fp32 product: each half exactly its module's own call in the region (each output its
+    own chain), packed again after a write; with oneDNN's fp32 products (sums in another order fused), or where the two
+    would run different ways, they stay apart."""
+    model, _ = _llama_256()
+    mlp = model.model.layers[0].mlp
+    projections = (mlp.gate_proj, mlp.up_proj)  # 512 + 512 outputs of 256 inputs
+    x = torch.randn(24, 256)
+    monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "native")
+    with torch.no_grad(), packed_linears.packed_linears_in(model):
+        weight, bias, way = packed_linears.fused_decode_weight(projections, 24, False)
+        assert way == "native" and bias is None
+        fused = packed_linears.packed_product(x, weight, bias, way, 1024)
+        assert torch.equal(fused, torch.cat([m(x) for m in projections], -1))
+        assert packed_linears.fused_decode_weight(projections, 5, False)[0] is weight  # another rows bucket: one copy
+        mlp.up_proj.weight.mul_(2.0)  # an optimizer step: packed again
+        again = packed_linears.fused_decode_weight(projections, 24, False)
+        assert again[0] is not weight
+        assert torch.equal(packed_linears.packed_product(x, *again, 1024), torch.cat([m(x) for m in projections], -1))
+        monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "onednn")
+        assert packed_linears.fused_decode_weight(projections, 24, False) is None
+        monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "native" if o == 512 else "plain")
+        attn = model.model.layers[0].self_attn  # q 256 x 256 native, k and v below FP32_MIN_WEIGHT: F.linear
+        assert packed_linears.fused_decode_weight((attn.q_proj, attn.k_proj, attn.v_proj), 24, False) is None

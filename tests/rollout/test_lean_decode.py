@@ -16,6 +16,7 @@ import rlvr.models.native_norm as native_norm
 import rlvr.rollout.engines.hf.steps as steps
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.data import render_prompt
+from rlvr.models import native_build, native_linear
 from rlvr.models.tokenizer import build_char_tokenizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engines.hf import HFEngine
@@ -404,8 +405,8 @@ def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):
     assert 0 < max(errors) < 2e-2, max(errors)
 
 
-@pytest.mark.parametrize("pack", [True, False], ids=["packed", "plain"])
-def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
+@pytest.mark.parametrize("way", ["onednn", "native", "plain"])
+def test_direct_products_are_the_module_calls_bit_for_bit(way, monkeypatch):
     """The step runs each projection directly from the weight its module's call in the packing region uses
     (compiled_decode.Product): the same bits as that call, packed or plain; outside a region, the module itself; the
     table follows the rows bucket."""
@@ -415,7 +416,9 @@ def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
     torch.manual_seed(3)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4)
     model = LlamaForCausalLM(cfg).eval()
-    monkeypatch.setattr(packed_linears, "fp32_packs", lambda i, o, rows: pack)  # the machine's choice, both ways
+    if way == "native" and not native_linear.available():
+        pytest.fail(f"the native linear kernel did not build here: {native_build.why_not(native_linear.SOURCE)}")
+    monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: way)  # the machine's choice, each way
     decoder = lean_decoder_for(model)
     assert decoder is not None
     x = torch.randn(24, 256)
@@ -426,8 +429,8 @@ def test_direct_products_are_the_module_calls_bit_for_bit(pack, monkeypatch):
         with packed_linears.packed_linears_in(model):
             decoder._direct = {}
             products = decoder._products(24, x.device)
-            assert all(type(p) is Product and p.packed == pack for p in _flat(products[:2]))  # fp32: nothing fused
-            assert type(products[-1]) is Product and not products[-1].packed  # lm_head: too small to pack
+            assert all(type(p) is Product and p.way == way for p in _flat(products[:2]))  # one kv head per q head: nothing fused
+            assert type(products[-1]) is Product and products[-1].way == "plain"  # lm_head: too small to pack
             for i, layer in enumerate(model.model.layers):
                 for p, m in zip(
                     (products[i].qkv[0], products[i].o, products[i].gate_up[0]),

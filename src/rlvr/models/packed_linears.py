@@ -1,4 +1,5 @@
-"""Decode-shaped products from weights pre-packed for oneDNN (CPU generation).
+"""Decode-shaped products from weights pre-packed once per generation (CPU generation): oneDNN's blocked layout, or
+the panels of rlvr.models.native_linear's fp32 kernel.
 
 A Linear's product on the CPU goes through a kernel that takes the weight in its plain layout at every call. At
 decode shapes (one token per row, tens of rows) the products ran much faster from a weight packed once into
@@ -9,17 +10,23 @@ oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/pack
     rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so smaller weights are never packed;
     the sums run in another order, so outputs differ from F.linear's by float rounding (~1e-5 relative at most).
     On an Intel Xeon the same products ran 0.85-0.92x packed at 512 wide and up but 1.01-1.17x at 320-384 wide
-    (a 9M model's generation 10 % slower packed), so whether an fp32 weight shape packs is measured on the machine:
-    once per (in, out, rows rounded up to a power of two, threads), kept in packing.json beside the precision
-    cache (~/.cache/rlvr/, RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and
-    draws the same samples for the same seeds. Delete the file to measure again.
+    (a 9M model's generation 10 % slower packed).
+The native fp32 kernel (native_linear.py) ran them faster again on an AMD EPYC without AVX-512 (weights read from
+memory, 2 threads; bench/results/native_linear_amd.md): 0.61-0.91x the time of the faster of F.linear and oneDNN at 64
+rows for weights of 64 x 64 to 2048 x 768, 0.53-0.80x at 16 rows, 0.67-0.98x at 256 (slower only for the narrowest:
+16 inputs or outputs, 64 x 64 at 256 rows); and each output's bits do not depend on the call (rows, threads, the
+weights packed beside it). So how an fp32
+weight shape runs (PLAIN: F.linear, ONEDNN, NATIVE) is measured on the machine: once per (in, out, rows rounded up to
+a power of two, threads, the ways compared), kept in packing.json beside the precision cache (~/.cache/rlvr/,
+RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and draws the same samples for the
+same seeds. Delete the file to measure again.
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
 packed at the first such call. The copies are dropped when the last region holding the model exits (a
 trainer's next step changes the weights; packing again costs one pass over them), or with `keep` kept while the
 weight is the same tensor at the same version (a generation server). Larger calls, calls with gradients, other
 dtypes and bf16 weights outside autocast run as before. tests/models/test_packed_linears.py checks the bf16 path
-bit for bit and the fp32 path to float rounding.
+bit for bit and the fp32 paths to float rounding.
 """
 
 from __future__ import annotations
@@ -33,11 +40,15 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from rlvr.models import native_linear
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
 FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
 FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes at most this share of F.linear's time
+# how a product runs: F.linear on the module's weight (PLAIN), oneDNN from its blocked layout (ONEDNN), or
+# rlvr.models.native_linear from its panels (NATIVE, fp32 only)
+PLAIN, ONEDNN, NATIVE = "plain", "onednn", "native"
 
 # module -> (the weight it was packed from, that weight's _version, packed weight, bias in its dtype or None)
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
@@ -46,7 +57,7 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDi
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 _SWAP_LOCK = threading.Lock()
-_FP32_CHOICES: dict[tuple[int, int, int, int], bool] = {}  # (in, out, rows bucket, threads) -> packs: packing.json, read once
+_FP32_CHOICES: dict[tuple[int, int, int, int], str] = {}  # (in, out, rows bucket, threads) -> way: packing.json, read once
 _EXACT: dict[tuple, bool] = {}  # (in, outs, biases, rows bucket, threads) -> fused products give the separate ones' bits
 
 
@@ -75,61 +86,89 @@ def _plain(module: torch.nn.Module) -> bool:
     )
 
 
-def _packed(module: torch.nn.Linear, rows: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _pack(weights: Sequence[torch.Tensor], rows: int, dtype: torch.dtype, way: str) -> torch.Tensor:
+    """Weights [out_i, in] (outputs side by side) packed for `way` in `dtype`."""
+    if way == NATIVE:
+        return native_linear.pack(weights)
+    weight = weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+    return torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), rows)
+
+
+def _packed(module: torch.nn.Linear, rows: int, dtype: torch.dtype, way: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     w = module.weight
     kept = _PACKED.get(module)
-    if kept is None or kept[0] is not w or kept[1] != w._version or kept[2].dtype != dtype:
-        bias = None if module.bias is None else module.bias.detach().to(dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w.detach().to(dtype), rows)
-        kept = _PACKED[module] = (w, w._version, packed, bias)
+    if kept is None or kept[0] is not w or kept[1] != w._version or kept[2].dtype != dtype or kept[4] != way:
+        bias = None if module.bias is None else module.bias.detach().to(dtype).contiguous()
+        kept = _PACKED[module] = (w, w._version, _pack([w], rows, dtype, way), bias, way)
     return kept[2], kept[3]
 
 
-def _packed_dtype(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16_ok: bool) -> torch.dtype | None:
-    """The dtype a call of `rows` rows of `x_dtype` runs its product in from a packed weight, or None: the call runs as before."""
+def packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, way: str, out_features: int) -> torch.Tensor:
+    """x W^T + b the `way` a packing region's Linear call runs it, from the weight `_pack` made for that way (PLAIN: the
+    module's own), for callers that hold the weight themselves (the lean decode step)."""
+    if way == ONEDNN:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    if way == NATIVE:
+        return native_linear.linear(x, weight, bias, out_features)
+    return F.linear(x, weight, bias)
+
+
+def _packing(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16_ok: bool) -> tuple[torch.dtype, str] | None:
+    """(dtype, way) a call of `rows` rows of `x_dtype` runs its product in from a packed weight, or None: the call runs
+    as before."""
     if rows > DECODE_ROWS_MAX or torch.is_grad_enabled():
         return None
     if torch.is_autocast_enabled("cpu"):  # autocast's product: inputs, weight and bias in bf16
         bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x_dtype in (torch.float32, torch.bfloat16)
-        return torch.bfloat16 if bf16 else None
-    fp32 = x_dtype == module.weight.dtype == torch.float32 and module.weight.numel() >= FP32_MIN_WEIGHT
-    return torch.float32 if fp32 and fp32_packs(module.in_features, module.out_features, rows) else None
+        return (torch.bfloat16, ONEDNN) if bf16 else None
+    if x_dtype != torch.float32 or module.weight.dtype != torch.float32 or module.weight.numel() < FP32_MIN_WEIGHT:
+        return None
+    way = fp32_way(module.in_features, module.out_features, rows)
+    return None if way == PLAIN else (torch.float32, way)
 
 
-def fp32_packs(in_features: int, out_features: int, rows: int) -> bool:
-    """Whether fp32 products of this weight shape at `rows` rows run from a packed weight: measured on this machine
-    the first time (packed against F.linear), then read from packing.json (module docstring)."""
+def fp32_ways() -> tuple[str, ...]:
+    """The packed ways an fp32 product can take here: oneDNN's, and the native kernel where it builds."""
+    return (ONEDNN, NATIVE) if native_linear.available() else (ONEDNN,)
+
+
+def fp32_way(in_features: int, out_features: int, rows: int) -> str:
+    """How fp32 products of this weight shape at `rows` rows run (PLAIN, ONEDNN or NATIVE): measured on this machine the
+    first time, then read from packing.json (module docstring)."""
     shape = (in_features, out_features, power_of_two_at_least(rows), torch.get_num_threads())
     choice = _FP32_CHOICES.get(shape)
     if choice is None:
-        choice = _FP32_CHOICES[shape] = _measured_choice(*shape[:3])
+        choice = _FP32_CHOICES[shape] = _measured_way(*shape[:3])
     return choice
 
 
-def _measured_choice(in_features: int, out_features: int, rows: int) -> bool:
+def _measured_way(in_features: int, out_features: int, rows: int) -> str:
+    """The fastest of fp32_ways() where it takes at most FP32_PACKED_AT_MOST of F.linear's time, else PLAIN."""
+    ways = fp32_ways()
+
     def measure() -> dict:
-        packed_s, plain_s = _time_fp32(in_features, out_features, rows)
-        return {"packs": packed_s <= FP32_PACKED_AT_MOST * plain_s, "packed_s": packed_s, "plain_s": plain_s}
+        times = _time_fp32(in_features, out_features, rows, ways)
+        best = min(ways, key=lambda w: times[w])
+        return {"way": best if times[best] <= FP32_PACKED_AT_MOST * times[PLAIN] else PLAIN} | {f"{w}_s": t for w, t in times.items()}
 
-    entry = measured_once("packing", {"in": in_features, "out": out_features, "rows": rows}, measure)
-    return bool(entry.get("packs"))
+    shape = {"in": in_features, "out": out_features, "rows": rows, "ways": ",".join(ways)}
+    way = measured_once("packing", shape, measure).get("way")
+    return way if way in ways else PLAIN
 
 
-def _time_fp32(in_features: int, out_features: int, rows: int) -> tuple[float, float]:
-    """Seconds per product (packed, F.linear) of random fp32 data of this shape (machine_cache.fastest_times)."""
+def _time_fp32(in_features: int, out_features: int, rows: int, ways: Sequence[str]) -> dict[str, float]:
+    """Seconds per product of random fp32 data of this shape, PLAIN and each of `ways` (machine_cache.fastest_times)."""
     with torch.no_grad():
         x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-        packed_s, plain_s = fastest_times(
-            [lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), lambda: F.linear(x, w)]
-        )
-    return packed_s, plain_s
+        packed = {way: _pack([w], rows, torch.float32, way) for way in ways}
+        calls = [lambda: F.linear(x, w)] + [functools.partial(packed_product, x, packed[way], None, way, out_features) for way in ways]
+        return dict(zip((PLAIN, *ways), fastest_times(calls)))
 
 
 def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // module.in_features
-    dtype = _packed_dtype(module, rows, x.dtype, bf16_ok)
-    if dtype is None:
+    packing = _packing(module, rows, x.dtype, bf16_ok)
+    if packing is None:
         weight: torch.Tensor = module.weight
         bias: torch.Tensor | None = module.bias
         if not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
@@ -138,49 +177,56 @@ def _forward(module: torch.nn.Linear, bf16_ok: bool, x: torch.Tensor) -> torch.T
             # a frozen one does (a generation server's). Not under autocast: its cast of a trainable weight is cached.
             weight, bias = weight.detach(), None if bias is None else bias.detach()
         return F.linear(x, weight, bias)
-    packed, bias = _packed(module, rows, dtype)
-    return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
+    dtype, way = packing
+    packed, bias = _packed(module, rows, dtype, way)
+    return packed_product(x.to(dtype), packed, bias, way, module.out_features)
 
 
 def decode_weight(
     module: torch.nn.Linear, rows: int, autocast: torch.dtype | None, bf16_ok: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, bool] | None:
-    """(weight, bias, packed) that a no-gradient call of `rows` rows inside a packing region computes with, for a caller
+) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+    """(weight, bias, way) that a no-gradient call of `rows` rows inside a packing region computes with, for a caller
     that runs the product itself (rlvr.rollout.engines.hf.compiled_decode): the packed weight and bias in the product's
     dtype, or the plain fp32 weight (F.linear; small fp32 weights stay unpacked); None where the call would cast
     under autocast without packing (no fast bf16) or the module is not swapped (not a plain Linear)."""
     if module not in _HOLDERS:
         return None
-    dtype = _packed_dtype(module, rows, torch.float32, bf16_ok)  # inputs: the fp32 residual stream's norms; bf16_ok read once by the caller
-    if dtype is not None:
-        packed, bias = _packed(module, rows, dtype)
-        return packed, bias, True
+    packing = _packing(module, rows, torch.float32, bf16_ok)  # inputs: the fp32 residual stream's norms; bf16_ok read once by the caller
+    if packing is not None:
+        packed, bias = _packed(module, rows, *packing)
+        return packed, bias, packing[1]
     plain_fp32 = autocast is None and module.weight.dtype == torch.float32 and rows <= DECODE_ROWS_MAX
-    return (module.weight.detach(), None if module.bias is None else module.bias.detach(), False) if plain_fp32 else None
+    return (module.weight.detach(), None if module.bias is None else module.bias.detach(), PLAIN) if plain_fp32 else None
 
 
-def fused_decode_weight(modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """One packed bf16 weight (and bias) for projections that read the same input (q, k and v; gate and up), their
+def fused_decode_weight(
+    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
+    """One packed weight, bias and way for projections that read the same input (q, k and v; gate and up), their
     outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
-    Only where each of them alone would run from a packed bf16 weight in this region (decode_weight: bf16 autocast,
-    fast bf16) and the one product gives each output the bits the separate products give it at these shapes on this
-    machine (_fuses_exactly); else None. Packed once while the weights stay the same, whatever the rows, as each
-    module's own packed weight is (one copy for every rows bucket of a decode), and dropped with those."""
+    Only where each of them alone would run from a weight packed the same way in this region (decode_weight) and the
+    one product gives each output the bits the separate products give it: always so for the native fp32 kernel (each
+    output its own chain, rlvr.models.native_linear), for oneDNN's bf16 products where checked at these shapes on this
+    machine (_fuses_exactly), never for oneDNN's fp32 ones (their sums ran in another order fused); else None. Packed
+    once while the weights stay the same, whatever the rows, as each module's own packed weight is (one copy for every
+    rows bucket of a decode), and dropped with those."""
     in_features = {m.in_features for m in modules}
-    if len(in_features) != 1 or any(m not in _HOLDERS or _packed_dtype(m, rows, torch.float32, bf16_ok) != torch.bfloat16 for m in modules):
+    packings = {_packing(m, rows, torch.float32, bf16_ok) if m in _HOLDERS else None for m in modules}
+    if len(in_features) != 1 or len(packings) != 1 or None in packings:
         return None
+    dtype, way = packings.pop()  # type: ignore[misc]  # not None: checked
     shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
-    if not _fuses_exactly(*shape, rows):
+    if way == ONEDNN and (dtype != torch.bfloat16 or not _fuses_exactly(*shape, rows)):
         return None
     tensors = [t for m in modules for t in (m.weight, m.bias) if t is not None]
     versions = [t._version for t in tensors]  # bumped by every in-place write: an optimizer step, a load
     kept = _FUSED.get(modules[0])
-    if kept is None or len(kept[0]) != len(tensors) or any(a is not b for a, b in zip(kept[0], tensors)) or kept[1] != versions:
-        weight = torch.cat([m.weight.detach().to(torch.bfloat16) for m in modules])
+    same = kept is not None and len(kept[0]) == len(tensors) and all(a is b for a, b in zip(kept[0], tensors))
+    if kept is None or not same or kept[1] != versions or kept[4] != way:
         biases = [m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
-        bias = torch.cat(biases).to(torch.bfloat16) if any(shape[2]) else None
-        kept = _FUSED[modules[0]] = (tensors, versions, torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias)
-    return kept[2], kept[3]
+        bias = torch.cat(biases).to(dtype) if any(shape[2]) else None
+        kept = _FUSED[modules[0]] = (tensors, versions, _pack([m.weight for m in modules], rows, dtype, way), bias, way)
+    return kept[2], kept[3], way
 
 
 def _fuses_exactly(in_features: int, outs: tuple[int, ...], biases: tuple[bool, ...], rows: int) -> bool:

@@ -28,28 +28,20 @@ import torch.nn.functional as F
 from rlvr.models.compiled import CompileClock, require_cpp_compiler
 from rlvr.models.norm_rotary import rotate
 from rlvr.models.lora_merge import plain_lora
-from rlvr.models.packed_linears import decode_weight
+from rlvr.models.packed_linears import decode_weight, packed_product
 from rlvr.rollout.engines.hf.decode_attention import decode_attention
 
 RECOMPILE_LIMIT = 16  # graphs (layouts x dtypes) before torch.compile falls back to eager
 
 
-def linear_from(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
-    """x W^T + b, from a weight packed for oneDNN (`packed`) or a plain one: the product a packing region's Linear
-    call runs (rlvr.models.packed_linears), for callers that hold the weight itself."""
-    if packed:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
 @torch.library.custom_op("rlvr::decode_linear", mutates_args=())
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, packed: bool) -> torch.Tensor:
-    """linear_from as an op opaque to inductor: the eager step's product inside the compiled layer."""
-    return linear_from(x, weight, bias, packed)
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int, way: str) -> torch.Tensor:
+    """packed_product as an op opaque to inductor: the eager step's product inside the compiled layer."""
+    return packed_product(x, weight, bias, way, out_features)
 
 
 @decode_linear.register_fake
-def _(x, weight, bias, out_features, packed):
+def _(x, weight, bias, out_features, way):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -68,10 +60,10 @@ def _(x):
 
 
 class Product(NamedTuple):
-    weight: torch.Tensor  # packed for oneDNN, or plain [out, in]
+    weight: torch.Tensor  # packed for `way` (rlvr.models.packed_linears), or plain [out, in]
     bias: torch.Tensor | None
     out_features: int
-    packed: bool
+    way: str  # packed_linears.PLAIN, ONEDNN or NATIVE
 
 
 class LoraProduct(NamedTuple):
@@ -99,7 +91,7 @@ class LayerWeights(NamedTuple):
 
 
 def _linear(x: torch.Tensor, p: Product, dtype: torch.dtype) -> torch.Tensor:
-    return decode_linear(x.to(dtype), p.weight, p.bias, p.out_features, p.packed)
+    return decode_linear(x.to(dtype), p.weight, p.bias, p.out_features, p.way)
 
 
 def _head_norm(x, weight, eps: float):  # Qwen3RMSNorm on a [n, H, D] tensor: fp32 inside, the input's dtype out

@@ -2,7 +2,8 @@
 
 Each projection runs as a Product (compiled_decode.py) where its module's call in the packing region would compute
 exactly that from a weight it holds (rlvr.models.packed_linears), a LoraProduct for a peft LoRA layer, else as the module.
-And on the CPU under bf16 autocast q, k and v run as one product, gate and up as one.
+And on the CPU q, k and v run as one product, gate and up as one, where each part runs packed the same way: oneDNN's
+bf16 products under autocast, or the native fp32 kernel.
 
 At decode shapes (one token per row, tens of rows) a product of a small model's projection barely fills the machine:
 it pays a dispatch, a read of the normed input and a thread fan-out for little work, worst for grouped-query
@@ -15,12 +16,14 @@ grouping (25M; 0.995 at 16 rows). So only grouped-query models up to FUSE_MAX_HI
 narrow products cost most: above, the gain was within noise alone and the fused copy would add to the packed memory
 (each module keeps its own packed weight for the prefill's calls too).
 
-Only where the separate products would each run from a packed bf16 weight (rlvr.models.packed_linears: bf16 autocast on
-a CPU with fast bf16) and the one product gives each output exactly their bits (packed_linears.fused_decode_weight checks
-that per shape on the machine): the step then draws the same tokens with the same log-probs as the modules' calls (the
-continuous decoder's, transformers' forward). fp32 products are never fused: on an AMD EPYC their sums ran in another
-order fused (differences of ~1e-7: other samples for the same seeds); on an Intel Xeon they gave the same bits almost
-everywhere, but fused fp32 generations were no faster (1.01-1.03x, bench/results/fused_products_fp32_intel.md).
+Only where the separate products would each run from a weight packed the same way (rlvr.models.packed_linears) and
+the one product gives each output exactly their bits: the step then draws the same tokens with the same log-probs as
+the modules' calls (the continuous decoder's, transformers' forward). oneDNN's bf16 products (bf16 autocast on a CPU
+with fast bf16) are checked per shape on the machine (packed_linears.fused_decode_weight); the native fp32 kernel's
+always give them (each output its own chain, rlvr.models.native_linear). oneDNN's and F.linear's fp32 products are
+never fused: on an AMD EPYC their sums ran in another order fused (differences of ~1e-7: other samples for the same
+seeds); on an Intel Xeon they gave the same bits almost everywhere, but fused fp32 generations were no faster
+(1.01-1.03x, bench/results/fused_products_fp32_intel.md).
 A LoRA-wrapped projection (an unmerged adapter) stays apart, its group unfused.
 """
 
@@ -92,4 +95,4 @@ def fused_product(modules, rows: int, bf16_ok: bool) -> Product | None:
     if any(b is None for b in bases):
         return None
     got = fused_decode_weight(bases, rows, bf16_ok)
-    return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), True)
+    return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), got[2])

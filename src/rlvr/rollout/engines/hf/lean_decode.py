@@ -47,7 +47,7 @@ from rlvr.models.machine_cache import power_of_two_at_least
 from rlvr.models.native_norm import PLAIN_RMS_NORMS, add_norm, rms_norm
 from rlvr.models.norm_rotary import rotate, signed_sin
 from rlvr.models.native_swiglu import swiglu
-from rlvr.models.packed_linears import bf16_packs
+from rlvr.models.packed_linears import bf16_packs, packed_product
 from rlvr.rollout.engines.hf import kv_buffers
 from rlvr.rollout.engines.hf.compiled_decode import (
     CompiledLayers,
@@ -55,7 +55,6 @@ from rlvr.rollout.engines.hf.compiled_decode import (
     LoraProduct,
     Product,
     layer_weights,
-    linear_from,
 )
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
@@ -123,10 +122,11 @@ def _product(p: "Product | LoraProduct | torch.nn.Module", x: torch.Tensor, cast
     if not isinstance(p, Product):
         return p(x)  # the module as it is: a LoRA variant, quantised, outside a packing region, an autocast cast
     if casts is None or not CAST_ONCE:
-        return linear_from(x.to(p.weight.dtype), p.weight, p.bias, p.packed)  # the input in the product's dtype, as the region runs it
+        # the input in the product's dtype, as the region runs it
+        return packed_product(x.to(p.weight.dtype), p.weight, p.bias, p.way, p.out_features)
     if p.weight.dtype not in casts:
         casts[p.weight.dtype] = x.to(p.weight.dtype)
-    return linear_from(casts[p.weight.dtype], p.weight, p.bias, p.packed)
+    return packed_product(casts[p.weight.dtype], p.weight, p.bias, p.way, p.out_features)
 
 
 @dataclass
