@@ -212,8 +212,8 @@ def test_measuring_on_a_cold_cache_leaves_the_runs_random_numbers_as_they_were(t
         packed_linears.fp32_way(64, 96, 8)
         decode_attention.decode_attention_way(2, 4, 4, 2, 8, 12, 16, torch.float32, shared=None)
         assert torch.equal(torch.rand(5), expected)
-        # measured (cold), then read; native: the kernels built for it
-        assert {p.name for p in tmp_path.iterdir()} == {"packing.json", "decode_attention.json", "native"}
+        # measured (cold), then read (a folder "native" holds the kernels when this process first built them here)
+        assert {p.name for p in tmp_path.iterdir() if p.is_file()} == {"packing.json", "decode_attention.json"}
         monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})  # a new process on this machine
         monkeypatch.setattr(decode_attention, "_CHOICES", {})
 
