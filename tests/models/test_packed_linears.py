@@ -268,14 +268,15 @@ def test_fused_decode_weight_gives_the_separate_products_bits_and_only_where_the
         with packed_linears.packed_linears_in(model):
             assert packed_linears.fused_decode_weight(projections, 24, True) is None  # fp32: k and v too small to pack
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                weight, bias = packed_linears.fused_decode_weight(projections, 24, True)
+                weight, bias, way = packed_linears.fused_decode_weight(projections, 24, True)
+                assert way == "onednn" and packed_linears.fused_decode_weight(projections, 24, True, onednn=False) is None
                 fused = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), weight, bias, "none", [], "")
                 assert torch.equal(fused, torch.cat([m(x) for m in projections], -1))
                 assert packed_linears.fused_decode_weight(projections, 24, False) is None  # no fast bf16: nothing packs
                 assert packed_linears.fused_decode_weight(projections, 300, True) is None  # a prefill's rows
                 assert packed_linears.fused_decode_weight(projections, 5, True)[0] is weight  # another rows bucket: one copy
                 attn.k_proj.weight.mul_(2.0)  # written in place (an optimizer step, a load): packed again, with it
-                again, _ = packed_linears.fused_decode_weight(projections, 24, True)
+                again, _, _ = packed_linears.fused_decode_weight(projections, 24, True)
                 assert again is not weight
                 assert torch.equal(
                     torch.ops.mkldnn._linear_pointwise(x.bfloat16(), again, bias, "none", [], ""),
