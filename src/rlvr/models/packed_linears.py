@@ -200,15 +200,14 @@ def decode_weight(
 
 
 def fused_decode_weight(
-    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool, onednn: bool = True
+    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
     """One packed weight, bias and way for projections that read the same input (q, k and v; gate and up), their
     outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
     Only where each of them alone would run from a weight packed the same way in this region (decode_weight) and the
     one product gives each output the bits the separate products give it: always so for the native fp32 kernel (each
     output its own chain, rlvr.models.native_linear), for oneDNN's bf16 products where checked at these shapes on this
-    machine (_fuses_exactly) and asked for (`onednn`), never for oneDNN's fp32 ones (their sums ran in another order
-    fused); else None. Packed
+    machine (_fuses_exactly), never for oneDNN's fp32 ones (their sums ran in another order fused); else None. Packed
     once while the weights stay the same, whatever the rows, as each module's own packed weight is (one copy for every
     rows bucket of a decode), and dropped with those."""
     in_features = {m.in_features for m in modules}
@@ -217,7 +216,7 @@ def fused_decode_weight(
         return None
     dtype, way = packings.pop()  # type: ignore[misc]  # not None: checked
     shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
-    if way == ONEDNN and (not onednn or dtype != torch.bfloat16 or not _fuses_exactly(*shape, rows)):
+    if way == ONEDNN and (dtype != torch.bfloat16 or not _fuses_exactly(*shape, rows)):
         return None
     tensors = [t for m in modules for t in (m.weight, m.bias) if t is not None]
     versions = [t._version for t in tensors]  # bumped by every in-place write: an optimizer step, a load

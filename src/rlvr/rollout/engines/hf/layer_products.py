@@ -37,14 +37,14 @@ from rlvr.models.native_swiglu import PLAIN_MLPS
 from rlvr.models.packed_linears import bf16_packs, fused_decode_weight
 from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product, linear_base, lora_product_for, product_for
 
-# q/k/v and gate/up run as one product each where that gives the same bits: the native fp32 kernel's for every model,
-# oneDNN's bf16 ones for grouped-query models up to FUSE_MAX_HIDDEN wide (module docstring)
+# grouped-query models up to FUSE_MAX_HIDDEN wide run q/k/v and gate/up as one product each where that gives the same
+# bits (module docstring)
 FUSE = True  # False: every projection apart (bench/fused_products_ab.py's "apart")
 FUSE_MAX_HIDDEN = 512
 
 
 def fuses(config) -> bool:
-    """Whether a model with this transformers config decodes with oneDNN's bf16 products fused (module docstring)."""
+    """Whether a model with this transformers config decodes with fused products (module docstring)."""
     q_heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     return FUSE and kv_heads < q_heads and config.hidden_size <= FUSE_MAX_HIDDEN
 
@@ -63,8 +63,8 @@ class LayerProducts(NamedTuple):
 
 
 def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, fuse: bool) -> list:
-    """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; q/k/v and
-    gate/up as one product each where that gives the same bits, oneDNN's bf16 products only with `fuse` (fuses(config))."""
+    """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; `fuse`:
+    q/k/v and gate/up as one product each where that gives the same bits (fuses(config))."""
     bf16_ok = bf16_packs()
 
     def direct(m) -> Projection:
@@ -73,7 +73,7 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
         return product_for(m, rows, autocast, bf16_ok) or lora_product_for(m, rows, autocast, bf16_ok) or m
 
     def fused(*modules) -> Product | None:  # decided before the separate products, which would pack their own weights
-        return fused_product(modules, rows, bf16_ok, fuse) if FUSE and device.type == "cpu" else None
+        return fused_product(modules, rows, bf16_ok) if fuse and device.type == "cpu" else None
 
     products: list = []
     for layer in layers:
@@ -88,12 +88,11 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
     return [*products, direct(lm_head)]
 
 
-def fused_product(modules, rows: int, bf16_ok: bool, onednn: bool) -> Product | None:
+def fused_product(modules, rows: int, bf16_ok: bool) -> Product | None:
     """One Product for `modules` (q/k/v, or gate/up) for a call of `rows` rows, their outputs side by side in that
-    order; None where they must run apart (module docstring; fused_decode_weight reads the autocast state); `onednn`:
-    oneDNN's bf16 products fuse too."""
+    order; None where they must run apart (module docstring; fused_decode_weight reads the autocast state)."""
     bases = [linear_base(m) for m in modules]
     if any(b is None for b in bases):
         return None
-    got = fused_decode_weight(bases, rows, bf16_ok, onednn)
+    got = fused_decode_weight(bases, rows, bf16_ok)
     return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), got[2])
