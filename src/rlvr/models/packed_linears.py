@@ -15,11 +15,11 @@ The native fp32 kernel (native_linear.py) ran them faster again on an AMD EPYC w
 memory, 2 threads; bench/results/native_linear_amd.md): 0.61-0.91x the time of the faster of F.linear and oneDNN at 64
 rows for weights of 64 x 64 to 2048 x 768, 0.53-0.80x at 16 rows, 0.67-0.98x at 256 (slower only for the narrowest:
 16 inputs or outputs, 64 x 64 at 256 rows); and each output's bits do not depend on the call (rows, threads, the
-weights packed beside it). So how an fp32
-weight shape runs (PLAIN: F.linear, ONEDNN, NATIVE) is measured on the machine: once per (in, out, rows rounded up to
-a power of two, threads, the ways compared), kept in packing.json beside the precision cache (~/.cache/rlvr/,
-RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and draws the same samples for the
-same seeds. Delete the file to measure again.
+weights packed beside it). So how an fp32 weight shape runs (PLAIN: F.linear, ONEDNN, NATIVE) is measured on the
+machine: once per (in, out, rows rounded up to a power of two, threads, the ways compared), kept in packing.json beside
+the precision cache (~/.cache/rlvr/, RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and
+draws the same samples for the same seeds. Delete the file to measure again. Weights under FP32_MIN_WEIGHT stay on
+F.linear either way (the native kernel there would change the small models' rounding for a few percent at most).
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
 packed at the first such call. The copies are dropped when the last region holding the model exits (a
@@ -44,7 +44,7 @@ from rlvr.models import native_linear
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
-FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (packed was slower there)
+FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (oneDNN's packed product was slower there)
 FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes at most this share of F.linear's time
 # how a product runs: F.linear on the module's weight (PLAIN), oneDNN from its blocked layout (ONEDNN), or
 # rlvr.models.native_linear from its panels (NATIVE, fp32 only)
