@@ -49,9 +49,9 @@ typedef __m256 vec;
 int rlvr_linear_panel(void) { return NR; }
 
 /* W [N, K] row-major into panels [ceil(N / NR)][K][NR], zeros past N */
-void rlvr_linear_pack(const float *w, int64_t N, int64_t K, float *panels) {
+void rlvr_linear_pack(const float *w, int64_t N, int64_t K, float *panels, int threads) {
     int64_t np = (N + NR - 1) / NR;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t p = 0; p < np; ++p)
         for (int64_t k = 0; k < K; ++k)
             for (int64_t j = 0; j < NR; ++j) {

@@ -34,7 +34,7 @@ def _kernels() -> tuple[Any, Any, int] | None:
     width = native_build.function(SOURCE, "rlvr_linear_panel", (), ctypes.c_int)
     if width is None:
         return None
-    pack = native_build.function(SOURCE, "rlvr_linear_pack", (_P, _I, _I, _P))
+    pack = native_build.function(SOURCE, "rlvr_linear_pack", (_P, _I, _I, _P, ctypes.c_int))
     product = native_build.function(SOURCE, "rlvr_linear", (_P, _I, _I, _I, _P, _I, _P, _P, _I, ctypes.c_int), ctypes.c_int)
     return pack, product, width()
 
@@ -52,7 +52,7 @@ def pack(weights: Sequence[torch.Tensor]) -> torch.Tensor:
     weight = torch.cat([w.detach().float() for w in weights]).contiguous()
     (out_features, in_features), width = weight.shape, kernels[2]
     packed = torch.empty(-(-out_features // width) * in_features * width, dtype=torch.float32)
-    kernels[0](weight.data_ptr(), out_features, in_features, packed.data_ptr())
+    kernels[0](weight.data_ptr(), out_features, in_features, packed.data_ptr(), torch.get_num_threads())
     return packed
 
 
