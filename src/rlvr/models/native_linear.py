@@ -3,8 +3,8 @@ rlvr.models.packed_linears measures per shape).
 
 At decode shapes (16-256 rows, a small model's projections) F.linear's kernel and oneDNN's reach a fraction of the
 machine's fp32 rate: both spend on each call what a few hundred multiply-adds per output do not repay. native_linear.c
-is a plain register-blocked product over a weight packed once (4 rows x 3 vectors of outputs, the panel read in
-L1-sized blocks of the input). Each output is one chain of fused multiply-adds over the input in order (the file's
+is a plain register-blocked product over a weight packed once (4 rows x 3 vectors of outputs, each panel streamed
+whole). Each output is one chain of fused multiply-adds over the input in order (the file's
 docstring), so its bits depend on its own row and weight row only: not on the rows in the call, the thread count, the
 vector width (AVX2 or AVX-512) or the other weights packed beside it. That makes q/k/v (gate/up) as one packed weight
 give each projection its own bits (fused), and a row's outputs the same in a prefill's call as in a decode step's.
@@ -46,7 +46,7 @@ def available() -> bool:
 
 def pack(weights: Sequence[torch.Tensor]) -> torch.Tensor:
     """Weights [out_i, in] (one input size), their outputs side by side in that order, packed for `linear`: a flat fp32
-    tensor of ceil(sum(out_i) / panel_width()) panels [in, panel_width()]."""
+    tensor of ceil(sum(out_i) / W) panels [in, W], W the build's panel width (24 with AVX2, 48 with AVX-512)."""
     kernels = _kernels()
     assert kernels is not None, f"the native linear kernel did not build: {native_build.why_not(SOURCE)}"
     weight = torch.cat([w.detach().float() for w in weights]).contiguous()
