@@ -95,10 +95,11 @@ def test_lora_checkpoint_resume(make):
 def test_gradient_checkpointing_same_update(make, monkeypatch):
     from rlvr.models import attention
 
-    # checkpointing keeps SDPA (rlvr.models.attention.short_attention_explicit) and transformers' RMSNorm and rotary
-    # backward (rlvr.models.norm_rotary; Adam's first step turns their 1e-7 rounding into 1e-5 on tiny gradients):
-    # compare like with like
+    # checkpointing keeps SDPA (rlvr.models.attention.short_attention_explicit: no explicit products, no C kernel) and
+    # transformers' RMSNorm and rotary backward (rlvr.models.norm_rotary; Adam's first step turns their 1e-7 rounding
+    # into 1e-5 on tiny gradients): compare like with like
     monkeypatch.setattr(attention, "EXPLICIT_MAX", {k: attention.Bounds(0, 0) for k in attention.EXPLICIT_MAX})
+    monkeypatch.setattr("rlvr.models.native_causal_attention.ON", False)
     monkeypatch.setattr("rlvr.models.forward.fused_norm_and_rotary", lambda model: contextlib.nullcontext())
 
     def run(*extra):

@@ -27,6 +27,7 @@ KERNEL_TESTS = [
     "tests/models/test_softmax_pair.py",
     "tests/models/test_native_grad_sum.py",
     "tests/models/test_native_linear.py",
+    "tests/models/test_native_causal_attention.py",
 ]
 # how the kernels are built is the same for every -march (test_native_attention's build tests): once is enough
 BUILD_TESTS = "not built_once and not only_gcc and not failed_build"
@@ -49,6 +50,7 @@ def test_kernel_tests_pass_built_for_an_older_march(march, tmp_path):
     names = {p.name.split("-")[0] for p in built}
     assert names >= {"native_attention", "native_logprobs", "native_norm", "native_rotary", "native_swiglu", "native_training_norm"}
     assert names >= {"native_sampler", "native_training_rotary", "native_prefix", "native_softmax_pair", "native_grad_sum", "native_linear"}
+    assert "native_causal_attention" in names
     for path in built:
         code = subprocess.run(["objdump", "-d", str(path)], capture_output=True, text=True, check=True).stdout
         for register in MARCHES[march]:
