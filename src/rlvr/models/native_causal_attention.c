@@ -68,39 +68,59 @@ static void pack_over_cols(const float *const *x, int64_t n, int64_t D, float *p
             for (int64_t j = 0; j < NR; ++j) panels[(p * n + k) * NR + j] = p * NR + j < D ? x[k][p * NR + j] : 0.0f;
 }
 
-/* c[i][0 .. NR) (+)= sum_{k0 <= k < k1} a[i][k x ka] panel[k][.], i < rows (at most MR): a[i] the A rows (their elements
-   ka apart), c rows ldc apart */
+/* c[i][0 .. vecs x LANES) (+)= sum_{k0 <= k < k1} a[i][k x ka] panel[k][.], i < rows (at most MR): a[i] the A rows
+   (their elements ka apart), c rows ldc apart; vecs 2 (a whole panel) or 1 (its first half: D's last columns) */
 INLINE void block(const float *const *a, int64_t ka, int rows, const float *panel, int64_t k0, int64_t k1, float *c, int64_t ldc,
-                  int add) {
+                  int add, int vecs) {
     vec acc[MR][2]; /* indexed by constants only (the loops unrolled), or GCC keeps it in memory */
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
         acc[i][0] = add && i < rows ? vload(c + i * ldc) : splat(0.0f);
-        acc[i][1] = add && i < rows ? vload(c + i * ldc + LANES) : splat(0.0f);
+        acc[i][1] = add && i < rows && vecs == 2 ? vload(c + i * ldc + LANES) : splat(0.0f);
     }
     const float *a0 = a[0], *a1 = a[rows > 1], *a2 = a[rows > 2 ? 2 : 0], *a3 = a[rows > 3 ? 3 : 0], *a4 = a[rows > 4 ? 4 : 0],
                 *a5 = a[rows > 5 ? 5 : 0];
     const float *b = panel + k0 * NR;
-    for (int64_t k = k0; k < k1; ++k, b += NR) {
-        vec b0 = vload(b), b1 = vload(b + LANES), s;
-        IN_REGISTERS(b0, b1);
-        int64_t x = k * ka;
-        s = BROADCAST(a0 + x), acc[0][0] = FMA(s, b0, acc[0][0]), acc[0][1] = FMA(s, b1, acc[0][1]);
-        s = BROADCAST(a1 + x), acc[1][0] = FMA(s, b0, acc[1][0]), acc[1][1] = FMA(s, b1, acc[1][1]);
-        s = BROADCAST(a2 + x), acc[2][0] = FMA(s, b0, acc[2][0]), acc[2][1] = FMA(s, b1, acc[2][1]);
-        s = BROADCAST(a3 + x), acc[3][0] = FMA(s, b0, acc[3][0]), acc[3][1] = FMA(s, b1, acc[3][1]);
-        s = BROADCAST(a4 + x), acc[4][0] = FMA(s, b0, acc[4][0]), acc[4][1] = FMA(s, b1, acc[4][1]);
-        s = BROADCAST(a5 + x), acc[5][0] = FMA(s, b0, acc[5][0]), acc[5][1] = FMA(s, b1, acc[5][1]);
-    }
+    if (vecs == 2)
+        for (int64_t k = k0; k < k1; ++k, b += NR) {
+            vec b0 = vload(b), b1 = vload(b + LANES), s;
+            IN_REGISTERS(b0, b1);
+            int64_t x = k * ka;
+            s = BROADCAST(a0 + x), acc[0][0] = FMA(s, b0, acc[0][0]), acc[0][1] = FMA(s, b1, acc[0][1]);
+            s = BROADCAST(a1 + x), acc[1][0] = FMA(s, b0, acc[1][0]), acc[1][1] = FMA(s, b1, acc[1][1]);
+            s = BROADCAST(a2 + x), acc[2][0] = FMA(s, b0, acc[2][0]), acc[2][1] = FMA(s, b1, acc[2][1]);
+            s = BROADCAST(a3 + x), acc[3][0] = FMA(s, b0, acc[3][0]), acc[3][1] = FMA(s, b1, acc[3][1]);
+            s = BROADCAST(a4 + x), acc[4][0] = FMA(s, b0, acc[4][0]), acc[4][1] = FMA(s, b1, acc[4][1]);
+            s = BROADCAST(a5 + x), acc[5][0] = FMA(s, b0, acc[5][0]), acc[5][1] = FMA(s, b1, acc[5][1]);
+        }
+    else
+        for (int64_t k = k0; k < k1; ++k, b += NR) {
+            vec b0 = vload(b), s;
+            int64_t x = k * ka;
+            s = BROADCAST(a0 + x), acc[0][0] = FMA(s, b0, acc[0][0]);
+            s = BROADCAST(a1 + x), acc[1][0] = FMA(s, b0, acc[1][0]);
+            s = BROADCAST(a2 + x), acc[2][0] = FMA(s, b0, acc[2][0]);
+            s = BROADCAST(a3 + x), acc[3][0] = FMA(s, b0, acc[3][0]);
+            s = BROADCAST(a4 + x), acc[4][0] = FMA(s, b0, acc[4][0]);
+            s = BROADCAST(a5 + x), acc[5][0] = FMA(s, b0, acc[5][0]);
+        }
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i)
-        if (i < rows) vstore(c + i * ldc, acc[i][0]), vstore(c + i * ldc + LANES, acc[i][1]);
+        if (i < rows) {
+            vstore(c + i * ldc, acc[i][0]);
+            if (vecs == 2) vstore(c + i * ldc + LANES, acc[i][1]);
+        }
 }
 
-/* c [rows, panels x NR] (+)= a x panels p0 <= p < p1 of B (each [K][NR]), over k0 <= k < k1 */
+/* c [rows, panels x NR] (+)= a x panels p0 <= p < p1 of B (each [K][NR]), over k0 <= k < k1; cols: the columns that
+   count (the last panel's past cols not written where they fit half a panel) */
 static void product(const float *const *a, int64_t ka, int rows, const float *panels, int64_t K, int64_t p0, int64_t p1, int64_t k0,
-                    int64_t k1, float *c, int64_t ldc, int add) {
-    for (int64_t p = p0; p < p1; ++p) block(a, ka, rows, panels + p * K * NR, k0, k1, c + p * NR, ldc, add);
+                    int64_t k1, float *c, int64_t ldc, int add, int64_t cols) {
+    for (int64_t p = p0; p < p1; ++p)
+        if (cols - p * NR > LANES)
+            block(a, ka, rows, panels + p * K * NR, k0, k1, c + p * NR, ldc, add, 2);
+        else
+            block(a, ka, rows, panels + p * K * NR, k0, k1, c + p * NR, ldc, add, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -199,7 +219,7 @@ static void forward_item(const Shapes *s, int64_t b, int64_t g, float *out, floa
         int64_t p0, p1;
         panels_seen(s, b, r0, n, &p0, &p1);
         rows_of(s, s->q, s->qs, b, g, r0, n, a);
-        product(a, 1, n, w.kp, D, p0, p1, 0, D, w.S, width, 0); /* S = q k^T */
+        product(a, 1, n, w.kp, D, p0, p1, 0, D, w.S, width, 0, width); /* S = q k^T */
         for (int t = 0; t < n; ++t) {
             int64_t i = (r0 + t) / R, h = g * R + (r0 + t) % R, j0, j1;
             seen(s, b, i, &j0, &j1);
@@ -213,7 +233,7 @@ static void forward_item(const Shapes *s, int64_t b, int64_t g, float *out, floa
             *l = m + logf(sums[t]);
         }
         for (int t = 0; t < n; ++t) a[t] = w.S + t * width;
-        product(a, 1, n, w.vp, Lk, 0, DP / NR, p0 * NR, min64(p1 * NR, Lk), w.O, DP, 0); /* O = p v */
+        product(a, 1, n, w.vp, Lk, 0, DP / NR, p0 * NR, min64(p1 * NR, Lk), w.O, DP, 0, D); /* O = p v */
         for (int t = 0; t < n; ++t) {
             int64_t i = (r0 + t) / R, h = g * R + (r0 + t) % R;
             float *o = out + ((b * s->Lq + i) * s->H + h) * D;
@@ -305,8 +325,8 @@ static void backward_item(const Shapes *s, int64_t b, int64_t g, const float *ls
             int64_t p0, p1;
             panels_seen(s, b, b0 + c0, n, &p0, &p1);
             float *P = w.P + c0 * width, *dS = w.dS + c0 * width;
-            product(w.qrows + c0, 1, n, w.kp, D, p0, p1, 0, D, P, width, 0);   /* S = q k^T */
-            product(w.drows + c0, 1, n, w.vtp, D, p0, p1, 0, D, dS, width, 0); /* dp = dout v^T */
+            product(w.qrows + c0, 1, n, w.kp, D, p0, p1, 0, D, P, width, 0, width);   /* S = q k^T */
+            product(w.drows + c0, 1, n, w.vtp, D, p0, p1, 0, D, dS, width, 0, width); /* dp = dout v^T */
             for (int t = 0; t < n; ++t) {
                 int64_t i = (b0 + c0 + t) / R, h = g * R + (b0 + c0 + t) % R, j0, j1;
                 seen(s, b, i, &j0, &j1);
@@ -324,7 +344,7 @@ static void backward_item(const Shapes *s, int64_t b, int64_t g, const float *ls
             }
             const float *ds[MR];
             for (int t = 0; t < n; ++t) ds[t] = dS + t * width;
-            product(ds, 1, n, w.kd, Lk, 0, DP / NR, p0 * NR, min64(p1 * NR, Lk), w.dq, DP, 0); /* dq = ds k */
+            product(ds, 1, n, w.kd, Lk, 0, DP / NR, p0 * NR, min64(p1 * NR, Lk), w.dq, DP, 0, D); /* dq = ds k */
             for (int t = 0; t < n; ++t) {
                 int64_t i = (b0 + c0 + t) / R, h = g * R + (b0 + c0 + t) % R;
                 memcpy(dq + ((b * s->Lq + i) * s->H + h) * D, w.dq + t * DP, sizeof(float) * (size_t)D);
@@ -338,8 +358,8 @@ static void backward_item(const Shapes *s, int64_t b, int64_t g, const float *ls
             if (first >= nb) break;
             const float *pa[MR], *da[MR];
             for (int t = 0; t < n; ++t) pa[t] = w.P + j + t, da[t] = w.dS + j + t;
-            product(pa, width, n, w.dopan, nb, 0, DP / NR, first, nb, w.dv + j * DP, DP, 1);
-            product(da, width, n, w.qpan, nb, 0, DP / NR, first, nb, w.dk + j * DP, DP, 1);
+            product(pa, width, n, w.dopan, nb, 0, DP / NR, first, nb, w.dv + j * DP, DP, 1, D);
+            product(da, width, n, w.qpan, nb, 0, DP / NR, first, nb, w.dk + j * DP, DP, 1, D);
         }
     }
     for (int64_t j = 0; j < Lk; ++j) { /* the prompt's part per row (summed over the group by the caller), then the own */
