@@ -212,3 +212,15 @@ def test_a_llamas_logprobs_and_gradients_through_the_kernel_are_sdpas(llama, sha
     for name in grad_s:
         scale = float(grad_s[name].abs().max())
         torch.testing.assert_close(grad_n[name], grad_s[name], rtol=0, atol=2e-5 * max(scale, 1e-3), msg=name)
+
+
+def test_a_retained_graph_runs_its_backward_again():
+    q, k, v, g = _inputs(2, 4, 2, 20, 20, 16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = nca.causal_attention(*leaves, nca.key_range(None, 2, 20, 20), 0.25)
+    d_out = torch.randn(out.shape, generator=g)
+    out.backward(d_out, retain_graph=True)
+    first = [t.grad.clone() for t in leaves]
+    out.backward(d_out)
+    for t, once in zip(leaves, first):
+        assert torch.equal(t.grad, 2 * once)

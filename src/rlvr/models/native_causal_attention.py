@@ -171,7 +171,6 @@ class _CausalAttention(torch.autograd.Function):
         rc = kernels[1](*call.args(), *(t.data_ptr() for t in grads), torch.get_num_threads())
         if rc:
             raise RuntimeError(f"native causal attention: backward failed ({'shapes' if rc == 1 else 'out of memory'})")
-        ctx.call = None
         if not ctx.prefix:
             return dq.transpose(1, 2), dk, dv, None, None, None, None
         U = call.pk.shape[0]
