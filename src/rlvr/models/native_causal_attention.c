@@ -2,7 +2,8 @@
    builds and calls this file; rlvr.models.attention takes it for the plain causal call).
 
    Query i of a row sees keys j with start <= j < stop and j <= i + Lk - Lq (causal, aligned to the last key; start and
-   stop the row's keys that are not padding). For the R query heads that read one kv head the queries are rows (i, r),
+   stop the row's keys that are not padding). A row's Lk keys are its own C, or P of a prompt its group of G rows
+   shares and then its own (rlvr.models.prefix_attention: the prompt's keys read in place, its gradients per row). For the R query heads that read one kv head the queries are rows (i, r),
    i-major, so every 6 consecutive rows see nearly the same keys and each block of keys is seen by a tail of the rows:
 
        forward   S = q k^T x scale (masked: -inf)   m = max_j S   p = exp(S - m)   out = (p v) / sum p   lse = m + log sum p
@@ -242,16 +243,19 @@ static void forward_item(const Shapes *s, int64_t b, int64_t g, float *out, floa
     }
 }
 
-/* shape: B, H, Hkv, Lq, C, P, G, D, then the strides of q, k, v, pk, pv (3 each) */
-#define SHAPES(out, dout)                                                                                              \
-    const int64_t *st = shape + 8;                                                                                     \
-    Shapes s = {q,      k,      v,      pk,         pv,         out,        dout,       {st[0], st[1], st[2]}, {st[3], st[4], st[5]}, \
-                {st[6], st[7], st[8]}, {st[9], st[10], st[11]}, {st[12], st[13], st[14]}, start, stop, shape[0], shape[1], shape[2], \
-                shape[3], shape[4], shape[5], shape[6], shape[7], shape[4] + shape[5], scale};                                     \
-    int64_t B = s.B, Hkv = s.Hkv, Lk = s.Lk, D = s.D, H = s.H;                                                         \
-    if (B < 1 || s.Lq < 1 || Hkv < 1 || H % Hkv || D < 1 || s.C < s.Lq || s.P < 0 || s.G < 1 || (s.P && B % s.G)) return 1; \
-    int64_t width = round_up(Lk, NR), DP = round_up(D, NR);                                                            \
-    int failed = 0;
+/* *s from the entry points' arguments (shape: B, H, Hkv, Lq, C, P, G, D, then the strides of q, k, v, pk and pv, three
+   each); 0 where they do not describe a call the kernel can run */
+static int shapes_of(Shapes *s, const float *q, const float *k, const float *v, const float *pk, const float *pv, const float *out,
+                     const float *dout, const int64_t *shape, const int64_t *start, const int64_t *stop, float scale) {
+    const int64_t *st = shape + 8;
+    *s = (Shapes){.q = q, .k = k, .v = v, .pk = pk, .pv = pv, .out = out, .dout = dout, .start = start, .stop = stop, .scale = scale};
+    for (int t = 0; t < 3; ++t)
+        s->qs[t] = st[t], s->ks[t] = st[3 + t], s->vs[t] = st[6 + t], s->pks[t] = st[9 + t], s->pvs[t] = st[12 + t];
+    s->B = shape[0], s->H = shape[1], s->Hkv = shape[2], s->Lq = shape[3], s->C = shape[4], s->P = shape[5], s->G = shape[6];
+    s->D = shape[7], s->Lk = s->P + s->C;
+    return s->B >= 1 && s->Lq >= 1 && s->Hkv >= 1 && s->H % s->Hkv == 0 && s->D >= 1 && s->C >= s->Lq && s->P >= 0 && s->G >= 1 &&
+           (s->P == 0 || s->B % s->G == 0);
+}
 
 #define ALLOC(n) malloc(sizeof(float) * (size_t)(n))
 
@@ -260,7 +264,10 @@ static void forward_item(const Shapes *s, int64_t b, int64_t g, float *out, floa
    lse [B, H, Lq] contiguous; 0, else 1 (shapes) or 2 (memory) */
 int rlvr_causal_attention_forward(const float *q, const float *k, const float *v, const float *pk, const float *pv, const int64_t *shape,
                                   const int64_t *start, const int64_t *stop, float scale, float *out, float *lse, int threads) {
-    SHAPES(NULL, NULL)
+    Shapes s;
+    if (!shapes_of(&s, q, k, v, pk, pv, NULL, NULL, shape, start, stop, scale)) return 1;
+    int64_t B = s.B, Hkv = s.Hkv, Lk = s.Lk, D = s.D, width = round_up(Lk, NR), DP = round_up(D, NR);
+    int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         ForwardScratch w = {ALLOC(width * D), ALLOC(DP * Lk), ALLOC(MR * width), ALLOC(MR * DP), malloc(sizeof(float *) * (size_t)Lk)};
@@ -376,7 +383,10 @@ static void backward_item(const Shapes *s, int64_t b, int64_t g, const float *ls
 int rlvr_causal_attention_backward(const float *q, const float *k, const float *v, const float *pk, const float *pv, const int64_t *shape,
                                    const int64_t *start, const int64_t *stop, float scale, const float *out, const float *dout, const float *lse,
                                    float *dq, float *dk, float *dv, float *dpk, float *dpv, int threads) {
-    SHAPES(out, dout)
+    Shapes s;
+    if (!shapes_of(&s, q, k, v, pk, pv, out, dout, shape, start, stop, scale)) return 1;
+    int64_t B = s.B, H = s.H, Hkv = s.Hkv, Lk = s.Lk, D = s.D, width = round_up(Lk, NR), DP = round_up(D, NR);
+    int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t NB = BLOCK_ROWS / (H / Hkv) > 0 ? BLOCK_ROWS / (H / Hkv) * (H / Hkv) : H / Hkv;
