@@ -32,3 +32,19 @@ def completion_batch(vocab: int = 61):
     completion_mask = torch.ones_like(completion)
     completion_mask[2, 3:] = 0
     return prompt, prompt_mask, completion, completion_mask
+
+
+def grouped_batch(G: int = 3, P: int = 7, C: int = 6, seed: int = 1, vocab: int = 50):
+    """(prompt [3 G, P], its mask, completion [3 G, C], its mask, group ids [3 G]): three prompts left-padded by 0, 3
+    and 1, each repeated for its group's G rows, completions right-padded to random lengths (the shared-prefix forward's
+    input)."""
+    g = torch.Generator().manual_seed(seed)
+    p_ids, p_mask = torch.zeros(3, P, dtype=torch.long), torch.zeros(3, P, dtype=torch.long)
+    for i, n in enumerate([P, P - 3, P - 1]):  # left padding of different widths
+        p_ids[i, P - n :] = torch.randint(1, vocab, (n,), generator=g)
+        p_mask[i, P - n :] = 1
+    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
+    c_len = torch.randint(1, C + 1, (3 * G,), generator=g)
+    c_mask = (torch.arange(C)[None] < c_len[:, None]).long()
+    c_ids = torch.randint(1, vocab, (3 * G, C), generator=g).masked_fill(c_mask == 0, 0)
+    return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)

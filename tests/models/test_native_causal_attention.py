@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from _tiny_lms import grouped_batch, tiny_lm
 
 from rlvr.models import attention, native_build, native_causal_attention as nca
 from rlvr.models.forward import completion_logprobs
@@ -166,36 +166,15 @@ def test_key_range_only_for_causal_masks_within_one_range_per_row():
     assert nca.prefix_key_range(torch.ones(1, 3, dtype=torch.bool), late_start, 2, 4) is None
 
 
-@pytest.fixture(scope="module")
-def llama():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=128, pad_token_id=0, attn_implementation="sdpa",
-    )  # fmt: skip
-    return LlamaForCausalLM(cfg).train()
-
-
-def _batch(G=3, P=9, C=14, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    p_ids, p_mask = torch.zeros(3, P, dtype=torch.long), torch.zeros(3, P, dtype=torch.long)
-    for i, n in enumerate([P, P - 4, P - 1]):  # left padding of different widths
-        p_ids[i, P - n :] = torch.randint(1, 50, (n,), generator=g)
-        p_mask[i, P - n :] = 1
-    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
-    c_mask = (torch.arange(C)[None] < torch.randint(1, C + 1, (3 * G,), generator=g)[:, None]).long()
-    c_ids = torch.randint(1, 50, (3 * G, C), generator=g).masked_fill(c_mask == 0, 0)
-    return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)
-
-
 @pytest.mark.parametrize("shared", [False, True])
-def test_a_llamas_logprobs_and_gradients_through_the_kernel_are_sdpas(llama, shared, monkeypatch):
+def test_a_llamas_logprobs_and_gradients_through_the_kernel_are_sdpas(shared, monkeypatch):
     """fp32: the kernel for every layer's attention with a gradient (the prompts' pass and the completions' over their
     group's prompt where shared), against SDPA (the other ways off)."""
     calls: list = []
     kernel = nca.causal_attention
     monkeypatch.setattr(nca, "causal_attention", lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k))
-    p_ids, p_mask, c_ids, c_mask, groups = _batch()
+    llama = tiny_lm("llama", max_position_embeddings=128).train()  # 6 query heads over 2 kv heads
+    p_ids, p_mask, c_ids, c_mask, groups = grouped_batch(P=9, C=14)
     results = []
     for on in (True, False):
         monkeypatch.setattr(nca, "ON", on)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
+from _tiny_lms import grouped_batch
 
 from rlvr.models import attention, native_causal_attention, prefix_attention
 from rlvr.models.attention import explicit_attention, short_attention_explicit
@@ -77,17 +78,7 @@ def llama():
     return LlamaForCausalLM(cfg).train()
 
 
-def _batch(G=3, P=7, C=6, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    p_ids, p_mask = torch.zeros(3, P, dtype=torch.long), torch.zeros(3, P, dtype=torch.long)
-    for i, n in enumerate([P, P - 3, P - 1]):  # left padding of different widths
-        p_ids[i, P - n :] = torch.randint(1, 50, (n,), generator=g)
-        p_mask[i, P - n :] = 1
-    p_ids, p_mask = p_ids.repeat_interleave(G, 0), p_mask.repeat_interleave(G, 0)
-    c_len = torch.randint(1, C + 1, (3 * G,), generator=g)
-    c_mask = (torch.arange(C)[None] < c_len[:, None]).long()
-    c_ids = torch.randint(1, 50, (3 * G, C), generator=g).masked_fill(c_mask == 0, 0)
-    return p_ids, p_mask, c_ids, c_mask, torch.arange(3).repeat_interleave(G)
+_batch = grouped_batch
 
 
 MAX_ELEMENTS = attention.EXPLICIT_MAX["fp32"].elements
