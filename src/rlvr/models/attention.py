@@ -12,7 +12,7 @@ rows of grouped-query heads are the exception: the kernel splits the keys in blo
 scores above the diagonal, so they run as SDPA per chunk of the queries over the keys each chunk sees (causal_sdpa).
 In fp32 without autocast every plain causal call (each row's keys one range, as left- and right-padded batches give,
 over a shared prompt too) runs ahead of all those in C (rlvr.models.native_causal_attention): forward + backward
-0.56-0.97x the time of the best of them at every shape measured, 48-1024 queries (bench/results/causal_attention_native_amd.md).
+0.53-0.89x the time of the best of them at every shape measured, 48-1024 queries (bench/results/causal_attention_native_amd.md).
 
 The math is SDPA's: softmax(q k^T x scale + mask) v, grouped-query heads reading their kv head (transformers'
 repeat_kv order). In fp32 (and fp64) it equals SDPA up to rounding; under bf16 autocast the two products run in bf16

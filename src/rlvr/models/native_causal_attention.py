@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from rlvr.models import native_build
+from rlvr.models import native_build, prefix_attention
 
 SOURCE = Path(__file__).with_name("native_causal_attention.c")
 ON = True  # False: rlvr.models.attention keeps its other ways (bench A/Bs)
@@ -83,9 +83,8 @@ def prefix_key_range(prefix_mask: torch.Tensor, own_mask: torch.Tensor | None, B
     keys (own_mask as key_range takes it over C queries), where the prompt is left-padded and the own keys start at
     0: one range of keys per row; else None."""
     U, P = prefix_mask.shape
-    mask = prefix_mask.bool().cpu()
-    pads = (~mask).sum(1)  # [U]
-    if not torch.equal(mask, torch.arange(P) >= pads[:, None]) or B % U:
+    pads = prefix_attention.left_padding_starts(prefix_mask.bool().cpu())  # [U]
+    if pads is None or B % U:
         return None
     own = key_range(own_mask, B, C, C)
     if own is None or bool((own.start > 0).any()):

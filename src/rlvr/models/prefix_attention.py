@@ -236,7 +236,7 @@ class _Regrouped(torch.autograd.Function):
 REGROUPED = True  # False: the regrouping as autograd's cast, reshape and scale (bench A/B)
 
 
-def _left_padding_starts(mask: torch.Tensor) -> torch.Tensor | None:
+def left_padding_starts(mask: torch.Tensor) -> torch.Tensor | None:
     """Each group's first prompt key [U] where the mask [U, P] is left padding (False, then True to the end), else None."""
     pads = (~mask).sum(1)  # [U]
     return pads if bool((mask == (torch.arange(mask.shape[1], device=mask.device) >= pads[:, None])).all()) else None
@@ -272,7 +272,7 @@ def grouped_prefix_attention(
     B = own_bias.shape[0]  # N or 1
     own_bias = own_bias.view(B // G if B > 1 else 1, G if B > 1 else 1, 1, C, C).transpose(1, 2)[:, :, :, None]  # [U, 1, G, 1, C, C]
     prefix_bias = None if bool(prefix_mask.all()) else additive_bias(prefix_mask.bool(), dtype)[:, None, None, None, :]  # [U, 1, 1, 1, P]
-    starts = None if prefix_bias is None else _left_padding_starts(prefix_mask.bool())  # the kernel skips those keys
+    starts = None if prefix_bias is None else left_padding_starts(prefix_mask.bool())  # the kernel skips those keys
     prefix_k, prefix_v = prefix_keys.to(dtype).contiguous(), prefix_values.to(dtype).contiguous()
     out = _GroupedSoftmaxProducts.apply(q, prefix_k, prefix_v, own_k, own_v, prefix_bias, starts, own_bias)  # [U, Hkv, G, rep x C, D]
     out = out.view(U, Hkv, G, rep, C, D).permute(0, 2, 4, 1, 3, 5).reshape(N, C, H, D)  # [N, C, H, D]
