@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+import rlvr.rollout.engines.hf.episode_cache as episode_cache
 import rlvr.rollout.engines.hf.episode_decode as episode_decode
 import rlvr.rollout.engines.hf.forward as forward
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
 import rlvr.models.native_norm as native_norm
 import rlvr.rollout.engines.hf.steps as steps
-from rlvr.rollout.engines.hf import kv_buffers
+from rlvr.rollout.engines.hf import kv_buffers, native_rotary
 from rlvr.data import render_prompt
 from rlvr.models import native_build, native_linear
 from rlvr.models.tokenizer import build_char_tokenizer
@@ -330,14 +331,21 @@ class _AnswerOnce:
 
 @pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen2", "qwen3", "llama-gqa-lora"])
 @pytest.mark.parametrize("temperature, autocast", [(1.0, False), (0.0, False), (1.0, True)], ids=["sampled", "greedy", "bf16"])
-@pytest.mark.parametrize("layout", ["repeated", "shared"])
+@pytest.mark.parametrize("layout", ["repeated", "repeated-native", "shared"])
 def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autocast, layout, monkeypatch):
     """Multi-turn episodes (rows at lengths of their own, external tokens fed between turns) through the lean step
     and through the model's own forward on the same episode cache (the one-token steps and the chunks of external tokens):
     the same tokens, log-probs to 1e-5 (also under bf16 autocast, with the KV buffers the engine keeps there), also with
-    LoRA adapters; each row's buffers beginning with its prompt, or the prompt once per group."""
+    LoRA adapters; each row's buffers beginning with its prompt (its one-token steps through the torch products, or
+    the C kernels: episode_cache.native_step), or the prompt once per group."""
     torch.set_num_threads(1)
-    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout == "repeated")  # the CPU's layout, or other devices'
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout.startswith("repeated"))  # the CPU's layout, or other devices'
+    native = layout == "repeated-native"
+    way = lambda *a, **kw: AttentionWay(a[7], False, False, native)  # noqa: E731  (a[7]: the buffers' dtype)
+    monkeypatch.setattr(episode_decode, "decode_attention_way", way)
+    native_steps = []
+    step_native = lean_decode.native_step
+    monkeypatch.setattr(lean_decode, "native_step", lambda *a: native_steps.append(1) or step_native(*a))
     tok, model = _model(kind.removesuffix("-lora"))
     if kind.endswith("-lora"):  # peft wraps the projections: the lean step calls them as modules, chunks too
         model = with_lora(model, ["q_proj", "k_proj", "up_proj"])  # (these adapters' greedy turns reach the stop strings)
@@ -363,10 +371,43 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     steps = {c[0] for c in calls if len(c) == 1}
     assert len(steps) > 1  # steps with some rows out of the forward (a row ended or waited)
     assert any(len(c) == 2 and c[1] > 1 for c in calls)  # the external tokens went in as chunks through the lean step too
-    assert set(repeated) == {layout == "repeated"}
+    assert set(repeated) == {layout.startswith("repeated")}
+    assert bool(native_steps) == native
     for a, b in zip(plain, lean_traces):
         assert a.ids == b.ids and a.loss == b.loss
         torch.testing.assert_close(torch.tensor(b.logps), torch.tensor(a.logps), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-gqa", "qwen3"])
+@pytest.mark.parametrize("buffers", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("layout", ["repeated", "shared"])
+def test_episode_steps_through_the_c_passes_give_torchs_bits(kind, buffers, layout, monkeypatch):
+    """The lean episode steps' C passes against their torch ways: q and k rotated and k and v written in one pass
+    (NATIVE_WRITES: the chunks of external tokens and the torch attention's steps; its padding not written), and the
+    one-token steps' attention over the rows in the step alone, each read to its own length (NATIVE_STEP, the repeated
+    layout) instead of over a mask built per step: the same tokens and the same log-probs, bit for bit, from fp32
+    buffers and from bf16 ones (under bf16 autocast)."""
+    torch.set_num_threads(1)
+    tok, model = _model(kind)
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", layout == "repeated")
+    monkeypatch.setattr(episode_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(buffers, False, False, True))
+    prompts = [render_prompt(q, tok) for q in QUESTIONS]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
+    native_steps, c_writes, runs = [], [], {}
+    step_native, write = lean_decode.native_step, native_rotary.rotate_and_write_at
+    monkeypatch.setattr(lean_decode, "native_step", lambda *a: native_steps.append(1) or step_native(*a))
+    monkeypatch.setattr(native_rotary, "rotate_and_write_at", lambda *a: c_writes.append(a[0].shape[0]) or write(*a))
+    for flags in [(False, False), (False, True), (True, True)]:
+        monkeypatch.setattr(episode_cache, "NATIVE_STEP", flags[0])
+        monkeypatch.setattr(episode_cache, "NATIVE_WRITES", flags[1])
+        native_steps.clear(), c_writes.clear()
+        with torch.autocast("cpu", torch.bfloat16, enabled=buffers == torch.bfloat16):
+            runs[flags] = HFEngine(model, tok).generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5", "O", "g"]))[2]
+        assert bool(native_steps) == (flags[0] and layout == "repeated") and bool(c_writes) == flags[1]
+    assert sum(0 in t.loss for t in runs[False, False]) >= 2  # external tokens fed mid-episode
+    for flags in [(False, True), (True, True)]:
+        for a, b in zip(runs[False, False], runs[flags]):
+            assert a.ids == b.ids and a.loss == b.loss and a.logps == b.logps, flags
 
 
 def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):

@@ -16,7 +16,7 @@ import torch
 from rlvr.models.forward import completion_logprobs
 from rlvr.models.loading import load_model, load_tokenizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.engines.hf import episode_cache, episode_decode, kv_buffers
+from rlvr.rollout.engines.hf import episode_cache, episode_decode, kv_buffers, lean_decode
 from rlvr.rollout.engines.hf import HFEngine
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
@@ -79,9 +79,10 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", repeated)  # the CPU's layout, or other devices'
     # the way asked for, not what this machine times (which may or may not take the C kernel)
     monkeypatch.setattr(episode_decode, "decode_attention_way", lambda *a, **k: AttentionWay(a[7], False, False, native and k["native"]))
-    natives = []
-    native_call = episode_cache._native
+    natives = []  # the C kernel's calls: the lean step's (native_step), the model's forward's (_native)
+    native_call, native_step = episode_cache._native, lean_decode.native_step
     monkeypatch.setattr(episode_cache, "_native", lambda *a: natives.append(a[1].shape[0]) or native_call(*a))
+    monkeypatch.setattr(lean_decode, "native_step", lambda *a: natives.append(a[1].shape[0]) or native_step(*a))
     if in_place_share is not None:
         monkeypatch.setattr(episode_cache, "READ_IN_PLACE_SHARE", in_place_share)
     sizes = []  # the buffers' slots after each forward's prepare

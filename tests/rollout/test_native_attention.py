@@ -51,6 +51,31 @@ def test_the_kernel_is_the_float64_attention(dtype, R, D, mask):
     torch.testing.assert_close(lse.double(), truth_lse, rtol=1e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("R, D", [(1, 32), (2, 64), (3, 19)])
+def test_query_rows_read_buffer_rows_of_their_own_to_lengths_of_their_own(dtype, R, D):
+    """Multi-turn episodes: query row i reads buffer row rows[i] (and its bias row) up to lengths[i] slots: each row's
+    output is the float64 attention over exactly those slots, and NaN in any slot past a row's length changes nothing."""
+    torch.manual_seed(D)
+    N, H, S = 7, 2, 30
+    rows, lengths = torch.tensor([5, 0, 3, 6]), torch.tensor([9, 1, 30, 17])
+    q = torch.randn(len(rows), H, R, D)
+    k, v = (torch.randn(N, H, S, D) * 2).to(dtype), torch.randn(N, H, S, D).to(dtype)
+    bias = torch.zeros(N, 1, 1, S)
+    bias[3, ..., :2] = bias[5, ..., 1] = float("-inf")  # the prompt's left padding, per buffer row
+    for row, length in zip(rows.tolist(), lengths.tolist()):
+        k[row, :, length:], v[row, :, length:] = float("nan"), float("nan")
+    out, lse = native_attention.native_attention(q, k, v, D**-0.5, bias, S, rows=rows, lengths=lengths)
+    assert out.shape == (len(rows), H, R, D) and lse.shape == (len(rows), H, R)
+    for i, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist())):
+        truth, truth_lse = _truth(q[i : i + 1], k[row : row + 1], v[row : row + 1], D**-0.5, bias[row : row + 1], length)
+        torch.testing.assert_close(out[i : i + 1].double(), truth, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(lse[i : i + 1].double(), truth_lse, rtol=1e-6, atol=2e-6)
+        # the same bits as the call for that row alone over a buffer of just its slots
+        alone = native_attention.native_attention(q[i : i + 1], k[row : row + 1], v[row : row + 1], D**-0.5, bias[row : row + 1], length)
+        assert torch.equal(out[i : i + 1], alone[0]) and torch.equal(lse[i : i + 1], alone[1])
+
+
 def test_slots_after_the_length_and_masked_slots_are_not_read():
     """NaN in every slot the kernel must not read (after `length`, or masked -inf) leaves the output finite and equal."""
     torch.manual_seed(0)

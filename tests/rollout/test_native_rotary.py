@@ -55,6 +55,33 @@ def test_the_pass_gives_torchs_bits(qkv, buffers, Hq, Hkv, D, fused):
     assert torch.equal(own_k, want_k) and torch.equal(own_v, want_v)  # slot t, and no other slot touched
 
 
+@pytest.mark.parametrize("buffers", DTYPES)
+@pytest.mark.parametrize("Hq, Hkv, D", [(4, 4, 32), (4, 2, 64), (3, 1, 18)])
+def test_rows_written_at_buffer_rows_and_slots_of_their_own(buffers, Hq, Hkv, D):
+    """Multi-turn episodes: row i's k and v go to buffer row rows[i] at slot slots[i] (the episode cache's index_put),
+    torch's bits, and nothing else in the buffers changes; a row at -1 (a chunk's padding) has its q rotated and
+    writes nothing."""
+    torch.manual_seed(D + Hkv)
+    N, S = 9, 20
+    rows, slots = torch.tensor([7, 0, 4, 8, 2]), torch.tensor([19, 0, 11, 3, 11])
+    q, k, v = _inputs(len(rows), Hq, Hkv, D, torch.float32, fused=True)
+    cos, sin = _rotary(len(rows), D)
+    keys, values = (torch.randn(N, Hkv, S, D).to(DTYPES[buffers]) for _ in range(2))
+    want_k, want_v = keys.clone(), values.clone()
+    written = torch.tensor([0, 1, 2, 4])  # row 3: padding
+    want_k[rows[written], :, slots[written]] = rotate(k, cos, sin)[written].to(want_k.dtype)
+    want_v[rows[written], :, slots[written]] = v[written].to(want_v.dtype)
+    at = native_rotary.slot_offsets(keys, rows, slots)
+    at[3] = -1
+
+    got_q = native_rotary.rotate_and_write_at(q, k, v, cos, sin, keys, values, at)
+
+    assert torch.equal(got_q, rotate(q, cos, sin).float())
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    with pytest.raises(AssertionError):  # a slot past the buffers is refused before the kernel writes it
+        native_rotary.slot_offsets(keys, rows, slots + 1)
+
+
 def test_inputs_of_mixed_dtypes():
     """qwen3 under autocast: q and k fp32 after its per-head norms, v bf16 from the product."""
     torch.manual_seed(2)

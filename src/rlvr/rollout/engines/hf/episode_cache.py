@@ -28,11 +28,19 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.models.kv_cache import prefilled_kv
-from rlvr.rollout.engines.hf import kv_buffers
+from rlvr.models.norm_rotary import rotate
+from rlvr.rollout.engines.hf import kv_buffers, native_rotary
 from rlvr.rollout.engines.hf.attention import sdpa_cache_dtype
 from rlvr.rollout.engines.hf.native_attention import native_attention
 from rlvr.rollout.engines.hf.shared_prefix import attend_prefix_and_own
 
+
+# lean_decode's one-token steps through native_step where the C attention kernel runs (EpisodeState.native): the rows in
+# the step alone, each read to its own length (False: the mask built per step, the rows read in place; its A/B's before)
+NATIVE_STEP = True
+# lean_decode's other forwards (a tool result's chunk, the torch attention's steps) rotate q and k and write k and v in one
+# C pass (native_rotary.rotate_and_write_at) instead of torch's rotations and index writes (False: those; its A/B's before)
+NATIVE_WRITES = True
 
 # A one-token forward of at least this share of the rows reads every row's buffer in place (the rows not in
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
@@ -70,11 +78,26 @@ class EpisodeState:
     read_rows: torch.Tensor | None = None  # [m] the rows the attention computes: `rows`, or all N when in_place
     own_bias: torch.Tensor | None = None  # [m, 1, K, L] 0 on the slots each query of a read row sees (incl. its own)
     native: bool = False  # repeated layout: a one-token forward attends through the C kernel (native_attention.py)
+    # with native, lean_decode's step: a one-token forward rotates and writes k and v and attends in two C calls over the
+    # rows in it alone, each to its own length (native_step: no mask built per step, no row read that is not in it)
+    lean: bool = False
+    step_native: bool = False  # this forward takes native_step (prepare sets it)
+    lengths: torch.Tensor | None = None  # step_native: [n] slots each row reads (its prompt's and own, the new one too)
+    length: int = 0  # step_native: the most slots a row reads
+    # lean: [n x K] where each new token's slot begins in the buffers (elements; -1: a chunk's padding, not written), for
+    # native_rotary.rotate_and_write_at; None: the torch writes (update)
+    slot_at: torch.Tensor | None = None
+    slot_bias: torch.Tensor | None = None  # step_native: [N, 1, 1, P + capacity] -inf on the prompt's left padding, else 0
 
     def prepare(self, rows: torch.Tensor, lengths: torch.Tensor, num_rows: int, counts: torch.Tensor | None = None) -> None:
         """Set up a forward of counts[i] new tokens (one when counts is None) for each of `rows`, right-padded to the
         largest count; lengths [N]: tokens each row has written."""
         K = 1 if counts is None else int(counts.max())
+        self.step_native = NATIVE_STEP and self.native and self.lean and K == 1 and self.prompt_slots > 0
+        self.step_native = self.step_native and self.prefix_bias.dtype == torch.float32
+        if self.step_native:
+            self._prepare_native_step(rows, lengths)
+            return
         steps = torch.arange(K, device=rows.device)
         self.rows, self.write_pos = rows, self.prompt_slots + lengths[rows][:, None] + steps  # [n, K]
         if counts is None or K == 1:
@@ -100,6 +123,31 @@ class EpisodeState:
         if self.prompt_slots:  # the prompt's slots: its left padding masked, as prefix_bias masks it in the shared layout
             groups = torch.div(self.read_rows, self.group_size, rounding_mode="floor")
             self.own_bias[..., : self.prompt_slots] += self.prefix_bias[groups]
+        self.slot_at = None
+        if self.lean and NATIVE_WRITES:  # every token's slot; a chunk's padding -1
+            kbuf = layers[0].kbuf
+            written = self.write_pos if self.real is None else self.write_pos[self.real]
+            assert int(written.max()) < kbuf.shape[2], "a slot past the buffers"  # the C pass writes where it is told
+            at = (rows[:, None] * kbuf.stride(0) + self.write_pos * kbuf.stride(2)).contiguous()  # [n, K]
+            if self.real is not None:
+                at = torch.full_like(at, -1).index_put_(self.real, at[self.real])
+            self.slot_at = at.view(-1)
+
+    def _prepare_native_step(self, rows: torch.Tensor, lengths: torch.Tensor) -> None:
+        """prepare for native_step: each row writes slot P + its length and reads the slots up to it."""
+        layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
+        pos = self.prompt_slots + lengths[rows]  # [n]
+        self.rows, self.write_pos, self.real, self.lengths = rows, pos[:, None], None, pos + 1
+        self.length = int(pos.max()) + 1
+        if layers[0].grows:
+            for layer in layers:
+                layer.hold(self.length)
+        if self.slot_bias is None:
+            N, P = layers[0].kbuf.shape[0], self.prompt_slots
+            groups = torch.div(torch.arange(N, device=rows.device), self.group_size, rounding_mode="floor")
+            prompt = self.prefix_bias[groups].masked_fill(self.prefix_bias[groups] < 0, float("-inf"))  # not read at all
+            self.slot_bias = torch.cat([prompt, prompt.new_zeros(N, 1, 1, layers[0].capacity - P)], -1)
+        self.slot_at = native_rotary.slot_offsets(layers[0].kbuf, rows, pos)  # every layer's buffers: the same strides
 
 
 class EpisodeLayer(DynamicLayer):
@@ -136,6 +184,21 @@ class EpisodeLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         st = self.state  # key_states [n, H, K, D]
         assert st.own_bias is not None and st.write_pos is not None and st.rows is not None, "state.prepare() comes first"
+        self._write(key_states, value_states)
+        return self.read()
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values this forward's attention reads (written already): every row's as views, or the rows in it."""
+        st = self.state
+        assert st.own_bias is not None and st.rows is not None, "state.prepare() comes first"
+        L = st.own_bias.shape[-1]
+        if st.in_place:
+            return self.kbuf[:, :, :L], self.vbuf[:, :, :L]  # [N, H, L, D] views
+        return self.kbuf[st.rows, :, :L], self.vbuf[st.rows, :, :L]  # [n, H, L, D] copies
+
+    def _write(self, key_states, value_states) -> None:
+        st = self.state
+        assert st.write_pos is not None and st.rows is not None
         if st.real is None:  # one token per row
             pos = st.write_pos[:, 0]
             self.kbuf[st.rows, :, pos] = key_states[:, :, 0].to(self.kbuf.dtype)
@@ -145,10 +208,6 @@ class EpisodeLayer(DynamicLayer):
             rows, pos = st.rows[i], st.write_pos[i, j]
             self.kbuf[rows, :, pos] = key_states[i, :, j].to(self.kbuf.dtype)
             self.vbuf[rows, :, pos] = value_states[i, :, j].to(self.vbuf.dtype)
-        L = st.own_bias.shape[-1]
-        if st.in_place:
-            return self.kbuf[:, :, :L], self.vbuf[:, :, :L]  # [N, H, L, D] views
-        return self.kbuf[st.rows, :, :L], self.vbuf[st.rows, :, :L]  # [n, H, L, D] copies
 
     def get_seq_length(self) -> int:
         return self.prefix_len
@@ -187,6 +246,33 @@ def episode_attention(module, query, key, value, attention_mask, scaling=None, d
         if m != n:
             out = out[st.rows]
     return out.to(query.dtype), None
+
+
+def rotated_and_written(layer: "EpisodeLayer", q, k, v, rotary: tuple[torch.Tensor, torch.Tensor], st: EpisodeState) -> torch.Tensor:
+    """q [n x K, Hq, D] rotated, with k rotated and k and v [n x K, Hkv, D] written at their slots (st.slot_at), in one C
+    pass where it takes them (fp32 cos and sin: native_rotary's bits are rotate's and the index writes'), else torch's
+    rotations and update's writes."""
+    c_pass = st.slot_at is not None and rotary[0].dtype == rotary[1].dtype == torch.float32 and native_rotary.available()
+    if c_pass and native_rotary.fits(q, k, v, layer.kbuf, layer.vbuf):
+        assert st.slot_at is not None
+        return native_rotary.rotate_and_write_at(q, k, v, *rotary, layer.kbuf, layer.vbuf, st.slot_at)
+    q, k = rotate(q, *rotary), rotate(k, *rotary)
+    n, K = st.write_pos.shape if st.write_pos is not None else (q.shape[0], 1)
+    layer._write(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
+    return q
+
+
+def native_step(layer: "EpisodeLayer", q, k, v, scale: float, rotary: tuple[torch.Tensor, torch.Tensor], st: EpisodeState) -> torch.Tensor:
+    """A one-token forward's attention for lean_decode's step (st.step_native): q and k rotated, k and v written at each
+    row's slot and the attention over each row's slots read in place, in two C calls; q [n, Hq, D] and k, v [n, Hkv, D]
+    as the products give them (not rotated). -> [n, Hq x D] fp32: what update() and episode_attention give, the same bits."""
+    assert st.rows is not None and st.lengths is not None and st.slot_at is not None and st.slot_bias is not None
+    n, Hq, D = q.shape
+    Hkv = k.shape[1]
+    with torch.autocast("cpu", enabled=False):
+        q = rotated_and_written(layer, q, k, v, rotary, st).float()
+        out, _ = native_attention(q.view(n, Hkv, Hq // Hkv, D), layer.kbuf, layer.vbuf, scale, st.slot_bias, st.length, st.rows, st.lengths)
+    return out.view(n, Hq * D)
 
 
 def _native(q, key, value, own_bias, scaling) -> torch.Tensor:

@@ -79,6 +79,7 @@ def decode_episodes(
     way = _attention_way(model, pre, G, T, cache_dtype, lower)
     repeated, native = way is not None and not way.shared, way is not None and way.native
     cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated, native=repeated and native)
+    state.lean = lean is not None
     logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
     start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed

@@ -57,7 +57,7 @@ from rlvr.rollout.engines.hf.compiled_decode import (
     layer_weights,
 )
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention, decode_attention_way
-from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention
+from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState, episode_attention, native_step, rotated_and_written
 from rlvr.rollout.engines.hf.forward import cpu_bf16_autocast, padding_bias
 from rlvr.rollout.engines.hf.layer_products import PLAIN_MLPS, LayerProducts, fuses, products_for
 from rlvr.rollout.engines.hf.native_prefix import transposed_keys
@@ -289,9 +289,11 @@ class LeanDecoder:
         n, K = tokens.shape[0], 1 if tokens.dim() == 1 else tokens.shape[1]
 
         def attend(i: int, q, k, v, scale: float, rotary) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
-            q, k = rotate(q, *rotary), rotate(k, *rotary)
             layer = cast(EpisodeLayer, state.cache.layers[i])
-            keys, values = layer.update(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
+            if state.step_native:  # one token per row: the rotation, the writes and the attention in two C calls
+                return native_step(layer, q, k, v, scale, rotary, state)
+            q = rotated_and_written(layer, q, k, v, rotary, state)
+            keys, values = layer.read()
             q = q.view(n, K, *q.shape[1:]).transpose(1, 2)  # [n, Hq, K, D]
             out, _ = episode_attention(self.layers[i].self_attn, q, keys, values, None, scaling=scale, rlvr_episode=state)
             return out.reshape(n * K, -1)  # [n, K, Hq, D] -> [n x K, Hq x D]

@@ -34,46 +34,50 @@ static inline float widen_bf16(const uint16_t *p, int64_t i) { return rlvr_widen
     }
 
 /* the kernels' arguments (described below) and a call passing them on */
-#define ATTEND_ARGS(T)                                                                                                 \
+#define ATTEND_ARGS(T)                                                                                                  \
     const float *q, const T *k, const T *v, int64_t ks0, int64_t ks1, int64_t ks2, int64_t vs0, int64_t vs1,           \
-        int64_t vs2, const float *bias, int64_t bias_stride, float *out, float *lse, int64_t n, int64_t H, int64_t R, \
-        int64_t D, int64_t L, float scale, int threads
-#define ATTEND_CALL q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, out, lse, n, H, R, D, L, scale, threads
+        int64_t vs2, const float *bias, int64_t bias_stride, const int64_t *rows, const int64_t *lengths, float *out,   \
+        float *lse, int64_t n, int64_t H, int64_t R, int64_t D, int64_t L, float scale, int threads
+#define ATTEND_CALL q, k, v, ks0, ks1, ks2, vs0, vs1, vs2, bias, bias_stride, rows, lengths, out, lse, n, H, R, D, L, scale, threads
 
-/* item b = (row, head h)'s queries qb, keys kb, values vb, bias bb (or NULL) and output ob */
+/* item b = (query row, head h)'s queries qb, keys kb, values vb, bias bb (or NULL), output ob and slots read Lb: the
+   keys, values and bias of buffer row rows[query row] (the query row itself where rows is NULL), its first
+   lengths[query row] slots (L where lengths is NULL) */
 #define ITEM(T)                                                                                                        \
-    int64_t row = b / H, h = b % H;                                                                                    \
+    int64_t qrow = b / H, h = b % H, row = rows ? rows[qrow] : qrow, Lb = lengths ? lengths[qrow] : L;                  \
     const float *qb = q + b * R * D;                                                                                   \
     const T *kb = k + row * ks0 + h * ks1, *vb = v + row * vs0 + h * vs1;                                              \
     const float *bb = bias ? bias + row * bias_stride : NULL;                                                          \
     float *ob = out + b * R * D;
 
 /* q [n, H, R, D] floats, contiguous; k, v [n, H, S, D] with strides (row, head, slot) in elements and D contiguous;
-   bias [n or 1, S] floats (row stride bias_stride, 0 for one row shared by all) or NULL; out [n, H, R, D] and
-   lse [n, H, R] floats, contiguous; slots 0..L-1 read; threads: torch's thread count */
+   bias [n or 1, S] floats (row stride bias_stride, 0 for one row shared by all) or NULL; rows [n]: the buffer row
+   (of k, v and bias) each query row reads, or NULL (its own); lengths [n]: the slots each query row reads (1..L), or
+   NULL (L each); out [n, H, R, D] and lse [n, H, R] floats, contiguous; slots 0..L-1 read; threads: torch's thread
+   count */
 #define DEFINE_ATTEND(NAME, T, DOT, WIDEN)                                                                              \
-    static void NAME(ATTEND_ARGS(T)) {                                                                               \
+    static void NAME(ATTEND_ARGS(T)) {                                                                                  \
         _Pragma("omp parallel num_threads(threads)") {                                                                  \
             float *scores = malloc(sizeof(float) * (size_t)(R * (L > 0 ? L : 1)));                                      \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
                 ITEM(T)                                                                                                 \
-                for (int64_t s = 0; s < L; ++s) {                                                                       \
+                for (int64_t s = 0; s < Lb; ++s) {                                                                       \
                     float add = bb ? bb[s] : 0.f;                                                                       \
                     for (int64_t r = 0; r < R; ++r)                                                                     \
                         scores[r * L + s] = isinf(add) && add < 0 ? add : DOT(qb + r * D, kb + s * ks2, D) * scale + add; \
                 }                                                                                                       \
                 for (int64_t r = 0; r < R; ++r) {                                                                       \
                     float *sr = scores + r * L, top = -INFINITY, sum = 0.f;                                             \
-                    for (int64_t s = 0; s < L; ++s) top = sr[s] > top ? sr[s] : top;                                   \
-                    for (int64_t s = 0; s < L; ++s) {                                                                   \
+                    for (int64_t s = 0; s < Lb; ++s) top = sr[s] > top ? sr[s] : top;                                   \
+                    for (int64_t s = 0; s < Lb; ++s) {                                                                   \
                         sr[s] = expf(sr[s] - top);                                                                      \
                         sum += sr[s];                                                                                   \
                     }                                                                                                   \
-                    for (int64_t s = 0; s < L; ++s) sr[s] /= sum;                                                       \
+                    for (int64_t s = 0; s < Lb; ++s) sr[s] /= sum;                                                       \
                     lse[b * R + r] = top + logf(sum);                                                                   \
                     memset(ob + r * D, 0, sizeof(float) * (size_t)D);                                                   \
                 }                                                                                                       \
-                for (int64_t s = 0; s < L; ++s) {                                                                       \
+                for (int64_t s = 0; s < Lb; ++s) {                                                                       \
                     if (bb && isinf(bb[s]) && bb[s] < 0) continue;                                                      \
                     const T *vs = vb + s * vs2;                                                                         \
                     for (int64_t r = 0; r < R; ++r) {                                                                   \
@@ -95,7 +99,7 @@ DEFINE_ATTEND(generic_bf16, uint16_t, dot_bf16, widen_bf16)
    (vectors of W floats), its count of vectors a constant for the common heads (the loops over them unroll: D 32, 40,
    64, 128 with W 8; 64, 80, 128, 256 with W 16) */
 #define DEFINE_VECTOR(NAME, T, ITEM_FN, GENERIC, W)                                                                     \
-    void NAME(ATTEND_ARGS(T)) {                                                                                      \
+    void NAME(ATTEND_ARGS(T)) {                                                                                         \
         if (D > W * MAX_CHUNKS) {                                                                                       \
             GENERIC(ATTEND_CALL);                                                                                       \
             return;                                                                                                     \
@@ -106,16 +110,17 @@ DEFINE_ATTEND(generic_bf16, uint16_t, dot_bf16, widen_bf16)
             float *scores = aligned_alloc(4 * W, sizeof(float) * (size_t)(R * Lp));                                    \
             _Pragma("omp for schedule(static)") for (int64_t b = 0; b < n * H; ++b) {                                   \
                 ITEM(T)                                                                                                 \
+                const int64_t Lpb = (Lb + W - 1) / W * W;                                                               \
                 if (chunks == 4)                                                                                        \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 4);                  \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, Lb, Lpb, scale, scores, 4);                \
                 else if (chunks == 5)                                                                                   \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 5);                  \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, Lb, Lpb, scale, scores, 5);                \
                 else if (chunks == 8)                                                                                   \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 8);                  \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, Lb, Lpb, scale, scores, 8);                \
                 else if (chunks == 16)                                                                                  \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, 16);                 \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, Lb, Lpb, scale, scores, 16);               \
                 else                                                                                                    \
-                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, L, Lp, scale, scores, chunks);             \
+                    ITEM_FN(qb, kb, ks2, vb, vs2, bb, ob, lse + b * R, R, D, Lb, Lpb, scale, scores, chunks);           \
             }                                                                                                           \
             free(scores);                                                                                               \
         }                                                                                                               \
@@ -386,7 +391,7 @@ DEFINE_VECTOR(rlvr_attend_f32, float, item_f32, generic_f32, 8)
 DEFINE_VECTOR(rlvr_attend_bf16, uint16_t, item_bf16, generic_bf16, 8)
 #else
 #define FORWARD(NAME, T, GENERIC)                                                                                       \
-    void NAME(ATTEND_ARGS(T)) {                                                                                      \
+    void NAME(ATTEND_ARGS(T)) {                                                                                         \
         GENERIC(ATTEND_CALL);     \
     }
 FORWARD(rlvr_attend_f32, float, generic_f32)

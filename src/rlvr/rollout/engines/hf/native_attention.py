@@ -21,8 +21,9 @@ from rlvr.models import native_build
 
 SOURCE = Path(__file__).with_name("native_attention.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-# q, k, v, k's strides (row, head, slot), v's, bias, its row stride, out, lse, n, H, R, D, length, scale, threads
-_ARGS = (_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int)
+# q, k, v, k's strides (row, head, slot), v's, bias, its row stride, rows, lengths, out, lse, n, H, R, D, length, scale,
+# threads
+_ARGS = (_P, _P, _P, _I, _I, _I, _I, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float, ctypes.c_int)
 
 
 @functools.cache
@@ -44,22 +45,29 @@ def native_attention(
     scale: float,
     bias: torch.Tensor | None,  # [n or 1, 1, 1, S] fp32, 0 or -inf (a -inf slot is not read), or None
     length: int,  # slots 0..length-1 are read
+    rows: torch.Tensor | None = None,  # [m] int64: query row i reads buffer row rows[i] of k, v (and bias); None: row i
+    lengths: torch.Tensor | None = None,  # [m] int64 in 1..length: query row i reads slots 0..lengths[i]-1; None: length
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output [n, Hkv, R, D] and each query's log-sum-exp [n, Hkv, R], fp32, on the CPU."""
+    """The output [m, Hkv, R, D] and each query's log-sum-exp [m, Hkv, R], fp32, on the CPU (m = n, q's rows; with `rows`
+    the buffers may hold more rows than q: multi-turn episodes, whose rows are at lengths of their own)."""
     kernels = _kernels()
     assert kernels is not None, f"the native attention kernel did not build: {native_build.why_not(SOURCE)}"
     n, H, R, D = q.shape
+    N = n if rows is None else k.shape[0]  # the buffers' rows
     assert q.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in kernels, (q.dtype, k.dtype, v.dtype)
-    assert k.shape[:2] == v.shape[:2] == (n, H) and k.shape[-1] == v.shape[-1] == D and 0 < length <= min(k.shape[2], v.shape[2])
+    assert k.shape[:2] == v.shape[:2] == (N, H) and k.shape[-1] == v.shape[-1] == D and 0 < length <= min(k.shape[2], v.shape[2])
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.device.type == "cpu"
+    for index in (rows, lengths):  # read by the kernel as they are: the caller keeps them in range (a pass over them each call)
+        assert index is None or (index.dtype == torch.int64 and index.shape == (n,) and index.is_contiguous())
     q = q.contiguous()
     out, lse = q.new_empty(n, H, R, D), q.new_empty(n, H, R)
     bias_ptr, bias_stride = None, 0
     if bias is not None:
-        assert bias.dtype == torch.float32 and bias.shape[-1] >= length and bias.stride(-1) == 1 and bias.shape[0] in (1, n)
+        assert bias.dtype == torch.float32 and bias.shape[-1] >= length and bias.stride(-1) == 1 and bias.shape[0] in (1, N)
         bias_ptr, bias_stride = bias.data_ptr(), bias.stride(0) if bias.shape[0] > 1 else 0
+    rows_ptr, lengths_ptr = (None if x is None else x.data_ptr() for x in (rows, lengths))
     kernels[k.dtype](
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), *k.stride()[:3], *v.stride()[:3], bias_ptr, bias_stride,
-        out.data_ptr(), lse.data_ptr(), n, H, R, D, length, scale, torch.get_num_threads(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), *k.stride()[:3], *v.stride()[:3], bias_ptr, bias_stride, rows_ptr,
+        lengths_ptr, out.data_ptr(), lse.data_ptr(), n, H, R, D, length, scale, torch.get_num_threads(),
     )  # fmt: skip
     return out, lse
