@@ -346,6 +346,9 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     native_steps = []
     step_native = lean_decode.native_step
     monkeypatch.setattr(lean_decode, "native_step", lambda *a: native_steps.append(1) or step_native(*a))
+    # the kernel's chunks sum in another order than the forward's products: under bf16 autocast the next product's
+    # rounding of that makes log-probs 1e-2 apart (test_native_chunks_against_the_explicit_products has them)
+    monkeypatch.setattr(episode_cache, "NATIVE_CHUNKS", not autocast)
     tok, model = _model(kind.removesuffix("-lora"))
     if kind.endswith("-lora"):  # peft wraps the projections: the lean step calls them as modules, chunks too
         model = with_lora(model, ["q_proj", "k_proj", "up_proj"])  # (these adapters' greedy turns reach the stop strings)
@@ -397,6 +400,7 @@ def test_episode_steps_through_the_c_passes_give_torchs_bits(kind, buffers, layo
     step_native, write = lean_decode.native_step, native_rotary.rotate_and_write_at
     monkeypatch.setattr(lean_decode, "native_step", lambda *a: native_steps.append(1) or step_native(*a))
     monkeypatch.setattr(native_rotary, "rotate_and_write_at", lambda *a: c_writes.append(a[0].shape[0]) or write(*a))
+    monkeypatch.setattr(episode_cache, "NATIVE_CHUNKS", False)  # chunks through the kernel sum in another order
     for flags in [(False, False), (False, True), (True, True)]:
         monkeypatch.setattr(episode_cache, "NATIVE_STEP", flags[0])
         monkeypatch.setattr(episode_cache, "NATIVE_WRITES", flags[1])
@@ -408,6 +412,36 @@ def test_episode_steps_through_the_c_passes_give_torchs_bits(kind, buffers, layo
     for flags in [(False, True), (True, True)]:
         for a, b in zip(runs[False, False], runs[flags]):
             assert a.ids == b.ids and a.loss == b.loss and a.logps == b.logps, flags
+
+
+@pytest.mark.parametrize("buffers", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_native_chunks_against_the_explicit_products(buffers, monkeypatch):
+    """A tool result's chunk through the C kernel (NATIVE_CHUNKS: each token a query of its own, read to its own slot)
+    against the explicit products over the rows' copies: the same math in another order. fp32: the same tokens, log-probs
+    to 1e-5; under bf16 autocast the products after attention round that apart: the same tokens in most rows, their
+    log-probs within 2e-2."""
+    torch.set_num_threads(1)
+    tok, model = _model("llama-gqa")
+    monkeypatch.setattr(episode_decode, "PROMPT_PER_ROW", True)
+    monkeypatch.setattr(episode_decode, "decode_attention_way", lambda *a, **kw: AttentionWay(buffers, False, False, True))
+    prompts = [render_prompt(q, tok) for q in QUESTIONS]
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
+    chunk_calls, runs = [], {}
+    step_native = lean_decode.native_step
+    monkeypatch.setattr(lean_decode, "native_step", lambda *a: (a[6].real is not None and chunk_calls.append(1)) or step_native(*a))
+    for on in (False, True):
+        monkeypatch.setattr(episode_cache, "NATIVE_CHUNKS", on)
+        chunk_calls.clear()
+        with torch.autocast("cpu", torch.bfloat16, enabled=buffers == torch.bfloat16):
+            runs[on] = HFEngine(model, tok).generate_episodes(prompts, params, [4, 5, 6], _AnswerOnce(tok, ["1", "5", "O", "g"]))[2]
+        assert bool(chunk_calls) == on
+    same = [(a, b) for a, b in zip(runs[False], runs[True]) if a.ids == b.ids and a.loss == b.loss]
+    assert sum(0 in a.loss for a, _ in same) >= 2  # rows with external tokens among them
+    if buffers == torch.float32:
+        assert len(same) == len(runs[False])
+    assert len(same) >= len(runs[False]) * 3 // 4
+    errors = [abs(x - y) for a, b in same for x, y in zip(a.logps, b.logps)]
+    assert max(errors) < (1e-5 if buffers == torch.float32 else 2e-2), max(errors)
 
 
 def test_episodes_keep_bf16_buffers_where_timed_faster(monkeypatch):

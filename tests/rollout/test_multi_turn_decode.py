@@ -122,7 +122,9 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
     assert bool(natives) == (native and step > 0)  # the kernel on whole buffers only (grown, masked), as the way says
-    if step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came
+    if native and step:  # every forward reads each token's slots alone (episode_cache.native_step): every slot at once
+        assert set(sizes) == {40}
+    elif step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came
         assert sizes == sorted(sizes) and sizes[0] == step and all(s % step == 0 or s == 40 for s in sizes)
         assert grow != 3 or len(set(sizes)) > 2  # by 3 slots: grown more than once
     else:  # every slot of the budget (40 new tokens) from the start

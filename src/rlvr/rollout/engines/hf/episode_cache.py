@@ -41,6 +41,9 @@ NATIVE_STEP = True
 # lean_decode's other forwards (a tool result's chunk, the torch attention's steps) rotate q and k and write k and v in one
 # C pass (native_rotary.rotate_and_write_at) instead of torch's rotations and index writes (False: those; its A/B's before)
 NATIVE_WRITES = True
+# ...and a tool result's chunk through native_step too: each token a query of its own, read to its own slot (causal within
+# the chunk), no rows' buffers copied out and no mask built (False: the explicit products over the rows' copies)
+NATIVE_CHUNKS = True
 
 # A one-token forward of at least this share of the rows reads every row's buffer in place (the rows not in
 # it compute an output that is dropped) instead of copying out the rows' buffers: the copy costs
@@ -82,22 +85,28 @@ class EpisodeState:
     # rows in it alone, each to its own length (native_step: no mask built per step, no row read that is not in it)
     lean: bool = False
     step_native: bool = False  # this forward takes native_step (prepare sets it)
-    lengths: torch.Tensor | None = None  # step_native: [n] slots each row reads (its prompt's and own, the new one too)
-    length: int = 0  # step_native: the most slots a row reads
+    lengths: torch.Tensor | None = None  # step_native: [n x K] slots each token reads (its row's prompt and own, itself too)
+    query_rows: torch.Tensor | None = None  # step_native: [n x K] each token's row
+    length: int = 0  # step_native: the most slots a token reads
     # lean: [n x K] where each new token's slot begins in the buffers (elements; -1: a chunk's padding, not written), for
     # native_rotary.rotate_and_write_at; None: the torch writes (update)
     slot_at: torch.Tensor | None = None
     slot_bias: torch.Tensor | None = None  # step_native: [N, 1, 1, P + capacity] -inf on the prompt's left padding, else 0
 
+    def reads_own_slots(self) -> bool:
+        """Whether every forward (the one-token steps and the chunks) goes through native_step, reading each token's
+        slots alone: no forward reads the buffers whole."""
+        return self._native_layout() and NATIVE_STEP and NATIVE_CHUNKS
+
+    def _native_layout(self) -> bool:
+        """native_step can run here: the C kernel's way, lean_decode's step, the repeated layout, fp32 scores."""
+        return self.native and self.lean and self.prompt_slots > 0 and self.prefix_bias.dtype == torch.float32
+
     def prepare(self, rows: torch.Tensor, lengths: torch.Tensor, num_rows: int, counts: torch.Tensor | None = None) -> None:
         """Set up a forward of counts[i] new tokens (one when counts is None) for each of `rows`, right-padded to the
         largest count; lengths [N]: tokens each row has written."""
         K = 1 if counts is None else int(counts.max())
-        self.step_native = NATIVE_STEP and self.native and self.lean and K == 1 and self.prompt_slots > 0
-        self.step_native = self.step_native and self.prefix_bias.dtype == torch.float32
-        if self.step_native:
-            self._prepare_native_step(rows, lengths)
-            return
+        self.step_native = self._native_layout() and (NATIVE_STEP if K == 1 else NATIVE_CHUNKS)
         steps = torch.arange(K, device=rows.device)
         self.rows, self.write_pos = rows, self.prompt_slots + lengths[rows][:, None] + steps  # [n, K]
         if counts is None or K == 1:
@@ -105,6 +114,9 @@ class EpisodeState:
         else:
             i, j = (steps[None, :] < counts[:, None]).nonzero(as_tuple=True)
             self.real = (i, j)
+        if self.step_native:
+            self._prepare_native_step(rows, K if counts is None else counts)
+            return
         self.in_place = len(rows) >= read_in_place_share(K) * num_rows
         self.read_rows = torch.arange(num_rows, device=rows.device) if self.in_place else rows
         layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
@@ -123,22 +135,30 @@ class EpisodeState:
         if self.prompt_slots:  # the prompt's slots: its left padding masked, as prefix_bias masks it in the shared layout
             groups = torch.div(self.read_rows, self.group_size, rounding_mode="floor")
             self.own_bias[..., : self.prompt_slots] += self.prefix_bias[groups]
-        self.slot_at = None
-        if self.lean and NATIVE_WRITES:  # every token's slot; a chunk's padding -1
-            kbuf = layers[0].kbuf
-            written = self.write_pos if self.real is None else self.write_pos[self.real]
-            assert int(written.max()) < kbuf.shape[2], "a slot past the buffers"  # the C pass writes where it is told
-            at = (rows[:, None] * kbuf.stride(0) + self.write_pos * kbuf.stride(2)).contiguous()  # [n, K]
-            if self.real is not None:
-                at = torch.full_like(at, -1).index_put_(self.real, at[self.real])
-            self.slot_at = at.view(-1)
+        self.slot_at = self._slot_offsets(layers[0].kbuf) if self.lean and NATIVE_WRITES else None
 
-    def _prepare_native_step(self, rows: torch.Tensor, lengths: torch.Tensor) -> None:
-        """prepare for native_step: each row writes slot P + its length and reads the slots up to it."""
+    def _slot_offsets(self, kbuf: torch.Tensor) -> torch.Tensor:
+        """[n x K] where each new token's slot begins in the buffers (elements; every layer's have kbuf's strides), a
+        chunk's padding -1 (not written): native_rotary.rotate_and_write_at's slot_at."""
+        assert self.rows is not None and self.write_pos is not None
+        written = self.write_pos if self.real is None else self.write_pos[self.real]
+        assert int(written.max()) < kbuf.shape[2], "a slot past the buffers"  # the C pass writes where it is told
+        at = (self.rows[:, None] * kbuf.stride(0) + self.write_pos * kbuf.stride(2)).contiguous()  # [n, K]
+        if self.real is not None:
+            at = torch.full_like(at, -1).index_put_(self.real, at[self.real])
+        return at.view(-1)
+
+    def _prepare_native_step(self, rows: torch.Tensor, counts: torch.Tensor | int) -> None:
+        """prepare for native_step: each row writes its tokens at slots P + its length on and each token reads the slots
+        up to its own (a chunk's padding up to the row's last real token: its output is dropped)."""
+        assert self.write_pos is not None
         layers = [cast("EpisodeLayer", layer) for layer in self.cache.layers]
-        pos = self.prompt_slots + lengths[rows]  # [n]
-        self.rows, self.write_pos, self.real, self.lengths = rows, pos[:, None], None, pos + 1
-        self.length = int(pos.max()) + 1
+        reads = self.write_pos + 1  # [n, K]
+        if self.real is not None:
+            reads = torch.minimum(reads, self.write_pos[:, :1] + torch.as_tensor(counts)[:, None])
+        self.lengths = reads.reshape(-1)  # [n x K]
+        self.query_rows = rows if reads.shape[1] == 1 else rows.repeat_interleave(reads.shape[1])
+        self.length = int(self.lengths.max())
         if layers[0].grows:
             for layer in layers:
                 layer.hold(self.length)
@@ -147,7 +167,7 @@ class EpisodeState:
             groups = torch.div(torch.arange(N, device=rows.device), self.group_size, rounding_mode="floor")
             prompt = self.prefix_bias[groups].masked_fill(self.prefix_bias[groups] < 0, float("-inf"))  # not read at all
             self.slot_bias = torch.cat([prompt, prompt.new_zeros(N, 1, 1, layers[0].capacity - P)], -1)
-        self.slot_at = native_rotary.slot_offsets(layers[0].kbuf, rows, pos)  # every layer's buffers: the same strides
+        self.slot_at = self._slot_offsets(layers[0].kbuf)
 
 
 class EpisodeLayer(DynamicLayer):
@@ -163,7 +183,9 @@ class EpisodeLayer(DynamicLayer):
         self.prefix_values: torch.Tensor | None = None if P else v
         # on the CPU the buffers grow kv_buffers.GROW slots at a time and are read whole (EpisodeState.prepare), as
         # the single-turn decode's
-        self.capacity, self.grows = P + capacity, kv_buffers.GROW > 0 and k.device.type == "cpu"
+        # ...unless every forward reads each token's slots alone (native_step's): then every slot at once, as the
+        # single-turn decode's C kernel has them (each growth copied the buffers: 4 % of config H's generation)
+        self.capacity, self.grows = P + capacity, kv_buffers.GROW > 0 and k.device.type == "cpu" and not state.reads_own_slots()
         own = min(kv_buffers.GROW, capacity) if self.grows else capacity
         if P:  # [N, H, P + own, D]
             self.kbuf, self.vbuf = kv_buffers.prompt_per_row(k, state.group_size, own), kv_buffers.prompt_per_row(v, state.group_size, own)
@@ -263,15 +285,16 @@ def rotated_and_written(layer: "EpisodeLayer", q, k, v, rotary: tuple[torch.Tens
 
 
 def native_step(layer: "EpisodeLayer", q, k, v, scale: float, rotary: tuple[torch.Tensor, torch.Tensor], st: EpisodeState) -> torch.Tensor:
-    """A one-token forward's attention for lean_decode's step (st.step_native): q and k rotated, k and v written at each
-    row's slot and the attention over each row's slots read in place, in two C calls; q [n, Hq, D] and k, v [n, Hkv, D]
-    as the products give them (not rotated). -> [n, Hq x D] fp32: what update() and episode_attention give, the same bits."""
-    assert st.rows is not None and st.lengths is not None and st.slot_at is not None and st.slot_bias is not None
-    n, Hq, D = q.shape
+    """A forward's attention for lean_decode's step (st.step_native): q and k rotated, k and v written at each token's
+    slot, and each token's attention over its row's slots up to its own, read in place: two C calls. q [n x K, Hq, D] and
+    k, v [n x K, Hkv, D] as the products give them (not rotated). -> [n x K, Hq x D] fp32: in a one-token step what
+    update() and episode_attention give, the same bits; in a chunk the same math in another order (rounding apart)."""
+    assert st.query_rows is not None and st.lengths is not None and st.slot_bias is not None
+    n, Hq, D = q.shape  # n: tokens, n x K
     Hkv = k.shape[1]
     with torch.autocast("cpu", enabled=False):
-        q = rotated_and_written(layer, q, k, v, rotary, st).float()
-        out, _ = native_attention(q.view(n, Hkv, Hq // Hkv, D), layer.kbuf, layer.vbuf, scale, st.slot_bias, st.length, st.rows, st.lengths)
+        q = rotated_and_written(layer, q, k, v, rotary, st).float().view(n, Hkv, Hq // Hkv, D)
+        out, _ = native_attention(q, layer.kbuf, layer.vbuf, scale, st.slot_bias, st.length, st.query_rows, st.lengths)
     return out.view(n, Hq * D)
 
 

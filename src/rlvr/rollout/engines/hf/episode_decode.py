@@ -78,8 +78,7 @@ def decode_episodes(
     pre = prefill(model, tokenizer, prompts, G)
     way = _attention_way(model, pre, G, T, cache_dtype, lower)
     repeated, native = way is not None and not way.shared, way is not None and way.native
-    cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated, native=repeated and native)
-    state.lean = lean is not None
+    cache, state = _episode_cache(pre, G, T, way.dtype if way else cache_dtype, repeated, native=repeated and native, lean=lean is not None)
     logits, device, N = pre.logits, pre.prompt_ids.device, pre.logits.shape[0]
     start = pre.prompt_mask.sum(-1).repeat_interleave(G)  # [N] position of each row's first token
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens each row has fed
@@ -163,15 +162,16 @@ def _feed_chunks(
 
 
 def _episode_cache(
-    pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None, repeated: bool, native: bool = False
+    pre: Prefill, G: int, T: int, cache_dtype: torch.dtype | None, repeated: bool, native: bool = False, lean: bool = False
 ) -> tuple[DynamicCache, EpisodeState]:
     """The prefill's cache, each prompt's keys/values then shared by its G rows (or, `repeated`, copied to the head of
-    each row's buffers), each row writing at its own position; `native`: one-token steps attend through the C kernel."""
+    each row's buffers), each row writing at its own position; `native`: one-token steps attend through the C kernel
+    (and with `lean`, lean_decode's step, every forward: episode_cache.native_step)."""
     cache, N = pre.cache, pre.prompt_ids.shape[0] * G
     kv_dtype = cache_dtype or prefilled_kv(cache.layers[0])[0].dtype
     # the scores (and so the masks) in fp32 or wider: with bf16 buffers only the products run in bf16 (decode_attention.py)
     bias = padding_bias(pre.prompt_mask, torch.promote_types(kv_dtype, torch.float32))
-    state = EpisodeState(cache, G, bias, prompt_slots=pre.prompt_ids.shape[1] if repeated else 0, native=native)
+    state = EpisodeState(cache, G, bias, prompt_slots=pre.prompt_ids.shape[1] if repeated else 0, native=native, lean=lean)
     for i, layer in enumerate(cache.layers):
         cache.layers[i] = EpisodeLayer(dynamic_layer(layer), state, N, T, cache_dtype)
     return cache, state
