@@ -9,6 +9,8 @@ import string
 import threading
 import time
 
+from dataclasses import replace
+
 import pytest
 
 from rlvr.tools import (
@@ -308,6 +310,8 @@ def test_trl_style_environment(tmp_path, monkeypatch):
     factory.reset(b, {"target": 5})
     tools_a, tools_b = factory.tools(a), environment_tools(b)
     assert list(tools_a) == ["increment", "read"]
+    # the first instance's tools bound to this one (their schemas built once): what environment_tools builds for it
+    assert all(tools_a[n].fn.__self__ is a and tools_a[n] == replace(t, fn=tools_a[n].fn) for n, t in environment_tools(a).items())
     with ToolRunner(timeout_s=2) as runner:
         assert runner.run([ToolCall("increment", {"step": 2}, "")], tools_a)[0].text == "2"
         assert runner.run([ToolCall("increment", "1", "")], tools_a)[0].text == "3"
