@@ -15,14 +15,10 @@ the same generation `reps` times per way, alternating):
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
-import torch
-
 import rlvr.rollout.engines.hf.episode_cache as episode_cache
-from _report import emit, result_head, table_row
-from generation_ab import generation_ab
+from generation_ab import closeness_table
 
 FLAGS = ("NATIVE_WRITES", "NATIVE_STEP", "NATIVE_CHUNKS")
 
@@ -41,21 +37,9 @@ def main() -> None:
         return lambda: [setattr(episode_cache, f, f in flags) for f in FLAGS]
 
     ways = {"torch": way([]), " + ".join(on): way(on)}
-    lines = result_head(
-        "Multi-turn episodes: the lean step's torch ways vs its C passes",
-        f"cd bench && python episode_c_passes_ab.py {' '.join(sys.argv[1:])}",
-        f"one process per config; the same generation {args.reps} times per way, alternating which goes first",
-        ["config", *(f"{w} s" for w in ways), "C / torch (medians)", "same tokens", "largest log-prob gap"],
-    )
-    for name in args.configs:
-        _, outputs, seconds = generation_ab(name, ways, args.reps)
-        a, b = outputs.values()
-        same = all(torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, b))
-        gap = max(float((x.sampling_logprobs - y.sampling_logprobs).abs().max()) for x, y in zip(a, b)) if same else float("nan")
-        runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in ways]
-        m = [statistics.median(seconds[w]) for w in ways]
-        lines.append(table_row(name, *runs, f"{m[1] / m[0]:.3f}", same, f"{gap:.1e}"))
-    emit(lines, args.out)
+    title = "Multi-turn episodes: the lean step's torch ways vs its C passes"
+    command = f"cd bench && python episode_c_passes_ab.py {' '.join(sys.argv[1:])}"
+    closeness_table(title, command, ways, args.configs, args.reps, args.out, "C / torch (medians)")
 
 
 if __name__ == "__main__":

@@ -65,3 +65,30 @@ def bit_for_bit_table(
         print(lines[-1], flush=True)
     if out:
         Path(out).write_text("\n".join([*lines, ""]))
+
+
+def closeness_table(
+    title: str, command: str, ways: dict[str, Callable[[], None]], configs: list[str], reps: int, out: str | None, ratio: str
+) -> None:
+    """generation_ab of two ways that must generate the same tokens, their log-probs perhaps rounding apart, for each
+    config: one table row each (their seconds, the second's median over the first's under the header `ratio`, whether
+    every run drew the same tokens and the largest log-prob gap), written under result_head to `out` (printed without)."""
+    import torch
+
+    from _report import emit, result_head, table_row
+
+    lines = result_head(
+        title,
+        command,
+        f"one process per config; the same generation {reps} times per way, alternating which goes first",
+        ["config", *(f"{w} s" for w in ways), ratio, "same tokens", "largest log-prob gap"],
+    )
+    for name in configs:
+        _, outputs, seconds = generation_ab(name, ways, reps)
+        a, b = outputs.values()
+        same = all(torch.equal(x.completion_ids, y.completion_ids) for x, y in zip(a, b))
+        gap = max(float((x.sampling_logprobs - y.sampling_logprobs).abs().max()) for x, y in zip(a, b)) if same else float("nan")
+        runs = [", ".join(f"{s:.3f}" for s in seconds[w]) for w in ways]
+        m = [statistics.median(seconds[w]) for w in ways]
+        lines.append(table_row(name, *runs, f"{m[1] / m[0]:.3f}", same, f"{gap:.1e}"))
+    emit(lines, out)
