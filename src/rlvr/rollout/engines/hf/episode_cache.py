@@ -16,6 +16,12 @@ per step: rows taking chunks of different lengths are right-padded to the longes
 neither written nor read by any real token.
 When most rows are in a forward, the attention reads every row's buffer in place and drops the
 outputs of the rows not in it, rather than copying the rows' buffers out at every layer and step.
+lean_decode's step on the CPU, where the C kernels build and the repeated layout's attention runs through the C kernel
+(EpisodeState.native), goes further (native_step): one C pass rotates q and k and writes k and v at each token's own
+buffer row and slot (native_rotary.rotate_and_write_at), and the attention kernel reads, for each token in the forward
+alone, its row's slots up to its own (native_attention with rows and lengths): no mask, no copies, no rows outside the
+forward, a tool result's chunk as its tokens side by side; nothing reads the buffers whole, so they hold every slot
+from the start. Config H's generation 0.79x (bench/results/episode_c_passes_amd.md).
 """
 
 from __future__ import annotations
@@ -81,8 +87,9 @@ class EpisodeState:
     read_rows: torch.Tensor | None = None  # [m] the rows the attention computes: `rows`, or all N when in_place
     own_bias: torch.Tensor | None = None  # [m, 1, K, L] 0 on the slots each query of a read row sees (incl. its own)
     native: bool = False  # repeated layout: a one-token forward attends through the C kernel (native_attention.py)
-    # with native, lean_decode's step: a one-token forward rotates and writes k and v and attends in two C calls over the
-    # rows in it alone, each to its own length (native_step: no mask built per step, no row read that is not in it)
+    # lean_decode's step runs the forwards (not the model's forward): its attention calls rotated_and_written, or with
+    # native native_step (two C calls over the tokens in the forward alone, each read to its own slot: no mask built per
+    # forward, no row read that is not in it)
     lean: bool = False
     step_native: bool = False  # this forward takes native_step (prepare sets it)
     lengths: torch.Tensor | None = None  # step_native: [n x K] slots each token reads (its row's prompt and own, itself too)
@@ -206,7 +213,7 @@ class EpisodeLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         st = self.state  # key_states [n, H, K, D]
         assert st.own_bias is not None and st.write_pos is not None and st.rows is not None, "state.prepare() comes first"
-        self._write(key_states, value_states)
+        self.write(key_states, value_states)
         return self.read()
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,7 +225,8 @@ class EpisodeLayer(DynamicLayer):
             return self.kbuf[:, :, :L], self.vbuf[:, :, :L]  # [N, H, L, D] views
         return self.kbuf[st.rows, :, :L], self.vbuf[st.rows, :, :L]  # [n, H, L, D] copies
 
-    def _write(self, key_states, value_states) -> None:
+    def write(self, key_states, value_states) -> None:
+        """key_states / value_states [n, H, K, D] into each token's slot (a chunk's padding not written)."""
         st = self.state
         assert st.write_pos is not None and st.rows is not None
         if st.real is None:  # one token per row
@@ -279,8 +287,9 @@ def rotated_and_written(layer: "EpisodeLayer", q, k, v, rotary: tuple[torch.Tens
         assert st.slot_at is not None
         return native_rotary.rotate_and_write_at(q, k, v, *rotary, layer.kbuf, layer.vbuf, st.slot_at)
     q, k = rotate(q, *rotary), rotate(k, *rotary)
-    n, K = st.write_pos.shape if st.write_pos is not None else (q.shape[0], 1)
-    layer._write(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
+    assert st.write_pos is not None, "state.prepare() comes first"
+    n, K = st.write_pos.shape
+    layer.write(k.view(n, K, *k.shape[1:]).transpose(1, 2), v.view(n, K, *v.shape[1:]).transpose(1, 2))
     return q
 
 
