@@ -51,22 +51,45 @@ INLINE vec vload(const float *p) {
     return v;
 }
 INLINE void vstore(float *p, vec v) { memcpy(p, &v, sizeof v); }
+INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---------------------------------------------------------------------------------------------------------------
    packing and the product */
 
 /* rows x[0 .. n) of D as the B operand of a product over D: panels over the rows, [ceil(n / NR)][D][NR], zeros past n */
 static void pack_over_rows(const float *const *x, int64_t n, int64_t D, float *panels) {
-    for (int64_t p = 0; p * NR < n; ++p)
-        for (int64_t d = 0; d < D; ++d)
-            for (int64_t j = 0; j < NR; ++j) panels[(p * D + d) * NR + j] = p * NR + j < n ? x[p * NR + j][d] : 0.0f;
+    /* row by row, each read once in order and written NR apart (the lines of one panel stay in L1): read column by
+       column the compiler gathered from NR rows at a time, 7 % of the forward of H's shapes on an AMD EPYC */
+    for (int64_t p = 0; p * NR < n; ++p) {
+        float *panel = panels + p * D * NR;
+        for (int64_t j = 0; j < NR; ++j) {
+            if (p * NR + j < n) {
+                const float *row = x[p * NR + j];
+                for (int64_t d = 0; d < D; ++d) panel[d * NR + j] = row[d];
+            } else
+                for (int64_t d = 0; d < D; ++d) panel[d * NR + j] = 0.0f;
+        }
+    }
 }
 
 /* rows x[0 .. n) of D as the B operand of a product over the rows: panels over D, [ceil(D / NR)][n][NR], zeros past D */
 static void pack_over_cols(const float *const *x, int64_t n, int64_t D, float *panels) {
-    for (int64_t p = 0; p * NR < D; ++p)
-        for (int64_t k = 0; k < n; ++k)
-            for (int64_t j = 0; j < NR; ++j) panels[(p * n + k) * NR + j] = p * NR + j < D ? x[k][p * NR + j] : 0.0f;
+    /* each row's run of NR columns copied as two vectors (elementwise the compiler gathered across rows; a memcpy of a
+       variable length became rep movs, slower still) */
+    for (int64_t p = 0; p * NR < D; ++p) {
+        int64_t w = min64(NR, D - p * NR);
+        for (int64_t k = 0; k < n; ++k) {
+            float *to = panels + (p * n + k) * NR;
+            const float *from = x[k] + p * NR;
+            if (w == NR) {
+                vstore(to, vload(from));
+                vstore(to + LANES, vload(from + LANES));
+            } else
+                for (int64_t j = 0; j < NR; ++j) to[j] = j < w ? from[j] : 0.0f;
+        }
+    }
 }
 
 /* c[i][0 .. vecs x LANES) (+)= sum_{k0 <= k < k1} a[i][k x ka] panel[k][.], i < rows (at most MR): a[i] the A rows
@@ -136,9 +159,6 @@ typedef struct {
     float scale;
 } Shapes;
 
-INLINE int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-INLINE int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* the keys [*j0, *j1) query i of row b sees */
 INLINE void seen(const Shapes *s, int64_t b, int64_t i, int64_t *j0, int64_t *j1) {
