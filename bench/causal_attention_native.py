@@ -40,6 +40,7 @@ SHAPES = [
     (64, 8, 8, 64, 64, 64, 8, 12),  # B's completions (a kv head per query head)
     (16, 4, 4, 240, 271, 32, 0, 0),  # H: a turn's rows, a kv head per query head
     (16, 4, 4, 119, 150, 32, 0, 0),
+    (64, 4, 4, 201, 201, 32, 0, 0),  # H's micro-batch of whole episodes (bench/causal_attention_native_ab.py)
     (64, 8, 2, 48, 48, 40, 0, 0),  # short rows: the explicit products' ground
     (64, 4, 4, 100, 100, 32, 0, 0),
     (16, 12, 4, 512, 512, 64, 0, 0),  # long rows
