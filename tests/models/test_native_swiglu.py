@@ -96,3 +96,92 @@ def test_training_forward_same_logprobs_and_gradients(kind, monkeypatch):
     completion_logprobs(model, prompt, prompt_mask, completion, completion_mask).logp.sum().backward()  # fp32
     assert not calls
     assert all("forward" not in m.__dict__ for m in model.modules())  # the block put transformers' forward back
+
+
+def _f32_inputs(rows: int, I: int, seed: int):
+    """gate (every sign and size, the sigmoid's saturated ends, +-0) and up [rows, I] fp32 needing gradients, and a
+    gradient for the output."""
+    g = torch.Generator().manual_seed(seed)
+    gate = torch.randn(rows, I, generator=g) * 5
+    gate.view(-1)[:8] = torch.tensor([100.0, -100.0, 0.0, -0.0, 89.0, -89.0, 1e-30, -1.2785])
+    up, grad = torch.randn(rows, I, generator=g), torch.randn(rows, I, generator=g)
+    return gate.requires_grad_(), up.requires_grad_(), grad
+
+
+@pytest.mark.parametrize("rows, I", [(300, 384), (129, 517), (64, 1025)])  # tails of 1-15 lanes past the vectors
+def test_fp32_kernel_is_the_float64_swiglu(rows, I):
+    """SwiGLUF32 against silu(g) x up and its gradients in float64: the output and d_up within a few ulp (relative
+    4e-7), d_gate as close to the truth as torch's own fp32 ops land (its 1 - s rounds in float for large g, and
+    1 + g (1 - s) cancels near g = -1.28, where a relative bound means nothing)."""
+    gate, up, grad = _f32_inputs(rows, I, rows)
+    assert native_swiglu.applies_f32(torch.nn.SiLU(), gate, up), native_build.why_not(native_swiglu.SOURCE_F32)
+    out = native_swiglu.SwiGLUF32.apply(gate, up)
+    out.backward(grad)
+    g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
+    truth = F.silu(g64) * u64
+    truth.backward(grad.double())
+    torch.testing.assert_close(out.double(), truth, rtol=4e-7, atol=1e-30)
+    torch.testing.assert_close(up.grad.double(), u64.grad, rtol=4e-7, atol=1e-30)
+    torch_gate = gate.detach().requires_grad_()
+    (F.silu(torch_gate) * up.detach()).backward(grad)
+    torch_distance = (torch_gate.grad.double() - g64.grad).abs().max()  # 1 - s rounds in float for large g: 3e-6 at 12.6
+    assert (gate.grad.double() - g64.grad).abs().max() <= 1.5 * torch_distance + 1e-7 * g64.grad.abs().max()
+
+
+def test_fp32_kernel_same_bits_at_any_thread_count_and_place():
+    """A value depends on its inputs alone: the same bits at 1-3 threads, and a row alone as within the batch (its last
+    lanes padded to a vector); strided rows (halves of a fused gate/up product) as contiguous ones."""
+    gate, up, grad = _f32_inputs(256, 777, 3)
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            gate.grad = up.grad = None
+            out = native_swiglu.SwiGLUF32.apply(gate, up)
+            out.backward(grad)
+            outs.append((out.detach(), gate.grad.clone(), up.grad.clone()))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for o in outs[1:] for a, b in zip(o, outs[0]))
+    fused = torch.cat([gate.detach(), up.detach()], -1).requires_grad_()
+    g_half, u_half = fused.chunk(2, -1)
+    strided = native_swiglu.SwiGLUF32.apply(g_half, u_half)
+    assert torch.equal(strided, outs[0][0])
+    one = native_swiglu.SwiGLUF32.apply(gate[5:6], up[5:6])
+    assert torch.equal(one, outs[0][0][5:6])
+
+
+def test_fp32_kernel_only_where_a_gradient_flows():
+    """In fp32 the kernel runs for the training forward alone: under no_grad (the decode step), below F32_MIN_ELEMENTS,
+    with F32_TRAINING off, or for another activation, swiglu is torch's ops, bit for bit."""
+    act = torch.nn.SiLU()
+    gate, up, _ = _f32_inputs(300, 384, 4)
+    with torch.no_grad():
+        assert torch.equal(native_swiglu.swiglu(act, gate, up), F.silu(gate) * up)
+    small_gate, small_up, _ = _f32_inputs(10, 384, 5)
+    assert not native_swiglu.applies_f32(act, small_gate, small_up)
+    assert not native_swiglu.applies_f32(torch.nn.GELU(), gate, up)
+    assert native_swiglu.applies_f32(act, gate, up)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fp32_training_forward_logprobs_and_gradients_close(kind, monkeypatch):
+    """In fp32 every MLP's SwiGLU runs through SwiGLUF32 in the training forward (counted): log-probs within 1e-6 of
+    transformers' MLP and every gradient within 1e-5 of its scale (the kernel's sigmoid rounds apart from torch's)."""
+    model = tiny_lm("qwen2", seed=1, hidden_size=32, intermediate_size=72, num_attention_heads=4) if kind == "qwen2" else tiny_lm()
+    monkeypatch.setattr(native_swiglu, "F32_MIN_ELEMENTS", 1)  # the tiny batch's MLPs: a few hundred elements
+    prompt, prompt_mask, completion, completion_mask = completion_batch()
+    calls, runs = [], {}
+    apply = native_swiglu.SwiGLUF32.apply
+    monkeypatch.setattr(native_swiglu.SwiGLUF32, "apply", lambda *a: calls.append(1) or apply(*a))
+    for on in (True, False):
+        monkeypatch.setattr(native_swiglu, "F32_TRAINING", on)
+        model.zero_grad()
+        out = completion_logprobs(model, prompt, prompt_mask, completion, completion_mask)
+        (out.logp * completion_mask).sum().backward()
+        runs[on] = (out.logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+        assert len(calls) == (2 if on else 0)  # one per layer
+        calls.clear()
+    torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=1e-6)
+    for name, grad in runs[False][1].items():
+        assert (runs[True][1][name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
