@@ -1,5 +1,4 @@
-"""The Llama-family MLP's SwiGLU, silu(gate) x up, in bf16 as one C pass (and its backward as one more); in fp32 too
-for the training forward (native_swiglu_f32.c: float rounding apart from torch's, not its bits).
+"""The Llama-family MLP's SwiGLU, silu(gate) x up, in bf16 as one C pass (and its backward as one more).
 
 transformers' MLP computes `down(act_fn(gate(x)) * up(x))`: under bf16 autocast the SiLU and the product are two
 passes over bf16 [rows, intermediate] tensors, and in training their backward three more (two products and
@@ -12,11 +11,6 @@ order (tests/models/test_native_swiglu.py checks every bf16 value, and whole mod
 training forward (next to norm_rotary.fused_norm_and_rotary), autograd running `SwiGLU` where it applies: bf16 gate
 and up on the CPU, a SiLU module (torch's or transformers'), the kernel built (native_build), ON. Everything else runs
 transformers' code unchanged.
-
-In fp32 (no autocast) the training forward runs `SwiGLUF32` where a gradient flows (F32_TRAINING): two passes where
-torch's autograd runs five over [rows, intermediate] tensors and keeps SiLU's output besides its input, the sigmoid by
-native_lanes.h's exp, so its values are torch's to float rounding (a few ulp), not its bits. The decode step keeps
-torch's ops in fp32: its tokens and log-probs stay the plain path's, bit for bit.
 """
 
 from __future__ import annotations
@@ -35,12 +29,7 @@ from rlvr.models.forward_swaps import swapped_forwards
 from rlvr.models.native_build import row_stride
 
 SOURCE = Path(__file__).with_name("native_swiglu.c")
-SOURCE_F32 = Path(__file__).with_name("native_swiglu_f32.c")
 ON = True  # False: torch's ops (bench A/Bs)
-F32_TRAINING = True  # False: the fp32 training forward's SwiGLU through torch's ops (bench/swiglu_f32_ab.py's before)
-# ...from this many elements: below, autograd.Function's own call costs more than the passes it saves (0.14 against
-# torch's 0.11 ms at [100, 384]; 65 against 109 ms at config L's [17152, 768], AMD EPYC, 2 threads)
-F32_MIN_ELEMENTS = 1 << 16
 PLAIN_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"}  # down(act(gate(x)) * up(x))
 # the activations whose forward is F.silu: torch's and transformers' (ACT2FN["silu"])
 SILU = {("torch.nn.modules.activation", "SiLU"), ("transformers.activations", "SiLUActivation")}
@@ -51,13 +40,6 @@ _P, _I, _B = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 def _kernels() -> tuple[Any, Any] | None:
     forward = native_build.function(SOURCE, "rlvr_swiglu", (_P, _I, _P, _I, _P, _P, _I, _I, _B))
     backward = native_build.function(SOURCE, "rlvr_swiglu_backward", (_P, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _I, _B))
-    return None if forward is None or backward is None else (forward, backward)
-
-
-@functools.cache
-def _f32_kernels() -> tuple[Any, Any] | None:
-    forward = native_build.function(SOURCE_F32, "rlvr_swiglu_f32", (_P, _I, _P, _I, _P, _I, _I, _B))
-    backward = native_build.function(SOURCE_F32, "rlvr_swiglu_backward_f32", (_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _B))
     return None if forward is None or backward is None else (forward, backward)
 
 
@@ -130,60 +112,9 @@ class SwiGLU(torch.autograd.Function):
         return d_gate, d_up
 
 
-def applies_f32(act_fn, gate: torch.Tensor, up: torch.Tensor) -> bool:
-    """Whether SwiGLUF32 computes act_fn(gate) * up here: `applies`'s conditions with fp32 gate and up, a gradient
-    flowing, at least F32_MIN_ELEMENTS of them, F32_TRAINING, the fp32 kernel built."""
-    return (
-        ON
-        and F32_TRAINING
-        and torch.is_grad_enabled()
-        and (gate.requires_grad or up.requires_grad)
-        and gate.numel() >= F32_MIN_ELEMENTS
-        and is_silu(act_fn)
-        and gate.dtype == up.dtype == torch.float32
-        and gate.device.type == up.device.type == "cpu"
-        and gate.shape == up.shape
-        and type(gate) is type(up) is torch.Tensor
-        and row_stride(gate) is not None
-        and row_stride(up) is not None
-        and not torch.compiler.is_compiling()
-        and _f32_kernels() is not None
-    )
-
-
-class SwiGLUF32(torch.autograd.Function):
-    """silu(gate) * up in fp32, one C pass each way (native_swiglu_f32.c), keeping gate and up for the backward."""
-
-    @staticmethod
-    def forward(ctx, gate, up):  # [.., I] fp32 each
-        ctx.save_for_backward(gate, up)
-        kernels = _f32_kernels()
-        assert kernels is not None, native_build.why_not(SOURCE_F32)
-        out, I = torch.empty(gate.shape, dtype=torch.float32), gate.shape[-1]
-        rows = gate.numel() // I if I else 0
-        kernels[0](gate.data_ptr(), row_stride(gate), up.data_ptr(), row_stride(up), out.data_ptr(), rows, I, torch.get_num_threads())
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        gate, up = ctx.saved_tensors
-        grad = grad if row_stride(grad) is not None and grad.dtype == torch.float32 else grad.float().contiguous()
-        kernels = _f32_kernels()
-        assert kernels is not None, native_build.why_not(SOURCE_F32)
-        d_gate, d_up, I = torch.empty(gate.shape, dtype=torch.float32), torch.empty(gate.shape, dtype=torch.float32), gate.shape[-1]
-        kernels[1](
-            grad.data_ptr(), row_stride(grad), gate.data_ptr(), row_stride(gate), up.data_ptr(), row_stride(up),
-            d_gate.data_ptr(), d_up.data_ptr(), gate.numel() // I if I else 0, I, torch.get_num_threads(),
-        )  # fmt: skip
-        return d_gate, d_up
-
-
 def swiglu(act_fn, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """act_fn(gate) * up: through the kernel where it applies (with autograd where a gradient flows; in fp32 only
-    there), else torch's."""
+    """act_fn(gate) * up: through the kernel where it applies (with autograd where a gradient flows), else torch's."""
     if not applies(act_fn, gate, up):
-        if applies_f32(act_fn, gate, up):
-            return SwiGLUF32.apply(gate, up)
         return act_fn(gate) * up
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return SwiGLU.apply(gate, up)
