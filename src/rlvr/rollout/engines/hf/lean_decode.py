@@ -282,15 +282,16 @@ class LeanDecoder:
         self, tokens: torch.Tensor, positions: torch.Tensor, state: EpisodeState, last: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The same step for multi-turn episodes, whose rows are at lengths of their own: keys/values go into the
-        episode cache's layers and attention is episode_attention, as in the model's own forward with that cache
-        (state.prepare() has set up the rows of this step). tokens and positions [n] (one token per row) or [n, K] (a
+        episode cache's layers and attention is episode_attention, as in the model's own forward with that cache, or
+        on the CPU where its C kernels run episode_cache.native_step (state.prepare() has set up the rows of this step
+        and chosen the way). tokens and positions [n] (one token per row) or [n, K] (a
         chunk of external tokens per row, right-padded; last [n]: each row's last real token). Logits [n, V] (fp32)
         after each row's last token: a chunk's other tokens go through no lm_head."""
         n, K = tokens.shape[0], 1 if tokens.dim() == 1 else tokens.shape[1]
 
         def attend(i: int, q, k, v, scale: float, rotary) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
             layer = cast(EpisodeLayer, state.cache.layers[i])
-            if state.step_native:  # one token per row: the rotation, the writes and the attention in two C calls
+            if state.step_native:  # the rotation, the writes and each token's attention in two C calls
                 return native_step(layer, q, k, v, scale, rotary, state)
             q = rotated_and_written(layer, q, k, v, rotary, state)
             keys, values = layer.read()
