@@ -148,12 +148,10 @@ class EpisodeState:
         """[n x K] where each new token's slot begins in the buffers (elements; every layer's have kbuf's strides), a
         chunk's padding -1 (not written): native_rotary.rotate_and_write_at's slot_at."""
         assert self.rows is not None and self.write_pos is not None
-        written = self.write_pos if self.real is None else self.write_pos[self.real]
-        assert int(written.max()) < kbuf.shape[2], "a slot past the buffers"  # the C pass writes where it is told
-        at = (self.rows[:, None] * kbuf.stride(0) + self.write_pos * kbuf.stride(2)).contiguous()  # [n, K]
-        if self.real is not None:
-            at = torch.full_like(at, -1).index_put_(self.real, at[self.real])
-        return at.view(-1)
+        if self.real is None:  # one token per row
+            return native_rotary.slot_offsets(kbuf, self.rows, self.write_pos[:, 0])
+        at = native_rotary.slot_offsets(kbuf, self.rows[self.real[0]], self.write_pos[self.real])  # the real tokens'
+        return torch.full(self.write_pos.shape, -1, dtype=at.dtype, device=at.device).index_put_(self.real, at).view(-1)
 
     def _prepare_native_step(self, rows: torch.Tensor, counts: torch.Tensor | int) -> None:
         """prepare for native_step: each row writes its tokens at slots P + its length on and each token reads the slots
