@@ -6,7 +6,7 @@ generation `reps` times per way, alternating). The two ways must give the same t
 `--shape NAME=JSON` adds a config as bench/floor.py's option does. `--products`: instead, each way's generation under
 torch.profiler, alternating, and the medians of the time in the products and in all ops (the products alone, where
 whole generations vary more than the difference). `--every-model`: fused for models without grouped-query attention
-or wider than layer_products.FUSE_MAX_HIDDEN too.
+or wider than packed_linears.GROUP_MAX_IN too.
 
     cd bench && python fused_products_ab.py B E F L G --every-model --reps 6 --out results/fused_products_amd.md && cd ..
     cd bench && python fused_products_ab.py L F B --products --every-model && cd ..
@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     configs = list(dict.fromkeys([*args.configs, *(floor.add_shape(s) for s in args.shape)]))  # a --shape named in both once
     if args.every_model:
-        lean_decode.fuses = lambda config: layer_products.FUSE  # type: ignore[assignment]
+        lean_decode.fuses = lambda config: frozenset({"native", "onednn"} if layer_products.FUSE else ())  # type: ignore[assignment]
     if args.products:
         for name in configs:
             products_ab(name, args.reps)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import rlvr.models.packed_linears as packed_linears
 import rlvr.models.precision as precision
@@ -118,7 +119,6 @@ def test_lora_base_layers_and_biases_generate_bit_for_bit_and_are_packed_again_a
 
 
 def _llama_256():
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlvr.models.tokenizer import build_char_tokenizer
 
@@ -134,8 +134,11 @@ def _llama_256():
 
 @pytest.mark.parametrize("way", ["onednn", "native"])
 def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_rounding(monkeypatch, packed_modules, way):
-    monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: way)  # as where that way measures fastest
-    model, tok = _llama_256()
+    MIN = packed_linears.FP32_MIN_WEIGHT
+    monkeypatch.setattr(
+        packed_linears, "fp32_way", lambda i, o, rows: way if way == "native" or i * min(np.atleast_1d(o)) >= MIN else "plain"
+    )
+    model, tok = _llama_256()  # as where that way measures fastest (oneDNN's never below FP32_MIN_WEIGHT)
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=16)
 
     def generate(packed: bool, **kw):
@@ -148,46 +151,56 @@ def test_fp32_generation_packs_the_large_weights_and_equals_the_plain_path_to_ro
         assert torch.equal(plain.completion_ids, packed.completion_ids)
         torch.testing.assert_close(packed.sampling_logprobs, plain.sampling_logprobs, rtol=0, atol=1e-5)
         assert not torch.equal(packed.sampling_logprobs, plain.sampling_logprobs)  # another order of the sums
-    attn = model.model.layers[0].self_attn
-    ran = set(packed_modules)
-    assert {attn.q_proj, attn.o_proj, model.model.layers[0].mlp.down_proj} <= ran  # 256 x 256 and larger
-    assert attn.k_proj not in ran and model.lm_head not in ran  # 128 x 256 and ~100 x 256: F.linear was faster
+    layer, ran = model.model.layers[0], set(packed_modules)
+    assert {layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.down_proj} <= ran  # 256 x 256 and larger
+    # k and v (128 x 256) and the lm_head (~100 x 256) are too small for oneDNN's products, and q decides its way with
+    # k and v (packed_linears.GROUPS): all packed natively, none for oneDNN
+    small = {layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, model.lm_head}
+    assert small <= ran if way == "native" else not small & ran
 
 
 def test_fp32_packing_is_measured_once_per_shape_and_machine_then_read_from_the_cache(tmp_path, monkeypatch, packed_modules):
+    """Each weight shape, or each group's (q/k/v, gate/up: packed_linears.GROUPS), is measured once per rows bucket
+    with the ways that can take it (oneDNN's from FP32_MIN_WEIGHT up), kept in packing.json and read from there."""
     monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
     monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    model, tok = _llama_256()  # q 256 x 256, k and v 128 x 256 each, gate and up 512 x 256, down 256 x 512
+    V = model.lm_head.out_features
     timed = []
 
-    def timing(i, o, rows, ways):  # seconds per way: the native kernel fastest for 256 x 256, oneDNN for 256 x 512
-        timed.append((i, o, rows))
-        assert ways == ("onednn", "native")
-        fastest = {(256, 256): "native", (256, 512): "onednn"}.get((i, o), "plain")
+    def timing(i, o, rows, ways):  # seconds per way: the native kernel fastest for o_proj, oneDNN for gate/up
+        timed.append((i, o, rows, ways))
+        fastest = {(256, 256): "native", (256, (512, 512)): "onednn"}.get((i, o), "plain")
         return {w: 1.0 if w == fastest else 1.9 + 0.1 * (w == "plain") for w in ("plain", *ways)}
 
     monkeypatch.setattr(packed_linears, "_time_fp32", timing)
-    model, tok = _llama_256()
     with torch.no_grad():
         HFEngine(model, tok).generate(["12+7=", "3*4="], SamplingParams(n=4, temperature=1.0, max_new_tokens=8), [5, 6])
     layer = model.model.layers[0]
-    assert {layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj} <= set(packed_modules)
-    assert layer.mlp.down_proj not in packed_modules  # measured slower
-    assert packed_linears._PACKED.get(layer.self_attn.q_proj) is None  # a trainer's region: dropped at its end
-    # once per shape and row bucket (the prefill's 16 rows, the decode's 8), not per layer or call
-    assert len(timed) == len(set(timed)) and {(i, o) for i, o, _ in timed} == {(256, 256), (256, 512), (512, 256)}
-    assert (256, 256, 8) in timed and {rows for _, _, rows in timed} <= {8, 16}
+    assert {layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj} <= set(packed_modules)
+    assert not {layer.mlp.down_proj, layer.self_attn.q_proj, layer.self_attn.k_proj, model.lm_head} & set(packed_modules)  # slower
+    assert packed_linears._PACKED.get(layer.self_attn.o_proj) is None  # a trainer's region: dropped at its end
+    # once per shape and row bucket (the prefill's 16 rows and its 2 rows of logits, the decode's 8), not per layer or call
+    shapes = [(i, o, rows) for i, o, rows, _ in timed]
+    assert len(shapes) == len(set(shapes)) and {rows for _, _, rows in shapes} <= {2, 8, 16} and (256, 256, 8) in shapes
+    ways = {(256, (256, 128, 128)): ("native",), (256, 256): ("onednn", "native"), (256, (512, 512)): ("onednn", "native")}
+    ways |= {(512, 256): ("onednn", "native"), (256, V): ("native",)}  # the small lm_head: the native kernel's only
+    assert {(i, o): w for i, o, _, w in timed} == ways
     cache = json.loads((tmp_path / "packing.json").read_text())
-    ways = {(256, 256): "native", (256, 512): "onednn", (512, 256): "plain"}
-    assert {(json.loads(k)["in"], json.loads(k)["out"], json.loads(k)["rows"], e["way"]) for k, e in cache.items()} == {
-        (i, o, rows, ways[i, o]) for i, o, rows in timed
-    }  # fmt: skip
+    chosen = {(256, 256): "native", (256, (512, 512)): "onednn"}
+
+    def entry(key: str, e: dict) -> tuple:
+        k = json.loads(key)
+        return k["in"], k["out"] if isinstance(k["out"], int) else tuple(k["out"]), k["rows"], e["way"]
+
+    assert {entry(k, e) for k, e in cache.items()} == {(i, o, rows, chosen.get((i, o), "plain")) for i, o, rows in shapes}
     n = len(timed)
     assert packed_linears.fp32_way(256, 256, 5) == "native" and packed_linears.fp32_way(512, 256, 7) == "plain"  # bucket 8
     assert len(timed) == n
     monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})  # a new process on this machine: the file decides
-    assert packed_linears.fp32_way(256, 256, 8) == "native" and packed_linears.fp32_way(256, 512, 8) == "onednn"
+    assert packed_linears.fp32_way(256, 256, 8) == "native" and packed_linears.fp32_way(256, (512, 512), 8) == "onednn"
     assert len(timed) == n
-    assert packed_linears.fp32_way(256, 256, 64) == "native" and timed[-1] == (256, 256, 64)  # 64 rows: measured anew
+    assert packed_linears.fp32_way(256, 256, 64) == "native" and timed[-1][:3] == (256, 256, 64)  # 64 rows: measured anew
     assert len(timed) == n + 1
 
 
@@ -205,14 +218,51 @@ def test_fp32_packing_measurement_times_every_way(tmp_path, monkeypatch):
     assert way == entry["way"] == (fastest if times[fastest] <= packed_linears.FP32_PACKED_AT_MOST * times["plain"] else "plain")
 
 
-def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_model_dir):
+def test_a_groups_way_is_measured_as_it_runs_small_weights_without_onednn(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    way = packed_linears.fp32_way(128, (128, 128, 128), 40)  # the tiny model's q, k and v: 128 x 128 each
+    (key, entry), = json.loads((tmp_path / "packing.json").read_text()).items()  # fmt: skip
+    assert json.loads(key) | {"cpu": None, "torch": None} == {
+        "cpu": None, "torch": None, "threads": torch.get_num_threads(), "in": 128, "out": [128, 128, 128], "rows": 64, "ways": "native"
+    }  # fmt: skip
+    times = {w: entry[f"{w}_s"] for w in ("plain", "native")}
+    assert all(0 < t < 0.1 for t in times.values()) and len(entry) == 3
+    assert way == entry["way"] == ("native" if times["native"] <= packed_linears.FP32_PACKED_AT_MOST * times["plain"] else "plain")
+    assert packed_linears.fp32_way(128, (128, 128, 128), 33) == way and len(json.loads((tmp_path / "packing.json").read_text())) == 1
+
+
+def test_a_region_groups_each_layers_q_k_v_and_gate_up_up_to_GROUP_MAX_IN_wide(tiny_model_dir):
+    model = load_model(tiny_model_dir, "float32", CPU, False)  # 128 wide
+    config = LlamaConfig(vocab_size=40, hidden_size=packed_linears.GROUP_MAX_IN + 64, intermediate_size=64, num_hidden_layers=1)
+    wide = LlamaForCausalLM(config)
+    with packed_linears.packed_linears_in(model), packed_linears.packed_linears_in(wide):
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            assert all(
+                packed_linears._GROUP_OF[m] == (attn.q_proj, attn.k_proj, attn.v_proj) for m in (attn.q_proj, attn.k_proj, attn.v_proj)
+            )
+            assert all(packed_linears._GROUP_OF[m] == (mlp.gate_proj, mlp.up_proj) for m in (mlp.gate_proj, mlp.up_proj))
+            assert attn.o_proj not in packed_linears._GROUP_OF and mlp.down_proj not in packed_linears._GROUP_OF
+        assert not any(m in packed_linears._GROUP_OF for m in wide.modules())  # wider: each projection decides alone
+    assert len(packed_linears._GROUP_OF) == 0  # dropped with the regions
+
+
+def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_PRECISION_CACHE", str(tmp_path / "precision.json"))
+    monkeypatch.setattr(packed_linears, "_FP32_CHOICES", {})
+    measured = []  # the ways each shape was timed with; F.linear measured fastest
+    monkeypatch.setattr(
+        packed_linears, "_time_fp32", lambda i, o, rows, ways: measured.append(ways) or {"plain": 1.0} | dict.fromkeys(ways, 2.0)
+    )
     model = load_model(tiny_model_dir, "float32", CPU, False)
     q = model.model.layers[0].self_attn.q_proj
     x = torch.randn(5, q.in_features)
     assert q.weight.numel() < packed_linears.FP32_MIN_WEIGHT
-    with packed_linears.packed_linears_in(model), torch.no_grad():  # fp32, a small weight: F.linear's own product
+    with packed_linears.packed_linears_in(model), torch.no_grad():  # fp32, a small weight measured fastest plain: F.linear's own product
         assert "forward" in q.__dict__ and torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
         assert q not in packed_linears._PACKED
+    assert measured == [("native",)]  # q/k/v's group, once: oneDNN's never timed on a small weight
     with torch.autocast("cpu", dtype=torch.bfloat16), packed_linears.packed_linears_in(model):
         assert "forward" in q.__dict__
         y = q(x)  # gradients on: autocast's own product
@@ -323,6 +373,8 @@ def test_fp32_native_products_fuse_with_each_projections_bits_and_oneDNNs_do_not
         assert torch.equal(packed_linears.packed_product(x, *again, 1024), torch.cat([m(x) for m in projections], -1))
         monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "onednn")
         assert packed_linears.fused_decode_weight(projections, 24, False) is None
-        monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "native" if o == 512 else "plain")
-        attn = model.model.layers[0].self_attn  # q 256 x 256 native, k and v below FP32_MIN_WEIGHT: F.linear
+        monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: "native" if o == (512, 512) else "plain")
+        attn = model.model.layers[0].self_attn  # q/k/v's group measured fastest on F.linear: apart
         assert packed_linears.fused_decode_weight((attn.q_proj, attn.k_proj, attn.v_proj), 24, False) is None
+        assert packed_linears.fused_decode_weight(projections, 24, False)[2] == "native"
+        assert packed_linears.fused_decode_weight(projections, 24, False, ways=("onednn",)) is None  # not a way the caller fuses

@@ -493,7 +493,12 @@ def test_direct_products_are_the_module_calls_bit_for_bit(way, monkeypatch):
     model = LlamaForCausalLM(cfg).eval()
     if way == "native" and not native_linear.available():
         pytest.fail(f"the native linear kernel did not build here: {native_build.why_not(native_linear.SOURCE)}")
-    monkeypatch.setattr(packed_linears, "fp32_way", lambda i, o, rows: way)  # the machine's choice, each way
+
+    def measured(i, o, rows):  # the machine's choice, each way (oneDNN's never below FP32_MIN_WEIGHT)
+        small = i * min(o if isinstance(o, tuple) else (o,)) < packed_linears.FP32_MIN_WEIGHT
+        return "plain" if small and way == "onednn" else way
+
+    monkeypatch.setattr(packed_linears, "fp32_way", measured)
     decoder = lean_decoder_for(model)
     assert decoder is not None
     x = torch.randn(24, 256)
@@ -504,14 +509,19 @@ def test_direct_products_are_the_module_calls_bit_for_bit(way, monkeypatch):
         with packed_linears.packed_linears_in(model):
             decoder._direct = {}
             products = decoder._products(24, x.device)
-            assert all(type(p) is Product and p.way == way for p in _flat(products[:2]))  # one kv head per q head: nothing fused
-            assert type(products[-1]) is Product and products[-1].way == "plain"  # lm_head: too small to pack
+            assert all(type(p) is Product and p.way == way for p in _flat(products[:2]))
+            # one kv head per q head: only the native kernel's products fuse (each output its own bits)
+            assert all((len(p.qkv), len(p.gate_up)) == ((1, 1) if way == "native" else (3, 2)) for p in products[:2])
+            lm_way = "plain" if way == "onednn" else way  # the lm_head (~100 x 256): too small for oneDNN's
+            assert type(products[-1]) is Product and products[-1].way == lm_way
             for i, layer in enumerate(model.model.layers):
-                for p, m in zip(
-                    (products[i].qkv[0], products[i].o, products[i].gate_up[0]),
-                    (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj),
+                attn, mlp = layer.self_attn, layer.mlp
+                for p, ms in zip(
+                    (products[i].qkv, (products[i].o,), products[i].gate_up),
+                    ((attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,), (mlp.gate_proj, mlp.up_proj)),
                 ):
-                    assert torch.equal(lean_decode._product(p, x), m(x)), (i, m)
+                    got = torch.cat([lean_decode._product(part, x) for part in p], -1)
+                    assert torch.equal(got, torch.cat([m(x) for m in ms], -1)), (i, ms)
             assert torch.equal(lean_decode._product(products[-1], x), model.lm_head(x))
             assert decoder._products(17, x.device) is products  # the same rows bucket (32): the same table
             assert decoder._products(300, x.device) is not products  # past the packing region's rows: modules

@@ -18,8 +18,13 @@ rows for weights of 64 x 64 to 2048 x 768, 0.53-0.80x at 16 rows, 0.67-0.98x at 
 weights packed beside it). So how an fp32 weight shape runs (PLAIN: F.linear, ONEDNN, NATIVE) is measured on the
 machine: once per (in, out, rows rounded up to a power of two, threads, the ways compared), kept in packing.json beside
 the precision cache (~/.cache/rlvr/, RLVR_PRECISION_CACHE's folder), so every later run there makes the same choice and
-draws the same samples for the same seeds. Delete the file to measure again. Weights under FP32_MIN_WEIGHT stay on
-F.linear either way (the native kernel there would change the small models' rounding for a few percent at most).
+draws the same samples for the same seeds. Delete the file to measure again. Weights under FP32_MIN_WEIGHT never
+take oneDNN's (slower there); the native kernel competes at every size.
+Projections that read one input, q/k/v and gate/up of a layer up to GROUP_MAX_IN wide, decide their way together:
+measured as they then run (F.linear's or oneDNN's products one by one, or one native product of the weights side by
+side, which gives each projection its own bits: the lean decode step runs it so, layer_products). At a small model's
+decode shapes the one product is what pays: the tiny model's (128 wide) q, k and v ran natively at 1.0x F.linear's
+time one by one, but at 0.67x as one product (64 rows, 2 threads, AMD EPYC).
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
 packed at the first such call. The copies are dropped when the last region holding the model exits (a
@@ -35,7 +40,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +49,9 @@ from rlvr.models import native_linear
 from rlvr.models.machine_cache import fastest_times, measured_once, power_of_two_at_least
 
 DECODE_ROWS_MAX = 256  # rows per call up to which the packed weight is used (decode steps; not prefills)
-FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements stay on F.linear (oneDNN's packed product was slower there)
+FP32_MIN_WEIGHT = 256 * 256  # fp32 weights with fewer elements never take oneDNN's packed product (slower there)
+GROUP_MAX_IN = 512  # q/k/v and gate/up up to this many inputs decide their fp32 way together (module docstring)
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # a layer's projections of one input, by name
 FP32_PACKED_AT_MOST = 0.97  # an fp32 shape packs when its packed product takes at most this share of F.linear's time
 # how a product runs: F.linear on the module's weight (PLAIN), oneDNN from its blocked layout (ONEDNN), or
 # rlvr.models.native_linear from its panels (NATIVE, fp32 only)
@@ -56,8 +63,10 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDi
 # for fused_decode_weight
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
+# module -> its group (GROUPS: q/k/v or gate/up of its layer, all swapped), while swapped
+_GROUP_OF: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.nn.Module, ...]]" = weakref.WeakKeyDictionary()
 _SWAP_LOCK = threading.Lock()
-_FP32_CHOICES: dict[tuple[int, int, int, int], str] = {}  # (in, out, rows bucket, threads) -> way: packing.json, read once
+_FP32_CHOICES: dict[tuple, str] = {}  # (in, out or a group's outs, rows bucket, threads) -> way: packing.json, read once
 _EXACT: dict[tuple, bool] = {}  # (in, outs, biases, rows bucket, threads) -> fused products give the separate ones' bits
 
 
@@ -121,9 +130,10 @@ def _packing(module: torch.nn.Linear, rows: int, x_dtype: torch.dtype, bf16_ok: 
     if torch.is_autocast_enabled("cpu"):  # autocast's product: inputs, weight and bias in bf16
         bf16 = bf16_ok and torch.get_autocast_dtype("cpu") == torch.bfloat16 and x_dtype in (torch.float32, torch.bfloat16)
         return (torch.bfloat16, ONEDNN) if bf16 else None
-    if x_dtype != torch.float32 or module.weight.dtype != torch.float32 or module.weight.numel() < FP32_MIN_WEIGHT:
+    if x_dtype != torch.float32 or module.weight.dtype != torch.float32:
         return None
-    way = fp32_way(module.in_features, module.out_features, rows)
+    group = _GROUP_OF.get(module)
+    way = fp32_way(module.in_features, module.out_features if group is None else tuple(m.out_features for m in group), rows)
     return None if way == PLAIN else (torch.float32, way)
 
 
@@ -132,9 +142,10 @@ def fp32_ways() -> tuple[str, ...]:
     return (ONEDNN, NATIVE) if native_linear.available() else (ONEDNN,)
 
 
-def fp32_way(in_features: int, out_features: int, rows: int) -> str:
-    """How fp32 products of this weight shape at `rows` rows run (PLAIN, ONEDNN or NATIVE): measured on this machine the
-    first time, then read from packing.json (module docstring)."""
+def fp32_way(in_features: int, out_features: int | tuple[int, ...], rows: int) -> str:
+    """How fp32 products of this weight shape at `rows` rows run (PLAIN, ONEDNN or NATIVE), or of a group's weights
+    (out_features: theirs, in order; module docstring): measured on this machine the first time, then read from
+    packing.json (module docstring)."""
     shape = (in_features, out_features, power_of_two_at_least(rows), torch.get_num_threads())
     choice = _FP32_CHOICES.get(shape)
     if choice is None:
@@ -142,9 +153,13 @@ def fp32_way(in_features: int, out_features: int, rows: int) -> str:
     return choice
 
 
-def _measured_way(in_features: int, out_features: int, rows: int) -> str:
-    """The fastest of fp32_ways() where it takes at most FP32_PACKED_AT_MOST of F.linear's time, else PLAIN."""
-    ways = fp32_ways()
+def _measured_way(in_features: int, out_features: int | tuple[int, ...], rows: int) -> str:
+    """The fastest of the ways that can take the shape (fp32_ways(); oneDNN's from FP32_MIN_WEIGHT up) where it takes
+    at most FP32_PACKED_AT_MOST of F.linear's time, else PLAIN."""
+    outs = (out_features,) if isinstance(out_features, int) else out_features
+    ways = tuple(w for w in fp32_ways() if w != ONEDNN or in_features * min(outs) >= FP32_MIN_WEIGHT)
+    if not ways:
+        return PLAIN
 
     def measure() -> dict:
         times = _time_fp32(in_features, out_features, rows, ways)
@@ -156,12 +171,21 @@ def _measured_way(in_features: int, out_features: int, rows: int) -> str:
     return way if way in ways else PLAIN
 
 
-def _time_fp32(in_features: int, out_features: int, rows: int, ways: Sequence[str]) -> dict[str, float]:
-    """Seconds per product of random fp32 data of this shape, PLAIN and each of `ways` (machine_cache.fastest_times)."""
+def _time_fp32(in_features: int, out_features: int | tuple[int, ...], rows: int, ways: Sequence[str]) -> dict[str, float]:
+    """Seconds per product of random fp32 data of this shape, PLAIN and each of `ways` (machine_cache.fastest_times);
+    a group's as it runs: F.linear's and oneDNN's products one by one, the native kernel's as one."""
+    outs = (out_features,) if isinstance(out_features, int) else out_features
     with torch.no_grad():
-        x, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
-        packed = {way: _pack([w], rows, torch.float32, way) for way in ways}
-        calls = [lambda: F.linear(x, w)] + [functools.partial(packed_product, x, packed[way], None, way, out_features) for way in ways]
+        x, weights = torch.randn(rows, in_features), [torch.randn(o, in_features) for o in outs]
+
+        def apart(way: str) -> Callable[[], object]:
+            packed = [_pack([w], rows, torch.float32, way) for w in weights]
+            return lambda: [packed_product(x, p, None, way, o) for p, o in zip(packed, outs)]
+
+        def together() -> Callable[[], object]:
+            return functools.partial(packed_product, x, _pack(weights, rows, torch.float32, NATIVE), None, NATIVE, sum(outs))
+
+        calls = [lambda: [F.linear(x, w) for w in weights]] + [together() if way == NATIVE else apart(way) for way in ways]
         return dict(zip((PLAIN, *ways), fastest_times(calls)))
 
 
@@ -200,14 +224,15 @@ def decode_weight(
 
 
 def fused_decode_weight(
-    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool
+    modules: Sequence[torch.nn.Linear], rows: int, bf16_ok: bool, ways: Collection[str] = (ONEDNN, NATIVE)
 ) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
     """One packed weight, bias and way for projections that read the same input (q, k and v; gate and up), their
     outputs side by side: one product instead of several, for a caller that runs it itself (the lean decode step).
     Only where each of them alone would run from a weight packed the same way in this region (decode_weight) and the
     one product gives each output the bits the separate products give it: always so for the native fp32 kernel (each
     output its own chain, rlvr.models.native_linear), for oneDNN's bf16 products where checked at these shapes on this
-    machine (_fuses_exactly), never for oneDNN's fp32 ones (their sums ran in another order fused); else None. Packed
+    machine (_fuses_exactly), never for oneDNN's fp32 ones (their sums ran in another order fused); and only where that
+    way is one of `ways` (the caller's choice: layer_products.fuses); else None. Packed
     once while the weights stay the same, whatever the rows, as each module's own packed weight is (one copy for every
     rows bucket of a decode), and dropped with those."""
     in_features = {m.in_features for m in modules}
@@ -215,6 +240,8 @@ def fused_decode_weight(
     if len(in_features) != 1 or len(packings) != 1 or None in packings:
         return None
     dtype, way = packings.pop()  # type: ignore[misc]  # not None: checked
+    if way not in ways:
+        return None
     shape = (in_features.pop(), tuple(m.out_features for m in modules), tuple(m.bias is not None for m in modules))
     if way == ONEDNN and (dtype != torch.bfloat16 or not _fuses_exactly(*shape, rows)):
         return None
@@ -275,6 +302,12 @@ def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[No
             else:
                 continue
             held.append(m)
+        for m in model.modules():
+            for names in GROUPS:
+                group = tuple(getattr(m, name, None) for name in names)
+                if all(p in _HOLDERS for p in group) and len({p.in_features for p in group}) == 1:  # type: ignore[union-attr]
+                    if group[0].in_features <= GROUP_MAX_IN:  # type: ignore[union-attr]
+                        _GROUP_OF.update((p, group) for p in group)
     try:
         yield
     finally:
@@ -284,6 +317,7 @@ def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[No
                 if _HOLDERS[m] == 0:
                     del _HOLDERS[m]
                     del m.forward
+                    _GROUP_OF.pop(m, None)
                     if not keep:
                         _PACKED.pop(m, None)
                         _FUSED.pop(m, None)

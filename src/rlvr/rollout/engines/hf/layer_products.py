@@ -12,9 +12,11 @@ the work of three (two) with the same sums per output. Products alone, 8 layers'
 AMD EPYC: fused/separate 0.81 (9M, hidden 320, 2 kv heads of 40) to 0.96-0.99 (hidden 512-896) at 64 rows, 0.63-0.91
 at 16 rows. Whole generations (bench/results/fused_products_amd.md; noise about 2 %) gained less: 0.94-0.95 (3M, 2 kv
 heads of 64 for 4 q heads), 0.985-0.99 (9M and 76M grouped-query models), but 1.01-1.02 for 8 heads of 64 without
-grouping (25M; 0.995 at 16 rows). So only grouped-query models up to FUSE_MAX_HIDDEN wide fuse (fuses), where the
-narrow products cost most: above, the gain was within noise alone and the fused copy would add to the packed memory
-(each module keeps its own packed weight for the prefill's calls too).
+grouping (25M; 0.995 at 16 rows). So oneDNN's bf16 products fuse for grouped-query models up to
+packed_linears.GROUP_MAX_IN wide only (fuses), where the narrow products cost most: above, the gain was within noise
+alone and the fused copy would add to the packed memory (each module keeps its own packed weight for the prefill's
+calls too). The native fp32 kernel's fuse for every model up to that width: there packed_linears decides q/k/v's
+(gate/up's) way as the one product that runs here, measured against the separate products of the other ways.
 
 Only where the separate products would each run from a weight packed the same way (rlvr.models.packed_linears) and
 the one product gives each output exactly their bits: the step then draws the same tokens with the same log-probs as
@@ -34,19 +36,20 @@ from typing import NamedTuple
 import torch
 
 from rlvr.models.native_swiglu import PLAIN_MLPS
-from rlvr.models.packed_linears import bf16_packs, fused_decode_weight
+from rlvr.models.packed_linears import GROUP_MAX_IN, NATIVE, ONEDNN, bf16_packs, fused_decode_weight
 from rlvr.rollout.engines.hf.compiled_decode import LoraProduct, Product, linear_base, lora_product_for, product_for
 
-# grouped-query models up to FUSE_MAX_HIDDEN wide run q/k/v and gate/up as one product each where that gives the same
-# bits (module docstring)
 FUSE = True  # False: every projection apart (bench/fused_products_ab.py's "apart")
-FUSE_MAX_HIDDEN = 512
 
 
-def fuses(config) -> bool:
-    """Whether a model with this transformers config decodes with fused products (module docstring)."""
+def fuses(config) -> frozenset[str]:
+    """The ways whose q/k/v and gate/up products a model with this transformers config decodes as one product each
+    (module docstring): the native kernel's up to GROUP_MAX_IN wide, and oneDNN's bf16 ones there for grouped-query
+    models."""
     q_heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return FUSE and kv_heads < q_heads and config.hidden_size <= FUSE_MAX_HIDDEN
+    if not FUSE or config.hidden_size > GROUP_MAX_IN:
+        return frozenset()
+    return frozenset({NATIVE, ONEDNN} if kv_heads < q_heads else {NATIVE})
 
 
 Projection = Product | LoraProduct | torch.nn.Module
@@ -62,9 +65,9 @@ class LayerProducts(NamedTuple):
     down: Projection | None  # None with gate_up ()
 
 
-def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, fuse: bool) -> list:
+def products_for(layers, lm_head, rows: int, device: torch.device, autocast: torch.dtype | None, fuse: frozenset[str]) -> list:
     """LayerProducts per layer, and last the lm_head's Projection, for calls of `rows` rows under `autocast`; `fuse`:
-    q/k/v and gate/up as one product each where that gives the same bits (fuses(config))."""
+    the ways whose q/k/v and gate/up run as one product each where that gives the same bits (fuses(config))."""
     bf16_ok = bf16_packs()
 
     def direct(m) -> Projection:
@@ -73,7 +76,7 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
         return product_for(m, rows, autocast, bf16_ok) or lora_product_for(m, rows, autocast, bf16_ok) or m
 
     def fused(*modules) -> Product | None:  # decided before the separate products, which would pack their own weights
-        return fused_product(modules, rows, bf16_ok) if fuse and device.type == "cpu" else None
+        return fused_product(modules, rows, bf16_ok, fuse) if fuse and device.type == "cpu" else None
 
     products: list = []
     for layer in layers:
@@ -88,11 +91,12 @@ def products_for(layers, lm_head, rows: int, device: torch.device, autocast: tor
     return [*products, direct(lm_head)]
 
 
-def fused_product(modules, rows: int, bf16_ok: bool) -> Product | None:
+def fused_product(modules, rows: int, bf16_ok: bool, ways: frozenset[str]) -> Product | None:
     """One Product for `modules` (q/k/v, or gate/up) for a call of `rows` rows, their outputs side by side in that
-    order; None where they must run apart (module docstring; fused_decode_weight reads the autocast state)."""
+    order, where they run one of `ways`; None where they must run apart (module docstring; fused_decode_weight reads
+    the autocast state)."""
     bases = [linear_base(m) for m in modules]
     if any(b is None for b in bases):
         return None
-    got = fused_decode_weight(bases, rows, bf16_ok)
+    got = fused_decode_weight(bases, rows, bf16_ok, ways)
     return None if got is None else Product(got[0], got[1], sum(b.out_features for b in bases), got[2])
