@@ -64,7 +64,7 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDi
 _FUSED: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOLDERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()  # module -> regions swapping it
 # module -> its group (GROUPS: q/k/v or gate/up of its layer, all swapped), while swapped
-_GROUP_OF: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.nn.Module, ...]]" = weakref.WeakKeyDictionary()
+_GROUP_OF: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.nn.Linear, ...]]" = weakref.WeakKeyDictionary()
 _SWAP_LOCK = threading.Lock()
 _FP32_CHOICES: dict[tuple, str] = {}  # (in, out or a group's outs, rows bucket, threads) -> way: packing.json, read once
 _EXACT: dict[tuple, bool] = {}  # (in, outs, biases, rows bucket, threads) -> fused products give the separate ones' bits
@@ -279,6 +279,15 @@ def _fuses_exactly(in_features: int, outs: tuple[int, ...], biases: tuple[bool, 
     return _EXACT[key]
 
 
+def _groups(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Linear, ...]]:
+    """Each layer's swapped projections of one input (GROUPS) up to GROUP_MAX_IN wide."""
+    for m in model.modules():
+        for names in GROUPS:
+            group = tuple(p for name in names if isinstance(p := getattr(m, name, None), torch.nn.Linear) and p in _HOLDERS)
+            if len(group) == len(names) and len({p.in_features for p in group}) == 1 and group[0].in_features <= GROUP_MAX_IN:
+                yield group
+
+
 @contextlib.contextmanager
 def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[None]:
     """Within the region, the model's plain nn.Linear layers run decode-shaped calls from packed weights (see the
@@ -302,12 +311,8 @@ def packed_linears_in(model: torch.nn.Module, keep: bool = False) -> Iterator[No
             else:
                 continue
             held.append(m)
-        for m in model.modules():
-            for names in GROUPS:
-                group = tuple(getattr(m, name, None) for name in names)
-                if all(p in _HOLDERS for p in group) and len({p.in_features for p in group}) == 1:  # type: ignore[union-attr]
-                    if group[0].in_features <= GROUP_MAX_IN:  # type: ignore[union-attr]
-                        _GROUP_OF.update((p, group) for p in group)
+        for group in _groups(model):
+            _GROUP_OF.update((p, group) for p in group)
     try:
         yield
     finally:
