@@ -24,7 +24,7 @@ Projections that read one input, q/k/v and gate/up of a layer up to GROUP_MAX_IN
 measured as they then run (F.linear's or oneDNN's products one by one, or one native product of the weights side by
 side, which gives each projection its own bits: the lean decode step runs it so, layer_products). At a small model's
 decode shapes the one product is what pays: the tiny model's (128 wide) q, k and v ran natively at 1.0x F.linear's
-time one by one, but at 0.67x as one product (64 rows, 2 threads, AMD EPYC).
+time one by one, but at 0.73x as one product (64 rows, 2 threads, AMD EPYC).
 Prefill- and training-sized products gain nothing (0.99x at 4608 rows). So inside a generation region every
 plain nn.Linear of the model runs its calls of at most DECODE_ROWS_MAX rows from a packed copy of its weight,
 packed at the first such call. The copies are dropped when the last region holding the model exits (a
