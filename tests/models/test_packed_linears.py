@@ -246,6 +246,13 @@ def test_a_region_groups_each_layers_q_k_v_and_gate_up_up_to_GROUP_MAX_IN_wide(t
             assert attn.o_proj not in packed_linears._GROUP_OF and mlp.down_proj not in packed_linears._GROUP_OF
         assert not any(m in packed_linears._GROUP_OF for m in wide.modules())  # wider: each projection decides alone
     assert len(packed_linears._GROUP_OF) == 0  # dropped with the regions
+    from peft import LoraConfig, get_peft_model
+
+    adapted = get_peft_model(load_model(tiny_model_dir, "float32", CPU, False), LoraConfig(r=4, target_modules=["q_proj"]))
+    with packed_linears.packed_linears_in(adapted):  # q under an adapter is no Linear: k and v decide alone, gate/up together
+        layer = adapted.base_model.model.model.layers[0]
+        assert layer.self_attn.k_proj not in packed_linears._GROUP_OF and layer.self_attn.q_proj.base_layer not in packed_linears._GROUP_OF
+        assert packed_linears._GROUP_OF[layer.mlp.up_proj] == (layer.mlp.gate_proj, layer.mlp.up_proj)
 
 
 def test_calls_with_gradients_prefill_sized_or_small_fp32_run_as_before(tiny_model_dir, tmp_path, monkeypatch):

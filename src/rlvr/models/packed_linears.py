@@ -7,7 +7,7 @@ oneDNN's blocked layout (products alone, 2 threads, AMD EPYC; bench/results/pack
   * under bf16 autocast, 1.2-1.9x for weights of 128 x 128 and up (about 1.0x for a LoRA adapter's r=16 product),
     with the same bits out: oneDNN runs autocast's product too, and the packed weight only changes how it is read;
   * in fp32, 1.2-3.8x for weights of at least 256 x 256 (F.linear's kernel reaches a fraction of the machine's
-    rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so smaller weights are never packed;
+    rate at 16-64 rows), and slower below (0.41-0.89x at 64 x 64 and 768 x 16), so smaller weights never take it;
     the sums run in another order, so outputs differ from F.linear's by float rounding (~1e-5 relative at most).
     On an Intel Xeon the same products ran 0.85-0.92x packed at 512 wide and up but 1.01-1.17x at 320-384 wide
     (a 9M model's generation 10 % slower packed).
@@ -211,7 +211,7 @@ def decode_weight(
 ) -> tuple[torch.Tensor, torch.Tensor | None, str] | None:
     """(weight, bias, way) that a no-gradient call of `rows` rows inside a packing region computes with, for a caller
     that runs the product itself (rlvr.rollout.engines.hf.compiled_decode): the packed weight and bias in the product's
-    dtype, or the plain fp32 weight (F.linear; small fp32 weights stay unpacked); None where the call would cast
+    dtype, or the plain fp32 weight (F.linear, where that measured fastest); None where the call would cast
     under autocast without packing (no fast bf16) or the module is not swapped (not a plain Linear)."""
     if module not in _HOLDERS:
         return None
