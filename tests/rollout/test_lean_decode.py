@@ -358,7 +358,11 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     monkeypatch.setattr(
         LeanDecoder,
         "step_episode",
-        lambda self, *a, **k: calls.append(tuple(a[0].shape)) or repeated.append(a[2].prompt_slots > 0) or step(self, *a, **k),
+        lambda self, *a, **k: (
+            calls.append((tuple(a[0].shape), k.get("keep")))  # keep: a ragged forward's rows
+            or repeated.append(a[2].prompt_slots > 0)
+            or step(self, *a, **k)
+        ),
     )
     prompts = [render_prompt(q, tok) for q in QUESTIONS]
     params = SamplingParams(n=4, temperature=temperature, max_new_tokens=24)
@@ -371,9 +375,13 @@ def test_lean_episode_steps_same_as_the_models_forward(kind, temperature, autoca
     (p_ids, p_mask, plain), (l_ids, l_mask, lean_traces) = runs[False], runs[True]
     assert torch.equal(p_ids, l_ids) and torch.equal(p_mask, l_mask) and (p_mask == 0).any()  # left padding
     assert sum(0 in t.loss for t in plain) >= 2  # external tokens fed mid-episode
-    steps = {c[0] for c in calls if len(c) == 1}
+    steps = {shape[0] for shape, keep in calls if len(shape) == 1 and keep is None}
     assert len(steps) > 1  # steps with some rows out of the forward (a row ended or waited)
-    assert any(len(c) == 2 and c[1] > 1 for c in calls)  # the external tokens went in as chunks through the lean step too
+    # the external tokens went in as chunks through the lean step too: right-padded [n, K], or (every forward reading
+    # each token's slots alone: the native layout without autocast) side by side with a step's sampled tokens
+    assert any(len(shape) == 2 and shape[1] > 1 for shape, _ in calls) or (native and not autocast)
+    ragged = [shape[0] > len(keep) for shape, keep in calls if keep is not None]
+    assert all(ragged) and bool(ragged) == (native and not autocast)
     assert set(repeated) == {layout.startswith("repeated")}
     assert bool(native_steps) == native
     for a, b in zip(plain, lean_traces):
@@ -428,7 +436,9 @@ def test_native_chunks_against_the_explicit_products(buffers, monkeypatch):
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=24)
     chunk_calls, runs = [], {}
     step_native = lean_decode.native_step
-    monkeypatch.setattr(lean_decode, "native_step", lambda *a: (a[6].real is not None and chunk_calls.append(1)) or step_native(*a))
+    monkeypatch.setattr(
+        lean_decode, "native_step", lambda *a: (len(a[6].query_rows) > len(a[6].rows) and chunk_calls.append(1)) or step_native(*a)
+    )
     for on in (False, True):
         monkeypatch.setattr(episode_cache, "NATIVE_CHUNKS", on)
         chunk_calls.clear()

@@ -113,6 +113,14 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
         return feed(model, lean, state, rows_tokens, *a, **k)
 
     monkeypatch.setattr(episode_decode, "_feed_chunks", feed_counted)
+    ragged, feed_ragged = [], episode_decode._feed_ragged  # chunks side by side with sampled tokens, none padded
+
+    def ragged_counted(lean, state, runs, *a, **k):
+        chunks.append([len(t) for _, t in runs if isinstance(t, list)])
+        ragged.append(len(runs) - len(chunks[-1]))  # the sampled tokens beside them
+        return feed_ragged(lean, state, runs, *a, **k)
+
+    monkeypatch.setattr(episode_decode, "_feed_ragged", ragged_counted)
     p_ids, p_mask, traces = engine.generate_episodes(prompts, SamplingParams(n=G, temperature=1.0, max_new_tokens=40), [11, 22, 33], driver)
     # every external token went in with its tool result's chunk (results are 4-7 tokens here; a result that fills
     # the budget ends its episode unfed), and (all delivered at once) forwards held chunks of different lengths
@@ -122,6 +130,9 @@ def test_sampler_logprobs_equal_a_full_forward(tiny, delays, in_place_share, gro
     assert delays or any(len(set(c)) > 1 for c in chunks)  # with delays, results arrive one by one
     assert len(traces) == len(prompts) * G
     assert bool(natives) == (native and step > 0)  # the kernel on whole buffers only (grown, masked), as the way says
+    # where every forward reads each token's slots alone, a step's chunks go with its sampled tokens (each > 0; with
+    # delays a result may reach no step that samples)
+    assert all(ragged) and (not ragged or (native and step > 0)) and (delays or bool(ragged) == (native and step > 0)), ragged
     if native and step:  # every forward reads each token's slots alone (episode_cache.native_step): every slot at once
         assert set(sizes) == {40}
     elif step:  # grown by whole steps, as the rows' tokens (and tool results' chunks) came

@@ -56,6 +56,10 @@ NATIVE_CHUNKS = True
 # more than the extra rows from about a quarter of them (measured on CPU).
 READ_IN_PLACE_SHARE = 0.25
 CHUNKS_BY_LENGTH = True  # False: chunks take the one-token share too (bench/episode_chunks_in_place_ab.py's "before")
+# where every forward reads each token's slots alone (reads_own_slots), a step's sampled tokens and its tool results'
+# chunks run as one forward of their tokens side by side, none padded (prepare_ragged; False: two forwards, the chunks
+# right-padded to the longest: its A/B's before)
+RAGGED = True
 
 
 def read_in_place_share(K: int) -> float:
@@ -144,6 +148,30 @@ class EpisodeState:
             self.own_bias[..., : self.prompt_slots] += self.prefix_bias[groups]
         self.slot_at = self._slot_offsets(layers[0].kbuf) if self.lean and NATIVE_WRITES else None
 
+    def prepare_ragged(self, rows: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Set up one forward of counts[i] new tokens for each of `rows` side by side, none padded (reads_own_slots
+        only: native_step takes each token to its own slot): -> [sum(counts)] each token's index in its row's run."""
+        assert self.reads_own_slots(), "ragged forwards read each token's slots alone"
+        self.step_native, self.real, self.rows = True, None, rows
+        self.query_rows = rows.repeat_interleave(counts)  # [M]
+        firsts = torch.cumsum(counts, 0) - counts  # [n] each row's first token in the forward
+        steps = torch.arange(len(self.query_rows), device=rows.device) - firsts.repeat_interleave(counts)  # [M]
+        write_pos = self.prompt_slots + lengths[self.query_rows] + steps  # [M] each token's slot
+        self.write_pos, self.lengths = write_pos[:, None], write_pos + 1
+        self.length = int(self.lengths.max())
+        layer = cast("EpisodeLayer", self.cache.layers[0])
+        self._slot_bias(layer)
+        self.slot_at = native_rotary.slot_offsets(layer.kbuf, self.query_rows, write_pos)
+        return steps
+
+    def _slot_bias(self, layer: "EpisodeLayer") -> None:
+        """slot_bias, made once: -inf on each row's prompt's left padding, 0 on its other slots."""
+        if self.slot_bias is None:
+            N, P = layer.kbuf.shape[0], self.prompt_slots
+            groups = torch.div(torch.arange(N, device=layer.kbuf.device), self.group_size, rounding_mode="floor")
+            prompt = self.prefix_bias[groups].masked_fill(self.prefix_bias[groups] < 0, float("-inf"))  # not read at all
+            self.slot_bias = torch.cat([prompt, prompt.new_zeros(N, 1, 1, layer.capacity - P)], -1)
+
     def _slot_offsets(self, kbuf: torch.Tensor) -> torch.Tensor:
         """[n x K] where each new token's slot begins in the buffers (elements; every layer's have kbuf's strides), a
         chunk's padding -1 (not written): native_rotary.rotate_and_write_at's slot_at."""
@@ -167,11 +195,7 @@ class EpisodeState:
         if layers[0].grows:
             for layer in layers:
                 layer.hold(self.length)
-        if self.slot_bias is None:
-            N, P = layers[0].kbuf.shape[0], self.prompt_slots
-            groups = torch.div(torch.arange(N, device=rows.device), self.group_size, rounding_mode="floor")
-            prompt = self.prefix_bias[groups].masked_fill(self.prefix_bias[groups] < 0, float("-inf"))  # not read at all
-            self.slot_bias = torch.cat([prompt, prompt.new_zeros(N, 1, 1, layers[0].capacity - P)], -1)
+        self._slot_bias(layers[0])
         self.slot_at = self._slot_offsets(layers[0].kbuf)
 
 

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from rlvr.models.kv_cache import cache_kwarg, dynamic_layer, prefilled_kv
 from rlvr.models.machine_cache import machine_memory_bytes
-from rlvr.rollout.engines.hf import kv_buffers
+from rlvr.rollout.engines.hf import episode_cache, kv_buffers
 from rlvr.rollout.engines.hf.decode_attention import AttentionWay, decode_attention_way
 from rlvr.rollout.engines.hf.episode_cache import EpisodeLayer, EpisodeState
 from rlvr.rollout.engines.hf.forward import Prefill, decode_mode, padding_bias, prefill
@@ -92,6 +92,9 @@ def decode_episodes(
             sampled = _sample(logits, [r for r in runnable if traces[r].mode == SAMPLE], params, uniforms, draws, seen)
             feed, chunks = _take_tokens(traces, runnable, sampled, T, driver=driver, stop=stop, eos=eos, ignore_eos=params.ignore_eos)
             _mark_fed(seen, feed, chunks)
+            if chunks and feed and lean is not None and episode_cache.RAGGED and state.reads_own_slots():
+                _feed_ragged(lean, state, [*feed, *chunks], logits, start, lengths)
+                continue
             if chunks:
                 _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
             if feed:
@@ -158,6 +161,22 @@ def _feed_chunks(
     else:
         out = model(input_ids=tokens, position_ids=positions, use_cache=True, rlvr_episode=state, **cache)
         logits[rows] = out.logits[torch.arange(len(chunks), device=device), counts - 1].float()
+    lengths[rows] += counts
+
+
+def _feed_ragged(lean: LeanDecoder, state: EpisodeState, runs: list, logits, start, lengths) -> None:
+    """One forward for a step's sampled tokens and tool results together: runs [(row, token) or (row, tokens)], each
+    row's tokens side by side with the others', none padded, each read to its own slot (EpisodeState.prepare_ragged);
+    logits [N, V] get each row's after its last token, lengths [N] its count."""
+    device = logits.device
+    ids = [list(t) if isinstance(t, list) else [t] for _, t in runs]
+    rows = torch.tensor([r for r, _ in runs], device=device)  # [n]
+    counts = torch.tensor([len(t) for t in ids], device=device)  # [n]
+    tokens = torch.tensor([t for run in ids for t in run], device=device)  # [M]
+    steps = state.prepare_ragged(rows, lengths, counts)
+    assert state.query_rows is not None
+    positions = start[state.query_rows] + lengths[state.query_rows] + steps  # [M]
+    logits[rows] = lean.step_episode(tokens, positions, state, keep=torch.cumsum(counts, 0) - 1)
     lengths[rows] += counts
 
 

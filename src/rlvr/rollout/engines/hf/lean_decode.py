@@ -279,14 +279,20 @@ class LeanDecoder:
         return logits
 
     def step_episode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, state: EpisodeState, last: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        state: EpisodeState,
+        last: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The same step for multi-turn episodes, whose rows are at lengths of their own: keys/values go into the
         episode cache's layers and attention is episode_attention, as in the model's own forward with that cache, or
         on the CPU where its C kernels run episode_cache.native_step (state.prepare() has set up the rows of this step
         and chosen the way). tokens and positions [n] (one token per row) or [n, K] (a
-        chunk of external tokens per row, right-padded; last [n]: each row's last real token). Logits [n, V] (fp32)
-        after each row's last token: a chunk's other tokens go through no lm_head."""
+        chunk of external tokens per row, right-padded; last [n]: each row's last real token), or [M] with `keep` [n]
+        (rows' runs of tokens side by side, none padded: EpisodeState.prepare_ragged; keep: each row's last token). Logits
+        [n, V] (fp32) after each row's last token: a chunk's other tokens go through no lm_head."""
         n, K = tokens.shape[0], 1 if tokens.dim() == 1 else tokens.shape[1]
 
         def attend(i: int, q, k, v, scale: float, rotary) -> torch.Tensor:  # q [n x K, Hq, D], k/v [n x K, Hkv, D]
@@ -299,7 +305,8 @@ class LeanDecoder:
             out, _ = episode_attention(self.layers[i].self_attn, q, keys, values, None, scaling=scale, rlvr_episode=state)
             return out.reshape(n * K, -1)  # [n, K, Hq, D] -> [n x K, Hq x D]
 
-        keep = None if last is None else torch.arange(n, device=tokens.device) * K + last
+        if last is not None:
+            keep = torch.arange(n, device=tokens.device) * K + last
         return self._forward(tokens.reshape(-1), positions.reshape(-1), attend, keep).float()
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
