@@ -9,11 +9,8 @@ other batch sizes: the same tokens, log-probs to rounding (reported).
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import rlvr.rollout.engines.hf.episode_cache as episode_cache
-from generation_ab import closeness_table
+from generation_ab import closeness_cli
 
 # the chunks through the explicit products (NATIVE_CHUNKS off): through the C kernel (the default where it builds and is
 # timed faster) a chunk reads each row's buffer in place whatever the share (bench/episode_c_passes_ab.py)
@@ -24,14 +21,8 @@ WAYS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="*", default=["H"])
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
     title = "Episode chunk forwards: in place from a quarter of the rows vs from a share growing with the chunk's length"
-    command = f"cd bench && python episode_chunks_in_place_ab.py {' '.join(sys.argv[1:])}"
-    closeness_table(title, command, WAYS, args.configs, args.reps, args.out, "by length / one-token (medians)")
+    closeness_cli(__doc__, "episode_chunks_in_place_ab.py", WAYS, title, "by length / one-token (medians)", configs=["H"], reps=12)
 
 
 if __name__ == "__main__":

@@ -9,24 +9,15 @@ the same slots either way; the products run at other row counts, so log-probs ma
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import rlvr.rollout.engines.hf.episode_cache as episode_cache
-from generation_ab import closeness_table
+from generation_ab import closeness_cli
 
 WAYS = {"two forwards": lambda: setattr(episode_cache, "RAGGED", False), "one ragged": lambda: setattr(episode_cache, "RAGGED", True)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="*", default=["H"])
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
     title = "Episode forwards: a step's sampled tokens and tool-result chunks in one ragged forward vs two"
-    command = f"cd bench && python episode_ragged_ab.py {' '.join(sys.argv[1:])}"
-    closeness_table(title, command, WAYS, args.configs, args.reps, args.out, "ragged / two (medians)")
+    closeness_cli(__doc__, "episode_ragged_ab.py", WAYS, title, "ragged / two (medians)", configs=["H"], reps=12)
 
 
 if __name__ == "__main__":

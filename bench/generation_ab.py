@@ -92,3 +92,20 @@ def closeness_table(
         m = [statistics.median(seconds[w]) for w in ways]
         lines.append(table_row(name, *runs, f"{m[1] / m[0]:.3f}", same, f"{gap:.1e}"))
     emit(lines, out)
+
+
+def closeness_cli(
+    doc: str, script: str, ways: dict[str, Callable[[], None]], title: str, ratio: str, configs=("H",), reps: int = 12
+) -> None:
+    """The command line of an A/B script whose two ways must draw the same tokens (closeness_table): configs, --reps,
+    --out; `script` its file name, for the command recorded with the table."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("configs", nargs="*", default=list(configs))
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    command = f"cd bench && python {script} {' '.join(sys.argv[1:])}"
+    closeness_table(title, command, ways, args.configs, args.reps, args.out, ratio)

@@ -10,11 +10,8 @@ than F.linear: tokens may differ (reported, with the largest log-prob gap where 
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import rlvr.rollout.engines.hf.lean_decode as lean_decode
-from generation_ab import closeness_table
+from generation_ab import closeness_cli
 from rlvr.models import packed_linears
 from rlvr.rollout.engines.hf import layer_products
 
@@ -43,14 +40,8 @@ WAYS = {"before": lambda: _switch(True), "grouped": lambda: _switch(False)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("configs", nargs="*", default=["H", "B"])
-    ap.add_argument("--reps", type=int, default=8)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
     title = "fp32 decode products: small weights on F.linear and q/k/v, gate/up apart vs decided and run as groups"
-    command = f"cd bench && python grouped_products_ab.py {' '.join(sys.argv[1:])}"
-    closeness_table(title, command, WAYS, args.configs, args.reps, args.out, "grouped / before (medians)")
+    closeness_cli(__doc__, "grouped_products_ab.py", WAYS, title, "grouped / before (medians)", configs=["H", "B"], reps=8)
 
 
 if __name__ == "__main__":
