@@ -98,18 +98,24 @@ def decode_episodes(
             if chunks:
                 _feed_chunks(model, lean, state, chunks, logits, start, lengths, pad=tokenizer.pad_token_id or 0, cache={ckw: cache})
             if feed:
-                rows = torch.tensor([r for r, _ in feed], device=device)
-                tokens = torch.tensor([t for _, t in feed], device=device)
-                state.prepare(rows, lengths, N)
-                positions = start[rows] + lengths[rows]
-                if lean is not None:
-                    logits[rows] = lean.step_episode(tokens, positions, state)
-                else:
-                    kv = {ckw: cache}
-                    out = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True, rlvr_episode=state, **kv)
-                    logits[rows] = out.logits[:, -1].float()
-                lengths[rows] += 1
+                _feed_tokens(model, lean, state, feed, logits, start, lengths, cache={ckw: cache})
     return pre.prompt_ids, pre.prompt_mask, traces
+
+
+def _feed_tokens(model, lean: LeanDecoder | None, state: EpisodeState, feed: list, logits, start, lengths, *, cache) -> None:
+    """One forward of a sampled token for each row of `feed` [(row, token)]: logits [N, V] get each row's next, lengths
+    [N] one more."""
+    device = logits.device
+    rows = torch.tensor([r for r, _ in feed], device=device)
+    tokens = torch.tensor([t for _, t in feed], device=device)
+    state.prepare(rows, lengths, lengths.shape[0])
+    positions = start[rows] + lengths[rows]
+    if lean is not None:
+        logits[rows] = lean.step_episode(tokens, positions, state)
+    else:
+        out = model(input_ids=tokens[:, None], position_ids=positions[:, None], use_cache=True, rlvr_episode=state, **cache)
+        logits[rows] = out.logits[:, -1].float()
+    lengths[rows] += 1
 
 
 def _mark_fed(seen: torch.Tensor | None, feed: list[tuple[int, int]], chunks: list[tuple[int, list[int]]]) -> None:
